@@ -1,0 +1,103 @@
+//! The errors users see, each with its own SQLSTATE.
+//!
+//! The extension turns an [`Error`] into an envelope that the SQL layer raises
+//! with `RAISE ... USING ERRCODE`, because pgrx can only raise the SQLSTATEs
+//! PostgreSQL itself defines. The codes live in class `OR`, which SQL leaves to
+//! implementations; `docs/errors.md` lists them.
+
+use serde_json::{json, Value};
+
+/// Every error the control plane's pure logic can report about user input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("malformed partition '{value}': expected {expected}")]
+    MalformedPartition {
+        value: String,
+        expected: &'static str,
+    },
+
+    #[error("malformed partition list '{spec}': {reason}")]
+    MalformedSpec { spec: String, reason: String },
+
+    #[error("partition '{value}' is outside the partitions of pipeline '{pipeline}' ({set})")]
+    OutsideSet {
+        value: String,
+        pipeline: String,
+        set: String,
+    },
+
+    #[error("'{spec}' names {count} partitions, more than the limit of {max}")]
+    TooManyPartitions { spec: String, count: u64, max: u64 },
+
+    #[error("unparsable cron expression '{expr}': {reason}")]
+    BadCron { expr: String, reason: String },
+
+    #[error("cron expression '{expr}' can never match")]
+    ImpossibleCron { expr: String },
+
+    #[error("unknown time zone '{tz}'")]
+    UnknownTimeZone { tz: String },
+
+    #[error("malformed manifest: {field}: {reason}")]
+    BadManifest { field: String, reason: String },
+}
+
+impl Error {
+    /// The SQLSTATE the SQL API raises this error with.
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            Error::MalformedPartition { .. } => "OR020",
+            Error::MalformedSpec { .. } => "OR021",
+            Error::OutsideSet { .. } => "OR022",
+            Error::TooManyPartitions { .. } => "OR023",
+            Error::BadCron { .. } => "OR030",
+            Error::ImpossibleCron { .. } => "OR031",
+            Error::UnknownTimeZone { .. } => "OR032",
+            Error::BadManifest { .. } => "OR040",
+        }
+    }
+
+    /// A hint that tells the user how to fix the input, where one helps.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::MalformedPartition { .. } | Error::MalformedSpec { .. } => Some(
+                "write one partition ('2024-01'), a comma list ('2024-01,2024-03'), \
+                 an inclusive range ('2024-01..2024-06') or '@all'"
+                    .into(),
+            ),
+            Error::TooManyPartitions { .. } => {
+                Some("split the request, or raise orca.max_partitions".into())
+            }
+            Error::BadCron { .. } => Some(
+                "use five fields (minute hour day-of-month month day-of-week) \
+                 or one of @yearly @monthly @weekly @daily @hourly"
+                    .into(),
+            ),
+            Error::ImpossibleCron { .. } => {
+                Some("the fields name a date that does not exist, such as 30 February".into())
+            }
+            Error::UnknownTimeZone { .. } => Some(
+                "use an IANA time zone name such as 'UTC', 'Europe/London' or 'America/New_York'"
+                    .into(),
+            ),
+            Error::BadManifest { .. } => Some("docs/manifest.md describes every field".into()),
+            Error::OutsideSet { .. } => None,
+        }
+    }
+
+    /// The envelope the SQL layer unwraps: `{"error": {code, message, hint}}`.
+    pub fn envelope(&self) -> Value {
+        json!({ "error": {
+            "code": self.sqlstate(),
+            "message": self.to_string(),
+            "hint": self.hint(),
+        }})
+    }
+}
+
+/// Wraps a successful value the way [`Error::envelope`] wraps a failure.
+pub fn ok_envelope(value: Value) -> Value {
+    json!({ "ok": value })
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,11 @@
+//! Orca's control-plane logic that needs no database: cron schedules in time
+//! zones, partition keys and the spec syntax that names them, and manifest
+//! validation. The extension (`pg_ext`) is a thin shell over this crate, so
+//! plain `cargo test` exercises the logic without a running Postgres.
+
+pub mod cron;
+pub mod error;
+pub mod manifest;
+pub mod partition;
+
+pub use error::{Error, Result};

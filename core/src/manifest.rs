@@ -1,0 +1,461 @@
+//! The manifest a pipeline binary prints with `describe --json` and
+//! `orca.register(manifest)` takes. `docs/manifest.md` is its user-facing schema.
+//!
+//! Validation is by hand rather than by serde derive so that every error names
+//! the field and the value that was wrong.
+
+use serde_json::{Map, Value};
+
+use crate::cron::Schedule;
+use crate::error::{Error, Result};
+use crate::partition::{Fills, PartitionKind, PartitionSet};
+
+/// Longest name Postgres keeps without truncation, used for every identifier.
+pub const NAME_MAX: usize = 63;
+/// A bound on a step's own retries; more than this is a typo, not a policy.
+pub const RETRIES_MAX: i64 = 100;
+
+/// A step as the control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepDecl {
+    pub name: String,
+    pub kind: StepKind,
+    pub after: Option<String>,
+    pub retries: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    Mapped,
+    Gather,
+}
+
+impl StepKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mapped => "mapped",
+            Self::Gather => "gather",
+        }
+    }
+}
+
+/// A validated manifest; `normalized` is the JSON stored with the version.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub name: String,
+    pub steps: Vec<StepDecl>,
+    pub partitions: PartitionSet,
+    pub schedule: Option<(String, String)>,
+    pub fills: Fills,
+    pub max_runs: Option<i64>,
+    pub run_retries: i64,
+    pub catchup: bool,
+    pub registry_hash: String,
+    pub binary: String,
+    pub pool: String,
+    pub normalized: Value,
+}
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::BadManifest {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Shows a JSON value in an error, cut short so a huge value stays readable.
+fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 60 {
+        let cut: String = s.chars().take(57).collect();
+        format!("{cut}...")
+    } else {
+        s
+    }
+}
+
+/// A pipeline, pool or step name: what appears in paths, URLs and logs.
+fn check_name(field: &str, v: &Value) -> Result<String> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| bad(field, format!("must be a string, got {}", show(v))))?;
+    let ok_first = s.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+    let ok_rest = s
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if s.is_empty() || s.len() > NAME_MAX || !ok_first || !ok_rest {
+        return Err(bad(
+            field,
+            format!(
+                "'{s}' is not a valid name: use 1 to {NAME_MAX} lowercase letters, digits, '_' or '-', starting with a letter"
+            ),
+        ));
+    }
+    Ok(s.to_string())
+}
+
+fn get_str<'a>(obj: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(bad(field, format!("must be a string, got {}", show(v)))),
+    }
+}
+
+fn get_int(obj: &Map<String, Value>, field: &str, min: i64, max: i64) -> Result<Option<i64>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(bad(
+                field,
+                format!("must be an integer from {min} to {max}, got {}", show(v)),
+            )),
+        },
+    }
+}
+
+fn get_bool(obj: &Map<String, Value>, field: &str) -> Result<Option<bool>> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(bad(
+            field,
+            format!("must be true or false, got {}", show(v)),
+        )),
+    }
+}
+
+fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
+    let arr = match v {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(bad("steps", "must list at least one step")),
+        None | Some(Value::Null) => return Err(bad("steps", "is required")),
+        Some(other) => {
+            return Err(bad(
+                "steps",
+                format!("must be an array, got {}", show(other)),
+            ))
+        }
+    };
+    let mut steps: Vec<StepDecl> = Vec::with_capacity(arr.len());
+    for (i, sv) in arr.iter().enumerate() {
+        let at = format!("steps[{i}]");
+        let obj = sv
+            .as_object()
+            .ok_or_else(|| bad(&at, format!("must be an object, got {}", show(sv))))?;
+        let name = check_name(
+            &format!("{at}.name"),
+            obj.get("name").unwrap_or(&Value::Null),
+        )?;
+        if steps.iter().any(|s| s.name == name) {
+            return Err(bad(
+                format!("{at}.name"),
+                format!("step name '{name}' is used twice"),
+            ));
+        }
+        let kind = match get_str(obj, "kind").map_err(|_| {
+            bad(
+                format!("{at}.kind"),
+                format!(
+                    "must be \"mapped\" or \"gather\", got {}",
+                    show(&obj["kind"])
+                ),
+            )
+        })? {
+            Some("mapped") => StepKind::Mapped,
+            Some("gather") => StepKind::Gather,
+            Some(other) => {
+                return Err(bad(
+                    format!("{at}.kind"),
+                    format!("must be \"mapped\" or \"gather\", got \"{other}\""),
+                ))
+            }
+            None => return Err(bad(format!("{at}.kind"), "is required")),
+        };
+        let after = get_str(obj, "after").map_err(|e| match e {
+            Error::BadManifest { reason, .. } => bad(format!("{at}.after"), reason),
+            other => other,
+        })?;
+        let after = match (i, after) {
+            (0, Some(a)) => {
+                return Err(bad(
+                    format!("{at}.after"),
+                    format!("the first step '{name}' cannot follow '{a}'"),
+                ))
+            }
+            (0, None) => None,
+            (_, None) => steps.last().map(|s| s.name.clone()),
+            (_, Some(a)) => {
+                let Some(prev) = steps.iter().find(|s| s.name == a) else {
+                    return Err(bad(
+                        format!("{at}.after"),
+                        format!(
+                            "step '{name}' follows '{a}', which is not a step listed before it"
+                        ),
+                    ));
+                };
+                Some(prev.name.clone())
+            }
+        };
+        if kind == StepKind::Mapped {
+            if let Some(prev) = after
+                .as_deref()
+                .and_then(|a| steps.iter().find(|s| s.name == a))
+            {
+                if prev.kind == StepKind::Gather {
+                    return Err(bad(
+                        format!("{at}.after"),
+                        format!(
+                            "mapped step '{name}' cannot follow gather step '{}'",
+                            prev.name
+                        ),
+                    ));
+                }
+            }
+        }
+        let retries = get_int(obj, "retries", 0, RETRIES_MAX)
+            .map_err(|e| match e {
+                Error::BadManifest { reason, .. } => bad(format!("{at}.retries"), reason),
+                other => other,
+            })?
+            .unwrap_or(0);
+        steps.push(StepDecl {
+            name,
+            kind,
+            after,
+            retries,
+        });
+    }
+    Ok(steps)
+}
+
+fn parse_partitions(v: Option<&Value>) -> Result<PartitionSet> {
+    let obj = match v {
+        Some(Value::Object(o)) => o,
+        None | Some(Value::Null) => return Err(bad("partitions", "is required")),
+        Some(other) => {
+            return Err(bad(
+                "partitions",
+                format!(
+                    "must be an object such as {{\"monthly\": \"2024-01\"}}, got {}",
+                    show(other)
+                ),
+            ))
+        }
+    };
+    if obj.len() != 1 {
+        return Err(bad(
+            "partitions",
+            format!(
+                "must have exactly one of \"monthly\" or \"daily\", got {}",
+                show(&Value::Object(obj.clone()))
+            ),
+        ));
+    }
+    let Some((key, start)) = obj.iter().next() else {
+        return Err(bad("partitions", "is empty"));
+    };
+    let kind = PartitionKind::parse_name(key).ok_or_else(|| {
+        bad(
+            "partitions",
+            format!("unknown partition kind \"{key}\" (use \"monthly\" or \"daily\")"),
+        )
+    })?;
+    let start = start.as_str().ok_or_else(|| {
+        bad(
+            format!("partitions.{key}"),
+            format!(
+                "must be the first partition as a string, got {}",
+                show(start)
+            ),
+        )
+    })?;
+    PartitionSet::new(kind, start)
+}
+
+/// Validates a manifest and fills in defaults.
+pub fn parse(manifest: &Value) -> Result<Manifest> {
+    let obj = manifest.as_object().ok_or_else(|| {
+        bad(
+            "manifest",
+            format!("must be a JSON object, got {}", show(manifest)),
+        )
+    })?;
+    let name = match obj.get("name") {
+        None | Some(Value::Null) => return Err(bad("name", "is required")),
+        Some(v) => check_name("name", v)?,
+    };
+    let steps = parse_steps(obj.get("steps"))?;
+    let partitions = parse_partitions(obj.get("partitions"))?;
+
+    let schedule = match obj.get("schedule") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(s)) => {
+            let cron = get_str(s, "cron")
+                .map_err(|_| bad("schedule.cron", "must be a string"))?
+                .ok_or_else(|| bad("schedule.cron", "is required"))?;
+            let tz = get_str(s, "tz")
+                .map_err(|_| bad("schedule.tz", "must be a string"))?
+                .unwrap_or("UTC");
+            Schedule::parse(cron, tz)?;
+            Some((cron.trim().to_string(), tz.to_string()))
+        }
+        Some(other) => return Err(bad(
+            "schedule",
+            format!(
+                "must be an object such as {{\"cron\": \"0 3 * * *\", \"tz\": \"UTC\"}}, got {}",
+                show(other)
+            ),
+        )),
+    };
+    let fills = match get_str(obj, "fills")? {
+        None => Fills::Previous,
+        Some(f) => Fills::parse_name(f).ok_or_else(|| {
+            bad(
+                "fills",
+                format!("must be \"previous\" or \"current\", got \"{f}\""),
+            )
+        })?,
+    };
+    let max_runs = get_int(obj, "max_runs", 1, 1_000_000)?;
+    let run_retries = get_int(obj, "run_retries", 0, RETRIES_MAX)?.unwrap_or(0);
+    let catchup = get_bool(obj, "catchup")?.unwrap_or(true);
+    let registry_hash = get_str(obj, "registry_hash")?
+        .filter(|h| !h.trim().is_empty())
+        .ok_or_else(|| bad("registry_hash", "is required (the hash of the steps' code)"))?
+        .to_string();
+    let binary = get_str(obj, "binary")?
+        .filter(|b| !b.trim().is_empty())
+        .ok_or_else(|| bad("binary", "is required (the path of the pipeline binary)"))?
+        .to_string();
+    let pool = match obj.get("pool") {
+        None | Some(Value::Null) => "default".to_string(),
+        Some(v) => check_name("pool", v)?,
+    };
+    for field in ["source", "commit", "image"] {
+        get_str(obj, field)?;
+    }
+    get_bool(obj, "dirty")?;
+
+    let mut normalized = obj.clone();
+    normalized.insert(
+        "steps".into(),
+        Value::Array(
+            steps
+                .iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "name": s.name,
+                        "kind": s.kind.name(),
+                        "after": s.after,
+                        "retries": s.retries,
+                    })
+                })
+                .collect(),
+        ),
+    );
+    normalized.insert(
+        "partitions".into(),
+        serde_json::json!({ partitions.kind.name(): partitions.start.to_string() }),
+    );
+    normalized.insert(
+        "schedule".into(),
+        match &schedule {
+            Some((cron, tz)) => serde_json::json!({ "cron": cron, "tz": tz }),
+            None => Value::Null,
+        },
+    );
+    normalized.insert("fills".into(), fills.name().into());
+    normalized.insert("max_runs".into(), max_runs.into());
+    normalized.insert("run_retries".into(), run_retries.into());
+    normalized.insert("catchup".into(), catchup.into());
+    normalized.insert("pool".into(), pool.clone().into());
+
+    Ok(Manifest {
+        name,
+        steps,
+        partitions,
+        schedule,
+        fills,
+        max_runs,
+        run_retries,
+        catchup,
+        registry_hash,
+        binary,
+        pool,
+        normalized: Value::Object(normalized),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lake() -> Value {
+        json!({"name":"lake","steps":[{"name":"one","kind":"mapped"},{"name":"two","kind":"gather","after":"one","retries":2}],
+        "partitions":{"monthly":"2024-01"},"schedule":{"cron":"0 3 2 * *","tz":"UTC"},
+        "fills":"previous","max_runs":2,"run_retries":3,"catchup":true,
+        "registry_hash":"abc","binary":"/path/to/lake"})
+    }
+
+    #[test]
+    fn accepts_the_documented_shape() {
+        let m = parse(&lake()).expect("valid");
+        assert_eq!(m.name, "lake");
+        assert_eq!(m.steps.len(), 2);
+        assert_eq!(m.steps[1].after.as_deref(), Some("one"));
+        assert_eq!(m.max_runs, Some(2));
+        assert_eq!(m.normalized["pool"], "default");
+    }
+
+    fn refused(patch: impl FnOnce(&mut Value)) -> String {
+        let mut m = lake();
+        patch(&mut m);
+        let e = parse(&m).expect_err("refused");
+        e.to_string()
+    }
+
+    #[test]
+    fn names_the_field_and_value() {
+        assert!(refused(|m| m["max_runs"] = json!("two")).contains("max_runs"));
+        assert!(refused(|m| m["max_runs"] = json!(0)).contains("got 0"));
+        assert!(refused(|m| m["name"] = json!("Lake!")).contains("'Lake!'"));
+        assert!(refused(|m| m["steps"][1]["kind"] = json!("reduce")).contains("\"reduce\""));
+        assert!(refused(|m| m["steps"][1]["after"] = json!("zero")).contains("'zero'"));
+        assert!(refused(|m| m["steps"][1]["name"] = json!("one")).contains("used twice"));
+        assert!(refused(|m| m["fills"] = json!("next")).contains("\"next\""));
+        assert!(refused(|m| m["partitions"] = json!({"weekly":"2024-01"})).contains("weekly"));
+        assert!(refused(|m| m["partitions"] = json!({"monthly":"2024-1"})).contains("2024-1"));
+        assert!(refused(|m| {
+            if let Some(o) = m.as_object_mut() {
+                o.remove("registry_hash");
+            }
+        })
+        .contains("registry_hash"));
+        let e = refused(|m| {
+            m["steps"] = json!([{"name":"g","kind":"gather"},{"name":"m","kind":"mapped"}])
+        });
+        assert!(e.contains("cannot follow gather step 'g'"), "{e}");
+    }
+
+    #[test]
+    fn schedule_errors_keep_their_own_codes() {
+        let mut m = lake();
+        m["schedule"] = json!({"cron":"0 0 30 2 *"});
+        assert_eq!(parse(&m).expect_err("impossible").sqlstate(), "OR031");
+        m["schedule"] = json!({"cron":"0 0 * * *", "tz": "Nowhere/City"});
+        assert_eq!(parse(&m).expect_err("tz").sqlstate(), "OR032");
+        m["schedule"] = json!({"cron":"every day"});
+        assert_eq!(parse(&m).expect_err("cron").sqlstate(), "OR030");
+    }
+
+    #[test]
+    fn unknown_fields_are_kept() {
+        let mut m = lake();
+        m["reads"] = json!(["lake.raw"]);
+        let p = parse(&m).expect("valid");
+        assert_eq!(p.normalized["reads"], json!(["lake.raw"]));
+    }
+}

@@ -1,0 +1,115 @@
+//! The extension's settings, all under the reserved prefix `orca.`.
+//!
+//! The SQL API reads the numeric ones through small getter functions
+//! (`orca._lease_seconds()` and friends) so that one definition, here, holds
+//! each default.
+
+use std::ffi::CString;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+
+/// The org the session acts in; unset means `default`. A user setting, like
+/// `search_path`: membership, not this value, is what protects an org.
+pub static ORG: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// How often the background worker ticks. Short enough that a cron fire is
+/// late by at most this much; each tick is one small transaction.
+pub static TICK_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// The databases the background worker ticks in. Fixed at server start
+/// because each database needs a worker registered by the postmaster.
+pub static DATABASES: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+
+/// How long a lease lasts without a heartbeat. Runners heartbeat at a third of
+/// it; a lease that lapses is reclaimed by the next tick and retried.
+pub static LEASE_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30);
+
+/// How many lost attempts (leases that lapsed) a run survives before it
+/// fails. Separate from a pipeline's run_retries, which count failures its
+/// own code reported, because a lost lease is usually the host's fault.
+pub static LOST_ATTEMPTS_MAX: GucSetting<i32> = GucSetting::<i32>::new(3);
+
+/// A bound on the fires one tick turns into runs per schedule, so a schedule
+/// that was not ticked for a long time catches up over several ticks instead
+/// of in one giant transaction.
+pub static MAX_FIRES_PER_TICK: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// A bound on the partitions one orca.run or orca.backfill call may name.
+pub static MAX_PARTITIONS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"orca.org",
+        c"The org this session acts in (default: 'default').",
+        c"Every orca function and every row-level security policy scopes to this org.",
+        &ORG,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.tick_ms",
+        c"How often the background worker calls orca.tick().",
+        c"Takes effect on reload (SIGHUP).",
+        &TICK_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"orca.lease_seconds",
+        c"How long an attempt's lease lasts without a heartbeat.",
+        c"orca.claim and orca.heartbeat set the deadline this far ahead.",
+        &LEASE_SECONDS,
+        1,
+        86_400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"orca.lost_attempts_max",
+        c"How many lost attempts a run is retried after before it fails.",
+        c"",
+        &LOST_ATTEMPTS_MAX,
+        0,
+        1000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.max_fires_per_tick",
+        c"The most fires one tick turns into runs for one schedule.",
+        c"",
+        &MAX_FIRES_PER_TICK,
+        1,
+        1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.max_partitions",
+        c"The most partitions one orca.run or orca.backfill call may name.",
+        c"",
+        &MAX_PARTITIONS,
+        1,
+        10_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // SAFETY: read-only access to a flag Postgres sets while it loads
+    // shared_preload_libraries, in the single-threaded postmaster or backend.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        GucRegistry::define_string_guc(
+            c"orca.databases",
+            c"Comma-separated databases the background worker ticks in.",
+            c"One worker per database; needs a server restart to change.",
+            &DATABASES,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    // SAFETY: called from _PG_init with a static, NUL-terminated prefix.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"orca".as_ptr()) };
+}

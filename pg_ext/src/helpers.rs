@@ -1,0 +1,165 @@
+//! SQL-callable wrappers over `orca-core`: cron maths, partitions, manifests.
+//!
+//! These are internal (`orca._*`, not granted to anyone): the SQL API in
+//! `sql/api.sql` calls them. Functions that judge user input return an
+//! envelope, `{"ok": ...}` or `{"error": {code, message, hint}}`, which
+//! `orca._unwrap` raises with the error's own SQLSTATE; pgrx cannot raise
+//! SQLSTATEs outside PostgreSQL's own list.
+
+use chrono::{DateTime, Utc};
+use orca_core::cron::{parse_tz, Schedule};
+use orca_core::error::ok_envelope;
+use orca_core::manifest;
+use orca_core::partition::{Fills, PartitionKind, PartitionSet};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::Value;
+
+use crate::gucs;
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 UTC).
+const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+
+fn to_utc(t: TimestampWithTimeZone) -> DateTime<Utc> {
+    if t.is_infinity() {
+        return DateTime::<Utc>::MAX_UTC;
+    }
+    if t.is_neg_infinity() {
+        return DateTime::<Utc>::MIN_UTC;
+    }
+    let pg_us: i64 = pg_sys::TimestampTz::from(t);
+    DateTime::from_timestamp_micros(pg_us.saturating_add(PG_EPOCH_OFFSET_US))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+fn from_utc(t: DateTime<Utc>) -> TimestampWithTimeZone {
+    let pg_us = t.timestamp_micros() - PG_EPOCH_OFFSET_US;
+    TimestampWithTimeZone::try_from(pg_us)
+        .unwrap_or_else(|_| TimestampWithTimeZone::positive_infinity())
+}
+
+fn envelope(r: orca_core::Result<Value>) -> JsonB {
+    JsonB(match r {
+        Ok(v) => ok_envelope(v),
+        Err(e) => e.envelope(),
+    })
+}
+
+/// A stored schedule; the manifest check validated it, so failure here means
+/// the row was edited by hand.
+fn stored_schedule(cron: &str, tz: &str) -> Schedule {
+    Schedule::parse(cron, tz)
+        .unwrap_or_else(|e| error!("stored schedule '{cron}' in {tz} is invalid: {e}"))
+}
+
+fn partition_kind(kind: &str) -> PartitionKind {
+    PartitionKind::parse_name(kind).unwrap_or_else(|| error!("unknown partition kind '{kind}'"))
+}
+
+#[pg_extern(immutable, parallel_safe, name = "_manifest_check")]
+fn manifest_check(manifest: JsonB) -> JsonB {
+    envelope(manifest::parse(&manifest.0).map(|m| m.normalized))
+}
+
+#[pg_extern(stable, parallel_safe, name = "_expand_partitions")]
+fn expand_partitions(
+    pipeline: &str,
+    kind: &str,
+    start: &str,
+    tz: &str,
+    spec: &str,
+    now: TimestampWithTimeZone,
+) -> JsonB {
+    let result = (|| {
+        let set = PartitionSet::new(partition_kind(kind), start)?;
+        let current = set.current(to_utc(now), parse_tz(tz)?);
+        let max = u64::try_from(gucs::MAX_PARTITIONS.get()).unwrap_or(0);
+        let parts = set.expand(pipeline, spec, current, max)?;
+        Ok(Value::Array(
+            parts.iter().map(|p| Value::String(p.to_string())).collect(),
+        ))
+    })();
+    envelope(result)
+}
+
+#[pg_extern(immutable, parallel_safe, name = "_cron_fires")]
+fn cron_fires(
+    cron: &str,
+    tz: &str,
+    after: TimestampWithTimeZone,
+    until: TimestampWithTimeZone,
+    max: i32,
+) -> Vec<TimestampWithTimeZone> {
+    let max = usize::try_from(max).unwrap_or(0);
+    stored_schedule(cron, tz)
+        .fires_between(to_utc(after), to_utc(until), max)
+        .into_iter()
+        .map(from_utc)
+        .collect()
+}
+
+#[pg_extern(immutable, parallel_safe, name = "_cron_last")]
+fn cron_last(
+    cron: &str,
+    tz: &str,
+    after: TimestampWithTimeZone,
+    until: TimestampWithTimeZone,
+) -> Option<TimestampWithTimeZone> {
+    stored_schedule(cron, tz)
+        .last_between(to_utc(after), to_utc(until))
+        .map(from_utc)
+}
+
+#[pg_extern(immutable, parallel_safe, name = "_cron_next")]
+fn cron_next(
+    cron: &str,
+    tz: &str,
+    after: TimestampWithTimeZone,
+    n: i32,
+) -> Vec<TimestampWithTimeZone> {
+    let n = usize::try_from(n).unwrap_or(0);
+    stored_schedule(cron, tz)
+        .next_n(to_utc(after), n)
+        .into_iter()
+        .map(from_utc)
+        .collect()
+}
+
+#[pg_extern(immutable, parallel_safe, name = "_fire_partition")]
+fn fire_partition(
+    kind: &str,
+    start: &str,
+    fills: &str,
+    tz: &str,
+    fire_at: TimestampWithTimeZone,
+) -> Option<String> {
+    let set = PartitionSet::new(partition_kind(kind), start)
+        .unwrap_or_else(|e| error!("stored partition start is invalid: {e}"));
+    let fills = Fills::parse_name(fills).unwrap_or_else(|| error!("unknown fills '{fills}'"));
+    let tz = parse_tz(tz).unwrap_or_else(|e| error!("{e}"));
+    set.for_fire(to_utc(fire_at), tz, fills)
+        .map(|p| p.to_string())
+}
+
+#[pg_extern(stable, parallel_safe, name = "_current_partition")]
+fn current_partition(kind: &str, tz: &str, now: TimestampWithTimeZone) -> String {
+    let tz = parse_tz(tz).unwrap_or_else(|e| error!("{e}"));
+    partition_kind(kind)
+        .containing(to_utc(now).with_timezone(&tz).date_naive())
+        .to_string()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_lease_seconds")]
+fn lease_seconds() -> i32 {
+    gucs::LEASE_SECONDS.get()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_lost_attempts_max")]
+fn lost_attempts_max() -> i32 {
+    gucs::LOST_ATTEMPTS_MAX.get()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_max_fires_per_tick")]
+fn max_fires_per_tick() -> i32 {
+    gucs::MAX_FIRES_PER_TICK.get()
+}

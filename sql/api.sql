@@ -1,0 +1,696 @@
+-- The SQL API. Every function runs as the extension owner (SECURITY DEFINER,
+-- with a fixed search_path) and scopes every statement to the session's org,
+-- because the owner is not subject to row-level security. docs/sql.md is the
+-- reference; the COMMENT ON text is what \df+ shows.
+
+---------------------------------------------------------------------------
+-- Orgs and members
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.create_org(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF create_org.name IS NULL OR create_org.name !~ '^[a-z][a-z0-9_-]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid org name %', quote_nullable(create_org.name)
+            USING ERRCODE = 'OR003',
+                  HINT = 'use 1 to 63 lowercase letters, digits, ''_'' or ''-'', starting with a letter';
+    END IF;
+    INSERT INTO orca.orgs (name) VALUES (create_org.name)
+    ON CONFLICT ON CONSTRAINT orgs_name_key DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'org ''%'' already exists', create_org.name USING ERRCODE = 'OR003';
+    END IF;
+    PERFORM orca._event(v_id, 'org.created', NULL, NULL, NULL,
+                        jsonb_build_object('name', create_org.name, 'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_org(text) IS
+'Creates an org and returns its id. Admins only. Example: SELECT orca.create_org(''acme'');';
+
+CREATE FUNCTION orca.add_member(org text, role text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    SELECT id INTO v_org FROM orca.orgs o WHERE o.name = add_member.org;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org ''%''', add_member.org USING ERRCODE = 'OR001';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = add_member.role) THEN
+        RAISE EXCEPTION 'unknown role %', quote_nullable(add_member.role)
+            USING ERRCODE = 'OR004', HINT = 'create the role first (CREATE ROLE ...)';
+    END IF;
+    INSERT INTO orca.members (org_id, role_name) VALUES (v_org, add_member.role)
+    ON CONFLICT DO NOTHING;
+    PERFORM orca._event(v_org, 'org.member_added', NULL, NULL, NULL,
+                        jsonb_build_object('role', add_member.role, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.add_member(text, text) IS
+'Lets a role (and every role that is a member of it) act in an org. Admins only. '
+'Permissions come from the orca_viewer, orca_operator, orca_runner and orca_admin roles; '
+'membership decides the org. Example: SELECT orca.add_member(''acme'', ''acme_ops'');';
+
+CREATE FUNCTION orca.remove_member(org text, role text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    SELECT id INTO v_org FROM orca.orgs o WHERE o.name = remove_member.org;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org ''%''', remove_member.org USING ERRCODE = 'OR001';
+    END IF;
+    DELETE FROM orca.members m WHERE m.org_id = v_org AND m.role_name = remove_member.role;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'role % is not a member of org ''%''', quote_nullable(remove_member.role),
+                        remove_member.org
+            USING ERRCODE = 'OR004';
+    END IF;
+    PERFORM orca._event(v_org, 'org.member_removed', NULL, NULL, NULL,
+                        jsonb_build_object('role', remove_member.role, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.remove_member(text, text) IS
+'Takes a role''s membership of an org away. Admins only.';
+
+---------------------------------------------------------------------------
+-- Pipelines
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.register(manifest jsonb) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    m     jsonb;
+    v_pid bigint;
+    v_cur bigint;
+    v_vid bigint;
+    v_n   integer;
+BEGIN
+    IF register.manifest IS NULL THEN
+        RAISE EXCEPTION 'malformed manifest: manifest: is required' USING ERRCODE = 'OR040';
+    END IF;
+    m := orca._unwrap(orca._manifest_check(register.manifest));
+    INSERT INTO orca.pipelines (org_id, name) VALUES (v_org, m->>'name')
+    ON CONFLICT (org_id, name) DO NOTHING;
+    SELECT id, current_version INTO v_pid, v_cur
+    FROM orca.pipelines WHERE org_id = v_org AND name = m->>'name' FOR UPDATE;
+
+    -- The same manifest again is the same version: registering is idempotent.
+    SELECT id INTO v_vid FROM orca.pipeline_versions
+    WHERE pipeline_id = v_pid AND pipeline_versions.manifest = m
+    ORDER BY id DESC LIMIT 1;
+    IF v_vid IS NOT NULL AND v_vid = v_cur THEN
+        RETURN v_vid;
+    END IF;
+    IF v_vid IS NULL THEN
+        SELECT coalesce(max(version), 0) + 1 INTO v_n
+        FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
+        INSERT INTO orca.pipeline_versions (
+            org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
+            partition_kind, partition_start, max_runs, run_retries, catchup, fills,
+            cron, tz, source, commit, dirty, image)
+        SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
+               k.key, k.value #>> '{}', (m->>'max_runs')::int, (m->>'run_retries')::int,
+               (m->>'catchup')::boolean, m->>'fills', m->'schedule'->>'cron',
+               coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
+               (m->>'dirty')::boolean, m->>'image'
+        FROM jsonb_each(m->'partitions') AS k
+        RETURNING id INTO v_vid;
+        INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries)
+        SELECT v_org, v_vid, (s.ord - 1)::int, s.step->>'name', s.step->>'kind',
+               s.step->>'after', (s.step->>'retries')::int
+        FROM jsonb_array_elements(m->'steps') WITH ORDINALITY AS s(step, ord);
+    END IF;
+    UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
+    WHERE id = v_pid;
+
+    IF jsonb_typeof(m->'schedule') = 'object' THEN
+        INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
+        VALUES (v_org, v_pid, m->'schedule'->>'cron', m->'schedule'->>'tz', m->>'fills',
+                (m->>'catchup')::boolean)
+        ON CONFLICT (pipeline_id) DO UPDATE
+        SET cron = excluded.cron, tz = excluded.tz, fills = excluded.fills,
+            catchup = excluded.catchup;
+    ELSE
+        DELETE FROM orca.schedules WHERE pipeline_id = v_pid;
+    END IF;
+
+    PERFORM orca._event(v_org, 'pipeline.registered', v_pid, NULL, NULL,
+        jsonb_strip_nulls(jsonb_build_object(
+            'version_id', v_vid,
+            'version', (SELECT version FROM orca.pipeline_versions WHERE id = v_vid),
+            'registry_hash', m->>'registry_hash', 'commit', m->>'commit',
+            'by', session_user)));
+    -- A larger max_runs may let queued runs start.
+    PERFORM orca._start_queued(v_org, v_pid);
+    RETURN v_vid;
+END
+$$;
+COMMENT ON FUNCTION orca.register(jsonb) IS
+'Registers a pipeline version from the manifest its binary prints with `describe --json` '
+'(docs/manifest.md) and makes it current. Returns the version id; the same manifest again '
+'returns the same id. Errors: OR040 malformed manifest, OR020 bad partition start, '
+'OR030/OR031 unparsable or impossible cron, OR032 unknown time zone.';
+
+CREATE FUNCTION orca.fires(pipeline text, n integer DEFAULT 10, after timestamptz DEFAULT now())
+RETURNS TABLE (fire_at timestamptz, partition text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    s orca.schedules;
+BEGIN
+    IF fires.n IS NULL OR fires.n < 0 OR fires.n > 10000 THEN
+        RAISE EXCEPTION 'n must be from 0 to 10000, got %', coalesce(fires.n::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF fires.after IS NULL OR NOT isfinite(fires.after) THEN
+        RAISE EXCEPTION 'after must be a finite timestamp, got %', coalesce(fires.after::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    p := orca._pipeline(v_org, fires.pipeline);
+    SELECT * INTO s FROM orca.schedules sc WHERE sc.pipeline_id = p.id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions pv WHERE pv.id = p.current_version;
+    RETURN QUERY
+    SELECT f, orca._fire_partition(v.partition_kind, v.partition_start, s.fills, s.tz, f)
+    FROM unnest(orca._cron_next(s.cron, s.tz, fires.after, fires.n)) AS f;
+END
+$$;
+COMMENT ON FUNCTION orca.fires(text, integer, timestamptz) IS
+'The next n fires of a pipeline''s schedule after a time, each with the partition it fills '
+'(NULL when that partition precedes the pipeline''s first). No rows for a pipeline without '
+'a schedule. Example: SELECT * FROM orca.fires(''lake'', 3);';
+
+CREATE FUNCTION orca.pause(pipeline text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, pause.pipeline);
+    UPDATE orca.pipelines SET paused = true WHERE id = p.id;
+    PERFORM orca._event(v_org, 'pipeline.paused', p.id, NULL, NULL,
+                        jsonb_build_object('by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.pause(text) IS
+'Pauses a pipeline: its schedule makes no runs and queued runs wait. Running runs go on.';
+
+CREATE FUNCTION orca.unpause(pipeline text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, unpause.pipeline);
+    UPDATE orca.pipelines SET paused = false WHERE id = p.id;
+    PERFORM orca._event(v_org, 'pipeline.unpaused', p.id, NULL, NULL,
+                        jsonb_build_object('by', session_user));
+    PERFORM orca._start_queued(v_org, p.id);
+END
+$$;
+COMMENT ON FUNCTION orca.unpause(text) IS
+'Unpauses a pipeline; queued runs start within max_runs. Fires that fell while it was paused '
+'are not made up.';
+
+---------------------------------------------------------------------------
+-- Runs
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.run(pipeline text, partitions text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v_parts text[];
+    v_id bigint;
+BEGIN
+    p := orca._pipeline(v_org, run.pipeline);
+    v_parts := orca._partitions(p, run.partitions);
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+    SELECT v_org, p.id, v.id, v_parts, 'manual', v.run_retries
+    FROM orca.pipeline_versions v WHERE v.id = p.current_version
+    RETURNING id INTO v_id;
+    PERFORM orca._runs_created(v_org, p.id, ARRAY[v_id]);
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.run(text, text) IS
+'Queues one run over the given partitions (a gather step sees all of them) and returns its id. '
+'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''. '
+'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
+'OR022 partition outside the pipeline''s set, OR023 too many partitions.';
+
+CREATE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v_parts text[];
+    v_ids bigint[];
+    v_active text[];
+BEGIN
+    p := orca._pipeline(v_org, backfill.pipeline);
+    v_parts := orca._partitions(p, backfill.partitions);
+    -- A partition that already has a queued or running run is not queued twice.
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running') AND x = ANY (v_parts);
+    WITH ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+        SELECT v_org, p.id, v.id, ARRAY[x.part], 'backfill', v.run_retries
+        FROM unnest(v_parts) WITH ORDINALITY AS x(part, ord)
+        CROSS JOIN orca.pipeline_versions v
+        WHERE v.id = p.current_version
+          AND NOT (x.part = ANY (coalesce(v_active, '{}')))
+        ORDER BY x.ord
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % partition(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    PERFORM orca._runs_created(v_org, p.id, v_ids);
+    RETURN QUERY SELECT unnest(coalesce(v_ids, '{}'));
+END
+$$;
+COMMENT ON FUNCTION orca.backfill(text, text) IS
+'Queues one run per partition, oldest first, and returns their ids. Partitions that already '
+'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
+'(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
+'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06'');';
+
+CREATE FUNCTION orca.cancel(run bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    r orca.runs;
+BEGIN
+    SELECT * INTO r FROM orca.runs WHERE id = cancel.run AND org_id = v_org FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown run %', coalesce(cancel.run::text, 'NULL') USING ERRCODE = 'OR011';
+    END IF;
+    IF r.status NOT IN ('queued', 'running') THEN
+        RAISE EXCEPTION 'run % is already %', r.id, r.status
+            USING ERRCODE = 'OR013', HINT = 'only queued or running runs can be cancelled';
+    END IF;
+    UPDATE orca.runs SET status = 'cancelled', finished_at = now() WHERE id = r.id;
+    WITH c AS (
+        UPDATE orca.attempts a SET status = 'cancelled', finished_at = now(), error = 'run cancelled'
+        WHERE a.run_id = r.id AND a.status IN ('pending', 'leased')
+        RETURNING a.id, a.number, a.runner
+    )
+    INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+    SELECT v_org, 'attempt.cancelled', r.pipeline_id, r.id, c.id,
+           jsonb_strip_nulls(jsonb_build_object('attempt', c.number, 'runner', c.runner))
+    FROM c;
+    UPDATE orca.step_states SET status = 'cancelled', updated_at = now()
+    WHERE run_id = r.id AND status IN ('pending', 'running');
+    PERFORM orca._event(v_org, 'run.cancelled', r.pipeline_id, r.id, NULL,
+                        jsonb_build_object('was', r.status, 'by', session_user));
+    PERFORM orca._start_queued(v_org, r.pipeline_id);
+END
+$$;
+COMMENT ON FUNCTION orca.cancel(bigint) IS
+'Cancels a queued or running run. A runner holding one of its leases gets OR015 on its next '
+'heartbeat and stops the attempt. Errors: OR011 unknown run, OR013 run already finished.';
+
+CREATE FUNCTION orca.retry(run bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    r orca.runs;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT * INTO r FROM orca.runs WHERE id = retry.run AND org_id = v_org FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown run %', coalesce(retry.run::text, 'NULL') USING ERRCODE = 'OR011';
+    END IF;
+    IF r.status NOT IN ('failed', 'cancelled') THEN
+        RAISE EXCEPTION 'run % is %', r.id, r.status
+            USING ERRCODE = 'OR013',
+                  HINT = 'only failed or cancelled runs can be retried; orca.run starts a new one';
+    END IF;
+    SELECT pv.* INTO v FROM orca.pipeline_versions pv
+    JOIN orca.pipelines p ON p.current_version = pv.id WHERE p.id = r.pipeline_id;
+    -- The retry runs the pipeline's current code; steps that succeeded under
+    -- the same code are skipped by the pipeline binary.
+    UPDATE orca.runs
+    SET status = 'queued', version_id = v.id, run_retries = v.run_retries, failures = 0,
+        losses = 0, error = NULL, finished_at = NULL
+    WHERE id = r.id;
+    UPDATE orca.step_states SET status = 'pending', error = NULL, updated_at = now()
+    WHERE run_id = r.id AND status <> 'succeeded';
+    PERFORM orca._event(v_org, 'run.retried', r.pipeline_id, r.id, NULL,
+                        jsonb_build_object('was', r.status, 'version_id', v.id, 'by', session_user));
+    PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+    RETURN r.id;
+END
+$$;
+COMMENT ON FUNCTION orca.retry(bigint) IS
+'Queues a failed or cancelled run again, with the pipeline''s current version and a fresh '
+'run_retries budget; returns the run id. Errors: OR011 unknown run, OR013 run not failed or cancelled.';
+
+---------------------------------------------------------------------------
+-- Dispatch: runners claim attempts, heartbeat their leases and finish them
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.register_runner(name text, pool text DEFAULT 'default',
+                                     slots integer DEFAULT NULL, host text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+BEGIN
+    IF register_runner.name IS NULL OR length(register_runner.name) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %',
+            quote_nullable(register_runner.name) USING ERRCODE = 'OR050';
+    END IF;
+    INSERT INTO orca.runners (org_id, name, pool, slots, host)
+    VALUES (v_org, register_runner.name, coalesce(register_runner.pool, 'default'),
+            register_runner.slots, register_runner.host)
+    ON CONFLICT (org_id, name) DO UPDATE
+    SET pool = excluded.pool, slots = excluded.slots, host = excluded.host, last_seen = now();
+    PERFORM orca._event(v_org, 'runner.registered', NULL, NULL, NULL,
+        jsonb_strip_nulls(jsonb_build_object('runner', register_runner.name,
+                                             'pool', register_runner.pool,
+                                             'slots', register_runner.slots,
+                                             'host', register_runner.host)));
+END
+$$;
+COMMENT ON FUNCTION orca.register_runner(text, text, integer, text) IS
+'Records a runner (name, pool, slots, host) in orca.runners. orca.claim also records the '
+'runners it sees, so calling this is optional.';
+
+CREATE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1)
+RETURNS SETOF orca.lease
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_ttl interval := make_interval(secs => orca._lease_seconds());
+BEGIN
+    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.pool IS NULL OR claim.pool = '' THEN
+        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Keep the runner's row fresh without writing it on every poll.
+    INSERT INTO orca.runners AS rn (org_id, name, pool)
+    VALUES (v_org, claim.runner, claim.pool)
+    ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
+    WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+
+    RETURN QUERY
+    WITH picked AS (
+        SELECT a.id FROM orca.attempts a
+        WHERE a.org_id = v_org AND a.pool = claim.pool AND a.status = 'pending'
+        ORDER BY a.id
+        LIMIT claim.max
+        FOR UPDATE SKIP LOCKED
+    ), leased AS (
+        UPDATE orca.attempts a
+        SET status = 'leased', runner = claim.runner, lease = gen_random_uuid(),
+            leased_at = now(), heartbeat_at = now(), deadline = now() + v_ttl
+        FROM picked WHERE a.id = picked.id
+        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT v_org, 'attempt.leased', r.pipeline_id, l.run_id, l.id,
+               jsonb_build_object('attempt', l.number, 'runner', claim.runner)
+        FROM leased l JOIN orca.runs r ON r.id = l.run_id
+    )
+    SELECT l.id, l.run_id, l.lease, p.name, l.version_id, v.binary_path, r.partitions,
+           l.number, l.deadline, v.registry_hash, l.pool, o.name
+    FROM leased l
+    JOIN orca.runs r ON r.id = l.run_id
+    JOIN orca.pipelines p ON p.id = r.pipeline_id
+    JOIN orca.pipeline_versions v ON v.id = l.version_id
+    JOIN orca.orgs o ON o.id = v_org
+    ORDER BY l.id;
+END
+$$;
+COMMENT ON FUNCTION orca.claim(text, text, integer) IS
+'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
+'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
+'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. '
+'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
+
+CREATE FUNCTION orca.heartbeat(lease uuid) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_deadline timestamptz;
+BEGIN
+    UPDATE orca.attempts a
+    SET deadline = now() + make_interval(secs => orca._lease_seconds()), heartbeat_at = now()
+    WHERE a.lease = heartbeat.lease AND a.org_id = v_org AND a.status = 'leased'
+    RETURNING a.deadline INTO v_deadline;
+    IF v_deadline IS NULL THEN
+        PERFORM orca._lease_refused(v_org, heartbeat.lease);
+    END IF;
+    RETURN v_deadline;
+END
+$$;
+COMMENT ON FUNCTION orca.heartbeat(uuid) IS
+'Extends a lease by orca.lease_seconds and returns the new deadline. Errors: OR012 unknown '
+'lease, OR014 lease no longer active (lost or finished: stop the attempt), OR015 run cancelled '
+'(stop the attempt).';
+
+CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_id  bigint;
+    a     orca.attempts;
+BEGIN
+    IF finish.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
+    END IF;
+    SELECT x.id INTO v_id FROM orca.attempts x
+    WHERE x.lease = finish.lease AND x.org_id = v_org;
+    IF v_id IS NOT NULL THEN
+        a := orca._lock_attempt(v_id);
+    END IF;
+    IF v_id IS NULL OR a.status <> 'leased' THEN
+        PERFORM orca._lease_refused(v_org, finish.lease);
+    END IF;
+    RETURN orca._attempt_ended(
+        v_id,
+        CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
+        CASE WHEN finish.ok THEN NULL
+             ELSE coalesce(finish.error, 'the attempt failed without a message') END);
+END
+$$;
+COMMENT ON FUNCTION orca.finish(uuid, boolean, text) IS
+'Ends a leased attempt: ok => true marks the run succeeded; ok => false records the error and '
+'retries the run while its run_retries last, else fails it. Returns the run''s status '
+'afterwards (succeeded, running when retried, failed). A stale or foreign lease gets OR012, '
+'OR014 or OR015 and changes nothing.';
+
+CREATE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
+                                 error text DEFAULT NULL, output jsonb DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    v_pipeline bigint;
+BEGIN
+    SELECT * INTO a FROM orca.attempts x
+    WHERE x.lease = report_step.lease AND x.org_id = v_org AND x.status = 'leased';
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, report_step.lease);
+    END IF;
+    IF report_step.status IS NULL
+       OR report_step.status NOT IN ('running', 'succeeded', 'failed', 'skipped') THEN
+        RAISE EXCEPTION 'step status must be running, succeeded, failed or skipped, got %',
+            quote_nullable(report_step.status) USING ERRCODE = 'OR050';
+    END IF;
+    UPDATE orca.step_states s
+    SET status = report_step.status,
+        attempts = s.attempts + (report_step.status = 'running')::int,
+        error = report_step.error,
+        output = coalesce(report_step.output, s.output),
+        updated_at = now()
+    WHERE s.run_id = a.run_id AND s.step = report_step.step
+      AND s.partition = report_step.partition;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no step % for partition %', a.run_id,
+            quote_nullable(report_step.step), quote_nullable(report_step.partition)
+            USING ERRCODE = 'OR016', HINT = 'a gather step''s partition is ''*''';
+    END IF;
+    SELECT pipeline_id INTO v_pipeline FROM orca.runs WHERE id = a.run_id;
+    PERFORM orca._event(v_org, 'step.' || report_step.status, v_pipeline, a.run_id, a.id,
+        jsonb_strip_nulls(jsonb_build_object('step', report_step.step,
+                                             'partition', report_step.partition,
+                                             'attempt', a.number, 'error', report_step.error)));
+END
+$$;
+COMMENT ON FUNCTION orca.report_step(uuid, text, text, text, text, jsonb) IS
+'Records the state of one (step, partition) of the run a lease belongs to: running, '
+'succeeded (with its output), failed (with its error) or skipped. Pipeline binaries call it '
+'as they go. Errors: OR012/OR014/OR015 for the lease, OR016 unknown step or partition.';
+
+---------------------------------------------------------------------------
+-- Time: all periodic work
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := tick.now;
+    v_orgs    bigint[] := orca._tick_orgs();
+    v_max     integer := orca._max_fires_per_tick();
+    s         record;
+    a         record;
+    q         record;
+    v_from    timestamptz;
+    v_until   timestamptz;
+    v_fires   timestamptz[];
+    v_fire    timestamptz;
+    v_part    text;
+    v_id      bigint;
+    v_ids     bigint[];
+    v_missed  integer;
+    n_fires   integer := 0;
+    n_runs    integer := 0;
+    n_skipped integer := 0;
+    n_missed  integer := 0;
+    n_lost    integer := 0;
+    n_started integer := 0;
+BEGIN
+    IF v_now IS NULL OR NOT isfinite(v_now) THEN
+        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+
+    -- 1. Due cron fires become runs. SKIP LOCKED: a concurrent tick takes the
+    --    schedules this one holds, and the unique index on (pipeline, fire_at)
+    --    keeps a fire to one run whatever happens.
+    FOR s IN
+        SELECT sc.*, p.paused, v.id AS version_id, v.partition_kind, v.partition_start,
+               v.run_retries
+        FROM orca.schedules sc
+        JOIN orca.pipelines p ON p.id = sc.pipeline_id
+        JOIN orca.pipeline_versions v ON v.id = p.current_version
+        WHERE sc.org_id = ANY (v_orgs)
+        ORDER BY sc.pipeline_id
+        FOR UPDATE OF sc SKIP LOCKED
+    LOOP
+        v_from := coalesce(s.fired_until, least(s.registered_at, v_now));
+        CONTINUE WHEN v_now <= v_from;
+        v_until := v_now;
+        v_fires := orca._cron_fires(s.cron, s.tz, v_from, v_now, v_max + 1);
+        IF NOT s.catchup THEN
+            -- Only the latest of the fires missed while nothing ticked.
+            v_missed := least(cardinality(v_fires), v_max) - 1;
+            v_fires := coalesce(ARRAY[orca._cron_last(s.cron, s.tz, v_from, v_now)], '{}');
+            v_fires := array_remove(v_fires, NULL);
+            IF v_missed > 0 THEN
+                n_missed := n_missed + v_missed;
+                PERFORM orca._event(s.org_id, 'schedule.missed', s.pipeline_id, NULL, NULL,
+                    jsonb_build_object('missed', v_missed, 'capped_at', v_max, 'from', v_from,
+                                       'until', v_now, 'kept', v_fires[1]));
+            END IF;
+        ELSIF cardinality(v_fires) > v_max THEN
+            -- More than one tick may make: the rest waits for the next tick.
+            v_fires := v_fires[1:v_max];
+            v_until := v_fires[v_max];
+        END IF;
+        v_ids := '{}';
+        IF NOT s.paused THEN
+            FOREACH v_fire IN ARRAY coalesce(v_fires, '{}') LOOP
+                n_fires := n_fires + 1;
+                v_part := orca._fire_partition(s.partition_kind, s.partition_start, s.fills,
+                                               s.tz, v_fire);
+                IF v_part IS NULL THEN
+                    n_skipped := n_skipped + 1;
+                    PERFORM orca._event(s.org_id, 'fire.skipped', s.pipeline_id, NULL, NULL,
+                        jsonb_build_object('fire_at', v_fire,
+                                           'reason', 'its partition precedes the pipeline''s first, '
+                                                     || s.partition_start));
+                    CONTINUE;
+                END IF;
+                v_id := NULL;
+                INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger,
+                                       fire_at, run_retries)
+                VALUES (s.org_id, s.pipeline_id, s.version_id, ARRAY[v_part], 'schedule',
+                        v_fire, s.run_retries)
+                ON CONFLICT (pipeline_id, fire_at) WHERE fire_at IS NOT NULL DO NOTHING
+                RETURNING id INTO v_id;
+                IF v_id IS NOT NULL THEN
+                    v_ids := v_ids || v_id;
+                END IF;
+            END LOOP;
+        END IF;
+        UPDATE orca.schedules
+        SET fired_until = v_until,
+            last_fire_at = coalesce(v_fires[cardinality(v_fires)], last_fire_at)
+        WHERE pipeline_id = s.pipeline_id;
+        n_runs := n_runs + cardinality(v_ids);
+        PERFORM orca._runs_created(s.org_id, s.pipeline_id, v_ids);
+    END LOOP;
+
+    -- 2. Leases whose deadline passed are lost; their runs retry while the
+    --    lost-attempt budget lasts.
+    FOR a IN
+        SELECT x.id FROM orca.attempts x
+        WHERE x.status = 'leased' AND x.deadline < v_now AND x.org_id = ANY (v_orgs)
+        ORDER BY x.id
+        LIMIT 10000
+    LOOP
+        DECLARE
+            l orca.attempts := orca._lock_attempt(a.id);
+        BEGIN
+            -- Re-checked under the lock: a heartbeat or finish may have won.
+            IF l.status = 'leased' AND l.deadline < v_now THEN
+                PERFORM orca._attempt_ended(l.id, 'lost',
+                    format('lease expired at %s without a heartbeat from runner %s',
+                           l.deadline, l.runner));
+                n_lost := n_lost + 1;
+            END IF;
+        END;
+    END LOOP;
+
+    -- 3. Queued runs start within their pipeline's max_runs.
+    FOR q IN
+        SELECT DISTINCT r.org_id, r.pipeline_id FROM orca.runs r
+        WHERE r.status = 'queued' AND r.org_id = ANY (v_orgs)
+    LOOP
+        n_started := n_started + orca._start_queued(q.org_id, q.pipeline_id);
+    END LOOP;
+
+    RETURN jsonb_build_object(
+        'now', v_now, 'fires', n_fires, 'runs_created', n_runs, 'fires_skipped', n_skipped,
+        'fires_missed', n_missed, 'attempts_lost', n_lost, 'runs_started', n_started);
+END
+$$;
+COMMENT ON FUNCTION orca.tick(timestamptz) IS
+'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
+'the number of ticks), leases past their deadline are lost and their runs retried, queued '
+'runs start within max_runs. Idempotent for the same now. The background worker calls it '
+'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
+'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';

@@ -1,0 +1,46 @@
+-- Who may do what. Permissions come from four group roles; which org a role
+-- acts in comes from orca.members. Nothing is granted to PUBLIC.
+--   orca_viewer   reads tables and views of its orgs, orca.fires
+--   orca_operator + registers pipelines, queues, cancels and retries runs, ticks
+--   orca_runner   claims, heartbeats and finishes attempts, reports steps, ticks
+--   orca_admin    + both, creates orgs and manages members, sees every org
+
+REVOKE ALL ON SCHEMA orca FROM PUBLIC;
+GRANT USAGE ON SCHEMA orca TO orca_viewer, orca_runner;
+
+REVOKE ALL ON ALL TABLES IN SCHEMA orca FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA orca FROM PUBLIC;
+GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
+-- Row-level security policies call these as the reading role.
+GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
+    TO orca_viewer, orca_runner;
+GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz) TO orca_viewer;
+GRANT EXECUTE ON FUNCTION
+    orca.register(jsonb),
+    orca.run(text, text),
+    orca.backfill(text, text),
+    orca.cancel(bigint),
+    orca.retry(bigint),
+    orca.pause(text),
+    orca.unpause(text),
+    orca.tick(timestamptz)
+    TO orca_operator;
+GRANT EXECUTE ON FUNCTION
+    orca.claim(text, text, integer),
+    orca.heartbeat(uuid),
+    orca.finish(uuid, boolean, text),
+    orca.report_step(uuid, text, text, text, text, jsonb),
+    orca.register_runner(text, text, integer, text),
+    orca.tick(timestamptz)
+    TO orca_runner;
+GRANT EXECUTE ON FUNCTION
+    orca.create_org(text),
+    orca.add_member(text, text),
+    orca.remove_member(text, text)
+    TO orca_admin;
+
+COMMENT ON FUNCTION orca.current_org_id() IS
+'The id of the session''s org (SET orca.org; default ''default''). Errors: OR001 unknown org, '
+'OR002 the session''s role is not a member.';

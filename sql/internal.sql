@@ -1,0 +1,302 @@
+-- Internal building blocks of the SQL API: the run and attempt lifecycle.
+--
+-- Nothing here is granted to anyone; the API functions in api.sql run as the
+-- extension owner and call these with an org they already checked.
+--
+-- Lock order, to keep concurrent calls free of deadlocks: a pipeline row, then
+-- a run row, then its attempts. orca.claim and orca.heartbeat lock only
+-- attempts and never wait for a run.
+
+-- Raises the error in a helper's envelope with its own SQLSTATE, or returns
+-- the value it carries.
+CREATE FUNCTION orca._unwrap(r jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF r ? 'error' THEN
+        IF r->'error'->>'hint' IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = r->'error'->>'code', MESSAGE = r->'error'->>'message';
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = r->'error'->>'code', MESSAGE = r->'error'->>'message',
+                              HINT = r->'error'->>'hint';
+    END IF;
+    RETURN r->'ok';
+END
+$$;
+
+CREATE FUNCTION orca._is_admin() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER')
+$$;
+
+-- The orgs orca.tick works on: every org for an admin who did not pick one,
+-- otherwise the session's org.
+CREATE FUNCTION orca._tick_orgs() RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.org', true), '') IS NULL AND orca._is_admin() THEN
+        RETURN ARRAY(SELECT id FROM orca.orgs ORDER BY id);
+    END IF;
+    RETURN ARRAY[orca.current_org_id()];
+END
+$$;
+
+CREATE FUNCTION orca._event(p_org bigint, p_kind text, p_pipeline bigint, p_run bigint,
+                            p_attempt bigint, p_data jsonb DEFAULT '{}')
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+    VALUES (p_org, p_kind, p_pipeline, p_run, p_attempt, coalesce(p_data, '{}'))
+$$;
+
+CREATE FUNCTION orca._pipeline(p_org bigint, p_name text) RETURNS orca.pipelines
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    r orca.pipelines;
+BEGIN
+    SELECT * INTO r FROM orca.pipelines WHERE org_id = p_org AND name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown pipeline ''%'' in org ''%''', p_name,
+                        (SELECT name FROM orca.orgs WHERE id = p_org)
+            USING ERRCODE = 'OR010',
+                  HINT = 'orca.pipelines lists the registered pipelines; orca.register(manifest) adds one';
+    END IF;
+    RETURN r;
+END
+$$;
+
+-- A partition spec expanded against the pipeline's current version.
+CREATE FUNCTION orca._partitions(p orca.pipelines, p_spec text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v orca.pipeline_versions;
+BEGIN
+    IF p_spec IS NULL THEN
+        RAISE EXCEPTION 'malformed partition list: partitions must not be NULL'
+            USING ERRCODE = 'OR021';
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    RETURN ARRAY(
+        SELECT jsonb_array_elements_text(orca._unwrap(orca._expand_partitions(
+            p.name, v.partition_kind, v.partition_start, v.tz, p_spec, now()))));
+END
+$$;
+
+-- Starts queued runs now: each gets its next attempt, pending in its pool.
+-- Returns how many started.
+CREATE FUNCTION orca._start_runs(p_runs bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_started integer;
+    v_pools   text[];
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH started AS (
+        UPDATE orca.runs r
+        SET status = 'running', started_at = coalesce(r.started_at, now()), attempts = r.attempts + 1
+        WHERE r.id = ANY (p_runs) AND r.status = 'queued'
+        RETURNING r.org_id, r.id, r.pipeline_id, r.version_id, r.attempts
+    ), att AS (
+        INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
+        SELECT s.org_id, s.id, s.attempts, s.version_id, v.pool
+        FROM started s JOIN orca.pipeline_versions v ON v.id = s.version_id
+        RETURNING id, run_id, number, pool
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT s.org_id, 'run.started', s.pipeline_id, s.id, a.id,
+               jsonb_build_object('attempt', a.number, 'pool', a.pool)
+        FROM started s JOIN att a ON a.run_id = s.id
+    )
+    SELECT count(*), array_agg(DISTINCT pool) INTO v_started, v_pools FROM att;
+    -- Wake idle runners of each pool; NOTIFY is sent at commit, once per payload.
+    PERFORM pg_notify('orca_work', p) FROM unnest(v_pools) AS p;
+    RETURN v_started;
+END
+$$;
+
+-- Starts the oldest queued runs of a pipeline that fit under its max_runs.
+CREATE FUNCTION orca._start_queued(p_org bigint, p_pipeline bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max     integer;
+    v_paused  boolean;
+    v_running integer := 0;
+    v_ids     bigint[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM orca.runs
+                   WHERE pipeline_id = p_pipeline AND status = 'queued') THEN
+        RETURN 0;
+    END IF;
+    -- Serialises starts per pipeline so that concurrent calls respect max_runs.
+    SELECT max_runs, paused INTO v_max, v_paused
+    FROM orca.pipelines WHERE id = p_pipeline AND org_id = p_org FOR UPDATE;
+    IF v_paused THEN
+        RETURN 0;
+    END IF;
+    IF v_max IS NOT NULL THEN
+        SELECT count(*) INTO v_running FROM orca.runs
+        WHERE pipeline_id = p_pipeline AND status = 'running';
+        IF v_running >= v_max THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    SELECT array_agg(id ORDER BY id) INTO v_ids
+    FROM (SELECT id FROM orca.runs
+          WHERE pipeline_id = p_pipeline AND status = 'queued'
+          ORDER BY id
+          LIMIT CASE WHEN v_max IS NULL THEN NULL ELSE v_max - v_running END) q;
+    RETURN orca._start_runs(v_ids);
+END
+$$;
+
+-- Completes the creation of new runs: their (step, partition) states, their
+-- run.queued events, and a start for those that fit.
+CREATE FUNCTION orca._runs_created(p_org bigint, p_pipeline bigint, p_runs bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max    integer;
+    v_paused boolean;
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO orca.step_states (org_id, run_id, step, partition)
+    SELECT r.org_id, r.id, s.name, part
+    FROM orca.runs r
+    JOIN orca.steps s ON s.version_id = r.version_id
+    CROSS JOIN LATERAL unnest(CASE WHEN s.kind = 'mapped' THEN r.partitions
+                                   ELSE ARRAY['*'] END) AS part
+    WHERE r.id = ANY (p_runs)
+    ON CONFLICT DO NOTHING;
+    INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, data)
+    SELECT r.org_id, 'run.queued', r.pipeline_id, r.id,
+           jsonb_build_object('partitions', r.partitions, 'trigger', r.trigger,
+                              'version_id', r.version_id, 'by', session_user)
+    FROM orca.runs r WHERE r.id = ANY (p_runs);
+    SELECT max_runs, paused INTO v_max, v_paused FROM orca.pipelines WHERE id = p_pipeline;
+    IF v_max IS NULL AND NOT v_paused THEN
+        PERFORM orca._start_runs(p_runs);
+    ELSE
+        PERFORM orca._start_queued(p_org, p_pipeline);
+    END IF;
+END
+$$;
+
+-- A running run's next attempt, after one failed or was lost.
+CREATE FUNCTION orca._next_attempt(p_run bigint, p_reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r orca.runs;
+    v_pool    text;
+    v_attempt bigint;
+BEGIN
+    UPDATE orca.runs SET attempts = attempts + 1 WHERE id = p_run RETURNING * INTO r;
+    SELECT pool INTO v_pool FROM orca.pipeline_versions WHERE id = r.version_id;
+    INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
+    VALUES (r.org_id, r.id, r.attempts, r.version_id, v_pool)
+    RETURNING id INTO v_attempt;
+    PERFORM orca._event(r.org_id, 'run.retrying', r.pipeline_id, r.id, v_attempt,
+                        jsonb_build_object('attempt', r.attempts, 'after', p_reason,
+                                           'failures', r.failures, 'losses', r.losses));
+    PERFORM pg_notify('orca_work', v_pool);
+END
+$$;
+
+-- Locks an attempt's run, then the attempt (the lock order above).
+CREATE FUNCTION orca._lock_attempt(p_attempt bigint) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+BEGIN
+    PERFORM 1 FROM orca.runs
+    WHERE id = (SELECT run_id FROM orca.attempts WHERE id = p_attempt) FOR UPDATE;
+    SELECT * INTO a FROM orca.attempts WHERE id = p_attempt FOR UPDATE;
+    RETURN a;
+END
+$$;
+
+-- Ends an attempt (locked by the caller with _lock_attempt) as succeeded,
+-- failed or lost, and moves its run on: done, retried, or failed for good.
+-- Returns the run's status afterwards.
+CREATE FUNCTION orca._attempt_ended(p_attempt bigint, p_outcome text, p_error text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+    r orca.runs;
+    v_lost_max integer;
+BEGIN
+    UPDATE orca.attempts
+    SET status = p_outcome, finished_at = now(), error = p_error
+    WHERE id = p_attempt
+    RETURNING * INTO a;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    PERFORM orca._event(a.org_id, 'attempt.' || p_outcome, r.pipeline_id, r.id, a.id,
+                        jsonb_strip_nulls(jsonb_build_object('attempt', a.number,
+                                                             'runner', a.runner,
+                                                             'error', p_error)));
+    IF r.status <> 'running' THEN
+        RETURN r.status;
+    END IF;
+    IF p_outcome = 'succeeded' THEN
+        UPDATE orca.runs SET status = 'succeeded', finished_at = now(), error = NULL
+        WHERE id = r.id;
+        PERFORM orca._event(r.org_id, 'run.succeeded', r.pipeline_id, r.id, a.id,
+                            jsonb_build_object('attempts', r.attempts));
+        PERFORM orca._start_queued(r.org_id, r.pipeline_id);
+        RETURN 'succeeded';
+    END IF;
+    IF p_outcome = 'failed' AND r.failures < r.run_retries THEN
+        UPDATE orca.runs SET failures = failures + 1 WHERE id = r.id;
+        PERFORM orca._next_attempt(r.id, 'failed');
+        RETURN 'running';
+    END IF;
+    v_lost_max := orca._lost_attempts_max();
+    IF p_outcome = 'lost' AND r.losses < v_lost_max THEN
+        UPDATE orca.runs SET losses = losses + 1 WHERE id = r.id;
+        PERFORM orca._next_attempt(r.id, 'lost');
+        RETURN 'running';
+    END IF;
+    UPDATE orca.runs
+    SET status = 'failed', finished_at = now(),
+        failures = failures + (p_outcome = 'failed')::int,
+        losses = losses + (p_outcome = 'lost')::int,
+        error = CASE WHEN p_outcome = 'lost'
+                     THEN format('attempt %s was lost (%s) and the run had no lost attempts left (orca.lost_attempts_max = %s)',
+                                 a.number, p_error, v_lost_max)
+                     ELSE p_error END
+    WHERE id = r.id;
+    PERFORM orca._event(r.org_id, 'run.failed', r.pipeline_id, r.id, a.id,
+                        jsonb_build_object('attempts', r.attempts, 'error', p_error));
+    PERFORM orca._start_queued(r.org_id, r.pipeline_id);
+    RETURN 'failed';
+END
+$$;
+
+-- Explains why a lease token was refused, as an error that names it.
+CREATE FUNCTION orca._lease_refused(p_org bigint, p_lease uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+BEGIN
+    SELECT * INTO a FROM orca.attempts WHERE lease = p_lease AND org_id = p_org;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown lease %', coalesce(p_lease::text, 'NULL')
+            USING ERRCODE = 'OR012',
+                  HINT = 'use the lease token orca.claim returned, in the org that claimed it';
+    END IF;
+    IF a.status = 'cancelled' THEN
+        RAISE EXCEPTION 'run % was cancelled: stop attempt % (lease %)', a.run_id, a.number, p_lease
+            USING ERRCODE = 'OR015';
+    END IF;
+    RAISE EXCEPTION 'lease % is no longer active: attempt % of run % is %', p_lease, a.number,
+                    a.run_id, a.status
+        USING ERRCODE = 'OR014',
+              HINT = CASE a.status
+                         WHEN 'lost' THEN 'its deadline passed without a heartbeat, so the attempt was handed on'
+                         ELSE 'the attempt already finished' END;
+END
+$$;

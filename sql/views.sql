@@ -1,0 +1,111 @@
+-- Views for people and BI tools. security_invoker makes row-level security
+-- apply to the reader, so a view shows only the session's org.
+
+CREATE VIEW orca.run_overview WITH (security_invoker = true) AS
+SELECT r.id                            AS run,
+       o.name                          AS org,
+       p.name                          AS pipeline,
+       v.version,
+       v.registry_hash,
+       r.partitions,
+       r.trigger,
+       r.status,
+       r.fire_at,
+       r.attempts,
+       r.failures,
+       r.losses,
+       r.error,
+       r.created_at,
+       r.started_at,
+       r.finished_at,
+       r.finished_at - r.started_at   AS duration,
+       (SELECT count(*) FROM orca.step_states s
+        WHERE s.run_id = r.id AND s.status = 'succeeded') AS steps_succeeded,
+       (SELECT count(*) FROM orca.step_states s WHERE s.run_id = r.id) AS steps_total
+FROM orca.runs r
+JOIN orca.orgs o ON o.id = r.org_id
+JOIN orca.pipelines p ON p.id = r.pipeline_id
+JOIN orca.pipeline_versions v ON v.id = r.version_id;
+COMMENT ON VIEW orca.run_overview IS
+'One row per run with its pipeline, version, status, timings and step progress.';
+
+CREATE VIEW orca.attempt_overview WITH (security_invoker = true) AS
+SELECT a.id                         AS attempt,
+       a.run_id                     AS run,
+       o.name                       AS org,
+       p.name                       AS pipeline,
+       a.number,
+       a.status,
+       a.pool,
+       a.runner,
+       a.created_at,
+       a.leased_at,
+       a.heartbeat_at,
+       a.deadline,
+       a.finished_at,
+       a.leased_at - a.created_at   AS waited,
+       a.finished_at - a.leased_at  AS duration,
+       a.error
+FROM orca.attempts a
+JOIN orca.orgs o ON o.id = a.org_id
+JOIN orca.runs r ON r.id = a.run_id
+JOIN orca.pipelines p ON p.id = r.pipeline_id;
+COMMENT ON VIEW orca.attempt_overview IS
+'One row per attempt: which runner held it, how long it waited for one and how long it ran.';
+
+CREATE VIEW orca.pipeline_overview WITH (security_invoker = true) AS
+SELECT p.id                 AS pipeline_id,
+       o.name               AS org,
+       p.name               AS pipeline,
+       v.version,
+       v.registry_hash,
+       v.partition_kind,
+       v.partition_start,
+       s.cron,
+       s.tz,
+       s.fills,
+       s.catchup,
+       s.last_fire_at,
+       p.max_runs,
+       p.paused,
+       v.binary_path,
+       v.commit,
+       v.registered_at,
+       (SELECT count(*) FROM orca.runs r WHERE r.pipeline_id = p.id AND r.status = 'queued')  AS queued,
+       (SELECT count(*) FROM orca.runs r WHERE r.pipeline_id = p.id AND r.status = 'running') AS running,
+       (SELECT max(r.finished_at) FROM orca.runs r WHERE r.pipeline_id = p.id)                AS last_finished_at
+FROM orca.pipelines p
+JOIN orca.orgs o ON o.id = p.org_id
+JOIN orca.pipeline_versions v ON v.id = p.current_version
+LEFT JOIN orca.schedules s ON s.pipeline_id = p.id;
+COMMENT ON VIEW orca.pipeline_overview IS
+'One row per pipeline: its current version, schedule and how many runs are queued or running.';
+
+CREATE VIEW orca.event_log WITH (security_invoker = true) AS
+SELECT e.id, e.at, o.name AS org, e.kind, p.name AS pipeline, e.run_id AS run,
+       e.attempt_id AS attempt, e.data
+FROM orca.events e
+JOIN orca.orgs o ON o.id = e.org_id
+LEFT JOIN orca.pipelines p ON p.id = e.pipeline_id;
+COMMENT ON VIEW orca.event_log IS
+'The outbox with names: every state change, in order. Consumers follow it by id.';
+
+COMMENT ON TABLE orca.orgs IS 'Orgs. Every other table carries org_id; SET orca.org picks one.';
+COMMENT ON TABLE orca.members IS 'Which roles may act in which org (orca.add_member).';
+COMMENT ON TABLE orca.pipelines IS 'Registered pipelines, one row per name and org.';
+COMMENT ON TABLE orca.pipeline_versions IS
+'Each registered manifest of a pipeline: code (registry_hash), source, commit and settings.';
+COMMENT ON TABLE orca.steps IS 'The steps of each pipeline version, in run order.';
+COMMENT ON TABLE orca.schedules IS
+'Cron schedules of pipelines; fired_until is how far orca.tick has turned fires into runs.';
+COMMENT ON TABLE orca.runs IS
+'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
+'status: queued, running, succeeded, failed or cancelled.';
+COMMENT ON TABLE orca.step_states IS
+'The state of each (step, partition) of a run; a gather step''s partition is ''*''.';
+COMMENT ON TABLE orca.attempts IS
+'Attempts of runs. status: pending (waiting for a runner), leased, succeeded, failed, lost '
+'(lease expired) or cancelled.';
+COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
+COMMENT ON TABLE orca.events IS
+'The outbox: every state change, written in the transaction that made it.';
