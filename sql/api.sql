@@ -601,7 +601,13 @@ BEGIN
         FOR UPDATE OF sc SKIP LOCKED
     LOOP
         v_from := coalesce(s.fired_until, least(s.registered_at, v_now));
-        CONTINUE WHEN v_now <= v_from;
+        IF v_now <= v_from THEN
+            IF s.fired_until IS NULL THEN
+                -- The schedule's first tick: its clock starts here.
+                UPDATE orca.schedules SET fired_until = v_from WHERE pipeline_id = s.pipeline_id;
+            END IF;
+            CONTINUE;
+        END IF;
         v_until := v_now;
         v_fires := orca._cron_fires(s.cron, s.tz, v_from, v_now, v_max + 1);
         IF NOT s.catchup THEN

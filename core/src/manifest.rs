@@ -301,13 +301,15 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             Schedule::parse(cron, tz)?;
             Some((cron.trim().to_string(), tz.to_string()))
         }
-        Some(other) => return Err(bad(
-            "schedule",
-            format!(
+        Some(other) => {
+            return Err(bad(
+                "schedule",
+                format!(
                 "must be an object such as {{\"cron\": \"0 3 * * *\", \"tz\": \"UTC\"}}, got {}",
                 show(other)
             ),
-        )),
+            ))
+        }
     };
     let fills = match get_str(obj, "fills")? {
         None => Fills::Previous,

@@ -1,0 +1,138 @@
+//! The background worker in a private cluster with the extension preloaded:
+//! it ticks on its own, survives a reload (SIGHUP) and a failing tick.
+
+use std::time::{Duration, Instant};
+
+use orca_tests::cluster::PrivateCluster;
+use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
+use orca_tests::*;
+
+async fn worker_pid(c: &mut PgConnection) -> Option<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'orca scheduler'")
+        .fetch_optional(c)
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// Claims the pending attempt and lets its one-second lease lapse; returns
+/// whether the worker declared it lost within `within`.
+async fn lease_lapses(c: &mut PgConnection, within: Duration) -> bool {
+    let l = claim(&mut *c, "runner", 1).await;
+    assert_eq!(l.len(), 1, "an attempt to claim");
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        let status: String = sqlx::query_scalar("SELECT status FROM orca.attempts WHERE id = $1")
+            .bind(l[0].attempt)
+            .fetch_one(&mut *c)
+            .await
+            .expect("attempt");
+        if status == "lost" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
+    let cluster = PrivateCluster::start(&[
+        "orca.databases = 'orca_bg'",
+        "orca.tick_ms = 100",
+        "orca.lease_seconds = 1",
+        "orca.lost_attempts_max = 100",
+    ]);
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .expect("connect");
+    admin
+        .execute("CREATE DATABASE orca_bg")
+        .await
+        .expect("create db");
+    let mut c = PgConnection::connect(&cluster.url("orca_bg"))
+        .await
+        .expect("connect orca_bg");
+    c.execute("CREATE EXTENSION orca").await.expect("extension");
+    let m = daily_manifest("bg", "0 3 * * *", "UTC");
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut c)
+        .await
+        .expect("register");
+    c.execute("SELECT orca.run('bg', '2024-01-01')")
+        .await
+        .expect("run");
+
+    // The database did not exist when the server started: the worker retries
+    // every few seconds until it does.
+    let t0 = Instant::now();
+    let mut pid = None;
+    while pid.is_none() && t0.elapsed() < Duration::from_secs(20) {
+        pid = worker_pid(&mut c).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = pid.unwrap_or_else(|| panic!("the worker is not running\n{}", cluster.log()));
+    assert!(
+        lease_lapses(&mut c, Duration::from_secs(10)).await,
+        "the worker did not reclaim a lapsed lease\n{}",
+        cluster.log()
+    );
+
+    // A reload reaches the worker, which keeps running and ticking.
+    c.execute("ALTER SYSTEM SET orca.tick_ms = 150")
+        .await
+        .expect("alter");
+    c.execute("SELECT pg_reload_conf()").await.expect("reload");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        worker_pid(&mut c).await,
+        Some(pid),
+        "the worker restarted on SIGHUP"
+    );
+    assert!(
+        lease_lapses(&mut c, Duration::from_secs(10)).await,
+        "no ticks after SIGHUP"
+    );
+
+    // A tick that fails is rolled back, and the worker lives on.
+    c.execute("UPDATE orca.schedules SET cron = 'not a cron'")
+        .await
+        .expect("break the schedule");
+    assert!(
+        !lease_lapses(&mut c, Duration::from_secs(3)).await,
+        "a failing tick must not commit anything"
+    );
+    assert_eq!(
+        worker_pid(&mut c).await,
+        Some(pid),
+        "the worker died on a bad tick"
+    );
+    assert!(
+        cluster
+            .log()
+            .contains("tick in database orca_bg failed and was rolled back"),
+        "{}",
+        cluster.log()
+    );
+    c.execute("UPDATE orca.schedules SET cron = '0 3 * * *'")
+        .await
+        .expect("mend the schedule");
+    let lost_after_fix = Instant::now();
+    let mut recovered = false;
+    while lost_after_fix.elapsed() < Duration::from_secs(10) {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM orca.attempts WHERE status = 'leased'")
+                .fetch_one(&mut c)
+                .await
+                .expect("count");
+        if n == 0 {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "ticks did not resume after the schedule was mended"
+    );
+}

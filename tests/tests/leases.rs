@@ -1,0 +1,223 @@
+//! Leases under concurrency and failure: racing claims, heartbeats, lapsed
+//! leases reclaimed by tick, stale tokens refused.
+
+use std::collections::HashSet;
+
+use orca_tests::sqlx::{self, Connection, Executor};
+use orca_tests::*;
+use serde_json::json;
+
+/// A daily pipeline with no run cap, `n` runs queued and started.
+async fn with_pending(db: &TestDb, n: usize) {
+    let mut m = daily_manifest("jobs", "0 3 * * *", "UTC");
+    m["run_retries"] = json!(0);
+    db.register(&m).await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT orca.backfill('jobs', to_char(d, 'YYYY-MM-DD')) \
+         FROM generate_series('2021-01-01'::date, '2021-01-01'::date + ($1 - 1), '1 day') d",
+    )
+    .bind(n as i32)
+    .fetch_all(&db.pool)
+    .await
+    .expect("backfill");
+    assert_eq!(ids.len(), n);
+}
+
+#[tokio::test]
+async fn two_sessions_racing_for_one_attempt_never_both_get_it() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let mut a = db.connect().await;
+    let mut b = db.connect().await;
+    let mut ta = a.begin().await.expect("begin a");
+    let mut tb = b.begin().await.expect("begin b");
+    // A holds the row lock until it commits; B must skip it, not wait.
+    let got_a = claim(&mut *ta, "a", 1).await;
+    let got_b = claim(&mut *tb, "b", 1).await;
+    assert_eq!(got_a.len(), 1);
+    assert!(got_b.is_empty(), "B got {got_b:?} while A held it");
+    ta.commit().await.expect("commit a");
+    tb.commit().await.expect("commit b");
+    assert!(claim(&db.pool, "b", 1).await.is_empty(), "it stays A's");
+}
+
+#[tokio::test]
+async fn many_concurrent_claimers_share_out_every_attempt_exactly_once() {
+    let db = TestDb::new().await;
+    const N: usize = 300;
+    with_pending(&db, N).await;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let mut conn = db.connect().await;
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = claim(&mut conn, &format!("w{w}"), 3).await;
+                if got.is_empty() {
+                    break;
+                }
+                for l in got {
+                    sqlx::query("SELECT orca.finish($1, true)")
+                        .bind(l.lease)
+                        .execute(&mut conn)
+                        .await
+                        .expect("finish");
+                    mine.push(l.attempt);
+                }
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("worker"));
+    }
+    let distinct: HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), N, "every attempt claimed once");
+    assert_eq!(distinct.len(), N, "no attempt claimed twice");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'succeeded'")
+            .await,
+        N as i64
+    );
+}
+
+#[tokio::test]
+async fn heartbeat_extends_the_deadline() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let mut c = db.connect().await;
+    c.execute("SET orca.lease_seconds = 120")
+        .await
+        .expect("set");
+    let l = claim(&mut c, "r", 1).await;
+    let before: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT deadline FROM orca.attempts WHERE id = $1")
+            .bind(l[0].attempt)
+            .fetch_one(&db.pool)
+            .await
+            .expect("deadline");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let after: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT orca.heartbeat($1)")
+        .bind(l[0].lease)
+        .fetch_one(&mut c)
+        .await
+        .expect("heartbeat");
+    assert!(after > before, "{after} > {before}");
+    let secs = (after - chrono::Utc::now()).num_seconds();
+    assert!((100..=121).contains(&secs), "deadline {secs} s ahead");
+}
+
+#[tokio::test]
+async fn a_lease_that_stops_heartbeating_is_reclaimed_and_retried() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let first = claim(&db.pool, "dies", 1).await;
+    assert_eq!(first[0].number, 1);
+    // Before the deadline nothing happens; after it, the attempt is lost.
+    let t = db.tick(&chrono::Utc::now().to_rfc3339()).await;
+    assert_eq!(t["attempts_lost"], 0, "{t}");
+    let later = (chrono::Utc::now() + chrono::Duration::seconds(60)).to_rfc3339();
+    let t = db.tick(&later).await;
+    assert_eq!(t["attempts_lost"], 1, "{t}");
+    let again = db.tick(&later).await;
+    assert_eq!(again["attempts_lost"], 0, "idempotent: {again}");
+
+    let status: String = sqlx::query_scalar("SELECT status FROM orca.attempts WHERE id = $1")
+        .bind(first[0].attempt)
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempt");
+    assert_eq!(status, "lost");
+    // The old token is refused and changes nothing; a live runner gets attempt 2.
+    let before = db.table_counts().await;
+    let (code, msg) = expect_error(
+        &db.pool,
+        &format!("SELECT orca.heartbeat('{}')", first[0].lease),
+    )
+    .await;
+    assert_eq!(code, "OR014");
+    assert!(msg.contains("is lost"), "{msg}");
+    assert_eq!(
+        expect_error(
+            &db.pool,
+            &format!("SELECT orca.finish('{}', true)", first[0].lease)
+        )
+        .await
+        .0,
+        "OR014"
+    );
+    assert_eq!(db.table_counts().await, before);
+    let second = claim(&db.pool, "lives", 1).await;
+    assert_eq!(second[0].run, first[0].run);
+    assert_eq!(second[0].number, 2);
+    let kinds = db
+        .strings(&format!(
+            "SELECT kind FROM orca.events WHERE run_id = {} AND kind LIKE 'attempt.%' ORDER BY id",
+            first[0].run
+        ))
+        .await;
+    assert_eq!(kinds, ["attempt.leased", "attempt.lost", "attempt.leased"]);
+}
+
+#[tokio::test]
+async fn a_run_that_keeps_losing_its_lease_fails_after_the_budget() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let mut c = db.connect().await;
+    c.execute("SET orca.lost_attempts_max = 2")
+        .await
+        .expect("set");
+    let mut minutes = 1;
+    for _ in 0..3 {
+        let l = claim(&mut c, "flaky", 1).await;
+        assert_eq!(l.len(), 1);
+        let at = (chrono::Utc::now() + chrono::Duration::minutes(minutes)).to_rfc3339();
+        sqlx::query("SELECT orca.tick($1::timestamptz)")
+            .bind(at)
+            .execute(&mut c)
+            .await
+            .expect("tick");
+        minutes += 1;
+    }
+    let (status, losses, error): (String, i32, String) =
+        sqlx::query_as("SELECT status, losses, error FROM orca.runs")
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+    assert_eq!(status, "failed");
+    assert_eq!(losses, 3);
+    assert!(error.contains("no lost attempts left"), "{error}");
+    assert!(claim(&db.pool, "flaky", 1).await.is_empty());
+}
+
+#[tokio::test]
+async fn unknown_and_finished_leases_are_refused_without_changes() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let l = claim(&db.pool, "r", 1).await;
+    sqlx::query("SELECT orca.finish($1, true)")
+        .bind(l[0].lease)
+        .execute(&db.pool)
+        .await
+        .expect("finish");
+    let before = db.table_counts().await;
+    let fake = uuid::Uuid::new_v4();
+    for sql in [
+        format!("SELECT orca.heartbeat('{fake}')"),
+        format!("SELECT orca.finish('{fake}', false, 'x')"),
+        format!("SELECT orca.report_step('{fake}', 'load', '2021-01-01', 'running')"),
+    ] {
+        let (code, msg) = expect_error(&db.pool, &sql).await;
+        assert_eq!(code, "OR012", "{sql}: {msg}");
+        assert!(msg.contains(&fake.to_string()), "{msg}");
+    }
+    let (code, msg) = expect_error(
+        &db.pool,
+        &format!("SELECT orca.finish('{}', false)", l[0].lease),
+    )
+    .await;
+    assert_eq!(code, "OR014");
+    assert!(msg.contains("succeeded"), "{msg}");
+    assert_eq!(db.table_counts().await, before);
+}

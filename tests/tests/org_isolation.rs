@@ -1,0 +1,303 @@
+//! No table, view or function of schema orca reads or writes across orgs.
+//!
+//! Two orgs are filled with the same kinds of rows (even the same pipeline
+//! name). Then an ordinary role that belongs to one of them tries every table,
+//! view and function against the other's identifiers, and the other org's rows
+//! must come out exactly as they were.
+
+use std::collections::BTreeSet;
+
+use orca_tests::sqlx::{self, Executor, PgConnection, Row};
+use orca_tests::*;
+use serde_json::{json, Value};
+
+const ALICE: &str = "orca_t_alice"; // member of acme
+const BOB: &str = "orca_t_bob"; // member of globex
+
+/// Every function the extension defines, by kind of test it gets below. A new
+/// function fails this test until it is added here and tried across orgs.
+const API: &[&str] = &[
+    "add_member",
+    "backfill",
+    "cancel",
+    "claim",
+    "create_org",
+    "current_org_id",
+    "finish",
+    "fires",
+    "heartbeat",
+    "pause",
+    "register",
+    "register_runner",
+    "remove_member",
+    "report_step",
+    "retry",
+    "run",
+    "tick",
+    "unpause",
+];
+
+/// Every org's rows of every table, as JSON, for before/after comparison.
+async fn snapshot(db: &TestDb, org: i64) -> Value {
+    let tables = db
+        .strings("SELECT tablename::text FROM pg_tables WHERE schemaname = 'orca' ORDER BY 1")
+        .await;
+    let mut out = serde_json::Map::new();
+    for t in tables {
+        let cond = if t == "orgs" { "id" } else { "org_id" };
+        let rows: Value = sqlx::query_scalar(&format!(
+            "SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY to_jsonb(x)::text), '[]') \
+             FROM orca.\"{t}\" x WHERE {cond} = $1"
+        ))
+        .bind(org)
+        .fetch_one(&db.pool)
+        .await
+        .expect("snapshot");
+        out.insert(t, rows);
+    }
+    Value::Object(out)
+}
+
+/// Fills an org with a pipeline named `lake` and one named `only`, runs in
+/// every state, a live lease and a failed run. Returns (run ids, live lease).
+async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, i64) {
+    let mut c = db.connect().await;
+    c.execute(format!("SET orca.org = '{org}'").as_str())
+        .await
+        .expect("set org");
+    for name in ["lake", only] {
+        let mut m = lake_manifest(name);
+        m["max_runs"] = json!(null);
+        m["run_retries"] = json!(0);
+        sqlx::query("SELECT orca.register($1)")
+            .bind(&m)
+            .execute(&mut c)
+            .await
+            .expect("register");
+    }
+    c.execute("SELECT orca.tick('2024-03-01 00:00Z')")
+        .await
+        .expect("tick");
+    c.execute("SELECT orca.tick('2024-03-02 03:00Z')")
+        .await
+        .expect("tick");
+    let runs: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT orca.backfill('{only}', '2024-01..2024-04')"
+    ))
+    .fetch_all(&mut c)
+    .await
+    .expect("backfill");
+    c.execute(
+        format!("SELECT orca.register_runner('{org}-runner', 'default', 4, 'host')").as_str(),
+    )
+    .await
+    .expect("runner");
+    let leases = claim(&mut c, &format!("{org}-runner"), 3).await;
+    sqlx::query("SELECT orca.finish($1, false, 'failed on purpose')")
+        .bind(leases[0].lease)
+        .execute(&mut c)
+        .await
+        .expect("fail one");
+    sqlx::query("SELECT orca.report_step($1, 'one', $2, 'running')")
+        .bind(leases[1].lease)
+        .bind(&leases[1].partitions[0])
+        .execute(&mut c)
+        .await
+        .expect("report");
+    (runs, leases[1].lease, leases[0].run)
+}
+
+async fn code_of(c: &mut PgConnection, sql: &str) -> String {
+    expect_error(&mut *c, sql).await.0
+}
+
+#[tokio::test]
+async fn no_table_view_or_function_crosses_orgs() {
+    let db = TestDb::new().await;
+    ensure_role(&db, ALICE, &["orca_operator", "orca_runner"]).await;
+    ensure_role(&db, BOB, &["orca_operator", "orca_runner"]).await;
+    let acme: i64 = sqlx::query_scalar("SELECT orca.create_org('acme')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("acme");
+    let globex: i64 = sqlx::query_scalar("SELECT orca.create_org('globex')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("globex");
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.add_member('acme', '{ALICE}'), orca.add_member('globex', '{BOB}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("members");
+    populate(&db, "acme", "acme_only").await;
+    let (g_runs, g_lease, g_failed_run) = populate(&db, "globex", "globex_only").await;
+
+    // The list of functions is what this test covers.
+    let defined: BTreeSet<String> = db
+        .strings(
+            "SELECT DISTINCT proname::text FROM pg_proc \
+             WHERE pronamespace = 'orca'::regnamespace AND proname NOT LIKE '\\_%'",
+        )
+        .await
+        .into_iter()
+        .collect();
+    let covered: BTreeSet<String> = API.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        defined, covered,
+        "a function was added or removed: cover it here"
+    );
+    // Internal functions are not callable by anyone but the owner, except the
+    // two that row-level security policies evaluate as the reader.
+    let callable_internal = db
+        .strings(&format!(
+            "SELECT proname::text FROM pg_proc WHERE pronamespace = 'orca'::regnamespace \
+             AND proname LIKE '\\_%' AND has_function_privilege('{ALICE}', oid, 'EXECUTE') ORDER BY 1"
+        ))
+        .await;
+    assert_eq!(callable_internal, ["_may_use_org"]);
+
+    let before = snapshot(&db, globex).await;
+    let mut a = db.connect_as(ALICE).await;
+    a.execute("SET orca.org = 'acme'").await.expect("set org");
+
+    // Reads: every table and view shows acme's rows only.
+    let relations = db
+        .strings(
+            "SELECT relname::text FROM pg_class WHERE relnamespace = 'orca'::regnamespace \
+             AND relkind IN ('r', 'v') ORDER BY 1",
+        )
+        .await;
+    for rel in &relations {
+        let rows: Vec<Value> =
+            sqlx::query_scalar(&format!("SELECT to_jsonb(x) FROM orca.\"{rel}\" x"))
+                .fetch_all(&mut a)
+                .await
+                .unwrap_or_else(|e| panic!("alice reads orca.{rel}: {e}"));
+        assert!(!rows.is_empty(), "orca.{rel} shows alice nothing");
+        for row in rows {
+            let org_ok = match (row.get("org_id"), row.get("org"), rel.as_str()) {
+                (Some(id), _, _) => id == &json!(acme),
+                (None, Some(name), _) => name == "acme",
+                (None, None, "orgs") => row["id"] == json!(acme),
+                (None, None, _) => panic!("orca.{rel} has neither org_id nor org: {row}"),
+            };
+            assert!(org_ok, "orca.{rel} shows alice a row of another org: {row}");
+        }
+    }
+    // Writes: no table takes a direct write.
+    for rel in db
+        .strings("SELECT tablename::text FROM pg_tables WHERE schemaname = 'orca' ORDER BY 1")
+        .await
+    {
+        for sql in [
+            format!("DELETE FROM orca.\"{rel}\""),
+            format!(
+                "UPDATE orca.\"{rel}\" SET {c} = {c}",
+                c = if rel == "orgs" { "id" } else { "org_id" }
+            ),
+            format!("INSERT INTO orca.\"{rel}\" SELECT * FROM orca.\"{rel}\" LIMIT 1"),
+        ] {
+            assert_eq!(code_of(&mut a, &sql).await, "42501", "{sql}");
+        }
+    }
+
+    // Functions, each with globex's identifiers.
+    for sql in [
+        "SELECT * FROM orca.fires('globex_only')".to_string(),
+        "SELECT orca.run('globex_only', '2024-01')".to_string(),
+        "SELECT orca.backfill('globex_only', '2024-01')".to_string(),
+        "SELECT orca.pause('globex_only')".to_string(),
+        "SELECT orca.unpause('globex_only')".to_string(),
+    ] {
+        assert_eq!(code_of(&mut a, &sql).await, "OR010", "{sql}");
+    }
+    for r in &g_runs {
+        assert_eq!(
+            code_of(&mut a, &format!("SELECT orca.cancel({r})")).await,
+            "OR011"
+        );
+    }
+    assert_eq!(
+        code_of(&mut a, &format!("SELECT orca.retry({g_failed_run})")).await,
+        "OR011"
+    );
+    for sql in [
+        format!("SELECT orca.heartbeat('{g_lease}')"),
+        format!("SELECT orca.finish('{g_lease}', true)"),
+        format!("SELECT orca.finish('{g_lease}', false, 'x')"),
+        format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
+    ] {
+        assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
+    }
+    for sql in [
+        "SELECT orca.create_org('mine')",
+        "SELECT orca.add_member('globex', 'orca_t_alice')",
+        "SELECT orca.remove_member('globex', 'orca_t_bob')",
+    ] {
+        assert_eq!(code_of(&mut a, sql).await, "42501", "{sql}");
+    }
+    // What alice may do acts on acme only, even with globex's names.
+    let mut m = lake_manifest("globex_only");
+    m["max_runs"] = json!(null);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut a)
+        .await
+        .expect("alice registers her own globex_only");
+    a.execute("SELECT orca.register_runner('globex-runner', 'default')")
+        .await
+        .expect("alice's runner");
+    let got = claim(&mut a, "globex-runner", 100).await;
+    let mine: BTreeSet<i64> = sqlx::query_scalar("SELECT id FROM orca.runs")
+        .fetch_all(&mut a)
+        .await
+        .expect("alice's runs")
+        .into_iter()
+        .collect();
+    assert!(
+        got.iter().all(|l| mine.contains(&l.run)),
+        "claimed a run that is not acme's"
+    );
+    // Far in the future every lease has lapsed: alice's tick reclaims acme's only.
+    let t: Value = sqlx::query_scalar("SELECT orca.tick(now() + interval '1 day')")
+        .fetch_one(&mut a)
+        .await
+        .expect("tick");
+    assert!(t["attempts_lost"].as_i64().unwrap_or(0) > 0, "{t}");
+    let id: i64 = sqlx::query_scalar("SELECT orca.current_org_id()")
+        .fetch_one(&mut a)
+        .await
+        .expect("org id");
+    assert_eq!(id, acme);
+    let may: bool = sqlx::query_scalar(&format!("SELECT orca._may_use_org({globex})"))
+        .fetch_one(&mut a)
+        .await
+        .expect("may use");
+    assert!(!may);
+    // Switching to an org she does not belong to is refused everywhere.
+    a.execute("SET orca.org = 'globex'").await.expect("set");
+    assert_eq!(code_of(&mut a, "SELECT orca.tick()").await, "OR002");
+    assert_eq!(
+        code_of(&mut a, "SELECT count(*) FROM orca.runs").await,
+        "OR002"
+    );
+    assert_eq!(
+        code_of(&mut a, "SELECT * FROM orca.claim('x')").await,
+        "OR002"
+    );
+
+    assert_eq!(snapshot(&db, globex).await, before, "globex changed");
+    // And bob, in globex, still sees his lease alive.
+    let mut b = db.connect_as(BOB).await;
+    b.execute("SET orca.org = 'globex'").await.expect("set");
+    let row = sqlx::query("SELECT status FROM orca.attempts WHERE lease = $1")
+        .bind(g_lease)
+        .fetch_one(&mut b)
+        .await
+        .expect("bob reads his attempt");
+    assert_eq!(row.get::<String, _>("status"), "leased");
+}
