@@ -509,6 +509,39 @@ COMMENT ON FUNCTION orca.finish(uuid, boolean, text) IS
 'afterwards (succeeded, running when retried, failed). A stale or foreign lease gets OR012, '
 'OR014 or OR015 and changes nothing.';
 
+CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_id  bigint;
+    a     orca.attempts;
+BEGIN
+    SELECT x.id INTO v_id FROM orca.attempts x
+    WHERE x.lease = release.lease AND x.org_id = v_org;
+    IF v_id IS NOT NULL THEN
+        a := orca._lock_attempt(v_id);
+    END IF;
+    IF v_id IS NULL OR a.status <> 'leased' THEN
+        PERFORM orca._lease_refused(v_org, release.lease);
+    END IF;
+    UPDATE orca.attempts
+    SET status = 'released', finished_at = now(),
+        error = coalesce(release.reason, 'released by its runner')
+    WHERE id = v_id;
+    PERFORM orca._event(v_org, 'attempt.released', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
+                        a.run_id, a.id,
+                        jsonb_strip_nulls(jsonb_build_object('attempt', a.number, 'runner', a.runner,
+                                                             'reason', release.reason)));
+    -- Handing work back is not the run's fault: its budgets stay as they are.
+    PERFORM orca._next_attempt(a.run_id, 'released');
+END
+$$;
+COMMENT ON FUNCTION orca.release(uuid, text) IS
+'Hands a leased attempt back unfinished, for a runner that is shutting down: the run gets a '
+'new pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. '
+'Errors: OR012/OR014/OR015 for the lease.';
+
 CREATE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
                                  error text DEFAULT NULL, output jsonb DEFAULT NULL)
 RETURNS void

@@ -169,7 +169,8 @@ CREATE TABLE orca.attempts (
     version_id   bigint NOT NULL,
     pool         text NOT NULL,
     status       text NOT NULL DEFAULT 'pending'
-                 CHECK (status IN ('pending', 'leased', 'succeeded', 'failed', 'lost', 'cancelled')),
+                 CHECK (status IN ('pending', 'leased', 'succeeded', 'failed', 'lost', 'released',
+                                   'cancelled')),
     runner       text,
     lease        uuid UNIQUE,
     created_at   timestamptz NOT NULL DEFAULT now(),

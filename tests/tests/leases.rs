@@ -168,8 +168,7 @@ async fn a_run_that_keeps_losing_its_lease_fails_after_the_budget() {
     c.execute("SET orca.lost_attempts_max = 2")
         .await
         .expect("set");
-    let mut minutes = 1;
-    for _ in 0..3 {
+    for minutes in 1..=3 {
         let l = claim(&mut c, "flaky", 1).await;
         assert_eq!(l.len(), 1);
         let at = (chrono::Utc::now() + chrono::Duration::minutes(minutes)).to_rfc3339();
@@ -178,7 +177,6 @@ async fn a_run_that_keeps_losing_its_lease_fails_after_the_budget() {
             .execute(&mut c)
             .await
             .expect("tick");
-        minutes += 1;
     }
     let (status, losses, error): (String, i32, String) =
         sqlx::query_as("SELECT status, losses, error FROM orca.runs")

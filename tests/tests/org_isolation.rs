@@ -29,6 +29,7 @@ const API: &[&str] = &[
     "pause",
     "register",
     "register_runner",
+    "release",
     "remove_member",
     "report_step",
     "retry",
@@ -229,6 +230,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.heartbeat('{g_lease}')"),
         format!("SELECT orca.finish('{g_lease}', true)"),
         format!("SELECT orca.finish('{g_lease}', false, 'x')"),
+        format!("SELECT orca.release('{g_lease}')"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");

@@ -1,0 +1,223 @@
+//! Runs one leased attempt: spawns the pipeline binary, streams its output to
+//! the attempt's log file, heartbeats the lease and reports the result.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::control::{self, ControlError, Lease};
+
+/// What the runner shares with every attempt it runs.
+pub struct Shared {
+    pub db: PgPool,
+    pub database_url: String,
+    pub logs: PathBuf,
+}
+
+/// How an attempt ended, from the runner's point of view.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Reported with orca.finish; the run's status afterwards.
+    Finished(String),
+    /// The control plane took the lease away; the child was stopped.
+    Fenced(String),
+    /// The runner is shutting down and handed the attempt back.
+    Released,
+    /// The result could not be reported; the lease will lapse and tick retries it.
+    Unreported(String),
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Finished(status) => write!(f, "reported; the run is {status}"),
+            Outcome::Fenced(why) => write!(f, "stopped by the control plane: {why}"),
+            Outcome::Released => write!(f, "handed back to the control plane"),
+            Outcome::Unreported(why) => write!(f, "not reported ({why}); its lease will lapse"),
+        }
+    }
+}
+
+/// Never heartbeat more often than this, whatever the lease length.
+const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
+/// How many times a transient database error is retried when reporting.
+const REPORT_TRIES: u32 = 5;
+
+fn log_path(root: &Path, l: &Lease) -> PathBuf {
+    root.join(&l.org)
+        .join(&l.pipeline)
+        .join(format!("run-{}", l.run))
+        .join(format!("attempt-{}.log", l.number))
+}
+
+/// Copies a child's output, line by line, to the log file and our stdout.
+fn pump<R: AsyncRead + Unpin + Send + 'static>(
+    stream: R,
+    prefix: String,
+    file: Arc<tokio::sync::Mutex<tokio::fs::File>>,
+    last: Arc<Mutex<Option<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            println!("{prefix} {line}");
+            let mut f = file.lock().await;
+            let _ = f.write_all(line.as_bytes()).await;
+            let _ = f.write_all(b"\n").await;
+            if !line.trim().is_empty() {
+                if let Ok(mut l) = last.lock() {
+                    *l = Some(line);
+                }
+            }
+        }
+    })
+}
+
+fn spawn_child(shared: &Shared, l: &Lease, log: &Path) -> std::io::Result<Child> {
+    Command::new(&l.binary_path)
+        .arg("attempt")
+        .arg("--lease")
+        .arg(l.lease.to_string())
+        .env("DATABASE_URL", &shared.database_url)
+        .env("ORCA_ORG", &l.org)
+        .env("ORCA_LEASE", l.lease.to_string())
+        .env("ORCA_RUN", l.run.to_string())
+        .env("ORCA_ATTEMPT", l.number.to_string())
+        .env("ORCA_PIPELINE", &l.pipeline)
+        .env("ORCA_PARTITIONS", l.partitions.join(","))
+        .env("ORCA_LOG_FILE", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+}
+
+async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
+    let mut wait = Duration::from_millis(200);
+    for _ in 0..REPORT_TRIES {
+        match control::finish(&shared.db, l.lease, ok, error.as_deref()).await {
+            Ok(status) => return Outcome::Finished(status),
+            Err(ControlError::Fenced { message, .. }) => return Outcome::Fenced(message),
+            Err(ControlError::Db(e)) => {
+                eprintln!(
+                    "orca-runner: reporting attempt {} failed, retrying: {e}",
+                    l.attempt
+                );
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+        }
+    }
+    Outcome::Unreported(format!(
+        "could not report attempt {} after {REPORT_TRIES} tries",
+        l.attempt
+    ))
+}
+
+async fn stop_child(child: &mut Child) {
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+/// Runs the attempt to its end. `release` turning true asks it to stop the
+/// child and hand the attempt back.
+pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<bool>) -> Outcome {
+    let log = log_path(&shared.logs, &l);
+    let prefix = format!("[{} run {} attempt {}]", l.pipeline, l.run, l.number);
+    if let Some(dir) = log.parent() {
+        let _ = tokio::fs::create_dir_all(dir).await;
+    }
+    let file = match tokio::fs::File::create(&log).await {
+        Ok(f) => Arc::new(tokio::sync::Mutex::new(f)),
+        Err(e) => {
+            let msg = format!("cannot create log file {}: {e}", log.display());
+            return report(&shared, &l, false, Some(msg)).await;
+        }
+    };
+    let mut child = match spawn_child(&shared, &l, &log) {
+        Ok(c) => c,
+        Err(e) => {
+            let msg = format!("cannot start pipeline binary {}: {e}", l.binary_path);
+            println!("{prefix} {msg}");
+            return report(&shared, &l, false, Some(msg)).await;
+        }
+    };
+    let last = Arc::new(Mutex::new(None));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(pump(out, prefix.clone(), file.clone(), last.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(pump(err, prefix.clone(), file.clone(), last.clone()));
+    }
+
+    let ttl = (l.deadline - chrono::Utc::now())
+        .to_std()
+        .unwrap_or(Duration::from_secs(1));
+    let mut deadline = l.deadline;
+    let mut beat = tokio::time::interval((ttl / 3).max(HEARTBEAT_MIN));
+    beat.tick().await;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = beat.tick() => match control::heartbeat(&shared.db, l.lease).await {
+                Ok(d) => deadline = d,
+                Err(ControlError::Fenced { message, .. }) => {
+                    println!("{prefix} stopping: {message}");
+                    stop_child(&mut child).await;
+                    return Outcome::Fenced(message);
+                }
+                Err(ControlError::Db(e)) => {
+                    eprintln!("{prefix} heartbeat failed: {e}");
+                    if chrono::Utc::now() > deadline {
+                        // Someone else may hold the attempt by now.
+                        stop_child(&mut child).await;
+                        return Outcome::Fenced("the lease lapsed while the control plane was unreachable".into());
+                    }
+                }
+            },
+            changed = release.changed() => {
+                if changed.is_err() || *release.borrow() {
+                    println!("{prefix} runner stopping: handing the attempt back");
+                    stop_child(&mut child).await;
+                    return match control::release(&shared.db, l.lease, "its runner stopped").await {
+                        Ok(()) => Outcome::Released,
+                        Err(e) => Outcome::Unreported(e.to_string()),
+                    };
+                }
+            }
+        }
+    };
+    for p in pumps {
+        let _ = p.await;
+    }
+    match status {
+        Ok(s) if s.success() => report(&shared, &l, true, None).await,
+        Ok(s) => {
+            let last = last.lock().ok().and_then(|g| g.clone());
+            let msg = match (s.code(), last) {
+                (Some(c), Some(line)) => format!("exit code {c}: {line}"),
+                (Some(c), None) => format!("exit code {c}"),
+                (None, Some(line)) => format!("killed by a signal: {line}"),
+                (None, None) => "killed by a signal".to_string(),
+            };
+            report(&shared, &l, false, Some(msg)).await
+        }
+        Err(e) => {
+            report(
+                &shared,
+                &l,
+                false,
+                Some(format!("waiting for the child failed: {e}")),
+            )
+            .await
+        }
+    }
+}

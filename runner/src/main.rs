@@ -1,0 +1,201 @@
+//! `orca-runner`: claims attempts of its pool from the orca control plane,
+//! runs each pipeline binary as a child process, heartbeats its lease and
+//! reports the result. Wakes on `NOTIFY orca_work` and polls as a fallback.
+//! SIGTERM (or Ctrl-C): stop claiming, give running attempts a grace period,
+//! then stop them and hand them back.
+
+mod attempt;
+mod control;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::Executor;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Runs Orca attempts: claims, spawns pipeline binaries, heartbeats, reports"
+)]
+struct Args {
+    /// The control plane's database.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// This runner's name (default: host-pid).
+    #[arg(long, env = "ORCA_RUNNER_NAME")]
+    name: Option<String>,
+    /// The pool to take work from.
+    #[arg(long, env = "ORCA_POOL", default_value = "default")]
+    pool: String,
+    /// How many attempts to run at once.
+    #[arg(long, env = "ORCA_SLOTS", default_value_t = 2)]
+    slots: u16,
+    /// Where attempt logs go: <logs>/<org>/<pipeline>/run-<id>/attempt-<n>.log.
+    #[arg(long, env = "ORCA_LOGS", default_value = "orca-logs")]
+    logs: PathBuf,
+    /// The org to work for (SET orca.org); default: the 'default' org.
+    #[arg(long, env = "ORCA_ORG")]
+    org: Option<String>,
+    /// Poll this often when no notification arrives.
+    #[arg(long, env = "ORCA_POLL_MS", default_value_t = 2000)]
+    poll_ms: u64,
+    /// On SIGTERM, how long running attempts may go on before they are handed back.
+    #[arg(long, env = "ORCA_GRACE_SECONDS", default_value_t = 30)]
+    grace_seconds: u64,
+    /// Also call orca.tick() this often (0: leave it to the background worker).
+    #[arg(long, env = "ORCA_TICK_MS", default_value_t = 0)]
+    tick_ms: u64,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let host = host_name();
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{host}-{}", std::process::id()));
+    let slots = usize::from(args.slots.max(1));
+    let connect: PgConnectOptions = args
+        .database_url
+        .parse()
+        .context("DATABASE_URL is not a PostgreSQL URL")?;
+    let connect = connect.application_name(&format!("orca-runner {name}"));
+    let org = args.org.clone();
+    let db = PgPoolOptions::new()
+        .max_connections(u32::from(args.slots) + 2)
+        .after_connect(move |conn, _| {
+            let org = org.clone();
+            Box::pin(async move {
+                if let Some(org) = org {
+                    sqlx::query("SELECT set_config('orca.org', $1, false)")
+                        .bind(org)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_with(connect.clone())
+        .await
+        .context("connecting to the control plane")?;
+    db.execute("SELECT 1")
+        .await
+        .context("control plane check")?;
+    control::register_runner(&db, &name, &args.pool, i32::from(args.slots), &host)
+        .await
+        .context("registering the runner")?;
+    let mut listener = PgListener::connect_with(&db)
+        .await
+        .context("LISTEN connection")?;
+    listener
+        .listen("orca_work")
+        .await
+        .context("LISTEN orca_work")?;
+    println!(
+        "orca-runner {name}: pool {}, {slots} slots, logs in {}",
+        args.pool,
+        args.logs.display()
+    );
+
+    let shared = Arc::new(attempt::Shared {
+        db: db.clone(),
+        database_url: args.database_url.clone(),
+        logs: args.logs.clone(),
+    });
+    let (release_tx, release_rx) = watch::channel(false);
+    let mut running: JoinSet<attempt::Outcome> = JoinSet::new();
+    let mut poll = tokio::time::interval(Duration::from_millis(args.poll_ms.max(10)));
+    let tick_every = Duration::from_millis(if args.tick_ms == 0 {
+        3_600_000
+    } else {
+        args.tick_ms
+    });
+    let mut tick = tokio::time::interval(tick_every);
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut want_claim = true;
+
+    loop {
+        if want_claim && running.len() < slots {
+            let free = i32::try_from(slots - running.len()).unwrap_or(1);
+            match control::claim(&db, &name, &args.pool, free).await {
+                Ok(leases) => {
+                    for l in leases {
+                        println!(
+                            "claimed attempt {} of run {} ({} {})",
+                            l.number,
+                            l.run,
+                            l.pipeline,
+                            l.partitions.join(",")
+                        );
+                        running.spawn(attempt::run(shared.clone(), l, release_rx.clone()));
+                    }
+                }
+                Err(e) => eprintln!("orca-runner: claim failed: {e}"),
+            }
+        }
+        want_claim = false;
+        tokio::select! {
+            n = listener.recv() => match n {
+                Ok(n) => want_claim = n.payload() == args.pool,
+                Err(e) => {
+                    eprintln!("orca-runner: notification connection: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            },
+            _ = poll.tick() => want_claim = true,
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                match done {
+                    Ok(outcome) => println!("attempt ended: {outcome}"),
+                    Err(e) => eprintln!("orca-runner: attempt task failed: {e}"),
+                }
+                want_claim = true;
+            }
+            _ = tick.tick(), if args.tick_ms > 0 => {
+                if let Err(e) = control::tick(&db).await {
+                    eprintln!("orca-runner: tick failed: {e}");
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+
+    println!(
+        "orca-runner {name}: stopping; {} attempt(s) running, grace {} s",
+        running.len(),
+        args.grace_seconds
+    );
+    let grace = tokio::time::sleep(Duration::from_secs(args.grace_seconds));
+    tokio::pin!(grace);
+    let mut released = false;
+    while !running.is_empty() {
+        tokio::select! {
+            done = running.join_next() => {
+                if let Some(Ok(outcome)) = done {
+                    println!("attempt ended: {outcome}");
+                }
+            }
+            _ = &mut grace, if !released => {
+                released = true;
+                let _ = release_tx.send(true);
+            }
+        }
+    }
+    println!("orca-runner {name}: stopped");
+    Ok(())
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs everything Orca needs on Debian 12 with PostgreSQL 15, builds the
+# extension and installs it into the system's PostgreSQL directories.
+# Idempotent: each step is skipped when already done.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$ORCA_ROOT"
+
+# 1. Debian packages. The server headers must match the installed server's
+#    version exactly, or apt upgrades the server itself.
+server_version=$(dpkg-query -W -f='${Version}' "postgresql-$PG_MAJOR" 2>/dev/null) \
+    || die "postgresql-$PG_MAJOR is not installed"
+need=()
+dev_version=$(dpkg-query -W -f='${Version}' "postgresql-server-dev-$PG_MAJOR" 2>/dev/null || true)
+[ "$dev_version" = "$server_version" ] || need+=("postgresql-server-dev-$PG_MAJOR=$server_version")
+for p in libclang-dev clang; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! as_root apt-get install -y -q "${need[@]}"; then
+        as_root apt-get update -q
+        if ! as_root apt-get install -y -q "${need[@]}"; then
+            # The server's exact version left the index: take the newest
+            # headers and restart the server (minor releases share a format).
+            say "postgresql-server-dev-$PG_MAJOR=$server_version is gone; installing the newest"
+            need=("${need[@]/postgresql-server-dev-$PG_MAJOR=$server_version/postgresql-server-dev-$PG_MAJOR}")
+            as_root apt-get install -y -q "${need[@]}"
+            as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main restart || true
+        fi
+    fi
+fi
+
+# 2. cargo-pgrx, the same exact version as the pgrx crate.
+if [ "$(cargo pgrx --version 2>/dev/null || true)" != "cargo-pgrx $PGRX_VERSION" ]; then
+    say "installing cargo-pgrx $PGRX_VERSION (about 5 minutes)"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+if ! grep -qs "^pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    say "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
+    cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG"
+fi
+
+# 3. The extension, into the system's extension and library directories.
+say "building and installing the orca extension"
+as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
+    cargo pgrx install -p orca-ext --release --pg-config "$PG_CONFIG" >/dev/null
+# Released install scripts of older versions and upgrade scripts, so that an
+# old install can be created and upgraded.
+extdir="$("$PG_CONFIG" --sharedir)/extension"
+current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+for f in migrations/orca--*.sql; do
+    [ -e "$f" ] || continue
+    [ "$(basename "$f")" = "orca--$current.sql" ] && continue
+    as_root install -m 0644 "$f" "$extdir/"
+done
+
+# 4. The system cluster, which the tests use.
+if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    say "starting PostgreSQL $PG_MAJOR"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start
+fi
+say "setup done: extension orca $current installed for PostgreSQL $PG_MAJOR"
