@@ -309,7 +309,10 @@ BEGIN
     WITH c AS (
         UPDATE orca.attempts a SET status = 'cancelled', finished_at = now(), error = 'run cancelled'
         WHERE a.run_id = r.id AND a.status IN ('pending', 'leased')
-        RETURNING a.id, a.number, a.runner
+        RETURNING a.id, a.number, a.runner, a.pool
+    ), dq AS (
+        DELETE FROM orca.queue q USING c
+        WHERE q.org_id = v_org AND q.pool = c.pool AND q.attempt_id = c.id
     )
     INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
     SELECT v_org, 'attempt.cancelled', r.pipeline_id, r.id, c.id,
@@ -319,7 +322,7 @@ BEGIN
     WHERE run_id = r.id AND status IN ('pending', 'running');
     PERFORM orca._event(v_org, 'run.cancelled', r.pipeline_id, r.id, NULL,
                         jsonb_build_object('was', r.status, 'by', session_user));
-    PERFORM orca._start_queued(v_org, r.pipeline_id);
+    PERFORM orca._slot_freed(v_org, r.pipeline_id);
 END
 $$;
 COMMENT ON FUNCTION orca.cancel(bigint) IS
@@ -400,6 +403,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
+    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
     v_ttl interval := make_interval(secs => orca._lease_seconds());
 BEGIN
     IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
@@ -422,31 +426,41 @@ BEGIN
 
     RETURN QUERY
     WITH picked AS (
-        SELECT a.id FROM orca.attempts a
-        WHERE a.org_id = v_org AND a.pool = claim.pool AND a.status = 'pending'
-        ORDER BY a.id
-        LIMIT claim.max
-        FOR UPDATE SKIP LOCKED
+        DELETE FROM orca.queue q
+        WHERE (q.org_id, q.pool, q.attempt_id) IN (
+            SELECT x.org_id, x.pool, x.attempt_id FROM orca.queue x
+            WHERE x.org_id = v_org AND x.pool = claim.pool
+            ORDER BY x.attempt_id
+            LIMIT claim.max
+            FOR UPDATE SKIP LOCKED)
+        RETURNING q.attempt_id AS id
     ), leased AS (
         UPDATE orca.attempts a
         SET status = 'leased', runner = claim.runner, lease = gen_random_uuid(),
             leased_at = now(), heartbeat_at = now(), deadline = now() + v_ttl
-        FROM picked WHERE a.id = picked.id
+        FROM picked WHERE a.id = picked.id AND a.status = 'pending'
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), info AS (
+        -- LATERAL keeps these lookups on primary keys whatever the planner
+        -- guesses about how many rows the UPDATE returns.
+        SELECT l.*, x.*
+        FROM leased l
+        CROSS JOIN LATERAL (
+            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
+                   v.registry_hash
+            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
+            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
+        ) x
     ), ev AS (
         INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-        SELECT v_org, 'attempt.leased', r.pipeline_id, l.run_id, l.id,
-               jsonb_build_object('attempt', l.number, 'runner', claim.runner)
-        FROM leased l JOIN orca.runs r ON r.id = l.run_id
+        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
+               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
+        FROM info i
     )
-    SELECT l.id, l.run_id, l.lease, p.name, l.version_id, v.binary_path, r.partitions,
-           l.number, l.deadline, v.registry_hash, l.pool, o.name
-    FROM leased l
-    JOIN orca.runs r ON r.id = l.run_id
-    JOIN orca.pipelines p ON p.id = r.pipeline_id
-    JOIN orca.pipeline_versions v ON v.id = l.version_id
-    JOIN orca.orgs o ON o.id = v_org
-    ORDER BY l.id;
+    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name
+    FROM info i
+    ORDER BY i.id;
 END
 $$;
 COMMENT ON FUNCTION orca.claim(text, text, integer) IS
@@ -508,6 +522,88 @@ COMMENT ON FUNCTION orca.finish(uuid, boolean, text) IS
 'retries the run while its run_retries last, else fails it. Returns the run''s status '
 'afterwards (succeeded, running when retried, failed). A stale or foreign lease gets OR012, '
 'OR014 or OR015 and changes nothing.';
+
+CREATE FUNCTION orca.finish_many(leases uuid[], ok boolean DEFAULT true, error text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_bad uuid;
+    v_id  bigint;
+    v_n   integer;
+    p     record;
+BEGIN
+    IF finish_many.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
+    END IF;
+    IF finish_many.leases IS NULL OR cardinality(finish_many.leases) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF cardinality(finish_many.leases) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 leases at once, got %', cardinality(finish_many.leases)
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Runs first, in id order: the lock order every API function keeps.
+    PERFORM 1 FROM orca.runs r
+    WHERE r.id IN (SELECT a.run_id FROM orca.attempts a
+                   WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org)
+    ORDER BY r.id
+    FOR UPDATE OF r;
+    -- All or nothing: one lease that is not active refuses the whole call.
+    SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
+    WHERE x IS NULL OR NOT EXISTS (
+        SELECT 1 FROM orca.attempts a
+        WHERE a.lease = x AND a.org_id = v_org AND a.status = 'leased')
+    LIMIT 1;
+    IF FOUND THEN
+        PERFORM orca._lease_refused(v_org, v_bad);
+    END IF;
+
+    IF NOT finish_many.ok THEN
+        v_n := 0;
+        FOR v_id IN SELECT a.id FROM orca.attempts a
+                    WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org ORDER BY a.id LOOP
+            PERFORM orca._attempt_ended(v_id, 'failed',
+                coalesce(finish_many.error, 'the attempt failed without a message'));
+            v_n := v_n + 1;
+        END LOOP;
+        RETURN v_n;
+    END IF;
+
+    -- Success, set-based: what _attempt_ended does for one attempt, for all.
+    WITH a AS (
+        UPDATE orca.attempts x SET status = 'succeeded', finished_at = now(), error = NULL
+        WHERE x.lease = ANY (finish_many.leases) AND x.org_id = v_org AND x.status = 'leased'
+        RETURNING x.org_id, x.id, x.run_id, x.number, x.runner
+    ), r AS (
+        UPDATE orca.runs y SET status = 'succeeded', finished_at = now(), error = NULL
+        FROM a WHERE y.id = a.run_id AND y.status = 'running'
+        RETURNING y.org_id, y.id, y.pipeline_id, y.attempts, a.id AS attempt_id,
+                  a.number, a.runner
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT r.org_id, e.kind, r.pipeline_id, r.id, r.attempt_id, e.data
+        FROM r
+        CROSS JOIN LATERAL (VALUES
+            (1, 'attempt.succeeded', jsonb_strip_nulls(jsonb_build_object('attempt', r.number, 'runner', r.runner))),
+            (2, 'run.succeeded', jsonb_build_object('attempts', r.attempts))) AS e(ord, kind, data)
+        ORDER BY r.attempt_id, e.ord
+    )
+    SELECT count(*) INTO v_n FROM a;
+    FOR p IN SELECT DISTINCT r.pipeline_id FROM orca.runs r
+             JOIN orca.attempts a ON a.run_id = r.id
+             WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org LOOP
+        PERFORM orca._slot_freed(v_org, p.pipeline_id);
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION orca.finish_many(uuid[], boolean, text) IS
+'orca.finish for many leases in one call (up to 10000), for runners that finish attempts in '
+'batches: all succeeded (ok => true) or all failed with the same error. All or nothing: one '
+'lease that is not active refuses the call (OR012/OR014/OR015) and nothing changes. Returns '
+'how many attempts it finished.';
 
 CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

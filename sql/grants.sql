@@ -31,6 +31,7 @@ GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer),
     orca.heartbeat(uuid),
     orca.finish(uuid, boolean, text),
+    orca.finish_many(uuid[], boolean, text),
     orca.release(uuid, text),
     orca.report_step(uuid, text, text, text, text, jsonb),
     orca.register_runner(text, text, integer, text),

@@ -23,10 +23,14 @@ BEGIN
 END
 $$;
 
+-- PL/pgSQL rather than SQL for the small helpers below: it keeps their plans
+-- across calls, where a non-inlined SQL function is planned on every call.
 CREATE FUNCTION orca._is_admin() RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
-        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER')
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
+END
 $$;
 
 -- The orgs orca.tick works on: every org for an admin who did not pick one,
@@ -44,9 +48,11 @@ $$;
 CREATE FUNCTION orca._event(p_org bigint, p_kind text, p_pipeline bigint, p_run bigint,
                             p_attempt bigint, p_data jsonb DEFAULT '{}')
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-    VALUES (p_org, p_kind, p_pipeline, p_run, p_attempt, coalesce(p_data, '{}'))
+    VALUES (p_org, p_kind, p_pipeline, p_run, p_attempt, coalesce(p_data, '{}'));
+END
 $$;
 
 CREATE FUNCTION orca._pipeline(p_org bigint, p_name text) RETURNS orca.pipelines
@@ -102,12 +108,17 @@ BEGIN
         INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
         SELECT s.org_id, s.id, s.attempts, s.version_id, v.pool
         FROM started s JOIN orca.pipeline_versions v ON v.id = s.version_id
-        RETURNING id, run_id, number, pool
+        RETURNING org_id, id, run_id, number, pool
+    ), q AS (
+        INSERT INTO orca.queue (org_id, pool, attempt_id)
+        SELECT org_id, pool, id FROM att
     ), ev AS (
+        -- Joined to the runs table, not to the other CTE: two CTEs join by
+        -- nested loop, quadratic for a backfill of thousands.
         INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-        SELECT s.org_id, 'run.started', s.pipeline_id, s.id, a.id,
+        SELECT a.org_id, 'run.started', r.pipeline_id, a.run_id, a.id,
                jsonb_build_object('attempt', a.number, 'pool', a.pool)
-        FROM started s JOIN att a ON a.run_id = s.id
+        FROM att a JOIN orca.runs r ON r.id = a.run_id
     )
     SELECT count(*), array_agg(DISTINCT pool) INTO v_started, v_pools FROM att;
     -- Wake idle runners of each pool; NOTIFY is sent at commit, once per payload.
@@ -148,6 +159,18 @@ BEGIN
           ORDER BY id
           LIMIT CASE WHEN v_max IS NULL THEN NULL ELSE v_max - v_running END) q;
     RETURN orca._start_runs(v_ids);
+END
+$$;
+
+-- A run of the pipeline ended: a queued one may take its place. Only a
+-- pipeline with max_runs has queued runs that wait for a slot (a paused one
+-- starts them when unpaused), so the common uncapped case costs one lookup.
+CREATE FUNCTION orca._slot_freed(p_org bigint, p_pipeline bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT max_runs IS NOT NULL FROM orca.pipelines WHERE id = p_pipeline) THEN
+        PERFORM orca._start_queued(p_org, p_pipeline);
+    END IF;
 END
 $$;
 
@@ -198,6 +221,7 @@ BEGIN
     INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
     VALUES (r.org_id, r.id, r.attempts, r.version_id, v_pool)
     RETURNING id INTO v_attempt;
+    INSERT INTO orca.queue (org_id, pool, attempt_id) VALUES (r.org_id, v_pool, v_attempt);
     PERFORM orca._event(r.org_id, 'run.retrying', r.pipeline_id, r.id, v_attempt,
                         jsonb_build_object('attempt', r.attempts, 'after', p_reason,
                                            'failures', r.failures, 'losses', r.losses));
@@ -246,7 +270,7 @@ BEGIN
         WHERE id = r.id;
         PERFORM orca._event(r.org_id, 'run.succeeded', r.pipeline_id, r.id, a.id,
                             jsonb_build_object('attempts', r.attempts));
-        PERFORM orca._start_queued(r.org_id, r.pipeline_id);
+        PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
         RETURN 'succeeded';
     END IF;
     IF p_outcome = 'failed' AND r.failures < r.run_retries THEN
@@ -271,7 +295,7 @@ BEGIN
     WHERE id = r.id;
     PERFORM orca._event(r.org_id, 'run.failed', r.pipeline_id, r.id, a.id,
                         jsonb_build_object('attempts', r.attempts, 'error', p_error));
-    PERFORM orca._start_queued(r.org_id, r.pipeline_id);
+    PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
     RETURN 'failed';
 END
 $$;

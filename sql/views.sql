@@ -106,6 +106,8 @@ COMMENT ON TABLE orca.step_states IS
 COMMENT ON TABLE orca.attempts IS
 'Attempts of runs. status: pending (waiting for a runner), leased, succeeded, failed, lost '
 '(lease expired) or cancelled.';
+COMMENT ON TABLE orca.queue IS
+'Pending attempts waiting for a runner, per org and pool; orca.claim takes them oldest first.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

@@ -219,3 +219,82 @@ async fn unknown_and_finished_leases_are_refused_without_changes() {
     assert!(msg.contains("succeeded"), "{msg}");
     assert_eq!(db.table_counts().await, before);
 }
+
+#[tokio::test]
+async fn finish_many_finishes_a_batch_or_nothing() {
+    let db = TestDb::new().await;
+    with_pending(&db, 5).await;
+    let l = claim(&db.pool, "r", 5).await;
+    let first: Vec<uuid::Uuid> = l[..3].iter().map(|x| x.lease).collect();
+    let n: i32 = sqlx::query_scalar("SELECT orca.finish_many($1)")
+        .bind(&first)
+        .fetch_one(&db.pool)
+        .await
+        .expect("finish_many");
+    assert_eq!(n, 3);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'succeeded'")
+            .await,
+        3
+    );
+    // Every run's events in order: the attempt, then the run.
+    let kinds = db
+        .strings(&format!(
+            "SELECT kind FROM orca.events WHERE run_id = {} AND kind LIKE '%.succeeded' ORDER BY id",
+            l[0].run
+        ))
+        .await;
+    assert_eq!(kinds, ["attempt.succeeded", "run.succeeded"]);
+    // One finished lease in the batch refuses the whole batch.
+    let before = db.table_counts().await;
+    let mixed = vec![l[3].lease, l[0].lease, l[4].lease];
+    let err = sqlx::query("SELECT orca.finish_many($1)")
+        .bind(&mixed)
+        .execute(&db.pool)
+        .await
+        .expect_err("a finished lease in the batch");
+    let code = match &err {
+        sqlx::Error::Database(d) => d.code().map(|c| c.to_string()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some("OR014"), "{err}");
+    assert_eq!(db.table_counts().await, before);
+    // Failing a batch retries or fails each run by its own budget.
+    let rest = vec![l[3].lease, l[4].lease];
+    sqlx::query("SELECT orca.finish_many($1, false, 'disk full')")
+        .bind(&rest)
+        .execute(&db.pool)
+        .await
+        .expect("fail two");
+    let errors = db
+        .strings("SELECT error FROM orca.runs WHERE status = 'failed' ORDER BY id")
+        .await;
+    assert_eq!(errors, ["disk full", "disk full"]);
+}
+
+#[tokio::test]
+async fn a_released_attempt_goes_to_another_runner_without_spending_budgets() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let l = claim(&db.pool, "stopping", 1).await;
+    sqlx::query("SELECT orca.release($1, 'SIGTERM')")
+        .bind(l[0].lease)
+        .execute(&db.pool)
+        .await
+        .expect("release");
+    let (failures, losses, status): (i32, i32, String) =
+        sqlx::query_as("SELECT failures, losses, status FROM orca.runs")
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+    assert_eq!((failures, losses, status.as_str()), (0, 0, "running"));
+    let next = claim(&db.pool, "other", 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].number, 2);
+    assert_eq!(
+        expect_error(&db.pool, &format!("SELECT orca.release('{}')", l[0].lease))
+            .await
+            .0,
+        "OR014"
+    );
+}

@@ -24,6 +24,7 @@ const API: &[&str] = &[
     "create_org",
     "current_org_id",
     "finish",
+    "finish_many",
     "fires",
     "heartbeat",
     "pause",
@@ -231,6 +232,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.finish('{g_lease}', true)"),
         format!("SELECT orca.finish('{g_lease}', false, 'x')"),
         format!("SELECT orca.release('{g_lease}')"),
+        format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");

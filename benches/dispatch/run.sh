@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The dispatch benchmark beside graphile-worker, in the same run, on the same
+# PostgreSQL, with the same N and K, by the team's peer harness
+# (shared/bench/peers/run_peers.sh, which installs graphile-worker from npm).
+# Prints each system's line and the ratios.
+#
+#   benches/dispatch/run.sh                 N=20000 K=16
+#   N=50000 K="4 16" benches/dispatch/run.sh
+#   PEERS_SCRIPT=/path/to/run_peers.sh benches/dispatch/run.sh
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
+cd "$ORCA_ROOT"
+PEERS="${PEERS_SCRIPT:-$ORCA_ROOT/../shared/bench/peers/run_peers.sh}"
+[ -x "$PEERS" ] || die "peer harness not found at $PEERS (set PEERS_SCRIPT)"
+export N="${N:-20000}" K="${K:-16}"
+
+"$ORCA_ROOT/scripts/setup.sh" >/dev/null
+cargo build --release -q -p orca-bench-dispatch
+BIN="$CARGO_TARGET_DIR/release/orca-bench-dispatch"
+
+# orca-each: one orca.finish per attempt, as a runner does; orca-batch: one
+# orca.finish_many per claimed batch, as graphile-worker batches completions.
+each=$(SYSTEMS="graphile-worker" EXTRA_NAME=orca-each \
+    EXTRA_CMD="ORCA_FINISH=each $BIN | sed 's/^RESULT orca /RESULT orca-each /'" "$PEERS")
+batch=$(SYSTEMS=" " EXTRA_NAME=orca-batch \
+    EXTRA_CMD="ORCA_FINISH=batch $BIN | sed 's/^RESULT orca /RESULT orca-batch /'" "$PEERS")
+printf '%s\n' "$each" "$(printf '%s\n' "$batch" | grep -v '^#')"
+
+# Ratios against graphile-worker, per K.
+printf '%s\n' "$each" "$batch" | python3 -c '
+import re, sys
+rows = {}
+for line in sys.stdin:
+    m = re.match(r"(\S+) burn-down N=(\d+) K=(\d+): ([\d.]+) jobs/s; enqueue ([\d.]+) jobs/s; add->start p50 ([\d.]+) ms p99 ([\d.]+) ms", line)
+    if m:
+        rows[(m.group(1), m.group(3))] = [float(x) for x in m.group(4, 5, 6, 7)]
+for (name, k), (w, e, p50, p99) in sorted(rows.items()):
+    g = rows.get(("graphile-worker", k))
+    if name == "graphile-worker" or not g:
+        continue
+    print(f"ratio {name}/graphile-worker K={k}: burn-down {w / g[0]:.2f}x, enqueue {e / g[1]:.2f}x, "
+          f"add->start p50 {p50 / g[2]:.2f}x p99 {p99 / g[3]:.2f}x (p99 {p99:.1f} ms, target < 10 ms)")
+'
