@@ -184,9 +184,13 @@ CREATE TABLE orca.attempts (
                  CHECK (status IN ('pending', 'leased', 'succeeded', 'failed', 'lost', 'released',
                                    'cancelled')),
     runner       text,
-    lease        uuid UNIQUE,
+    -- The lease token: 64 random bits, then the attempt's id, so a token finds
+    -- its attempt by primary key and this column needs no index.
+    lease        uuid,
     created_at   timestamptz NOT NULL DEFAULT now(),
     leased_at    timestamptz,
+    -- The lease's last heartbeat and deadline once the attempt ended; while
+    -- it runs they live in orca.leases.
     heartbeat_at timestamptz,
     deadline     timestamptz,
     finished_at  timestamptz,
@@ -195,9 +199,9 @@ CREATE TABLE orca.attempts (
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE,
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
-);
--- What orca.tick scans for expired leases.
-CREATE INDEX attempts_leased ON orca.attempts (deadline) WHERE status = 'leased';
+-- No index covers a column a claim or a finish changes, so with room left on
+-- each page those updates are HOT: no index entries for the history table.
+) WITH (fillfactor = 70);
 
 -- The queue: one row per pending attempt, deleted when a runner claims it. A
 -- table of its own stays small however long the history grows, so a claim
@@ -210,6 +214,19 @@ CREATE TABLE orca.queue (
     PRIMARY KEY (org_id, pool, attempt_id),
     FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
 );
+
+-- Live leases, one row per leased attempt, deleted when the attempt ends.
+-- Heartbeats update these small rows in place; orca.tick scans them for
+-- deadlines that passed.
+CREATE TABLE orca.leases (
+    org_id       bigint NOT NULL,
+    attempt_id   bigint PRIMARY KEY,
+    lease        uuid NOT NULL,
+    runner       text NOT NULL,
+    deadline     timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
+) WITH (fillfactor = 50);
 
 CREATE TABLE orca.runners (
     org_id      bigint NOT NULL REFERENCES orca.orgs (id),
@@ -235,7 +252,7 @@ CREATE TABLE orca.events (
     attempt_id  bigint,
     data        jsonb NOT NULL DEFAULT '{}'
 );
-CREATE INDEX events_org ON orca.events (org_id, id);
+-- Consumers follow the outbox by id; row-level security adds the org.
 CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 
 CREATE TYPE orca.lease AS (
@@ -302,7 +319,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
-                             'runs', 'step_states', 'attempts', 'queue', 'runners', 'events'] LOOP
+                             'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -317,7 +334,7 @@ DECLARE
 BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
-                             'runs', 'step_states', 'attempts', 'queue', 'runners', 'events'] LOOP
+                             'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.
@@ -493,6 +510,19 @@ BEGIN
     END IF;
     RETURN r->'ok';
 END
+$$;
+
+-- A lease token is 64 random bits followed by the attempt's id: the random
+-- half makes it unguessable, the id half finds the attempt by primary key.
+CREATE FUNCTION orca._new_lease(p_attempt bigint) RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT (left(replace(gen_random_uuid()::text, '-', ''), 16)
+            || lpad(to_hex(p_attempt), 16, '0'))::uuid
+$$;
+
+CREATE FUNCTION orca._lease_attempt(p_lease uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT ('x' || right(replace(p_lease::text, '-', ''), 16))::bit(64)::bigint
 $$;
 
 -- PL/pgSQL rather than SQL for the small helpers below: it keeps their plans
@@ -724,9 +754,14 @@ DECLARE
     a orca.attempts;
     r orca.runs;
     v_lost_max integer;
+    v_deadline timestamptz;
+    v_beat     timestamptz;
 BEGIN
+    DELETE FROM orca.leases WHERE attempt_id = p_attempt
+    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
     UPDATE orca.attempts
-    SET status = p_outcome, finished_at = now(), error = p_error
+    SET status = p_outcome, finished_at = now(), error = p_error,
+        deadline = coalesce(v_deadline, deadline), heartbeat_at = coalesce(v_beat, heartbeat_at)
     WHERE id = p_attempt
     RETURNING * INTO a;
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
@@ -778,7 +813,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     a orca.attempts;
 BEGIN
-    SELECT * INTO a FROM orca.attempts WHERE lease = p_lease AND org_id = p_org;
+    SELECT * INTO a FROM orca.attempts
+    WHERE id = orca._lease_attempt(p_lease) AND lease = p_lease AND org_id = p_org;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown lease %', coalesce(p_lease::text, 'NULL')
             USING ERRCODE = 'OR012',
@@ -794,6 +830,27 @@ BEGIN
               HINT = CASE a.status
                          WHEN 'lost' THEN 'its deadline passed without a heartbeat, so the attempt was handed on'
                          ELSE 'the attempt already finished' END;
+END
+$$;
+
+-- The attempt a live lease of this org holds, locked (its run first), or an
+-- error that says why the lease is refused. Nothing of another org is locked.
+CREATE FUNCTION orca._leased_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := orca._lease_attempt(p_lease);
+    a    orca.attempts;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM orca.leases l
+                   WHERE l.attempt_id = v_id AND l.lease = p_lease AND l.org_id = p_org) THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    a := orca._lock_attempt(v_id);
+    -- Re-checked under the lock: a cancel or a tick may have won.
+    IF a.status IS DISTINCT FROM 'leased' THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    RETURN a;
 END
 $$;
 /* </end connected objects> */
@@ -1118,6 +1175,8 @@ BEGIN
     ), dq AS (
         DELETE FROM orca.queue q USING c
         WHERE q.org_id = v_org AND q.pool = c.pool AND q.attempt_id = c.id
+    ), dl AS (
+        DELETE FROM orca.leases l USING c WHERE l.attempt_id = c.id
     )
     INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
     SELECT v_org, 'attempt.cancelled', r.pipeline_id, r.id, c.id,
@@ -1241,10 +1300,13 @@ BEGIN
         RETURNING q.attempt_id AS id
     ), leased AS (
         UPDATE orca.attempts a
-        SET status = 'leased', runner = claim.runner, lease = gen_random_uuid(),
+        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
             leased_at = now(), heartbeat_at = now(), deadline = now() + v_ttl
         FROM picked WHERE a.id = picked.id AND a.status = 'pending'
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), live AS (
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline FROM leased l
     ), info AS (
         -- LATERAL keeps these lookups on primary keys whatever the planner
         -- guesses about how many rows the UPDATE returns.
@@ -1281,10 +1343,11 @@ DECLARE
     v_org bigint := orca.current_org_id();
     v_deadline timestamptz;
 BEGIN
-    UPDATE orca.attempts a
+    UPDATE orca.leases l
     SET deadline = now() + make_interval(secs => orca._lease_seconds()), heartbeat_at = now()
-    WHERE a.lease = heartbeat.lease AND a.org_id = v_org AND a.status = 'leased'
-    RETURNING a.deadline INTO v_deadline;
+    WHERE l.attempt_id = orca._lease_attempt(heartbeat.lease) AND l.lease = heartbeat.lease
+      AND l.org_id = v_org
+    RETURNING l.deadline INTO v_deadline;
     IF v_deadline IS NULL THEN
         PERFORM orca._lease_refused(v_org, heartbeat.lease);
     END IF;
@@ -1301,22 +1364,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
-    v_id  bigint;
     a     orca.attempts;
 BEGIN
     IF finish.ok IS NULL THEN
         RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
     END IF;
-    SELECT x.id INTO v_id FROM orca.attempts x
-    WHERE x.lease = finish.lease AND x.org_id = v_org;
-    IF v_id IS NOT NULL THEN
-        a := orca._lock_attempt(v_id);
-    END IF;
-    IF v_id IS NULL OR a.status <> 'leased' THEN
-        PERFORM orca._lease_refused(v_org, finish.lease);
-    END IF;
+    a := orca._leased_attempt(v_org, finish.lease);
     RETURN orca._attempt_ended(
-        v_id,
+        a.id,
         CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
         CASE WHEN finish.ok THEN NULL
              ELSE coalesce(finish.error, 'the attempt failed without a message') END);
@@ -1334,6 +1389,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
+    v_ids bigint[];
     v_bad uuid;
     v_id  bigint;
     v_n   integer;
@@ -1349,17 +1405,18 @@ BEGIN
         RAISE EXCEPTION 'at most 10000 leases at once, got %', cardinality(finish_many.leases)
             USING ERRCODE = 'OR050';
     END IF;
+    v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
     -- Runs first, in id order: the lock order every API function keeps.
     PERFORM 1 FROM orca.runs r
     WHERE r.id IN (SELECT a.run_id FROM orca.attempts a
-                   WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org)
+                   WHERE a.id = ANY (v_ids) AND a.org_id = v_org)
     ORDER BY r.id
     FOR UPDATE OF r;
-    -- All or nothing: one lease that is not active refuses the whole call.
+    -- All or nothing: one lease that is not live refuses the whole call.
     SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
     WHERE x IS NULL OR NOT EXISTS (
-        SELECT 1 FROM orca.attempts a
-        WHERE a.lease = x AND a.org_id = v_org AND a.status = 'leased')
+        SELECT 1 FROM orca.leases l
+        WHERE l.attempt_id = orca._lease_attempt(x) AND l.lease = x AND l.org_id = v_org)
     LIMIT 1;
     IF FOUND THEN
         PERFORM orca._lease_refused(v_org, v_bad);
@@ -1367,8 +1424,7 @@ BEGIN
 
     IF NOT finish_many.ok THEN
         v_n := 0;
-        FOR v_id IN SELECT a.id FROM orca.attempts a
-                    WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org ORDER BY a.id LOOP
+        FOR v_id IN SELECT DISTINCT unnest(v_ids) ORDER BY 1 LOOP
             PERFORM orca._attempt_ended(v_id, 'failed',
                 coalesce(finish_many.error, 'the attempt failed without a message'));
             v_n := v_n + 1;
@@ -1377,9 +1433,14 @@ BEGIN
     END IF;
 
     -- Success, set-based: what _attempt_ended does for one attempt, for all.
-    WITH a AS (
-        UPDATE orca.attempts x SET status = 'succeeded', finished_at = now(), error = NULL
-        WHERE x.lease = ANY (finish_many.leases) AND x.org_id = v_org AND x.status = 'leased'
+    WITH live AS (
+        DELETE FROM orca.leases l WHERE l.attempt_id = ANY (v_ids) AND l.org_id = v_org
+        RETURNING l.attempt_id, l.deadline, l.heartbeat_at
+    ), a AS (
+        UPDATE orca.attempts x
+        SET status = 'succeeded', finished_at = now(), error = NULL,
+            deadline = live.deadline, heartbeat_at = live.heartbeat_at
+        FROM live WHERE x.id = live.attempt_id
         RETURNING x.org_id, x.id, x.run_id, x.number, x.runner
     ), r AS (
         UPDATE orca.runs y SET status = 'succeeded', finished_at = now(), error = NULL
@@ -1398,7 +1459,7 @@ BEGIN
     SELECT count(*) INTO v_n FROM a;
     FOR p IN SELECT DISTINCT r.pipeline_id FROM orca.runs r
              JOIN orca.attempts a ON a.run_id = r.id
-             WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org LOOP
+             WHERE a.id = ANY (v_ids) AND a.org_id = v_org LOOP
         PERFORM orca._slot_freed(v_org, p.pipeline_id);
     END LOOP;
     RETURN v_n;
@@ -1415,21 +1476,17 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
-    v_id  bigint;
     a     orca.attempts;
+    v_deadline timestamptz;
+    v_beat     timestamptz;
 BEGIN
-    SELECT x.id INTO v_id FROM orca.attempts x
-    WHERE x.lease = release.lease AND x.org_id = v_org;
-    IF v_id IS NOT NULL THEN
-        a := orca._lock_attempt(v_id);
-    END IF;
-    IF v_id IS NULL OR a.status <> 'leased' THEN
-        PERFORM orca._lease_refused(v_org, release.lease);
-    END IF;
+    a := orca._leased_attempt(v_org, release.lease);
+    DELETE FROM orca.leases WHERE attempt_id = a.id
+    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
     UPDATE orca.attempts
-    SET status = 'released', finished_at = now(),
+    SET status = 'released', finished_at = now(), deadline = v_deadline, heartbeat_at = v_beat,
         error = coalesce(release.reason, 'released by its runner')
-    WHERE id = v_id;
+    WHERE id = a.id;
     PERFORM orca._event(v_org, 'attempt.released', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
                         a.run_id, a.id,
                         jsonb_strip_nulls(jsonb_build_object('attempt', a.number, 'runner', a.runner,
@@ -1453,8 +1510,9 @@ DECLARE
     a orca.attempts;
     v_pipeline bigint;
 BEGIN
-    SELECT * INTO a FROM orca.attempts x
-    WHERE x.lease = report_step.lease AND x.org_id = v_org AND x.status = 'leased';
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(report_step.lease) AND l.lease = report_step.lease
+      AND l.org_id = v_org;
     IF NOT FOUND THEN
         PERFORM orca._lease_refused(v_org, report_step.lease);
     END IF;
@@ -1597,19 +1655,20 @@ BEGIN
     -- 2. Leases whose deadline passed are lost; their runs retry while the
     --    lost-attempt budget lasts.
     FOR a IN
-        SELECT x.id FROM orca.attempts x
-        WHERE x.status = 'leased' AND x.deadline < v_now AND x.org_id = ANY (v_orgs)
-        ORDER BY x.id
+        SELECT l.attempt_id AS id, l.deadline, l.runner FROM orca.leases l
+        WHERE l.deadline < v_now AND l.org_id = ANY (v_orgs)
+        ORDER BY l.attempt_id
         LIMIT 10000
     LOOP
         DECLARE
             l orca.attempts := orca._lock_attempt(a.id);
         BEGIN
             -- Re-checked under the lock: a heartbeat or finish may have won.
-            IF l.status = 'leased' AND l.deadline < v_now THEN
+            IF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
+                                               WHERE x.attempt_id = a.id AND x.deadline < v_now) THEN
                 PERFORM orca._attempt_ended(l.id, 'lost',
                     format('lease expired at %s without a heartbeat from runner %s',
-                           l.deadline, l.runner));
+                           a.deadline, a.runner));
                 n_lost := n_lost + 1;
             END IF;
         END;
@@ -1683,13 +1742,14 @@ SELECT a.id                         AS attempt,
        a.runner,
        a.created_at,
        a.leased_at,
-       a.heartbeat_at,
-       a.deadline,
+       coalesce(l.heartbeat_at, a.heartbeat_at) AS heartbeat_at,
+       coalesce(l.deadline, a.deadline) AS deadline,
        a.finished_at,
        a.leased_at - a.created_at   AS waited,
        a.finished_at - a.leased_at  AS duration,
        a.error
 FROM orca.attempts a
+LEFT JOIN orca.leases l ON l.attempt_id = a.id
 JOIN orca.orgs o ON o.id = a.org_id
 JOIN orca.runs r ON r.id = a.run_id
 JOIN orca.pipelines p ON p.id = r.pipeline_id;
@@ -1751,6 +1811,8 @@ COMMENT ON TABLE orca.attempts IS
 '(lease expired) or cancelled.';
 COMMENT ON TABLE orca.queue IS
 'Pending attempts waiting for a runner, per org and pool; orca.claim takes them oldest first.';
+COMMENT ON TABLE orca.leases IS
+'Live leases: the attempts runners hold now, with their deadlines and last heartbeats.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

@@ -313,6 +313,8 @@ BEGIN
     ), dq AS (
         DELETE FROM orca.queue q USING c
         WHERE q.org_id = v_org AND q.pool = c.pool AND q.attempt_id = c.id
+    ), dl AS (
+        DELETE FROM orca.leases l USING c WHERE l.attempt_id = c.id
     )
     INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
     SELECT v_org, 'attempt.cancelled', r.pipeline_id, r.id, c.id,
@@ -436,10 +438,13 @@ BEGIN
         RETURNING q.attempt_id AS id
     ), leased AS (
         UPDATE orca.attempts a
-        SET status = 'leased', runner = claim.runner, lease = gen_random_uuid(),
+        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
             leased_at = now(), heartbeat_at = now(), deadline = now() + v_ttl
         FROM picked WHERE a.id = picked.id AND a.status = 'pending'
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), live AS (
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline FROM leased l
     ), info AS (
         -- LATERAL keeps these lookups on primary keys whatever the planner
         -- guesses about how many rows the UPDATE returns.
@@ -476,10 +481,11 @@ DECLARE
     v_org bigint := orca.current_org_id();
     v_deadline timestamptz;
 BEGIN
-    UPDATE orca.attempts a
+    UPDATE orca.leases l
     SET deadline = now() + make_interval(secs => orca._lease_seconds()), heartbeat_at = now()
-    WHERE a.lease = heartbeat.lease AND a.org_id = v_org AND a.status = 'leased'
-    RETURNING a.deadline INTO v_deadline;
+    WHERE l.attempt_id = orca._lease_attempt(heartbeat.lease) AND l.lease = heartbeat.lease
+      AND l.org_id = v_org
+    RETURNING l.deadline INTO v_deadline;
     IF v_deadline IS NULL THEN
         PERFORM orca._lease_refused(v_org, heartbeat.lease);
     END IF;
@@ -496,22 +502,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
-    v_id  bigint;
     a     orca.attempts;
 BEGIN
     IF finish.ok IS NULL THEN
         RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
     END IF;
-    SELECT x.id INTO v_id FROM orca.attempts x
-    WHERE x.lease = finish.lease AND x.org_id = v_org;
-    IF v_id IS NOT NULL THEN
-        a := orca._lock_attempt(v_id);
-    END IF;
-    IF v_id IS NULL OR a.status <> 'leased' THEN
-        PERFORM orca._lease_refused(v_org, finish.lease);
-    END IF;
+    a := orca._leased_attempt(v_org, finish.lease);
     RETURN orca._attempt_ended(
-        v_id,
+        a.id,
         CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
         CASE WHEN finish.ok THEN NULL
              ELSE coalesce(finish.error, 'the attempt failed without a message') END);
@@ -529,6 +527,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
+    v_ids bigint[];
     v_bad uuid;
     v_id  bigint;
     v_n   integer;
@@ -544,17 +543,18 @@ BEGIN
         RAISE EXCEPTION 'at most 10000 leases at once, got %', cardinality(finish_many.leases)
             USING ERRCODE = 'OR050';
     END IF;
+    v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
     -- Runs first, in id order: the lock order every API function keeps.
     PERFORM 1 FROM orca.runs r
     WHERE r.id IN (SELECT a.run_id FROM orca.attempts a
-                   WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org)
+                   WHERE a.id = ANY (v_ids) AND a.org_id = v_org)
     ORDER BY r.id
     FOR UPDATE OF r;
-    -- All or nothing: one lease that is not active refuses the whole call.
+    -- All or nothing: one lease that is not live refuses the whole call.
     SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
     WHERE x IS NULL OR NOT EXISTS (
-        SELECT 1 FROM orca.attempts a
-        WHERE a.lease = x AND a.org_id = v_org AND a.status = 'leased')
+        SELECT 1 FROM orca.leases l
+        WHERE l.attempt_id = orca._lease_attempt(x) AND l.lease = x AND l.org_id = v_org)
     LIMIT 1;
     IF FOUND THEN
         PERFORM orca._lease_refused(v_org, v_bad);
@@ -562,8 +562,7 @@ BEGIN
 
     IF NOT finish_many.ok THEN
         v_n := 0;
-        FOR v_id IN SELECT a.id FROM orca.attempts a
-                    WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org ORDER BY a.id LOOP
+        FOR v_id IN SELECT DISTINCT unnest(v_ids) ORDER BY 1 LOOP
             PERFORM orca._attempt_ended(v_id, 'failed',
                 coalesce(finish_many.error, 'the attempt failed without a message'));
             v_n := v_n + 1;
@@ -572,9 +571,14 @@ BEGIN
     END IF;
 
     -- Success, set-based: what _attempt_ended does for one attempt, for all.
-    WITH a AS (
-        UPDATE orca.attempts x SET status = 'succeeded', finished_at = now(), error = NULL
-        WHERE x.lease = ANY (finish_many.leases) AND x.org_id = v_org AND x.status = 'leased'
+    WITH live AS (
+        DELETE FROM orca.leases l WHERE l.attempt_id = ANY (v_ids) AND l.org_id = v_org
+        RETURNING l.attempt_id, l.deadline, l.heartbeat_at
+    ), a AS (
+        UPDATE orca.attempts x
+        SET status = 'succeeded', finished_at = now(), error = NULL,
+            deadline = live.deadline, heartbeat_at = live.heartbeat_at
+        FROM live WHERE x.id = live.attempt_id
         RETURNING x.org_id, x.id, x.run_id, x.number, x.runner
     ), r AS (
         UPDATE orca.runs y SET status = 'succeeded', finished_at = now(), error = NULL
@@ -593,7 +597,7 @@ BEGIN
     SELECT count(*) INTO v_n FROM a;
     FOR p IN SELECT DISTINCT r.pipeline_id FROM orca.runs r
              JOIN orca.attempts a ON a.run_id = r.id
-             WHERE a.lease = ANY (finish_many.leases) AND a.org_id = v_org LOOP
+             WHERE a.id = ANY (v_ids) AND a.org_id = v_org LOOP
         PERFORM orca._slot_freed(v_org, p.pipeline_id);
     END LOOP;
     RETURN v_n;
@@ -610,21 +614,17 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
-    v_id  bigint;
     a     orca.attempts;
+    v_deadline timestamptz;
+    v_beat     timestamptz;
 BEGIN
-    SELECT x.id INTO v_id FROM orca.attempts x
-    WHERE x.lease = release.lease AND x.org_id = v_org;
-    IF v_id IS NOT NULL THEN
-        a := orca._lock_attempt(v_id);
-    END IF;
-    IF v_id IS NULL OR a.status <> 'leased' THEN
-        PERFORM orca._lease_refused(v_org, release.lease);
-    END IF;
+    a := orca._leased_attempt(v_org, release.lease);
+    DELETE FROM orca.leases WHERE attempt_id = a.id
+    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
     UPDATE orca.attempts
-    SET status = 'released', finished_at = now(),
+    SET status = 'released', finished_at = now(), deadline = v_deadline, heartbeat_at = v_beat,
         error = coalesce(release.reason, 'released by its runner')
-    WHERE id = v_id;
+    WHERE id = a.id;
     PERFORM orca._event(v_org, 'attempt.released', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
                         a.run_id, a.id,
                         jsonb_strip_nulls(jsonb_build_object('attempt', a.number, 'runner', a.runner,
@@ -648,8 +648,9 @@ DECLARE
     a orca.attempts;
     v_pipeline bigint;
 BEGIN
-    SELECT * INTO a FROM orca.attempts x
-    WHERE x.lease = report_step.lease AND x.org_id = v_org AND x.status = 'leased';
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(report_step.lease) AND l.lease = report_step.lease
+      AND l.org_id = v_org;
     IF NOT FOUND THEN
         PERFORM orca._lease_refused(v_org, report_step.lease);
     END IF;
@@ -792,19 +793,20 @@ BEGIN
     -- 2. Leases whose deadline passed are lost; their runs retry while the
     --    lost-attempt budget lasts.
     FOR a IN
-        SELECT x.id FROM orca.attempts x
-        WHERE x.status = 'leased' AND x.deadline < v_now AND x.org_id = ANY (v_orgs)
-        ORDER BY x.id
+        SELECT l.attempt_id AS id, l.deadline, l.runner FROM orca.leases l
+        WHERE l.deadline < v_now AND l.org_id = ANY (v_orgs)
+        ORDER BY l.attempt_id
         LIMIT 10000
     LOOP
         DECLARE
             l orca.attempts := orca._lock_attempt(a.id);
         BEGIN
             -- Re-checked under the lock: a heartbeat or finish may have won.
-            IF l.status = 'leased' AND l.deadline < v_now THEN
+            IF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
+                                               WHERE x.attempt_id = a.id AND x.deadline < v_now) THEN
                 PERFORM orca._attempt_ended(l.id, 'lost',
                     format('lease expired at %s without a heartbeat from runner %s',
-                           l.deadline, l.runner));
+                           a.deadline, a.runner));
                 n_lost := n_lost + 1;
             END IF;
         END;

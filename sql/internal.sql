@@ -23,6 +23,19 @@ BEGIN
 END
 $$;
 
+-- A lease token is 64 random bits followed by the attempt's id: the random
+-- half makes it unguessable, the id half finds the attempt by primary key.
+CREATE FUNCTION orca._new_lease(p_attempt bigint) RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT (left(replace(gen_random_uuid()::text, '-', ''), 16)
+            || lpad(to_hex(p_attempt), 16, '0'))::uuid
+$$;
+
+CREATE FUNCTION orca._lease_attempt(p_lease uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT ('x' || right(replace(p_lease::text, '-', ''), 16))::bit(64)::bigint
+$$;
+
 -- PL/pgSQL rather than SQL for the small helpers below: it keeps their plans
 -- across calls, where a non-inlined SQL function is planned on every call.
 CREATE FUNCTION orca._is_admin() RETURNS boolean
@@ -252,9 +265,14 @@ DECLARE
     a orca.attempts;
     r orca.runs;
     v_lost_max integer;
+    v_deadline timestamptz;
+    v_beat     timestamptz;
 BEGIN
+    DELETE FROM orca.leases WHERE attempt_id = p_attempt
+    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
     UPDATE orca.attempts
-    SET status = p_outcome, finished_at = now(), error = p_error
+    SET status = p_outcome, finished_at = now(), error = p_error,
+        deadline = coalesce(v_deadline, deadline), heartbeat_at = coalesce(v_beat, heartbeat_at)
     WHERE id = p_attempt
     RETURNING * INTO a;
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
@@ -306,7 +324,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     a orca.attempts;
 BEGIN
-    SELECT * INTO a FROM orca.attempts WHERE lease = p_lease AND org_id = p_org;
+    SELECT * INTO a FROM orca.attempts
+    WHERE id = orca._lease_attempt(p_lease) AND lease = p_lease AND org_id = p_org;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown lease %', coalesce(p_lease::text, 'NULL')
             USING ERRCODE = 'OR012',
@@ -322,5 +341,26 @@ BEGIN
               HINT = CASE a.status
                          WHEN 'lost' THEN 'its deadline passed without a heartbeat, so the attempt was handed on'
                          ELSE 'the attempt already finished' END;
+END
+$$;
+
+-- The attempt a live lease of this org holds, locked (its run first), or an
+-- error that says why the lease is refused. Nothing of another org is locked.
+CREATE FUNCTION orca._leased_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := orca._lease_attempt(p_lease);
+    a    orca.attempts;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM orca.leases l
+                   WHERE l.attempt_id = v_id AND l.lease = p_lease AND l.org_id = p_org) THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    a := orca._lock_attempt(v_id);
+    -- Re-checked under the lock: a cancel or a tick may have won.
+    IF a.status IS DISTINCT FROM 'leased' THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    RETURN a;
 END
 $$;

@@ -173,9 +173,13 @@ CREATE TABLE orca.attempts (
                  CHECK (status IN ('pending', 'leased', 'succeeded', 'failed', 'lost', 'released',
                                    'cancelled')),
     runner       text,
-    lease        uuid UNIQUE,
+    -- The lease token: 64 random bits, then the attempt's id, so a token finds
+    -- its attempt by primary key and this column needs no index.
+    lease        uuid,
     created_at   timestamptz NOT NULL DEFAULT now(),
     leased_at    timestamptz,
+    -- The lease's last heartbeat and deadline once the attempt ended; while
+    -- it runs they live in orca.leases.
     heartbeat_at timestamptz,
     deadline     timestamptz,
     finished_at  timestamptz,
@@ -184,9 +188,9 @@ CREATE TABLE orca.attempts (
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE,
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
-);
--- What orca.tick scans for expired leases.
-CREATE INDEX attempts_leased ON orca.attempts (deadline) WHERE status = 'leased';
+-- No index covers a column a claim or a finish changes, so with room left on
+-- each page those updates are HOT: no index entries for the history table.
+) WITH (fillfactor = 70);
 
 -- The queue: one row per pending attempt, deleted when a runner claims it. A
 -- table of its own stays small however long the history grows, so a claim
@@ -199,6 +203,19 @@ CREATE TABLE orca.queue (
     PRIMARY KEY (org_id, pool, attempt_id),
     FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
 );
+
+-- Live leases, one row per leased attempt, deleted when the attempt ends.
+-- Heartbeats update these small rows in place; orca.tick scans them for
+-- deadlines that passed.
+CREATE TABLE orca.leases (
+    org_id       bigint NOT NULL,
+    attempt_id   bigint PRIMARY KEY,
+    lease        uuid NOT NULL,
+    runner       text NOT NULL,
+    deadline     timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
+) WITH (fillfactor = 50);
 
 CREATE TABLE orca.runners (
     org_id      bigint NOT NULL REFERENCES orca.orgs (id),
@@ -224,7 +241,7 @@ CREATE TABLE orca.events (
     attempt_id  bigint,
     data        jsonb NOT NULL DEFAULT '{}'
 );
-CREATE INDEX events_org ON orca.events (org_id, id);
+-- Consumers follow the outbox by id; row-level security adds the org.
 CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 
 CREATE TYPE orca.lease AS (
@@ -291,7 +308,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
-                             'runs', 'step_states', 'attempts', 'queue', 'runners', 'events'] LOOP
+                             'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -306,7 +323,7 @@ DECLARE
 BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
-                             'runs', 'step_states', 'attempts', 'queue', 'runners', 'events'] LOOP
+                             'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.

@@ -40,13 +40,14 @@ SELECT a.id                         AS attempt,
        a.runner,
        a.created_at,
        a.leased_at,
-       a.heartbeat_at,
-       a.deadline,
+       coalesce(l.heartbeat_at, a.heartbeat_at) AS heartbeat_at,
+       coalesce(l.deadline, a.deadline) AS deadline,
        a.finished_at,
        a.leased_at - a.created_at   AS waited,
        a.finished_at - a.leased_at  AS duration,
        a.error
 FROM orca.attempts a
+LEFT JOIN orca.leases l ON l.attempt_id = a.id
 JOIN orca.orgs o ON o.id = a.org_id
 JOIN orca.runs r ON r.id = a.run_id
 JOIN orca.pipelines p ON p.id = r.pipeline_id;
@@ -108,6 +109,8 @@ COMMENT ON TABLE orca.attempts IS
 '(lease expired) or cancelled.';
 COMMENT ON TABLE orca.queue IS
 'Pending attempts waiting for a runner, per org and pool; orca.claim takes them oldest first.';
+COMMENT ON TABLE orca.leases IS
+'Live leases: the attempts runners hold now, with their deadlines and last heartbeats.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';
