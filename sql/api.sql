@@ -615,22 +615,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_org bigint := orca.current_org_id();
     a     orca.attempts;
-    v_deadline timestamptz;
-    v_beat     timestamptz;
 BEGIN
     a := orca._leased_attempt(v_org, release.lease);
-    DELETE FROM orca.leases WHERE attempt_id = a.id
-    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
-    UPDATE orca.attempts
-    SET status = 'released', finished_at = now(), deadline = v_deadline, heartbeat_at = v_beat,
-        error = coalesce(release.reason, 'released by its runner')
-    WHERE id = a.id;
-    PERFORM orca._event(v_org, 'attempt.released', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
-                        a.run_id, a.id,
-                        jsonb_strip_nulls(jsonb_build_object('attempt', a.number, 'runner', a.runner,
-                                                             'reason', release.reason)));
-    -- Handing work back is not the run's fault: its budgets stay as they are.
-    PERFORM orca._next_attempt(a.run_id, 'released');
+    PERFORM orca._attempt_ended(a.id, 'released',
+                                coalesce(release.reason, 'released by its runner'));
 END
 $$;
 COMMENT ON FUNCTION orca.release(uuid, text) IS

@@ -256,7 +256,8 @@ END
 $$;
 
 -- Ends an attempt (locked by the caller with _lock_attempt) as succeeded,
--- failed or lost, and moves its run on: done, retried, or failed for good.
+-- failed, lost or released, and moves its run on: done, retried, or failed for
+-- good.
 -- Returns the run's status afterwards.
 CREATE FUNCTION orca._attempt_ended(p_attempt bigint, p_outcome text, p_error text)
 RETURNS text
@@ -282,6 +283,11 @@ BEGIN
                                                              'error', p_error)));
     IF r.status <> 'running' THEN
         RETURN r.status;
+    END IF;
+    IF p_outcome = 'released' THEN
+        -- Handing work back is not the run's fault: its budgets stay as they are.
+        PERFORM orca._next_attempt(r.id, 'released');
+        RETURN 'running';
     END IF;
     IF p_outcome = 'succeeded' THEN
         UPDATE orca.runs SET status = 'succeeded', finished_at = now(), error = NULL
