@@ -121,9 +121,9 @@ BEGIN
                (m->>'dirty')::boolean, m->>'image'
         FROM jsonb_each(m->'partitions') AS k
         RETURNING id INTO v_vid;
-        INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries)
+        INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries, code)
         SELECT v_org, v_vid, (s.ord - 1)::int, s.step->>'name', s.step->>'kind',
-               s.step->>'after', (s.step->>'retries')::int
+               s.step->>'after', (s.step->>'retries')::int, s.step->>'code'
         FROM jsonb_array_elements(m->'steps') WITH ORDINALITY AS s(step, ord);
     END IF;
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
@@ -627,14 +627,16 @@ COMMENT ON FUNCTION orca.release(uuid, text) IS
 'Errors: OR012/OR014/OR015 for the lease.';
 
 CREATE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
-                                 error text DEFAULT NULL, output jsonb DEFAULT NULL)
-RETURNS void
+                                 error text DEFAULT NULL, output jsonb DEFAULT NULL,
+                                 code text DEFAULT NULL, input_hash text DEFAULT NULL)
+RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
     a orca.attempts;
     v_pipeline bigint;
+    v_attempts integer;
 BEGIN
     SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
     WHERE l.attempt_id = orca._lease_attempt(report_step.lease) AND l.lease = report_step.lease
@@ -651,10 +653,15 @@ BEGIN
     SET status = report_step.status,
         attempts = s.attempts + (report_step.status = 'running')::int,
         error = report_step.error,
-        output = coalesce(report_step.output, s.output),
+        output = CASE WHEN report_step.status = 'succeeded' THEN report_step.output
+                      ELSE s.output END,
+        code = CASE WHEN report_step.status = 'succeeded' THEN report_step.code ELSE s.code END,
+        input_hash = CASE WHEN report_step.status = 'succeeded' THEN report_step.input_hash
+                          ELSE s.input_hash END,
         updated_at = now()
     WHERE s.run_id = a.run_id AND s.step = report_step.step
-      AND s.partition = report_step.partition;
+      AND s.partition = report_step.partition
+    RETURNING s.attempts INTO v_attempts;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % has no step % for partition %', a.run_id,
             quote_nullable(report_step.step), quote_nullable(report_step.partition)
@@ -664,13 +671,56 @@ BEGIN
     PERFORM orca._event(v_org, 'step.' || report_step.status, v_pipeline, a.run_id, a.id,
         jsonb_strip_nulls(jsonb_build_object('step', report_step.step,
                                              'partition', report_step.partition,
-                                             'attempt', a.number, 'error', report_step.error)));
+                                             'attempt', a.number, 'step_attempt', v_attempts,
+                                             'error', report_step.error)));
+    RETURN v_attempts;
 END
 $$;
-COMMENT ON FUNCTION orca.report_step(uuid, text, text, text, text, jsonb) IS
-'Records the state of one (step, partition) of the run a lease belongs to: running, '
-'succeeded (with its output), failed (with its error) or skipped. Pipeline binaries call it '
-'as they go. Errors: OR012/OR014/OR015 for the lease, OR016 unknown step or partition.';
+COMMENT ON FUNCTION orca.report_step(uuid, text, text, text, text, jsonb, text, text) IS
+'Records the state of one (step, partition) of the run a lease belongs to: running (counts a '
+'step attempt), succeeded (with its output, the step''s code hash and its input''s hash), '
+'failed (with its error) or skipped. Returns the pair''s attempt count. Pipeline binaries call '
+'it as they go. Errors: OR012/OR014/OR015 for the lease, OR016 unknown step or partition.';
+
+CREATE FUNCTION orca.attempt_context(lease uuid, build jsonb DEFAULT '{}') RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(attempt_context.lease)
+      AND l.lease = attempt_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, attempt_context.lease);
+    END IF;
+    UPDATE orca.attempts SET build = coalesce(attempt_context.build, '{}') WHERE id = a.id;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = a.version_id;
+    RETURN jsonb_build_object(
+        'org', (SELECT name FROM orca.orgs WHERE id = v_org),
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'run', r.id,
+        'attempt', a.number,
+        'version', v.version,
+        'registry_hash', v.registry_hash,
+        'partitions', to_jsonb(r.partitions),
+        'states', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'step', s.step, 'partition', s.partition, 'status', s.status,
+                       'attempts', s.attempts, 'code', s.code, 'input_hash', s.input_hash,
+                       'output', s.output) ORDER BY s.step, s.partition)
+            FROM orca.step_states s WHERE s.run_id = r.id), '[]'));
+END
+$$;
+COMMENT ON FUNCTION orca.attempt_context(uuid, jsonb) IS
+'What a pipeline binary needs to run a leased attempt: the run, its partitions, the version''s '
+'registry hash, and every (step, partition) state with the output, code hash and input hash it '
+'succeeded with. Records the binary''s build (registry hash, source, commit, dirty, image) on '
+'the attempt. Errors: OR012/OR014/OR015 for the lease.';
 
 ---------------------------------------------------------------------------
 -- Time: all periodic work

@@ -33,7 +33,8 @@ GRANT EXECUTE ON FUNCTION
     orca.finish(uuid, boolean, text),
     orca.finish_many(uuid[], boolean, text),
     orca.release(uuid, text),
-    orca.report_step(uuid, text, text, text, text, jsonb),
+    orca.report_step(uuid, text, text, text, text, jsonb, text, text),
+    orca.attempt_context(uuid, jsonb),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)
     TO orca_runner;

@@ -95,6 +95,8 @@ CREATE TABLE orca.steps (
     kind        text NOT NULL CHECK (kind IN ('mapped', 'gather')),
     after       text,
     retries     integer NOT NULL DEFAULT 0,
+    -- The hash of the step's own code, kind and edge (the SDK's step macro).
+    code        text,
     PRIMARY KEY (version_id, position),
     UNIQUE (version_id, name),
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
@@ -157,6 +159,10 @@ CREATE TABLE orca.step_states (
     attempts    integer NOT NULL DEFAULT 0,
     output      jsonb,
     error       text,
+    -- What it succeeded with: the step's code hash and a hash of its input. A
+    -- resumed run skips the pair only when both are the same again.
+    code        text,
+    input_hash  text,
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, step, partition),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE
@@ -184,6 +190,9 @@ CREATE TABLE orca.attempts (
     deadline     timestamptz,
     finished_at  timestamptz,
     error        text,
+    -- What the pipeline binary said of itself when it took the attempt:
+    -- registry hash, source, commit, dirty, image.
+    build        jsonb,
     UNIQUE (run_id, number),
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE,

@@ -22,6 +22,8 @@ pub struct StepDecl {
     pub kind: StepKind,
     pub after: Option<String>,
     pub retries: i64,
+    /// The step's code hash, when the SDK wrote the manifest.
+    pub code: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +216,15 @@ fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
                 }
             }
         }
+        let code = get_str(obj, "code")
+            .map_err(|e| match e {
+                Error::BadManifest { reason, .. } => bad(format!("{at}.code"), reason),
+                other => other,
+            })?
+            .map(str::to_string);
+        if code.as_ref().is_some_and(|c| c.len() > 128) {
+            return Err(bad(format!("{at}.code"), "must be at most 128 characters"));
+        }
         let retries = get_int(obj, "retries", 0, RETRIES_MAX)
             .map_err(|e| match e {
                 Error::BadManifest { reason, .. } => bad(format!("{at}.retries"), reason),
@@ -225,6 +236,7 @@ fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
             kind,
             after,
             retries,
+            code,
         });
     }
     Ok(steps)
@@ -347,12 +359,16 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             steps
                 .iter()
                 .map(|s| {
-                    serde_json::json!({
+                    let mut step = serde_json::json!({
                         "name": s.name,
                         "kind": s.kind.name(),
                         "after": s.after,
                         "retries": s.retries,
-                    })
+                    });
+                    if let (Some(code), Some(o)) = (&s.code, step.as_object_mut()) {
+                        o.insert("code".into(), code.clone().into());
+                    }
+                    step
                 })
                 .collect(),
         ),

@@ -18,6 +18,7 @@ const BOB: &str = "orca_t_bob"; // member of globex
 /// function fails this test until it is added here and tried across orgs.
 const API: &[&str] = &[
     "add_member",
+    "attempt_context",
     "backfill",
     "cancel",
     "claim",
@@ -232,6 +233,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.finish('{g_lease}', true)"),
         format!("SELECT orca.finish('{g_lease}', false, 'x')"),
         format!("SELECT orca.release('{g_lease}')"),
+        format!("SELECT orca.attempt_context('{g_lease}')"),
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
     ] {

@@ -1,0 +1,317 @@
+//! `orca::main::<P>()`: the command line every pipeline binary has.
+
+use std::path::PathBuf;
+
+use chrono::Utc;
+use clap::{Parser, Subcommand};
+use orca_core::cron::{parse_tz, Schedule};
+use orca_core::partition::{Fills as CoreFills, PartitionKind, PartitionSet};
+use serde_json::Value;
+
+use crate::ctx::LogSink;
+use crate::driver::{execute, Outcome, StepResult};
+use crate::error::SdkError;
+use crate::manifest::validate;
+use crate::pipeline::{registry_hash, Fills, Pipeline};
+use crate::store::{build_json, MemStore, PgStore};
+
+#[derive(Parser, Debug)]
+#[command(about = "An Orca pipeline binary", disable_version_flag = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Describe the pipeline; --json prints the manifest orca.register takes.
+    Describe {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the pipeline in memory, without a control plane.
+    Run {
+        /// 2024-01, 2024-01,2024-03, 2024-01..2024-06, @all or @file:path.
+        #[arg(long)]
+        partitions: String,
+        /// Where the run's log file goes.
+        #[arg(long, env = "ORCA_LOGS", default_value = "orca-logs")]
+        logs: PathBuf,
+    },
+    /// The next fires of the schedule and the partitions they fill.
+    Fires {
+        #[arg(default_value_t = 10)]
+        n: usize,
+    },
+    /// Run an attempt a runner leased (the runner calls this).
+    Attempt {
+        #[arg(long)]
+        lease: uuid::Uuid,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, env = "ORCA_ORG")]
+        org: Option<String>,
+    },
+}
+
+/// Exit codes: what a runner and a shell can tell apart.
+const EXIT_STEP_FAILED: i32 = 1;
+const EXIT_USAGE: i32 = 2;
+const EXIT_CONTROL: i32 = 3;
+
+fn binary_path() -> String {
+    std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| std::env::args().next().unwrap_or_default())
+}
+
+/// Hands the binary's command line to the SDK; never returns.
+pub fn main<P: Pipeline>() -> ! {
+    let cli = Cli::parse();
+    let binary = binary_path();
+    let code = match run_cli::<P>(cli.cmd, &binary) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{}: {e}", P::NAME);
+            match e {
+                SdkError::Control(_) => EXIT_CONTROL,
+                SdkError::StepFailed { .. } => EXIT_STEP_FAILED,
+                _ => EXIT_USAGE,
+            }
+        }
+    };
+    std::process::exit(code)
+}
+
+fn run_cli<P: Pipeline>(cmd: Cmd, binary: &str) -> Result<i32, SdkError> {
+    // What the compiler could not check is checked before anything runs.
+    let manifest = validate::<P>(binary)?;
+    match cmd {
+        Cmd::Describe { json: true } => {
+            let text = serde_json::to_string_pretty(&manifest)
+                .map_err(|e| SdkError::Usage(e.to_string()))?;
+            println!("{text}");
+            Ok(0)
+        }
+        Cmd::Describe { json: false } => {
+            describe::<P>(&manifest);
+            Ok(0)
+        }
+        Cmd::Fires { n } => fires::<P>(n),
+        Cmd::Run { partitions, logs } => run_in_memory::<P>(&partitions, &logs),
+        Cmd::Attempt {
+            lease,
+            database_url,
+            org,
+        } => attempt::<P>(lease, &database_url, org.as_deref()),
+    }
+}
+
+fn describe<P: Pipeline>(m: &Value) {
+    let params = P::params();
+    let steps = P::steps();
+    println!(
+        "pipeline {} (registry hash {})",
+        P::NAME,
+        registry_hash(&steps)
+    );
+    println!(
+        "  partitions  {} from {}",
+        params.partitions.0, params.partitions.1
+    );
+    match params.schedule {
+        Some((cron, tz)) => println!(
+            "  schedule    {cron} ({tz}), fills the {} partition{}",
+            match params.fills {
+                Fills::Previous => "previous",
+                Fills::Current => "current",
+            },
+            if params.catchup {
+                ", catches up"
+            } else {
+                ", no catch-up"
+            }
+        ),
+        None => println!("  schedule    none"),
+    }
+    println!(
+        "  max_runs    {}   run_retries {}   pool {}",
+        params
+            .max_runs
+            .map_or_else(|| "no cap".to_string(), |n| n.to_string()),
+        params.run_retries,
+        params.pool
+    );
+    println!("  steps");
+    for s in &steps {
+        println!(
+            "    {:<16} {:<7} {:<24} retries {}  code {}",
+            s.name,
+            s.kind,
+            s.after.map(|a| format!("after {a}")).unwrap_or_default(),
+            s.retries,
+            s.code
+        );
+    }
+    let b = params.build;
+    println!(
+        "  built from  {} {}{}",
+        b.source.unwrap_or("(no ORCA_SOURCE)"),
+        b.commit.unwrap_or("(no ORCA_COMMIT)"),
+        if b.dirty() == Some(true) {
+            " (dirty)"
+        } else {
+            ""
+        }
+    );
+    println!("  binary      {}", m["binary"].as_str().unwrap_or_default());
+}
+
+fn partition_set<P: Pipeline>() -> Result<(PartitionSet, chrono_tz::Tz), SdkError> {
+    let params = P::params();
+    let kind = PartitionKind::parse_name(params.partitions.0)
+        .ok_or_else(|| SdkError::Usage(format!("unknown partitions {}", params.partitions.0)))?;
+    let set =
+        PartitionSet::new(kind, params.partitions.1).map_err(|e| SdkError::Usage(e.to_string()))?;
+    let tz = parse_tz(params.schedule.map_or("UTC", |(_, tz)| tz))
+        .map_err(|e| SdkError::Usage(e.to_string()))?;
+    Ok((set, tz))
+}
+
+fn fires<P: Pipeline>(n: usize) -> Result<i32, SdkError> {
+    let params = P::params();
+    let Some((cron, tz)) = params.schedule else {
+        println!("{} has no schedule", P::NAME);
+        return Ok(0);
+    };
+    let schedule = Schedule::parse(cron, tz).map_err(|e| SdkError::Usage(e.to_string()))?;
+    let (set, tz) = partition_set::<P>()?;
+    let fills = match params.fills {
+        Fills::Previous => CoreFills::Previous,
+        Fills::Current => CoreFills::Current,
+    };
+    for t in schedule.next_n(Utc::now(), n.min(10_000)) {
+        let local = t.with_timezone(&tz);
+        match set.for_fire(t, tz, fills) {
+            Some(p) => println!("{}  fills {p}", local.format("%Y-%m-%d %H:%M %Z")),
+            None => println!(
+                "{}  (before the first partition)",
+                local.format("%Y-%m-%d %H:%M %Z")
+            ),
+        }
+    }
+    Ok(0)
+}
+
+/// The partitions a spec names: a list, a range, @all, or @file:path.
+fn expand_spec<P: Pipeline>(spec: &str) -> Result<Vec<String>, SdkError> {
+    let spec = match spec.strip_prefix("@file:") {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| SdkError::Io {
+                what: format!("reading partitions from {path}"),
+                error: e,
+            })?;
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        None => spec.to_string(),
+    };
+    let (set, tz) = partition_set::<P>()?;
+    let current = set.current(Utc::now(), tz);
+    set.expand(P::NAME, &spec, current, 100_000)
+        .map(|v| v.iter().map(ToString::to_string).collect())
+        .map_err(|e| SdkError::Usage(e.to_string()))
+}
+
+fn summary(outcome: &Outcome) {
+    for r in &outcome.reports {
+        let what = match &r.result {
+            StepResult::Ran { attempts: 1 } => "succeeded".to_string(),
+            StepResult::Ran { attempts } => format!("succeeded after {attempts} tries"),
+            StepResult::Skipped => "skipped (succeeded before)".to_string(),
+            StepResult::Failed { attempts, error } => {
+                format!("FAILED after {attempts} tries: {error}")
+            }
+        };
+        println!("  {:<16} {:<12} {what}", r.step, r.partition);
+    }
+}
+
+fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32, SdkError> {
+    let partitions = expand_spec::<P>(spec)?;
+    let dir = logs.join(P::NAME);
+    std::fs::create_dir_all(&dir).map_err(|e| SdkError::Io {
+        what: format!("creating {}", dir.display()),
+        error: e,
+    })?;
+    let path = dir.join(format!(
+        "local-{}.log",
+        Utc::now().format("%Y%m%dT%H%M%S%.3fZ")
+    ));
+    let file = std::fs::File::create(&path).map_err(|e| SdkError::Io {
+        what: format!("creating {}", path.display()),
+        error: e,
+    })?;
+    let log = LogSink::with_file(file);
+    log.line(&format!("{} run over {}", P::NAME, partitions.join(",")));
+    let mut store = MemStore::default();
+    let steps = P::steps();
+    let outcome = execute(P::NAME, &steps, &partitions, &mut store, &log, None);
+    summary(&outcome);
+    if let Some(last) = steps.last() {
+        let key = if last.is_mapped() { None } else { Some("*") };
+        for p in key.map(|k| vec![k.to_string()]).unwrap_or(partitions) {
+            if let Some(out) = store
+                .states
+                .get(&(last.name.to_string(), p.clone()))
+                .and_then(|s| s.output.as_ref())
+            {
+                println!("{} {p}: {out}", last.name);
+            }
+        }
+    }
+    println!("log: {}", path.display());
+    match outcome.error {
+        None => Ok(0),
+        Some(e) => Err(e),
+    }
+}
+
+fn attempt<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
+    let steps = P::steps();
+    let hash = registry_hash(&steps);
+    let params = P::params();
+    let mut store = PgStore::connect(url, org, lease, &build_json(&hash, &params.build))?;
+    let ctx = store.context.clone();
+    if ctx.registry_hash != hash {
+        return Err(SdkError::Control(format!(
+            "this binary's code (registry hash {hash}) is not version {} of {} that run {} was queued with (registry hash {}): register this binary and retry the run",
+            ctx.version, ctx.pipeline, ctx.run, ctx.registry_hash
+        )));
+    }
+    let log = LogSink::stdout();
+    log.line(&format!(
+        "{} run {} attempt {} over {}",
+        P::NAME,
+        ctx.run,
+        ctx.attempt,
+        ctx.partitions.join(",")
+    ));
+    let outcome = execute(
+        P::NAME,
+        &steps,
+        &ctx.partitions,
+        &mut store,
+        &log,
+        Some(ctx.run),
+    );
+    summary(&outcome);
+    match outcome.error {
+        None => Ok(0),
+        Some(e) => Err(e),
+    }
+}

@@ -1,0 +1,42 @@
+//! Errors: what a step returns, and what the SDK itself reports.
+
+/// The error a step returns: anything that converts, so `?` works on any
+/// error type inside a step.
+pub type Error = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong around the steps, each naming what it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum SdkError {
+    #[error("pipeline {pipeline} is not valid: {reason}")]
+    Invalid { pipeline: String, reason: String },
+    #[error("{0}")]
+    Usage(String),
+    #[error("step {step} failed for partition {partition}: {error}")]
+    StepFailed {
+        step: String,
+        partition: String,
+        error: String,
+    },
+    #[error("step {step}: cannot {what} its data as JSON: {error}")]
+    Codec {
+        step: String,
+        what: &'static str,
+        error: String,
+    },
+    #[error("control plane: {0}")]
+    Control(String),
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
+}
+
+impl From<postgres::Error> for SdkError {
+    fn from(e: postgres::Error) -> Self {
+        let msg = match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => e.to_string(),
+        };
+        SdkError::Control(msg)
+    }
+}

@@ -1,0 +1,49 @@
+//! The Orca SDK: what a pipeline author writes against.
+//!
+//! ```ignore
+//! use orca::{Ctx, Month, Result};
+//!
+//! #[orca::step(mapped)]
+//! fn days(ctx: &mut Ctx, m: Month) -> Result<u32> { Ok(m.days()) }
+//!
+//! #[orca::step(gather, after = days)]
+//! fn total(ctx: &mut Ctx, days: Vec<u32>) -> Result<u32> { Ok(days.iter().sum()) }
+//!
+//! orca::pipeline! {
+//!     Lake = "lake" [days, total],
+//!     partitions = Monthly("2024-01"),
+//!     schedule = Cron("0 3 2 * *"),
+//! }
+//!
+//! fn main() { orca::main::<Lake>() }
+//! ```
+//!
+//! A step is a function `fn(&mut Ctx, Input) -> Result<Output>`; `mapped`
+//! steps run once per partition, `gather` steps once per run over every
+//! partition's output. The compiler checks every edge between steps
+//! ([`check`]); the binary's command line ([`main`]) describes the pipeline,
+//! runs it in memory, lists its fires and runs the attempts a runner leases.
+
+pub mod check;
+mod cli;
+mod ctx;
+mod driver;
+mod error;
+mod keys;
+mod manifest;
+mod pipeline;
+mod step;
+mod store;
+
+pub use cli::main;
+pub use ctx::Ctx;
+pub use driver::{execute, Outcome, StepReport};
+pub use error::{Error, Result, SdkError};
+pub use keys::{Day, Month, PartitionKey};
+pub use orca_macros::{pipeline, step};
+pub use pipeline::{Build, Fills, Params, Pipeline, StepInfo};
+pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
+pub use store::{MemStore, PgStore, Store, StoredState};
+
+#[doc(hidden)]
+pub use step::run_erased as __run;

@@ -1,0 +1,61 @@
+//! The manifest `describe --json` prints and `orca.register` takes
+//! (docs/manifest.md), checked with the control plane's own validation.
+
+use serde_json::{json, Value};
+
+use crate::error::SdkError;
+use crate::pipeline::{registry_hash, Fills, Pipeline};
+
+/// The manifest of pipeline `P` whose binary lives at `binary`.
+pub fn manifest<P: Pipeline>(binary: &str) -> Value {
+    let params = P::params();
+    let steps = P::steps();
+    let (kind, start) = params.partitions;
+    let mut m = json!({
+        "name": P::NAME,
+        "steps": steps.iter().map(|s| json!({
+            "name": s.name,
+            "kind": s.kind,
+            "after": s.after,
+            "retries": s.retries,
+            "code": s.code,
+        })).collect::<Vec<_>>(),
+        "partitions": { kind: start },
+        "schedule": params.schedule.map(|(cron, tz)| json!({"cron": cron, "tz": tz})),
+        "fills": match params.fills { Fills::Previous => "previous", Fills::Current => "current" },
+        "max_runs": params.max_runs,
+        "run_retries": params.run_retries,
+        "catchup": params.catchup,
+        "pool": params.pool,
+        "registry_hash": registry_hash(&steps),
+        "binary": binary,
+    });
+    let b = params.build;
+    if let Some(obj) = m.as_object_mut() {
+        for (k, v) in [
+            ("source", b.source),
+            ("commit", b.commit),
+            ("image", b.image),
+        ] {
+            if let Some(v) = v {
+                obj.insert(k.into(), Value::String(v.to_string()));
+            }
+        }
+        if let Some(d) = b.dirty() {
+            obj.insert("dirty".into(), Value::Bool(d));
+        }
+    }
+    m
+}
+
+/// What the compiler could not check, checked before anything runs: the
+/// partition start, the cron expression and its time zone, the bounds.
+pub fn validate<P: Pipeline>(binary: &str) -> Result<Value, SdkError> {
+    let m = manifest::<P>(binary);
+    orca_core::manifest::parse(&m)
+        .map(|_| m)
+        .map_err(|e| SdkError::Invalid {
+            pipeline: P::NAME.to_string(),
+            reason: e.to_string(),
+        })
+}

@@ -1,0 +1,108 @@
+//! The `Pipeline` trait that `orca::pipeline!` implements, and what a
+//! pipeline says about itself at run time.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::ctx::Ctx;
+use crate::keys::PartitionKey;
+use crate::step::{Kind, Step, StepError};
+
+/// Which partition a scheduled fire fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fills {
+    /// The partition before the fire's (a run on the 2nd fills last month).
+    Previous,
+    /// The partition the fire falls in.
+    Current,
+}
+
+/// Where the binary was built from, set at build time by the environment
+/// variables `ORCA_SOURCE`, `ORCA_COMMIT`, `ORCA_DIRTY` and `ORCA_IMAGE`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Build {
+    pub source: Option<&'static str>,
+    pub commit: Option<&'static str>,
+    pub dirty: Option<&'static str>,
+    pub image: Option<&'static str>,
+}
+
+impl Build {
+    pub fn dirty(&self) -> Option<bool> {
+        self.dirty.map(|d| matches!(d.trim(), "1" | "true" | "yes"))
+    }
+}
+
+/// A pipeline's parameters, as declared next to its steps.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// (`monthly` or `daily`, the first partition).
+    pub partitions: (&'static str, &'static str),
+    /// (cron expression, time zone).
+    pub schedule: Option<(&'static str, &'static str)>,
+    pub fills: Fills,
+    pub max_runs: Option<i64>,
+    pub run_retries: i64,
+    pub catchup: bool,
+    pub pool: &'static str,
+    pub build: Build,
+}
+
+/// A pipeline, as `orca::pipeline!` declares it.
+pub trait Pipeline {
+    type Key: PartitionKey;
+    const NAME: &'static str;
+    fn params() -> Params;
+    fn steps() -> Vec<StepInfo>;
+}
+
+/// A step with its types erased, for the driver.
+#[derive(Clone)]
+pub struct StepInfo {
+    pub name: &'static str,
+    pub id: &'static str,
+    pub kind: &'static str,
+    /// The step it follows (resolved: the one listed before, unless `after`).
+    pub after: Option<&'static str>,
+    pub retries: u32,
+    pub code: &'static str,
+    pub run: fn(&mut Ctx, Value) -> Result<Value, StepError>,
+}
+
+impl StepInfo {
+    pub fn of<S: Step>(after: Option<&'static str>) -> Self {
+        StepInfo {
+            name: S::NAME,
+            id: S::ID,
+            kind: <S::Kind as Kind>::NAME,
+            after,
+            retries: S::RETRIES,
+            code: S::CODE,
+            run: crate::step::run_erased::<S>,
+        }
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        self.kind == "mapped"
+    }
+}
+
+/// The registry hash: every step's code, kind and edge, in order. Build
+/// metadata (source, commit, dirty, image) is not part of it.
+pub fn registry_hash(steps: &[StepInfo]) -> String {
+    let mut h = Sha256::new();
+    for s in steps {
+        h.update(s.name.as_bytes());
+        h.update(b"\0");
+        h.update(s.kind.as_bytes());
+        h.update(b"\0");
+        h.update(s.after.unwrap_or("").as_bytes());
+        h.update(b"\0");
+        h.update(s.code.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
