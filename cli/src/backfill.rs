@@ -1,0 +1,121 @@
+//! `orca backfill <pipeline> <partitions>`: queue, then follow with progress.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use postgres::Client;
+
+use crate::db::explain;
+
+/// The partitions of a spec; `@file:path` reads one partition a line.
+fn spec(partitions: &str) -> anyhow::Result<String> {
+    match partitions.strip_prefix("@file:") {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read partitions from {path}"))?;
+            Ok(text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .collect::<Vec<_>>()
+                .join(","))
+        }
+        None => Ok(partitions.to_string()),
+    }
+}
+
+#[derive(Default, PartialEq, Clone, Copy)]
+struct Counts {
+    queued: i64,
+    running: i64,
+    succeeded: i64,
+    failed: i64,
+    cancelled: i64,
+}
+
+impl Counts {
+    fn done(&self) -> i64 {
+        self.succeeded + self.failed + self.cancelled
+    }
+}
+
+fn counts(c: &mut Client, ids: &[i64]) -> anyhow::Result<Counts> {
+    let mut k = Counts::default();
+    for row in c
+        .query(
+            "SELECT status, count(*) FROM orca.runs WHERE id = ANY($1) GROUP BY status",
+            &[&ids],
+        )
+        .map_err(explain)?
+    {
+        let (status, n): (String, i64) = (row.get(0), row.get(1));
+        match status.as_str() {
+            "queued" => k.queued = n,
+            "running" => k.running = n,
+            "succeeded" => k.succeeded = n,
+            "failed" => k.failed = n,
+            _ => k.cancelled = n,
+        }
+    }
+    Ok(k)
+}
+
+fn bar(k: &Counts, total: i64, started: Instant) -> String {
+    const WIDTH: i64 = 30;
+    let filled = if total == 0 { WIDTH } else { k.done() * WIDTH / total };
+    format!(
+        "[{}{}] {}/{} done: {} succeeded, {} failed, {} cancelled; {} running, {} queued ({}s)",
+        "#".repeat(usize::try_from(filled).unwrap_or(0)),
+        ".".repeat(usize::try_from(WIDTH - filled).unwrap_or(0)),
+        k.done(),
+        total,
+        k.succeeded,
+        k.failed,
+        k.cancelled,
+        k.running,
+        k.queued,
+        started.elapsed().as_secs()
+    )
+}
+
+pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> anyhow::Result<i32> {
+    let spec = spec(partitions)?;
+    let ids: Vec<i64> = c
+        .query("SELECT orca.backfill($1, $2)", &[&pipeline, &spec])
+        .map_err(explain)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    println!("queued {} run(s) of {pipeline}", ids.len());
+    if ids.is_empty() || detach {
+        return Ok(0);
+    }
+    let total = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+    let tty = std::io::stdout().is_terminal();
+    let started = Instant::now();
+    let mut last = None;
+    loop {
+        let k = counts(c, &ids)?;
+        if last != Some(k) {
+            if tty {
+                print!("\r{}", bar(&k, total, started));
+                let _ = std::io::stdout().flush();
+            } else {
+                println!("{}", bar(&k, total, started));
+            }
+            last = Some(k);
+        }
+        if k.done() >= total {
+            if tty {
+                println!();
+            }
+            if k.failed + k.cancelled > 0 {
+                println!("{} run(s) did not succeed: orca runs --pipeline {pipeline} --status failed", k.failed + k.cancelled);
+                return Ok(1);
+            }
+            return Ok(0);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

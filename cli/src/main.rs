@@ -1,0 +1,104 @@
+//! `orca`: the command line of the Orca control plane. Every command is a
+//! client of the extension's SQL API.
+
+mod backfill;
+mod db;
+mod locate;
+mod register;
+mod show;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Orca: register pipelines, queue runs, watch them")]
+struct Cli {
+    /// The control plane's database.
+    #[arg(long, env = "DATABASE_URL", global = true, default_value = "postgres://postgres@127.0.0.1:5432/orca")]
+    database_url: String,
+    /// The org to act in (default: the 'default' org).
+    #[arg(long, env = "ORCA_ORG", global = true)]
+    org: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Register a pipeline binary: its `describe --json`, plus <binary>.source.json if present.
+    Register { binary: PathBuf },
+    /// Queue one run per partition and follow them until they finish.
+    Backfill {
+        pipeline: String,
+        /// 2024-01..2024-06, 2024-01,2024-03, @all, or @file:path (one partition a line).
+        partitions: String,
+        /// Queue and return at once instead of following the runs.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// List runs, newest first.
+    Runs {
+        #[arg(long)]
+        pipeline: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// One run: its steps by partition, its attempts, and the tail of its log.
+    Run {
+        id: i64,
+        /// Where runners on this host write attempt logs.
+        #[arg(long, env = "ORCA_LOGS", default_value = "orca-logs")]
+        logs: PathBuf,
+    },
+    /// The next fires of a pipeline's schedule.
+    Fires {
+        pipeline: String,
+        #[arg(default_value_t = 10)]
+        n: i32,
+    },
+    /// Cancel a queued or running run.
+    Cancel { id: i64 },
+    /// Queue a failed or cancelled run again.
+    Retry { id: i64 },
+    /// Find each step's and the pipeline's source line; writes <binary>.source.json.
+    Locate {
+        binary: PathBuf,
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Locate { binary, root } => locate::run(&binary, &root),
+        cmd => db::connect(&cli.database_url, cli.org.as_deref()).and_then(|mut c| match cmd {
+            Cmd::Register { binary } => register::run(&mut c, &binary),
+            Cmd::Backfill {
+                pipeline,
+                partitions,
+                detach,
+            } => backfill::run(&mut c, &pipeline, &partitions, detach),
+            Cmd::Runs {
+                pipeline,
+                status,
+                limit,
+            } => show::runs(&mut c, pipeline.as_deref(), status.as_deref(), limit),
+            Cmd::Run { id, logs } => show::run(&mut c, id, &logs),
+            Cmd::Fires { pipeline, n } => show::fires(&mut c, &pipeline, n),
+            Cmd::Cancel { id } => show::cancel(&mut c, id),
+            Cmd::Retry { id } => show::retry(&mut c, id),
+            Cmd::Locate { .. } => Ok(0),
+        }),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("orca: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! `orca register <binary>`.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use postgres::Client;
+use serde_json::Value;
+
+use crate::db::explain;
+
+pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
+    let binary = binary
+        .canonicalize()
+        .with_context(|| format!("no pipeline binary at {}", binary.display()))?;
+    let out = Command::new(&binary)
+        .args(["describe", "--json"])
+        .output()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} describe --json failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut manifest: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{} describe --json printed no JSON", binary.display()))?;
+    let sidecar = binary.with_file_name(format!(
+        "{}.source.json",
+        binary.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+    ));
+    if let Ok(text) = std::fs::read_to_string(&sidecar) {
+        let locations: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", sidecar.display()))?;
+        if let Some(m) = manifest.as_object_mut() {
+            m.insert("locations".into(), locations);
+        }
+    }
+    let name = manifest["name"].as_str().unwrap_or_default().to_string();
+    let id: i64 = c
+        .query_one("SELECT orca.register($1)", &[&manifest])
+        .map_err(explain)?
+        .get(0);
+    let row = c
+        .query_one(
+            "SELECT version, registry_hash FROM orca.pipeline_versions WHERE id = $1",
+            &[&id],
+        )
+        .map_err(explain)?;
+    let version: i32 = row.get(0);
+    let hash: String = row.get(1);
+    println!("registered {name} version {version} (registry hash {hash}) from {}", binary.display());
+    Ok(0)
+}
