@@ -63,7 +63,11 @@ fn counts(c: &mut Client, ids: &[i64]) -> anyhow::Result<Counts> {
 
 fn bar(k: &Counts, total: i64, started: Instant) -> String {
     const WIDTH: i64 = 30;
-    let filled = if total == 0 { WIDTH } else { k.done() * WIDTH / total };
+    let filled = if total == 0 {
+        WIDTH
+    } else {
+        k.done() * WIDTH / total
+    };
     format!(
         "[{}{}] {}/{} done: {} succeeded, {} failed, {} cancelled; {} running, {} queued ({}s)",
         "#".repeat(usize::try_from(filled).unwrap_or(0)),
@@ -111,7 +115,10 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
                 println!();
             }
             if k.failed + k.cancelled > 0 {
-                println!("{} run(s) did not succeed: orca runs --pipeline {pipeline} --status failed", k.failed + k.cancelled);
+                println!(
+                    "{} run(s) did not succeed: orca runs --pipeline {pipeline} --status failed",
+                    k.failed + k.cancelled
+                );
                 return Ok(1);
             }
             return Ok(0);

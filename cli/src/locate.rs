@@ -41,7 +41,11 @@ fn find_step(files: &[(PathBuf, String)], name: &str) -> Option<(PathBuf, usize)
                 let t = t.strip_prefix("pub ").unwrap_or(t);
                 let t = t.strip_prefix("pub(crate) ").unwrap_or(t);
                 if let Some(rest) = t.strip_prefix("fn ") {
-                    if rest.split(|c: char| !c.is_alphanumeric() && c != '_').next() == Some(name) {
+                    if rest
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        == Some(name)
+                    {
                         return Some((path.clone(), j + 1));
                     }
                     break;
@@ -99,19 +103,32 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
         }
     }
     let pname = manifest["name"].as_str().unwrap_or_default();
-    let pipeline = find_pipeline(&files, pname).map(|(p, line)| json!({"file": rel(&p), "line": line}));
+    let pipeline =
+        find_pipeline(&files, pname).map(|(p, line)| json!({"file": rel(&p), "line": line}));
     let located = json!({"root": root.display().to_string(), "pipeline": pipeline, "steps": steps});
     let target = binary.with_file_name(format!(
         "{}.source.json",
-        binary.file_name().and_then(|n| n.to_str()).unwrap_or("pipeline")
+        binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("pipeline")
     ));
     std::fs::write(&target, serde_json::to_string_pretty(&located)?)
         .with_context(|| format!("cannot write {}", target.display()))?;
     for (name, at) in &steps {
-        println!("{name:<18} {}:{}", at["file"].as_str().unwrap_or_default(), at["line"]);
+        println!(
+            "{name:<18} {}:{}",
+            at["file"].as_str().unwrap_or_default(),
+            at["line"]
+        );
     }
     if let Some(p) = &pipeline {
-        println!("{:<18} {}:{}", format!("pipeline {pname}"), p["file"].as_str().unwrap_or_default(), p["line"]);
+        println!(
+            "{:<18} {}:{}",
+            format!("pipeline {pname}"),
+            p["file"].as_str().unwrap_or_default(),
+            p["line"]
+        );
     }
     println!("wrote {}", target.display());
     if !missing.is_empty() || pipeline.is_none() {

@@ -15,7 +15,12 @@ use clap::{Parser, Subcommand};
 #[command(version, about = "Orca: register pipelines, queue runs, watch them")]
 struct Cli {
     /// The control plane's database.
-    #[arg(long, env = "DATABASE_URL", global = true, default_value = "postgres://postgres@127.0.0.1:5432/orca")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/orca"
+    )]
     database_url: String,
     /// The org to act in (default: the 'default' org).
     #[arg(long, env = "ORCA_ORG", global = true)]

@@ -28,7 +28,10 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
         .with_context(|| format!("{} describe --json printed no JSON", binary.display()))?;
     let sidecar = binary.with_file_name(format!(
         "{}.source.json",
-        binary.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+        binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
     ));
     if let Ok(text) = std::fs::read_to_string(&sidecar) {
         let locations: Value = serde_json::from_str(&text)
@@ -50,6 +53,9 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
         .map_err(explain)?;
     let version: i32 = row.get(0);
     let hash: String = row.get(1);
-    println!("registered {name} version {version} (registry hash {hash}) from {}", binary.display());
+    println!(
+        "registered {name} version {version} (registry hash {hash}) from {}",
+        binary.display()
+    );
     Ok(0)
 }

@@ -121,7 +121,11 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
             s.get::<_, String>(0),
             s.get::<_, String>(1),
             s.get::<_, String>(2),
-            if attempts > 1 { format!("{attempts} attempts") } else { String::new() },
+            if attempts > 1 {
+                format!("{attempts} attempts")
+            } else {
+                String::new()
+            },
             s.get::<_, Option<String>>(4)
                 .map(|e| format!("  {e}"))
                 .unwrap_or_default()
@@ -181,7 +185,10 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
 
 pub fn fires(c: &mut Client, pipeline: &str, n: i32) -> anyhow::Result<i32> {
     let rows = c
-        .query("SELECT fire_at, partition FROM orca.fires($1, $2)", &[&pipeline, &n])
+        .query(
+            "SELECT fire_at, partition FROM orca.fires($1, $2)",
+            &[&pipeline, &n],
+        )
         .map_err(explain)?;
     if rows.is_empty() {
         println!("{pipeline} has no schedule");
@@ -200,13 +207,15 @@ pub fn fires(c: &mut Client, pipeline: &str, n: i32) -> anyhow::Result<i32> {
 }
 
 pub fn cancel(c: &mut Client, id: i64) -> anyhow::Result<i32> {
-    c.execute("SELECT orca.cancel($1)", &[&id]).map_err(explain)?;
+    c.execute("SELECT orca.cancel($1)", &[&id])
+        .map_err(explain)?;
     println!("cancelled run {id}");
     Ok(0)
 }
 
 pub fn retry(c: &mut Client, id: i64) -> anyhow::Result<i32> {
-    c.execute("SELECT orca.retry($1)", &[&id]).map_err(explain)?;
+    c.execute("SELECT orca.retry($1)", &[&id])
+        .map_err(explain)?;
     println!("queued run {id} again");
     Ok(0)
 }

@@ -12,6 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod cluster;
+pub mod procs;
 
 pub use sqlx;
 
@@ -64,6 +65,13 @@ impl TestDb {
             .await
             .expect("CREATE EXTENSION orca (is the extension installed? run scripts/setup.sh)");
         TestDb { name, pool }
+    }
+
+    /// This database's URL, for processes the test starts.
+    pub fn url(&self) -> String {
+        let base = base_url();
+        let (head, _) = base.rsplit_once('/').unwrap_or((&base, ""));
+        format!("{head}/{}", self.name)
     }
 
     /// A new connection to this database as `user` (which must be able to log in).

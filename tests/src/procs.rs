@@ -1,0 +1,151 @@
+//! Real processes for end-to-end tests: the workspace's binaries, and
+//! runners that can be stopped with real signals.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+/// Where cargo puts this build's binaries: next to the test executable's `deps/`.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(PathBuf::from)
+        .expect("target directory")
+}
+
+/// Builds the binaries the end-to-end tests run, once per test process
+/// (a no-op when they are up to date).
+fn build() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "orca-runner",
+                "-p",
+                "orca-cli",
+                "-p",
+                "orca-probe",
+                "-p",
+                "example-lake",
+                "-p",
+                "example-weather",
+            ])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build of the end-to-end binaries failed"
+        );
+    });
+}
+
+/// The path of a workspace binary (`orca-runner`, `orca`, `probe`, `lake`, `weather`).
+pub fn bin(name: &str) -> PathBuf {
+    build();
+    let p = bin_dir().join(name);
+    assert!(p.exists(), "{} was not built", p.display());
+    p
+}
+
+/// A runner process, in a process group of its own so that killing the
+/// group takes its children (the pipeline binaries) too, as a host crash would.
+pub struct Runner {
+    child: Option<Child>,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Runner {
+    pub fn start(
+        url: &str,
+        name: &str,
+        slots: u32,
+        logs: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Runner {
+        use std::os::unix::process::CommandExt;
+        let log = logs.join(format!("{name}.out"));
+        std::fs::create_dir_all(logs).expect("logs dir");
+        let out = std::fs::File::create(&log).expect("runner log");
+        let err = out.try_clone().expect("runner log");
+        let mut cmd = Command::new(bin("orca-runner"));
+        cmd.args([
+            "--database-url",
+            url,
+            "--name",
+            name,
+            "--slots",
+            &slots.to_string(),
+        ])
+        .arg("--logs")
+        .arg(logs)
+        .args([
+            "--poll-ms",
+            "200",
+            "--tick-ms",
+            "200",
+            "--grace-seconds",
+            "5",
+        ])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start orca-runner");
+        Runner {
+            child: Some(child),
+            name: name.to_string(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    fn signal_group(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, "--", &format!("-{}", c.id())])
+                .status();
+        }
+    }
+
+    /// SIGKILL to the runner and everything it started.
+    pub fn kill(&mut self) {
+        self.signal_group("-KILL");
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM to the runner only, then waits for it to exit.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let c = self.child.as_mut()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let status = c.wait().ok();
+        self.child = None;
+        status
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,414 @@
+//! End to end with real processes: the extension in PostgreSQL, `orca-runner`
+//! processes, the `probe` pipeline binary (built on the SDK) and the `orca`
+//! CLI. Runners tick themselves (`--tick-ms`) since this server does not
+//! preload the extension.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use orca_tests::procs::{bin, Runner};
+use orca_tests::sqlx::{self, Executor};
+use orca_tests::*;
+use serde_json::Value;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("orca-e2e-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(bin("orca"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("run orca")
+}
+
+async fn register_probe(db: &TestDb) {
+    let out = orca(db, &["register", bin("probe").to_str().unwrap_or_default()]);
+    assert!(
+        out.status.success(),
+        "orca register: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn wait_until(db: &TestDb, what: &str, sql: &str, within: Duration, runners: &[&Runner]) {
+    let t0 = Instant::now();
+    loop {
+        let done: bool = sqlx::query_scalar(sql)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        if done {
+            return;
+        }
+        if t0.elapsed() > within {
+            let logs: Vec<String> = runners
+                .iter()
+                .map(|r| format!("--- {}\n{}", r.name, r.output()))
+                .collect();
+            panic!("timed out waiting for {what}\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// (step, partition) -> how many times the step function was called.
+fn calls(dir: &Path) -> HashMap<(String, String), usize> {
+    let mut out = HashMap::new();
+    for line in std::fs::read_to_string(dir.join("calls.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 2 {
+            *out.entry((f[0].to_string(), f[1].to_string())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The gather step's output of an undisturbed in-memory run.
+fn in_memory_total(partitions: &str) -> Value {
+    let logs = scratch("mem");
+    let out = Command::new(bin("probe"))
+        .args(["run", "--partitions", partitions])
+        .arg("--logs")
+        .arg(&logs)
+        .output()
+        .expect("probe run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("total *: "))
+        .unwrap_or_else(|| panic!("no total in {text}"));
+    serde_json::from_str(line).expect("total JSON")
+}
+
+async fn output_of(db: &TestDb, run: i64, step: &str, partition: &str) -> Value {
+    sqlx::query_scalar(
+        "SELECT output FROM orca.step_states WHERE run_id = $1 AND step = $2 AND partition = $3",
+    )
+    .bind(run)
+    .bind(step)
+    .bind(partition)
+    .fetch_one(&db.pool)
+    .await
+    .expect("step output")
+}
+
+#[tokio::test]
+async fn two_runners_finish_a_three_month_backfill() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    let logs = scratch("backfill");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [("PROBE_DIR", dir.as_str())];
+    let a = Runner::start(&db.url(), "runner-a", 2, &logs, &env);
+    let b = Runner::start(&db.url(), "runner-b", 2, &logs, &env);
+    // The CLI queues the runs and follows them until they finish.
+    let out = orca(&db, &["backfill", "probe", "2024-01..2024-03"]);
+    assert!(
+        out.status.success(),
+        "orca backfill: {}{}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        a.output(),
+        b.output()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("queued 3 run(s)"), "{stdout}");
+    assert!(stdout.contains("3/3 done: 3 succeeded"), "{stdout}");
+    let states = db
+        .strings(
+            "SELECT step || '/' || partition || '/' || status FROM orca.step_states ORDER BY 1",
+        )
+        .await;
+    assert_eq!(
+        states,
+        [
+            "load/2024-01/succeeded",
+            "load/2024-02/succeeded",
+            "load/2024-03/succeeded",
+            "measure/2024-01/succeeded",
+            "measure/2024-02/succeeded",
+            "measure/2024-03/succeeded",
+            "total/*/succeeded",
+            "total/*/succeeded",
+            "total/*/succeeded"
+        ]
+    );
+    // Each run's output is what an in-memory run of its month gives.
+    for (run, month) in db
+        .strings("SELECT id || ' ' || partitions[1] FROM orca.runs ORDER BY id")
+        .await
+        .iter()
+        .filter_map(|s| s.split_once(' '))
+    {
+        let run: i64 = run.parse().expect("run id");
+        assert_eq!(
+            output_of(&db, run, "total", "*").await,
+            in_memory_total(month)
+        );
+    }
+    // The attempts recorded which build ran them.
+    let hashes = db
+        .strings("SELECT DISTINCT build->>'registry_hash' FROM orca.attempts")
+        .await;
+    let registered = db
+        .strings("SELECT registry_hash FROM orca.pipeline_versions")
+        .await;
+    assert_eq!(hashes, registered);
+}
+
+#[tokio::test]
+async fn a_step_that_fails_once_succeeds_on_its_retry() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    let logs = scratch("retry");
+    let dir = logs.to_string_lossy().to_string();
+    let r = Runner::start(
+        &db.url(),
+        "runner",
+        1,
+        &logs,
+        &[
+            ("PROBE_DIR", dir.as_str()),
+            ("PROBE_FAIL_ONCE", "measure:2024-02"),
+        ],
+    );
+    db.pool
+        .execute("SELECT orca.run('probe', '2024-02')")
+        .await
+        .expect("run");
+    wait_until(
+        &db,
+        "the run to succeed",
+        "SELECT bool_and(status = 'succeeded') FROM orca.runs",
+        Duration::from_secs(30),
+        &[&r],
+    )
+    .await;
+    let (attempts, status): (i32, String) = sqlx::query_as(
+        "SELECT attempts, status FROM orca.step_states WHERE step = 'measure' AND partition = '2024-02'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("state");
+    assert_eq!((attempts, status.as_str()), (2, "succeeded"));
+    let c = calls(&logs);
+    assert_eq!(c.get(&("measure".into(), "2024-02".into())), Some(&2));
+    assert_eq!(c.get(&("load".into(), "2024-02".into())), Some(&1));
+    // One attempt of the run: the step retried inside it.
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.attempts").await, 1);
+}
+
+#[tokio::test]
+async fn a_killed_runner_s_run_resumes_elsewhere_without_redoing_steps() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute(format!("ALTER DATABASE \"{}\" SET orca.lease_seconds = 2", db.name).as_str())
+        .await
+        .expect("short leases");
+    register_probe(&db).await;
+    let logs = scratch("kill");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [
+        ("PROBE_DIR", dir.as_str()),
+        ("PROBE_STALL_ONCE", "total:*:30000"),
+    ];
+    let mut a = Runner::start(&db.url(), "doomed", 1, &logs, &env);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe', '2024-01..2024-03')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    // Wait until the gather step is under way, then kill the runner and its
+    // pipeline binary with SIGKILL.
+    let t0 = Instant::now();
+    while !logs.join("stalling").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never reached the gather step\n{}",
+            a.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.kill();
+    let b = Runner::start(&db.url(), "survivor", 1, &logs, &env);
+    wait_until(
+        &db,
+        "the run to succeed on another runner",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(60),
+        &[&b],
+    )
+    .await;
+    let attempts = db
+        .strings(&format!(
+            "SELECT number || ' ' || status || ' ' || runner FROM orca.attempts WHERE run_id = {run} ORDER BY number"
+        ))
+        .await;
+    assert_eq!(attempts, ["1 lost doomed", "2 succeeded survivor"]);
+    // Steps that had succeeded were not run again; the killed one was.
+    let c = calls(&logs);
+    for m in ["2024-01", "2024-02", "2024-03"] {
+        assert_eq!(
+            c.get(&("load".into(), m.into())),
+            Some(&1),
+            "load {m}: {c:?}"
+        );
+        assert_eq!(
+            c.get(&("measure".into(), m.into())),
+            Some(&1),
+            "measure {m}: {c:?}"
+        );
+    }
+    assert_eq!(c.get(&("total".into(), "*".into())), Some(&2));
+    // And the result is what an undisturbed run gives.
+    assert_eq!(
+        output_of(&db, run, "total", "*").await,
+        in_memory_total("2024-01..2024-03")
+    );
+}
+
+#[tokio::test]
+async fn max_runs_holds_under_a_backfill_of_twelve() {
+    let db = TestDb::new().await;
+    register_probe(&db).await; // max_runs = 2
+    let logs = scratch("maxruns");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "100")];
+    let a = Runner::start(&db.url(), "a", 3, &logs, &env);
+    let b = Runner::start(&db.url(), "b", 3, &logs, &env);
+    db.pool
+        .execute("SELECT orca.backfill('probe', '2024-01..2024-12')")
+        .await
+        .expect("backfill");
+    let mut most = 0;
+    let t0 = Instant::now();
+    loop {
+        let running = db
+            .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'running'")
+            .await;
+        most = most.max(running);
+        assert!(running <= 2, "{running} runs running at once");
+        let done = db
+            .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'succeeded'")
+            .await;
+        if done == 12 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "backfill did not finish\n{}\n{}",
+            a.output(),
+            b.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most, 2, "the cap was reached");
+    // No two attempts of more than two runs ever overlapped in time.
+    let overlapping = db
+        .scalar_i64(
+            "SELECT max(c) FROM (
+                 SELECT (SELECT count(*) FROM orca.attempts y
+                         WHERE y.leased_at <= x.leased_at AND y.finished_at > x.leased_at) AS c
+                 FROM orca.attempts x) t",
+        )
+        .await;
+    assert!(overlapping <= 2, "{overlapping} attempts overlapped");
+}
+
+#[tokio::test]
+async fn sigterm_hands_a_long_attempt_back_after_the_grace_period() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    let logs = scratch("sigterm");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [
+        ("PROBE_DIR", dir.as_str()),
+        ("PROBE_STALL_ONCE", "load:2024-05:60000"),
+    ];
+    let mut a = Runner::start(&db.url(), "leaving", 1, &logs, &env);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe', '2024-05')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    let t0 = Instant::now();
+    while !logs.join("stalling").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never stalled\n{}",
+            a.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // SIGTERM: no new claims, a grace period (5 s here), then the attempt is
+    // handed back and the runner exits cleanly.
+    let status = a.terminate().expect("runner exit status");
+    assert!(status.success(), "{}", a.output());
+    assert!(a.output().contains("handed back"), "{}", a.output());
+    let b = Runner::start(&db.url(), "staying", 1, &logs, &env);
+    wait_until(
+        &db,
+        "the run to finish on the other runner",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(30),
+        &[&b],
+    )
+    .await;
+    let attempts = db
+        .strings(&format!(
+            "SELECT number || ' ' || status || ' ' || runner FROM orca.attempts WHERE run_id = {run} ORDER BY number"
+        ))
+        .await;
+    assert_eq!(attempts, ["1 released leaving", "2 succeeded staying"]);
+    let (failures, losses): (i32, i32) =
+        sqlx::query_as("SELECT failures, losses FROM orca.runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("budgets");
+    assert_eq!((failures, losses), (0, 0), "a hand-back spends no retries");
+}
+
+#[tokio::test]
+async fn a_binary_whose_code_changed_refuses_the_old_version_s_runs() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    // As if the binary at the registered path had been rebuilt with other code.
+    db.pool
+        .execute("UPDATE orca.pipeline_versions SET registry_hash = 'older-code'")
+        .await
+        .expect("stale version");
+    let logs = scratch("stale");
+    let r = Runner::start(&db.url(), "runner", 1, &logs, &[]);
+    db.pool
+        .execute("SELECT orca.run('probe', '2024-01')")
+        .await
+        .expect("run");
+    wait_until(
+        &db,
+        "the run to fail",
+        "SELECT bool_and(status = 'failed') FROM orca.runs",
+        Duration::from_secs(30),
+        &[&r],
+    )
+    .await;
+    let error: String = sqlx::query_scalar("SELECT error FROM orca.runs")
+        .fetch_one(&db.pool)
+        .await
+        .expect("error");
+    assert!(error.contains("exit code 3"), "{error}");
+    assert!(error.contains("register this binary"), "{error}");
+    assert!(error.contains("older-code"), "{error}");
+}
