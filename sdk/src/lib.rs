@@ -36,8 +36,8 @@ mod step;
 mod store;
 
 pub use cli::main;
-pub use ctx::Ctx;
-pub use driver::{execute, Outcome, StepReport};
+pub use ctx::{Ctx, LogSink};
+pub use driver::{execute, Outcome, StepReport, StepResult};
 pub use error::{Error, Result, SdkError};
 pub use keys::{Day, Month, PartitionKey};
 pub use orca_macros::{pipeline, step};

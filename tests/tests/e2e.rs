@@ -412,3 +412,93 @@ async fn a_binary_whose_code_changed_refuses_the_old_version_s_runs() {
     assert!(error.contains("register this binary"), "{error}");
     assert!(error.contains("older-code"), "{error}");
 }
+
+#[tokio::test]
+async fn locate_and_register_record_where_each_step_is() {
+    let db = TestDb::new().await;
+    let dir = scratch("locate");
+    let copy = dir.join("probe");
+    std::fs::copy(bin("probe"), &copy).expect("copy the binary");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/probe");
+    let out = orca(
+        &db,
+        &["locate", copy.to_str().unwrap_or_default(), "--root", root],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/probe/src/main.rs"))
+        .expect("probe source");
+    let line_of = |needle: &str| {
+        source
+            .lines()
+            .position(|l| l.starts_with(needle))
+            .map(|i| i + 1)
+            .unwrap_or_else(|| panic!("{needle} not in the probe"))
+    };
+    let located: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("probe.source.json")).expect("sidecar"),
+    )
+    .expect("sidecar JSON");
+    assert_eq!(located["steps"]["load"]["file"], "src/main.rs");
+    assert_eq!(located["steps"]["load"]["line"], line_of("fn load("));
+    assert_eq!(located["steps"]["total"]["line"], line_of("fn total("));
+    assert_eq!(located["pipeline"]["line"], line_of("orca::pipeline!"));
+    // orca register records them with the version.
+    let out = orca(&db, &["register", copy.to_str().unwrap_or_default()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored: Value =
+        sqlx::query_scalar("SELECT manifest->'locations' FROM orca.pipeline_versions")
+            .fetch_one(&db.pool)
+            .await
+            .expect("manifest");
+    assert_eq!(stored["steps"]["measure"]["line"], line_of("fn measure("));
+}
+
+#[tokio::test]
+async fn cli_errors_name_what_was_wrong_and_exit_non_zero() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    for (args, needle) in [
+        (
+            vec!["backfill", "nope", "2024-01"],
+            "unknown pipeline 'nope' in org 'default' (OR010)",
+        ),
+        (
+            vec!["backfill", "probe", "2024-13"],
+            "malformed partition '2024-13'",
+        ),
+        (
+            vec!["backfill", "probe", "@file:/no/such/file"],
+            "cannot read partitions from /no/such/file",
+        ),
+        (
+            vec!["register", "/no/such/binary"],
+            "no pipeline binary at /no/such/binary",
+        ),
+        (vec!["run", "424242"], "unknown run 424242"),
+        (vec!["cancel", "424242"], "unknown run 424242 (OR011)"),
+    ] {
+        let out = orca(&db, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = Command::new(bin("orca"))
+        .args(["runs"])
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .expect("orca");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect to the control plane"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
