@@ -125,9 +125,18 @@ BEGIN
         SELECT v_org, v_vid, (s.ord - 1)::int, s.step->>'name', s.step->>'kind',
                s.step->>'after', (s.step->>'retries')::int, s.step->>'code'
         FROM jsonb_array_elements(m->'steps') WITH ORDINALITY AS s(step, ord);
+        INSERT INTO orca.step_datasets (org_id, version_id, step, dataset, mode)
+        SELECT DISTINCT v_org, v_vid, s.step->>'name', d.dataset, d.mode
+        FROM jsonb_array_elements(m->'steps') AS s(step)
+        CROSS JOIN LATERAL (
+            SELECT 'read' AS mode, x AS dataset FROM jsonb_array_elements_text(coalesce(s.step->'reads', '[]')) AS x
+            UNION ALL
+            SELECT 'write', x FROM jsonb_array_elements_text(coalesce(s.step->'writes', '[]')) AS x
+        ) AS d;
     END IF;
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
     WHERE id = v_pid;
+    PERFORM orca._refuse_cycle(v_org, v_pid);
 
     IF jsonb_typeof(m->'schedule') = 'object' THEN
         INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
@@ -155,7 +164,8 @@ COMMENT ON FUNCTION orca.register(jsonb) IS
 'Registers a pipeline version from the manifest its binary prints with `describe --json` '
 '(docs/manifest.md) and makes it current. Returns the version id; the same manifest again '
 'returns the same id. Errors: OR040 malformed manifest, OR020 bad partition start, '
-'OR030/OR031 unparsable or impossible cron, OR032 unknown time zone.';
+'OR030/OR031 unparsable or impossible cron, OR032 unknown time zone, OR041 its declared '
+'reads and writes would close a cycle across pipelines.';
 
 CREATE FUNCTION orca.fires(pipeline text, n integer DEFAULT 10, after timestamptz DEFAULT now())
 RETURNS TABLE (fire_at timestamptz, partition text)
@@ -721,6 +731,207 @@ COMMENT ON FUNCTION orca.attempt_context(uuid, jsonb) IS
 'registry hash, and every (step, partition) state with the output, code hash and input hash it '
 'succeeded with. Records the binary''s build (registry hash, source, commit, dirty, image) on '
 'the attempt. Errors: OR012/OR014/OR015 for the lease.';
+
+---------------------------------------------------------------------------
+-- Datasets: pinned reads, recorded commits, lineage
+---------------------------------------------------------------------------
+
+-- The live attempt a lease holds, with the (step, partition) and the dataset
+-- checked against the run and the step's declaration.
+CREATE FUNCTION orca._dataset_access(p_org bigint, p_lease uuid, p_step text, p_partition text,
+                                     p_dataset text, p_mode text)
+RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(p_lease) AND l.lease = p_lease AND l.org_id = p_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM orca.step_states s
+                   WHERE s.run_id = a.run_id AND s.step = p_step AND s.partition = p_partition) THEN
+        RAISE EXCEPTION 'run % has no step % for partition %', a.run_id, quote_nullable(p_step),
+            quote_nullable(p_partition) USING ERRCODE = 'OR016';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM orca.step_datasets d
+                   WHERE d.version_id = a.version_id AND d.step = p_step
+                     AND d.dataset = p_dataset AND d.mode = p_mode) THEN
+        RAISE EXCEPTION 'step % does not declare dataset % in its %', p_step,
+            quote_nullable(p_dataset), CASE p_mode WHEN 'read' THEN 'reads' ELSE 'writes' END
+            USING ERRCODE = 'OR017',
+                  HINT = 'declare it in the step: #[orca::step(..., reads = [...], writes = [...])]';
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION orca.pin_read(lease uuid, step text, partition text, dataset text, snapshot bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    v_pinned bigint;
+    v_new integer;
+BEGIN
+    a := orca._dataset_access(v_org, pin_read.lease, pin_read.step, pin_read.partition,
+                              pin_read.dataset, 'read');
+    INSERT INTO orca.reads (org_id, run_id, step, partition, dataset, snapshot_id, attempt_id)
+    VALUES (v_org, a.run_id, pin_read.step, pin_read.partition, pin_read.dataset,
+            pin_read.snapshot, a.id)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    SELECT r.snapshot_id INTO v_pinned FROM orca.reads r
+    WHERE r.run_id = a.run_id AND r.step = pin_read.step AND r.partition = pin_read.partition
+      AND r.dataset = pin_read.dataset;
+    IF v_new > 0 THEN
+        PERFORM orca._event(v_org, 'dataset.read', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
+            a.run_id, a.id,
+            jsonb_build_object('dataset', pin_read.dataset, 'snapshot', v_pinned,
+                               'step', pin_read.step, 'partition', pin_read.partition));
+    END IF;
+    RETURN v_pinned;
+END
+$$;
+COMMENT ON FUNCTION orca.pin_read(uuid, text, text, text, bigint) IS
+'Pins the snapshot a (step, partition) of the leased run reads of a dataset: the first call '
+'records the given snapshot (NULL: the table has none, and stays empty for that step), every '
+'later call, from any retry or resume of the run, returns that same snapshot. The SDK''s scan '
+'calls it. Errors: OR016 unknown step or partition, OR017 the step does not declare the '
+'dataset in its reads.';
+
+CREATE FUNCTION orca.record_commit(lease uuid, step text, partition text, dataset text,
+                                   snapshot bigint, commit_no integer,
+                                   operation text DEFAULT 'append')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    v_new integer;
+BEGIN
+    IF record_commit.snapshot IS NULL OR record_commit.commit_no IS NULL
+       OR record_commit.commit_no < 1 THEN
+        RAISE EXCEPTION 'a commit needs a snapshot id and a commit number from 1, got % and %',
+            coalesce(record_commit.snapshot::text, 'NULL'), coalesce(record_commit.commit_no::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    a := orca._dataset_access(v_org, record_commit.lease, record_commit.step,
+                              record_commit.partition, record_commit.dataset, 'write');
+    INSERT INTO orca.commits (org_id, run_id, attempt_id, step, partition, dataset, snapshot_id,
+                              commit_no, operation)
+    VALUES (v_org, a.run_id, a.id, record_commit.step, record_commit.partition,
+            record_commit.dataset, record_commit.snapshot, record_commit.commit_no,
+            coalesce(record_commit.operation, 'append'))
+    ON CONFLICT (run_id, step, partition, dataset, commit_no) DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    IF v_new > 0 THEN
+        PERFORM orca._event(v_org, 'dataset.committed', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
+            a.run_id, a.id,
+            jsonb_build_object('dataset', record_commit.dataset, 'snapshot', record_commit.snapshot,
+                               'operation', coalesce(record_commit.operation, 'append'),
+                               'step', record_commit.step, 'partition', record_commit.partition));
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION orca.record_commit(uuid, text, text, text, bigint, integer, text) IS
+'Records a snapshot a (step, partition) of the leased run committed to a dataset, as its '
+'commit_no-th commit. Recording the same commit again changes nothing. The SDK''s append and '
+'commit call it right after the table commit. Errors: OR016, OR017 (not in the step''s '
+'writes), OR050.';
+
+CREATE FUNCTION orca.lineage(dataset text)
+RETURNS TABLE (direction text, depth integer, related text, via text, pipeline text, run bigint,
+               read_snapshot bigint, commit_snapshot bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+BEGIN
+    IF lineage.dataset IS NULL OR NOT (lineage.dataset ~ '^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$') THEN
+        RAISE EXCEPTION 'malformed dataset %: write namespace.table', quote_nullable(lineage.dataset)
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE e AS (
+        -- A run that read src and committed dst connects them.
+        SELECT DISTINCT r.run_id, r.dataset AS src, r.snapshot_id AS src_snap,
+               c.dataset AS dst, c.snapshot_id AS dst_snap
+        FROM orca.reads r
+        JOIN orca.commits c ON c.run_id = r.run_id AND c.dataset <> r.dataset
+        WHERE r.org_id = v_org
+    ), up (depth, related, via, run_id, read_snap, commit_snap, seen) AS (
+        SELECT 1, e.src, e.dst, e.run_id, e.src_snap, e.dst_snap, ARRAY[lineage.dataset, e.src]
+        FROM e WHERE e.dst = lineage.dataset
+        UNION ALL
+        SELECT u.depth + 1, e.src, e.dst, e.run_id, e.src_snap, e.dst_snap, u.seen || e.src
+        FROM up u JOIN e ON e.dst = u.related
+        WHERE u.depth < 10 AND NOT (e.src = ANY (u.seen))
+    ), down (depth, related, via, run_id, read_snap, commit_snap, seen) AS (
+        SELECT 1, e.dst, e.src, e.run_id, e.src_snap, e.dst_snap, ARRAY[lineage.dataset, e.dst]
+        FROM e WHERE e.src = lineage.dataset
+        UNION ALL
+        SELECT d.depth + 1, e.dst, e.src, e.run_id, e.src_snap, e.dst_snap, d.seen || e.dst
+        FROM down d JOIN e ON e.src = d.related
+        WHERE d.depth < 10 AND NOT (e.dst = ANY (d.seen))
+    ), walked AS (
+        SELECT DISTINCT 'upstream'::text AS dir, u.depth, u.related, u.via, u.run_id, u.read_snap, u.commit_snap FROM up u
+        UNION
+        SELECT DISTINCT 'downstream', d.depth, d.related, d.via, d.run_id, d.read_snap, d.commit_snap FROM down d
+    )
+    SELECT w.dir, w.depth, w.related, w.via, p.name, w.run_id, w.read_snap, w.commit_snap
+    FROM walked w
+    JOIN orca.runs r ON r.id = w.run_id
+    JOIN orca.pipelines p ON p.id = r.pipeline_id
+    ORDER BY 1 DESC, 2, 3, 6, 8;
+END
+$$;
+COMMENT ON FUNCTION orca.lineage(text) IS
+'Upstream and downstream of a dataset, from the recorded reads and commits: each row is a '
+'related dataset at some depth, the dataset it connects to (via), the pipeline and run that '
+'connected them, the snapshot the run read and the snapshot it committed. '
+'Example: SELECT * FROM orca.lineage(''lake.clean'');';
+
+-- Refuses a registration whose declared reads and writes would close a cycle
+-- across pipelines (a pipeline that reads what it writes itself is fine).
+CREATE FUNCTION orca._refuse_cycle(p_org bigint, p_pipeline bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_path bigint[];
+    v_via  text[];
+BEGIN
+    WITH RECURSIVE cur AS (
+        SELECT p.id AS pipeline_id, d.dataset, d.mode
+        FROM orca.pipelines p JOIN orca.step_datasets d ON d.version_id = p.current_version
+        WHERE p.org_id = p_org
+    ), edge AS (
+        SELECT DISTINCT w.pipeline_id AS a, r.pipeline_id AS b, w.dataset
+        FROM cur w JOIN cur r ON r.dataset = w.dataset AND w.mode = 'write' AND r.mode = 'read'
+                            AND r.pipeline_id <> w.pipeline_id
+    ), walk (node, path, via, closed) AS (
+        SELECT e.b, ARRAY[p_pipeline, e.b], ARRAY[e.dataset], e.b = p_pipeline
+        FROM edge e WHERE e.a = p_pipeline
+        UNION ALL
+        SELECT e.b, w.path || e.b, w.via || e.dataset, e.b = p_pipeline
+        FROM walk w JOIN edge e ON e.a = w.node
+        WHERE NOT w.closed AND NOT (e.b = ANY (w.path[2:])) AND cardinality(w.path) < 64
+    )
+    SELECT path, via INTO v_path, v_via FROM walk WHERE closed LIMIT 1;
+    IF v_path IS NOT NULL THEN
+        RAISE EXCEPTION 'registering pipeline ''%'' would close a cycle across pipelines: %',
+            (SELECT name FROM orca.pipelines WHERE id = p_pipeline),
+            (SELECT string_agg(format('%s -[%s]->', p.name, v_via[i]), ' ' ORDER BY i)
+                    || ' ' || (SELECT name FROM orca.pipelines WHERE id = p_pipeline)
+             FROM generate_subscripts(v_via, 1) AS i
+             JOIN orca.pipelines p ON p.id = v_path[i])
+            USING ERRCODE = 'OR041',
+                  HINT = 'a dataset a pipeline writes may not feed, through other pipelines, a dataset it reads';
+    END IF;
+END
+$$;
 
 ---------------------------------------------------------------------------
 -- Time: all periodic work

@@ -16,7 +16,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
 GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
     TO orca_viewer, orca_runner;
-GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz) TO orca_viewer;
+GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text)
+    TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
     orca.run(text, text),
@@ -35,6 +36,8 @@ GRANT EXECUTE ON FUNCTION
     orca.release(uuid, text),
     orca.report_step(uuid, text, text, text, text, jsonb, text, text),
     orca.attempt_context(uuid, jsonb),
+    orca.pin_read(uuid, text, text, text, bigint),
+    orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)
     TO orca_runner;

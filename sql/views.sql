@@ -111,6 +111,12 @@ COMMENT ON TABLE orca.queue IS
 'Pending attempts waiting for a runner, per org and pool; orca.claim takes them oldest first.';
 COMMENT ON TABLE orca.leases IS
 'Live leases: the attempts runners hold now, with their deadlines and last heartbeats.';
+COMMENT ON TABLE orca.step_datasets IS
+'The datasets (namespace.table) each step of each version declares it reads and writes.';
+COMMENT ON TABLE orca.reads IS
+'The snapshot each (run, step, partition) read of a dataset, pinned for its retries and resumes.';
+COMMENT ON TABLE orca.commits IS
+'Every snapshot a (run, step, partition) committed to a dataset, as it happened.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

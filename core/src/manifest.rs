@@ -24,6 +24,53 @@ pub struct StepDecl {
     pub retries: i64,
     /// The step's code hash, when the SDK wrote the manifest.
     pub code: Option<String>,
+    /// Datasets (`namespace.table`) the step reads and writes.
+    pub reads: Vec<String>,
+    pub writes: Vec<String>,
+}
+
+/// Whether a dataset name is `namespace.table`, each part a name.
+pub fn valid_dataset(d: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= NAME_MAX
+            && p.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    matches!(d.split_once('.'), Some((ns, t)) if part(ns) && part(t))
+}
+
+fn datasets(obj: &Map<String, Value>, at: &str, field: &str) -> Result<Vec<String>> {
+    let field_at = format!("{at}.{field}");
+    let items = match obj.get(field) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(bad(
+                field_at,
+                format!("must be a list of datasets, got {}", show(v)),
+            ))
+        }
+    };
+    let mut out: Vec<String> = Vec::new();
+    for v in items {
+        let d = v.as_str().filter(|d| valid_dataset(d)).ok_or_else(|| {
+            bad(
+                &field_at,
+                format!(
+                    "{} is not a dataset: write namespace.table in lowercase",
+                    show(v)
+                ),
+            )
+        })?;
+        if !out.iter().any(|x| x == d) {
+            out.push(d.to_string());
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,12 +278,16 @@ fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
                 other => other,
             })?
             .unwrap_or(0);
+        let reads = datasets(obj, &at, "reads")?;
+        let writes = datasets(obj, &at, "writes")?;
         steps.push(StepDecl {
             name,
             kind,
             after,
             retries,
             code,
+            reads,
+            writes,
         });
     }
     Ok(steps)
@@ -365,8 +416,12 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
                         "after": s.after,
                         "retries": s.retries,
                     });
-                    if let (Some(code), Some(o)) = (&s.code, step.as_object_mut()) {
-                        o.insert("code".into(), code.clone().into());
+                    if let Some(o) = step.as_object_mut() {
+                        if let Some(code) = &s.code {
+                            o.insert("code".into(), code.clone().into());
+                        }
+                        o.insert("reads".into(), s.reads.clone().into());
+                        o.insert("writes".into(), s.writes.clone().into());
                     }
                     step
                 })
@@ -467,6 +522,23 @@ mod tests {
         assert_eq!(parse(&m).expect_err("tz").sqlstate(), "OR032");
         m["schedule"] = json!({"cron":"every day"});
         assert_eq!(parse(&m).expect_err("cron").sqlstate(), "OR030");
+    }
+
+    #[test]
+    fn steps_declare_datasets() {
+        let mut m = lake();
+        m["steps"][0]["writes"] = json!(["lake.raw", "lake.raw"]);
+        m["steps"][1]["reads"] = json!(["lake.raw"]);
+        let p = parse(&m).expect("valid");
+        assert_eq!(p.steps[0].writes, ["lake.raw"]);
+        assert_eq!(p.normalized["steps"][1]["reads"], json!(["lake.raw"]));
+        m["steps"][1]["reads"] = json!(["Lake.Raw"]);
+        assert!(parse(&m)
+            .expect_err("bad dataset")
+            .to_string()
+            .contains("\"Lake.Raw\""));
+        m["steps"][1]["reads"] = json!(["raw"]);
+        assert!(parse(&m).is_err());
     }
 
     #[test]

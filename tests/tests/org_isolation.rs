@@ -28,8 +28,11 @@ const API: &[&str] = &[
     "finish_many",
     "fires",
     "heartbeat",
+    "lineage",
     "pause",
+    "pin_read",
     "register",
+    "record_commit",
     "register_runner",
     "release",
     "remove_member",
@@ -72,6 +75,8 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         let mut m = lake_manifest(name);
         m["max_runs"] = json!(null);
         m["run_retries"] = json!(0);
+        m["steps"][0]["reads"] = json!([format!("{name}.raw")]);
+        m["steps"][0]["writes"] = json!([format!("{name}.clean")]);
         sqlx::query("SELECT orca.register($1)")
             .bind(&m)
             .execute(&mut c)
@@ -107,6 +112,27 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("report");
+    let name: String = sqlx::query_scalar(
+        "SELECT p.name FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id WHERE r.id = $1",
+    )
+    .bind(leases[1].run)
+    .fetch_one(&mut c)
+    .await
+    .expect("pipeline of the lease");
+    sqlx::query("SELECT orca.pin_read($1, 'one', $2, $3 || '.raw', 7)")
+        .bind(leases[1].lease)
+        .bind(&leases[1].partitions[0])
+        .bind(&name)
+        .execute(&mut c)
+        .await
+        .expect("pin a read");
+    sqlx::query("SELECT orca.record_commit($1, 'one', $2, $3 || '.clean', 8, 1)")
+        .bind(leases[1].lease)
+        .bind(&leases[1].partitions[0])
+        .bind(&name)
+        .execute(&mut c)
+        .await
+        .expect("record a commit");
     (runs, leases[1].lease, leases[0].run)
 }
 
@@ -234,6 +260,8 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.finish('{g_lease}', false, 'x')"),
         format!("SELECT orca.release('{g_lease}')"),
         format!("SELECT orca.attempt_context('{g_lease}')"),
+        format!("SELECT orca.pin_read('{g_lease}', 'one', '2024-02', 'lake.raw', 1)"),
+        format!("SELECT orca.record_commit('{g_lease}', 'one', '2024-02', 'lake.raw', 1, 1)"),
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
     ] {
@@ -246,6 +274,12 @@ async fn no_table_view_or_function_crosses_orgs() {
     ] {
         assert_eq!(code_of(&mut a, sql).await, "42501", "{sql}");
     }
+    // Lineage walks only her org's reads and commits.
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.lineage('globex_only.clean')")
+        .fetch_one(&mut a)
+        .await
+        .expect("lineage");
+    assert_eq!(seen, 0, "alice sees globex's lineage");
     // What alice may do acts on acme only, even with globex's names.
     let mut m = lake_manifest("globex_only");
     m["max_runs"] = json!(null);
@@ -306,4 +340,9 @@ async fn no_table_view_or_function_crosses_orgs() {
         .await
         .expect("bob reads his attempt");
     assert_eq!(row.get::<String, _>("status"), "leased");
+    let lineage: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.lineage('globex_only.clean')")
+        .fetch_one(&mut b)
+        .await
+        .expect("bob's lineage");
+    assert_eq!(lineage, 1, "bob sees his own lineage");
 }
