@@ -5,6 +5,17 @@ use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
 
+/// direction, depth, related, via, pipeline, read snapshot, commit snapshot.
+type LineageRow = (
+    String,
+    i32,
+    String,
+    String,
+    String,
+    Option<i64>,
+    Option<i64>,
+);
+
 fn pipeline(name: &str, reads: &[&str], writes: &[&str]) -> Value {
     json!({
         "name": name,
@@ -125,15 +136,7 @@ async fn commits_are_recorded_once_and_lineage_walks_them() {
     .await;
     assert_eq!(code, "OR017", "clean does not write lake.raw");
 
-    let rows: Vec<(
-        String,
-        i32,
-        String,
-        String,
-        String,
-        Option<i64>,
-        Option<i64>,
-    )> = sqlx::query_as(
+    let rows: Vec<LineageRow> = sqlx::query_as(
         "SELECT direction, depth, related, via, pipeline, read_snapshot, commit_snapshot
          FROM orca.lineage('lake.clean')",
     )
