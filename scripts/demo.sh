@@ -56,8 +56,14 @@ say "orca fires weather 3"
 "$BIN/orca" fires weather 3
 
 LOGS="$(dirname "$ORCA_PGDIR")/logs"
-say "starting a runner (its output: $LOGS/runner.out)"
-mkdir -p "$LOGS"
+# Iceberg data and metadata; the catalog is in the same database.
+export ORCA_WAREHOUSE
+ORCA_WAREHOUSE="$(dirname "$ORCA_PGDIR")/warehouse"
+rm -rf "$ORCA_WAREHOUSE"
+say "starting a runner (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
+mkdir -p "$LOGS" "$ORCA_WAREHOUSE"
+"${PSQL[@]}" -d orca -qc "SET client_min_messages = warning" \
+    -c "DROP TABLE IF EXISTS iceberg_tables, iceberg_namespace_properties"
 "$BIN/orca-runner" --name demo-runner --slots 2 --logs "$LOGS" --grace-seconds 5 \
     >"$LOGS/runner.out" 2>&1 &
 RUNNER_PID=$!
@@ -70,6 +76,19 @@ say "orca backfill lake 2013-01..2013-03"
 first=$("${PSQL[@]}" -d orca -Atqc "SELECT min(id) FROM orca.runs WHERE trigger = 'backfill'")
 say "orca run $first"
 "$BIN/orca" run "$first" --logs "$LOGS"
+
+say "lake.monthly, read back by PyIceberg through the same catalog"
+"${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}" - "$DATABASE_URL" "$ORCA_WAREHOUSE" <<'PY'
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+url, wh = sys.argv[1].replace("postgres://", "postgresql+psycopg2://"), sys.argv[2]
+t = SqlCatalog("default", uri=url, warehouse="file://" + wh).load_table("lake.monthly")
+for row in sorted(t.scan().to_arrow().to_pylist(), key=lambda r: r["month"]):
+    print("  ", row)
+s = t.current_snapshot().summary.additional_properties
+print("   snapshot summary:", {k: v for k, v in s.items() if k.startswith("orca.")})
+PY
+"${PSQL[@]}" -d orca -c "SELECT direction, depth, related, via, pipeline, run FROM orca.lineage('lake.clean')"
 
 say "waiting for onthisday's schedule (* * * * *) to fire: the background worker ticks every second"
 for ((i = 0; i < 180; i++)); do

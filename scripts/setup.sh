@@ -56,7 +56,15 @@ for f in migrations/orca--*.sql; do
     as_root install -m 0644 "$f" "$extdir/"
 done
 
-# 4. The system cluster, which the tests use.
+# 4. PyIceberg, the other Iceberg client the tests read Orca's tables with.
+PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
+if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
+    say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
+    python3 -m venv "$(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "pyiceberg[sql-postgres,pyarrow]==0.10.0"
+fi
+
+# 5. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start

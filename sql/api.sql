@@ -856,13 +856,24 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     RETURN QUERY
-    WITH RECURSIVE e AS (
-        -- A run that read src and committed dst connects them.
+    WITH RECURSIVE anc (version_id, step, ancestor) AS (
+        -- Each step with itself and every step upstream of it (its after, ...).
+        SELECT s.version_id, s.name, s.name FROM orca.steps s WHERE s.org_id = v_org
+        UNION
+        SELECT a.version_id, a.step, s.after
+        FROM anc a JOIN orca.steps s ON s.version_id = a.version_id AND s.name = a.ancestor
+        WHERE s.after IS NOT NULL
+    ), e AS (
+        -- A commit depends on what its step, and the steps upstream of it in
+        -- the same run, read.
         SELECT DISTINCT r.run_id, r.dataset AS src, r.snapshot_id AS src_snap,
                c.dataset AS dst, c.snapshot_id AS dst_snap
-        FROM orca.reads r
-        JOIN orca.commits c ON c.run_id = r.run_id AND c.dataset <> r.dataset
-        WHERE r.org_id = v_org
+        FROM orca.commits c
+        JOIN orca.runs ru ON ru.id = c.run_id
+        JOIN anc ON anc.version_id = ru.version_id AND anc.step = c.step
+        JOIN orca.reads r ON r.run_id = c.run_id AND r.step = anc.ancestor
+                         AND r.dataset <> c.dataset
+        WHERE c.org_id = v_org
     ), up (depth, related, via, run_id, read_snap, commit_snap, seen) AS (
         SELECT 1, e.src, e.dst, e.run_id, e.src_snap, e.dst_snap, ARRAY[lineage.dataset, e.src]
         FROM e WHERE e.dst = lineage.dataset
@@ -890,7 +901,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION orca.lineage(text) IS
-'Upstream and downstream of a dataset, from the recorded reads and commits: each row is a '
+'Upstream and downstream of a dataset, from the recorded reads and commits (a commit depends '
+'on what its step and the steps upstream of it in the same run read): each row is a '
 'related dataset at some depth, the dataset it connects to (via), the pipeline and run that '
 'connected them, the snapshot the run read and the snapshot it committed. '
 'Example: SELECT * FROM orca.lineage(''lake.clean'');';

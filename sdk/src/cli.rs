@@ -153,6 +153,22 @@ fn describe<P: Pipeline>(m: &Value) {
             s.retries,
             s.code
         );
+        if !s.reads.is_empty() || !s.writes.is_empty() {
+            println!(
+                "    {:<16} reads {}  writes {}",
+                "",
+                if s.reads.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.reads.join(", ")
+                },
+                if s.writes.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.writes.join(", ")
+                }
+            );
+        }
     }
     let b = params.build;
     println!(

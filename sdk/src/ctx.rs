@@ -1,8 +1,12 @@
-//! `Ctx`: what a step knows about where it runs.
+//! `Ctx`: what a step knows about where it runs, and its way to the tables.
 
+use std::collections::HashMap;
 use std::fmt::Display;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+
+use crate::store::Store;
+use crate::tables::TablesCell;
 
 /// Where `ctx.log` lines go besides standard output.
 #[derive(Clone, Default)]
@@ -33,8 +37,22 @@ impl LogSink {
     }
 }
 
+/// What a step's table operations need: the store that pins reads and
+/// records commits, the catalog, and what the step declared.
+pub(crate) struct StepIo<'a> {
+    pub store: &'a mut dyn Store,
+    pub tables: &'a TablesCell,
+    pub reads: &'static [&'static str],
+    pub writes: &'static [&'static str],
+    pub registry_hash: &'a str,
+    /// Commits made so far in this call, per dataset: the next commit's number.
+    pub commits: HashMap<String, u32>,
+    /// Snapshots this call read, per dataset: recorded with its commits.
+    pub read: HashMap<String, Option<i64>>,
+}
+
 /// A step's context.
-pub struct Ctx {
+pub struct Ctx<'a> {
     /// The pipeline's name.
     pub pipeline: &'static str,
     /// The step running.
@@ -48,9 +66,10 @@ pub struct Ctx {
     /// The run's id in the control plane (`None` for an in-memory run).
     pub run: Option<i64>,
     pub(crate) log: LogSink,
+    pub(crate) io: StepIo<'a>,
 }
 
-impl Ctx {
+impl Ctx<'_> {
     /// Writes a line tagged with the step and partition to standard output
     /// and to the attempt's log.
     pub fn log(&self, message: impl Display) {

@@ -7,11 +7,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::ctx::{Ctx, LogSink};
+use crate::ctx::{Ctx, LogSink, StepIo};
 use crate::error::SdkError;
-use crate::pipeline::StepInfo;
+use crate::pipeline::{registry_hash, StepInfo};
 use crate::step::StepError;
 use crate::store::Store;
+use crate::tables::{TablesCell, TablesConfig};
 
 /// The partition a gather step's state is kept under.
 pub const GATHER: &str = "*";
@@ -138,6 +139,8 @@ struct RunEnv<'a> {
     partitions: &'a [String],
     log: &'a LogSink,
     run: Option<i64>,
+    registry_hash: String,
+    tables: TablesCell,
 }
 
 /// Runs one (step, partition) with its retries.
@@ -174,6 +177,15 @@ fn run_pair(
             attempt,
             run: env.run,
             log: log.clone(),
+            io: StepIo {
+                store: &mut *store,
+                tables: &env.tables,
+                reads: step.reads,
+                writes: step.writes,
+                registry_hash: &env.registry_hash,
+                commits: Default::default(),
+                read: Default::default(),
+            },
         };
         let result = catch_unwind(AssertUnwindSafe(|| (step.run)(&mut ctx, input.clone())))
             .unwrap_or_else(|p| {
@@ -182,6 +194,8 @@ fn run_pair(
                     panic_message(p.as_ref())
                 )))
             });
+        drop(ctx);
+        let tag = format!("[{} {partition} #{attempt}]", step.name);
         match result {
             Ok(output) => {
                 store.succeeded(step.name, partition, step.code, &hash, &output)?;
@@ -189,7 +203,7 @@ fn run_pair(
             }
             Err(StepError::Codec(e)) => {
                 let msg = e.to_string();
-                ctx.log(format!("failed: {msg}"));
+                log.line(&format!("{tag} failed: {msg}"));
                 store.failed(step.name, partition, &msg)?;
                 return Ok(StepResult::Failed {
                     attempts: tries,
@@ -198,13 +212,13 @@ fn run_pair(
             }
             Err(StepError::Failed(msg)) => {
                 if tries <= step.retries {
-                    ctx.log(format!(
-                        "failed, retrying ({} of {} retries): {msg}",
+                    log.line(&format!(
+                        "{tag} failed, retrying ({} of {} retries): {msg}",
                         tries, step.retries
                     ));
                     continue;
                 }
-                ctx.log(format!("failed: {msg}"));
+                log.line(&format!("{tag} failed: {msg}"));
                 store.failed(step.name, partition, &msg)?;
                 return Ok(StepResult::Failed {
                     attempts: tries,
@@ -230,6 +244,8 @@ pub fn execute(
         partitions,
         log,
         run,
+        registry_hash: registry_hash(steps),
+        tables: TablesCell::new(TablesConfig::from_env(None)),
     };
     let mut reports = Vec::new();
     for step in steps {

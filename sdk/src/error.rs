@@ -27,6 +27,8 @@ pub enum SdkError {
     },
     #[error("control plane: {0}")]
     Control(String),
+    #[error("tables: {0}")]
+    Tables(String),
     #[error("{what}: {error}")]
     Io { what: String, error: std::io::Error },
 }

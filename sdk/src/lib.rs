@@ -34,6 +34,7 @@ mod manifest;
 mod pipeline;
 mod step;
 mod store;
+pub mod tables;
 
 pub use cli::main;
 pub use ctx::{Ctx, LogSink};
@@ -44,6 +45,12 @@ pub use orca_macros::{pipeline, step};
 pub use pipeline::{Build, Fills, Params, Pipeline, StepInfo};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
 pub use store::{MemStore, PgStore, Store, StoredState};
+pub use tables::{append, commit, ensure_table, scan, table, write_files, Table};
+
+/// The Arrow crates the table functions take and return, at the versions the
+/// SDK is built with.
+pub use arrow_array;
+pub use arrow_schema;
 
 #[doc(hidden)]
 pub use step::run_erased as __run;

@@ -19,6 +19,8 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
             "after": s.after,
             "retries": s.retries,
             "code": s.code,
+            "reads": s.reads,
+            "writes": s.writes,
         })).collect::<Vec<_>>(),
         "partitions": { kind: start },
         "schedule": params.schedule.map(|(cron, tz)| json!({"cron": cron, "tz": tz})),

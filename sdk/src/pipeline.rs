@@ -66,7 +66,9 @@ pub struct StepInfo {
     pub after: Option<&'static str>,
     pub retries: u32,
     pub code: &'static str,
-    pub run: fn(&mut Ctx, Value) -> Result<Value, StepError>,
+    pub reads: &'static [&'static str],
+    pub writes: &'static [&'static str],
+    pub run: fn(&mut Ctx<'_>, Value) -> Result<Value, StepError>,
 }
 
 impl StepInfo {
@@ -78,6 +80,8 @@ impl StepInfo {
             after,
             retries: S::RETRIES,
             code: S::CODE,
+            reads: S::READS,
+            writes: S::WRITES,
             run: crate::step::run_erased::<S>,
         }
     }

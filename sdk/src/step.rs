@@ -46,13 +46,19 @@ pub trait Step {
     const ID: &'static str;
     const AFTER_ID: Option<&'static str>;
     const RETRIES: u32;
-    /// A hash of the function's code, kind, edge and retries.
+    /// A hash of the function's code, kind, edge, retries and datasets.
     const CODE: &'static str;
-    fn call(ctx: &mut Ctx, input: Self::Input) -> Result<Self::Output>;
+    /// The datasets (`namespace.table`) it reads and writes.
+    const READS: &'static [&'static str];
+    const WRITES: &'static [&'static str];
+    fn call(ctx: &mut Ctx<'_>, input: Self::Input) -> Result<Self::Output>;
 }
 
 /// Calls a step on JSON, the form inputs and outputs are stored in.
-pub fn run_erased<S: Step>(ctx: &mut Ctx, input: Value) -> std::result::Result<Value, StepError> {
+pub fn run_erased<S: Step>(
+    ctx: &mut Ctx<'_>,
+    input: Value,
+) -> std::result::Result<Value, StepError> {
     let input: S::Input = serde_json::from_value(input).map_err(|e| {
         StepError::Codec(SdkError::Codec {
             step: S::NAME.to_string(),

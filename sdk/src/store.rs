@@ -32,16 +32,38 @@ pub trait Store {
         output: &Value,
     ) -> Result<(), SdkError>;
     fn failed(&mut self, step: &str, partition: &str, error: &str) -> Result<(), SdkError>;
+    /// Pins the snapshot a (step, partition) reads of a dataset: `current` on
+    /// the first read of the run, the pinned one ever after.
+    fn pin_read(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        current: Option<i64>,
+    ) -> Result<Option<i64>, SdkError>;
+    /// Records a snapshot a (step, partition) committed, as its n-th commit.
+    fn record_commit(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        snapshot: i64,
+        commit_no: u32,
+        operation: &str,
+    ) -> Result<(), SdkError>;
 }
 
 fn key(step: &str, partition: &str) -> (String, String) {
     (step.to_string(), partition.to_string())
 }
 
-/// States in memory: an in-memory run, and tests.
+/// States in memory: an in-memory run, and tests. Reads are pinned across
+/// the run's retries; commits are kept but, with no run id, never recognised.
 #[derive(Debug, Default, Clone)]
 pub struct MemStore {
     pub states: HashMap<(String, String), StoredState>,
+    pub pins: HashMap<(String, String, String), Option<i64>>,
+    pub commits: Vec<(String, String, String, i64, u32)>,
 }
 
 impl Store for MemStore {
@@ -74,6 +96,38 @@ impl Store for MemStore {
 
     fn failed(&mut self, step: &str, partition: &str, _error: &str) -> Result<(), SdkError> {
         self.states.entry(key(step, partition)).or_default().status = "failed".into();
+        Ok(())
+    }
+
+    fn pin_read(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        current: Option<i64>,
+    ) -> Result<Option<i64>, SdkError> {
+        Ok(*self
+            .pins
+            .entry((step.to_string(), partition.to_string(), dataset.to_string()))
+            .or_insert(current))
+    }
+
+    fn record_commit(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        snapshot: i64,
+        commit_no: u32,
+        _operation: &str,
+    ) -> Result<(), SdkError> {
+        self.commits.push((
+            step.to_string(),
+            partition.to_string(),
+            dataset.to_string(),
+            snapshot,
+            commit_no,
+        ));
         Ok(())
     }
 }
@@ -193,6 +247,47 @@ impl Store for PgStore {
             &[&self.lease, &step, &partition, &error],
         )?;
         self.states.failed(step, partition, error)
+    }
+
+    fn pin_read(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        current: Option<i64>,
+    ) -> Result<Option<i64>, SdkError> {
+        Ok(self
+            .client
+            .query_one(
+                "SELECT orca.pin_read($1, $2, $3, $4, $5)",
+                &[&self.lease, &step, &partition, &dataset, &current],
+            )?
+            .try_get(0)?)
+    }
+
+    fn record_commit(
+        &mut self,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        snapshot: i64,
+        commit_no: u32,
+        operation: &str,
+    ) -> Result<(), SdkError> {
+        let n = i32::try_from(commit_no).unwrap_or(i32::MAX);
+        self.client.execute(
+            "SELECT orca.record_commit($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &self.lease,
+                &step,
+                &partition,
+                &dataset,
+                &snapshot,
+                &n,
+                &operation,
+            ],
+        )?;
+        Ok(())
     }
 }
 

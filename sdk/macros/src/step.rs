@@ -11,6 +11,35 @@ struct StepArgs {
     kind: Option<(String, proc_macro2::Span)>,
     after: Option<Path>,
     retries: u32,
+    reads: Vec<syn::LitStr>,
+    writes: Vec<syn::LitStr>,
+}
+
+/// `["ns.table", ...]`, each checked to be a dataset name.
+fn datasets(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Vec<syn::LitStr>> {
+    let value = meta.value()?;
+    let content;
+    syn::bracketed!(content in value);
+    let list: syn::punctuated::Punctuated<syn::LitStr, syn::Token![,]> =
+        content.parse_terminated(|p| p.parse::<syn::LitStr>(), syn::Token![,])?;
+    for d in &list {
+        let v = d.value();
+        let ok_part = |p: &str| {
+            !p.is_empty()
+                && p.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !matches!(v.split_once('.'), Some((ns, t)) if ok_part(ns) && ok_part(t)) {
+            return Err(syn::Error::new(
+                d.span(),
+                format!("\"{v}\" is not a dataset: write namespace.table in lowercase"),
+            ));
+        }
+    }
+    Ok(list.into_iter().collect())
 }
 
 fn parse_args(attr: TokenStream) -> syn::Result<StepArgs> {
@@ -18,6 +47,8 @@ fn parse_args(attr: TokenStream) -> syn::Result<StepArgs> {
         kind: None,
         after: None,
         retries: 0,
+        reads: Vec::new(),
+        writes: Vec::new(),
     };
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("mapped") || meta.path.is_ident("gather") {
@@ -34,6 +65,12 @@ fn parse_args(attr: TokenStream) -> syn::Result<StepArgs> {
         } else if meta.path.is_ident("after") {
             args.after = Some(meta.value()?.parse()?);
             Ok(())
+        } else if meta.path.is_ident("reads") {
+            args.reads = datasets(&meta)?;
+            Ok(())
+        } else if meta.path.is_ident("writes") {
+            args.writes = datasets(&meta)?;
+            Ok(())
         } else if meta.path.is_ident("retries") {
             let lit: syn::LitInt = meta.value()?.parse()?;
             args.retries = lit.base10_parse()?;
@@ -43,7 +80,7 @@ fn parse_args(attr: TokenStream) -> syn::Result<StepArgs> {
             Ok(())
         } else {
             Err(meta.error(
-                "unknown step option: use `mapped` or `gather`, `after = <step>`, `retries = <n>`",
+                "unknown step option: use `mapped` or `gather`, `after = <step>`, `retries = <n>`, `reads = [..]`, `writes = [..]`",
             ))
         }
     });
@@ -139,12 +176,17 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             .as_bytes(),
     );
     h.update(args.retries.to_le_bytes());
+    for d in args.reads.iter().chain(&args.writes) {
+        h.update(d.value().as_bytes());
+    }
     let code: String = h.finalize()[..16]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let retries = args.retries;
     let name_str = name.to_string();
+    let reads = &args.reads;
+    let writes = &args.writes;
 
     Ok(quote! {
         #func
@@ -163,7 +205,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             const AFTER_ID: ::core::option::Option<&'static str> = #after_id;
             const RETRIES: u32 = #retries;
             const CODE: &'static str = #code;
-            fn call(ctx: &mut ::orca::Ctx, input: Self::Input) -> ::orca::Result<Self::Output> {
+            const READS: &'static [&'static str] = &[#(#reads),*];
+            const WRITES: &'static [&'static str] = &[#(#writes),*];
+            fn call(ctx: &mut ::orca::Ctx<'_>, input: Self::Input) -> ::orca::Result<Self::Output> {
                 #name(ctx, input).map_err(::core::convert::Into::into)
             }
         }

@@ -1,0 +1,57 @@
+"""Another Iceberg client, for the tests: PyIceberg's SqlCatalog over the same
+Postgres tables Orca's catalog writes.
+
+    python iceberg.py read    <db-url> <warehouse> <dataset>   -> JSON: schema, rows, snapshots
+    python iceberg.py append  <db-url> <warehouse> <dataset> <json rows> [summary json]
+    python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
+"""
+import json
+import sys
+
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+
+
+def catalog(url, warehouse):
+    url = url.replace("postgres://", "postgresql+psycopg2://", 1)
+    return SqlCatalog("default", uri=url, warehouse="file://" + warehouse)
+
+
+def main():
+    cmd, url, warehouse, dataset = sys.argv[1:5]
+    cat = catalog(url, warehouse)
+    if cmd == "read":
+        t = cat.load_table(dataset)
+        snaps = [
+            {"id": s.snapshot_id, "parent": s.parent_snapshot_id,
+             "operation": str(s.summary.operation.value) if s.summary else None,
+             "summary": dict(s.summary.additional_properties) if s.summary else {}}
+            for s in t.snapshots()
+        ]
+        out = {
+            "schema": [[f.name, str(f.field_type), f.required] for f in t.schema().fields],
+            "rows": t.scan().to_arrow().to_pylist(),
+            "snapshots": snaps,
+            "current": t.current_snapshot().snapshot_id if t.current_snapshot() else None,
+            "location": t.location(),
+        }
+        print(json.dumps(out, default=str))
+    elif cmd in ("append", "create"):
+        rows = json.loads(sys.argv[5])
+        data = pa.Table.from_pylist(rows)
+        ns = dataset.split(".")[0]
+        if cmd == "create":
+            try:
+                cat.create_namespace(ns)
+            except Exception:
+                pass
+            t = cat.create_table(dataset, schema=data.schema)
+        else:
+            t = cat.load_table(dataset)
+        props = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}
+        t.append(data, snapshot_properties=props)
+        print(json.dumps({"snapshot": t.current_snapshot().snapshot_id}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+//! Iceberg tables end to end: pipelines write real tables through the SDK,
+//! runners run them, and PyIceberg, another client of the same catalog,
+//! reads them back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use orca_tests::procs::{bin, Runner};
+use orca_tests::sqlx::{self, Executor};
+use orca_tests::*;
+use serde_json::{json, Value};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "orca-tables-{name}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// PyIceberg, through tests/py/iceberg.py.
+fn py(args: &[&str]) -> Value {
+    let python =
+        std::env::var("ORCA_TEST_PYTHON").unwrap_or_else(|_| "/var/tmp/orca-py/bin/python".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/iceberg.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {python} (scripts/setup.sh installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "pyiceberg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
+}
+
+fn read(db: &TestDb, wh: &Path, dataset: &str) -> Value {
+    py(&["read", &db.url(), wh.to_str().unwrap_or_default(), dataset])
+}
+
+fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(bin("orca"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("run orca")
+}
+
+fn register(db: &TestDb, binary: &str) {
+    let out = orca(db, &["register", bin(binary).to_str().unwrap_or_default()]);
+    assert!(
+        out.status.success(),
+        "orca register {binary}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn wait_run(db: &TestDb, run: i64, status: &str, runner: &Runner) {
+    let t0 = Instant::now();
+    loop {
+        let s: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("run status");
+        if s == status {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "run {run} is {s}, waited for {status}\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_lake_s_tables_read_back_in_pyiceberg_with_their_orca_properties() {
+    let db = TestDb::new().await;
+    register(&db, "lake");
+    let wh = scratch("lake-wh");
+    let logs = scratch("lake-logs");
+    let whs = wh.to_string_lossy().to_string();
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        2,
+        &logs,
+        &[("ORCA_WAREHOUSE", whs.as_str())],
+    );
+    let out = orca(&db, &["backfill", "lake", "2013-01..2013-03"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        runner.output()
+    );
+
+    let monthly = read(&db, &wh, "lake.monthly");
+    assert_eq!(
+        monthly["schema"],
+        json!([
+            ["month", "string", true],
+            ["flights", "long", true],
+            ["avg_delay_minutes", "double", true],
+            ["cancelled_pct", "double", true]
+        ])
+    );
+    let mut flights: Vec<(String, i64)> = monthly["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["month"].as_str().unwrap_or_default().to_string(),
+                r["flights"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    flights.sort();
+    assert_eq!(
+        flights,
+        [
+            ("2013-01".into(), 27004),
+            ("2013-02".into(), 24951),
+            ("2013-03".into(), 28834)
+        ]
+    );
+    assert!(monthly["location"]
+        .as_str()
+        .unwrap_or_default()
+        .ends_with("/lake/monthly"));
+
+    // Every snapshot carries the orca.* properties of the step that made it,
+    // and the control plane recorded exactly those snapshots.
+    let hash = db
+        .strings("SELECT registry_hash FROM orca.pipeline_versions")
+        .await;
+    let runs = db
+        .strings("SELECT id::text FROM orca.runs ORDER BY id")
+        .await;
+    let raw = read(&db, &wh, "lake.raw");
+    let snaps = raw["snapshots"].as_array().cloned().unwrap_or_default();
+    assert_eq!(snaps.len(), 3);
+    let mut months = Vec::new();
+    for s in &snaps {
+        let p = &s["summary"];
+        assert_eq!(p["orca.pipeline"], "lake", "{p}");
+        assert_eq!(p["orca.step"], "load", "{p}");
+        assert_eq!(p["orca.attempt"], "1", "{p}");
+        assert_eq!(p["orca.commit"], "1", "{p}");
+        assert_eq!(p["orca.code"], hash[0].as_str(), "{p}");
+        assert!(
+            runs.contains(&p["orca.run"].as_str().unwrap_or_default().to_string()),
+            "{p}"
+        );
+        months.push(p["orca.partition"].as_str().unwrap_or_default().to_string());
+    }
+    months.sort();
+    assert_eq!(months, ["2013-01", "2013-02", "2013-03"]);
+    let mut recorded = db
+        .strings("SELECT snapshot_id::text FROM orca.commits WHERE dataset = 'lake.raw' ORDER BY 1")
+        .await;
+    let mut seen: Vec<String> = snaps.iter().map(|s| s["id"].to_string()).collect();
+    recorded.sort();
+    seen.sort();
+    assert_eq!(recorded, seen);
+    let clean = read(&db, &wh, "lake.clean");
+    let reads: Value = serde_json::from_str(
+        clean["snapshots"][0]["summary"]["orca.reads"]
+            .as_str()
+            .unwrap_or("{}"),
+    )
+    .expect("orca.reads JSON");
+    assert!(
+        reads["lake.raw"].is_i64(),
+        "the clean step names the lake.raw snapshot it read: {reads}"
+    );
+
+    // Lineage connects them through the runs.
+    let lineage = db
+        .strings("SELECT DISTINCT direction || ' ' || related FROM orca.lineage('lake.clean') ORDER BY 1")
+        .await;
+    assert_eq!(lineage, ["downstream lake.monthly", "upstream lake.raw"]);
+}
+
+async fn probe_src(db: &TestDb, wh: &Path, rows: usize) -> i64 {
+    let data: Vec<Value> = (0..rows).map(|i| json!({"n": i as i64})).collect();
+    let out = py(&[
+        "create",
+        &db.url(),
+        wh.to_str().unwrap_or_default(),
+        "probe.src",
+        &json!(data).to_string(),
+    ]);
+    out["snapshot"].as_i64().expect("snapshot")
+}
+
+#[tokio::test]
+async fn a_crash_after_the_table_commit_does_not_write_the_month_twice() {
+    let db = TestDb::new().await;
+    register(&db, "probe_tables");
+    let wh = scratch("crash-wh");
+    probe_src(&db, &wh, 3).await;
+    let dir = scratch("crash");
+    let (whs, marker, dirs) = (
+        wh.to_string_lossy().to_string(),
+        dir.join("fault").to_string_lossy().to_string(),
+        dir.to_string_lossy().to_string(),
+    );
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        1,
+        &dir,
+        &[
+            ("ORCA_WAREHOUSE", whs.as_str()),
+            ("ORCA_FAULT", "after-table-commit"),
+            ("ORCA_FAULT_MARKER", marker.as_str()),
+            ("PROBE_DIR", dirs.as_str()),
+        ],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-02')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, run, "succeeded", &runner).await;
+    let attempts = db
+        .strings(&format!(
+            "SELECT number || ' ' || status FROM orca.attempts WHERE run_id = {run} ORDER BY 1"
+        ))
+        .await;
+    assert_eq!(attempts, ["1 failed", "2 succeeded"], "{}", runner.output());
+    // The first attempt committed and died before telling the control plane;
+    // the retry found that snapshot instead of writing the month again.
+    let rows = read(&db, &wh, "probe.rows");
+    assert_eq!(
+        rows["rows"].as_array().map(Vec::len),
+        Some(29),
+        "February 2024 has 29 days"
+    );
+    assert_eq!(rows["snapshots"].as_array().map(Vec::len), Some(1));
+    let recorded = db
+        .strings(&format!("SELECT snapshot_id::text FROM orca.commits WHERE run_id = {run} AND dataset = 'probe.rows'"))
+        .await;
+    assert_eq!(recorded, [rows["current"].to_string()]);
+    let counted: Value = sqlx::query_scalar(
+        "SELECT output FROM orca.step_states WHERE run_id = $1 AND step = 'count'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("count output");
+    assert_eq!(counted, json!({"2024-02": 29}));
+}
+
+#[tokio::test]
+async fn a_retry_reads_the_pinned_snapshot_after_another_writer_committed() {
+    let db = TestDb::new().await;
+    register(&db, "probe_tables");
+    let wh = scratch("pin-wh");
+    let first = probe_src(&db, &wh, 5).await;
+    let dir = scratch("pin");
+    let (whs, dirs) = (
+        wh.to_string_lossy().to_string(),
+        dir.to_string_lossy().to_string(),
+    );
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        1,
+        &dir,
+        &[
+            ("ORCA_WAREHOUSE", whs.as_str()),
+            ("PROBE_DIR", dirs.as_str()),
+            ("PROBE_STALL_ONCE", "read:2024-03:30000"),
+            ("PROBE_FAIL_ONCE", "read:2024-03"),
+        ],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-03')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    // While the read step is stalled (it has read), another writer appends.
+    let t0 = Instant::now();
+    while !dir.join("stalling").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never stalled\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let data: Vec<Value> = (0..7).map(|i| json!({"n": 100 + i as i64})).collect();
+    py(&[
+        "append",
+        &db.url(),
+        &whs,
+        "probe.src",
+        &json!(data).to_string(),
+    ]);
+    std::fs::write(dir.join("go"), "").expect("release the stall");
+    wait_run(&db, run, "succeeded", &runner).await;
+    // The step failed once after its read and its retry read the same snapshot.
+    let (attempts, output): (i32, Value) = sqlx::query_as(
+        "SELECT attempts, output FROM orca.step_states WHERE run_id = $1 AND step = 'read'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("read step");
+    assert_eq!((attempts, output), (2, json!(5)));
+    let pinned: Option<i64> = sqlx::query_scalar(
+        "SELECT snapshot_id FROM orca.reads WHERE run_id = $1 AND dataset = 'probe.src'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("pin");
+    assert_eq!(pinned, Some(first));
+    // A new run reads the table as it is now.
+    let next: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-04')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, next, "succeeded", &runner).await;
+    let output: Value = sqlx::query_scalar(
+        "SELECT output FROM orca.step_states WHERE run_id = $1 AND step = 'read'",
+    )
+    .bind(next)
+    .fetch_one(&db.pool)
+    .await
+    .expect("read step");
+    assert_eq!(output, json!(12));
+}
+
+#[tokio::test]
+async fn an_undeclared_dataset_fails_the_attempt_naming_the_step_and_the_dataset() {
+    let db = TestDb::new().await;
+    db.pool.execute("SELECT 1").await.expect("db");
+    register(&db, "probe_tables");
+    let wh = scratch("undeclared-wh");
+    probe_src(&db, &wh, 1).await;
+    let dir = scratch("undeclared");
+    let whs = wh.to_string_lossy().to_string();
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        1,
+        &dir,
+        &[
+            ("ORCA_WAREHOUSE", whs.as_str()),
+            ("PROBE_TOUCH", "probe.secret"),
+        ],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-05')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, run, "failed", &runner).await;
+    let error: String = sqlx::query_scalar(
+        "SELECT error FROM orca.step_states WHERE run_id = $1 AND step = 'read'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("step error");
+    assert!(
+        error.contains("step read declares neither reads nor writes of dataset probe.secret"),
+        "{error}"
+    );
+}
