@@ -91,6 +91,7 @@ CREATE TABLE orca.pipeline_versions (
     commit          text,
     dirty           boolean,
     image           text,
+    sensor          boolean NOT NULL DEFAULT false,
     registered_at   timestamptz NOT NULL DEFAULT now(),
     registered_by   name NOT NULL DEFAULT session_user,
     UNIQUE (pipeline_id, version),
@@ -135,7 +136,9 @@ CREATE TABLE orca.runs (
     pipeline_id bigint NOT NULL,
     version_id  bigint NOT NULL,
     partitions  text[] NOT NULL CHECK (cardinality(partitions) >= 1),
-    trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor')),
+    trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor', 'sense')),
+    -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense')),
     status      text NOT NULL DEFAULT 'queued'
                 CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
     fire_at     timestamptz,
@@ -296,6 +299,34 @@ CREATE TABLE orca.commits (
 );
 CREATE INDEX commits_dataset ON orca.commits (org_id, dataset, id);
 
+-- Sensor pipelines: when each started watching, how far the commits of other
+-- pipelines' runs have been looked at, the long-lived run whose attempts poll
+-- for outside snapshots, and when it last polled.
+CREATE TABLE orca.sensors (
+    org_id        bigint NOT NULL,
+    pipeline_id   bigint PRIMARY KEY,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    commit_cursor bigint NOT NULL DEFAULT 0,
+    sense_run     bigint,
+    last_sense_at timestamptz,
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
+);
+
+-- Every snapshot a sensor saw, and the one run it started.
+CREATE TABLE orca.sensed (
+    org_id      bigint NOT NULL,
+    pipeline_id bigint NOT NULL,
+    dataset     text NOT NULL,
+    snapshot_id bigint NOT NULL,
+    source      text NOT NULL CHECK (source IN ('orca', 'outside', 'registration')),
+    upstream    text[] NOT NULL DEFAULT '{}',
+    run_id      bigint,
+    seen_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline_id, dataset, snapshot_id),
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
+);
+CREATE INDEX sensed_run ON orca.sensed (run_id) WHERE run_id IS NOT NULL;
+
 -- The outbox: every state change writes its event in the same transaction.
 CREATE TABLE orca.events (
     -- No foreign key: the outbox is written on every state change, and an
@@ -324,7 +355,9 @@ CREATE TYPE orca.lease AS (
     deadline        timestamptz,
     registry_hash   text,
     pool            text,
-    org             text
+    org             text,
+    -- What the runner runs: `<binary> attempt --lease` or `<binary> sense --lease`.
+    command         text
 );
 
 INSERT INTO orca.orgs (name) VALUES ('default');
@@ -377,7 +410,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -393,7 +426,7 @@ BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.
@@ -494,7 +527,7 @@ AS 'MODULE_PATHNAME', 'fire_partition_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/helpers.rs:152
+-- pg_ext/src/helpers.rs:190
 -- orca_ext::helpers::_lease_seconds
 CREATE  FUNCTION "_lease_seconds"() RETURNS INT /* i32 */
 STRICT STABLE PARALLEL SAFE 
@@ -503,7 +536,7 @@ AS 'MODULE_PATHNAME', 'lease_seconds_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/helpers.rs:157
+-- pg_ext/src/helpers.rs:195
 -- orca_ext::helpers::_lost_attempts_max
 CREATE  FUNCTION "_lost_attempts_max"() RETURNS INT /* i32 */
 STRICT STABLE PARALLEL SAFE 
@@ -523,12 +556,38 @@ AS 'MODULE_PATHNAME', 'manifest_check_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/helpers.rs:162
+-- pg_ext/src/helpers.rs:200
 -- orca_ext::helpers::_max_fires_per_tick
 CREATE  FUNCTION "_max_fires_per_tick"() RETURNS INT /* i32 */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'max_fires_per_tick_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- pg_ext/src/helpers.rs:185
+-- orca_ext::helpers::_sense_seconds
+CREATE  FUNCTION "_sense_seconds"() RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'sense_seconds_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- pg_ext/src/helpers.rs:155
+-- orca_ext::helpers::_sensor_partitions
+CREATE  FUNCTION "_sensor_partitions"(
+	"kind" TEXT, /* & str */
+	"start" TEXT, /* & str */
+	"tz" TEXT, /* & str */
+	"fills" TEXT, /* & str */
+	"cron" TEXT, /* Option < & str > */
+	"upstream" TEXT[], /* Vec < String > */
+	"now" timestamp with time zone /* TimestampWithTimeZone */
+) RETURNS TEXT[] /* Vec < String > */
+STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'sensor_partitions_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -545,6 +604,8 @@ AS 'MODULE_PATHNAME', 'max_fires_per_tick_wrapper';
 --   helpers::lease_seconds
 --   helpers::lost_attempts_max
 --   helpers::max_fires_per_tick
+--   helpers::sensor_partitions
+--   helpers::sense_seconds
 
 -- Internal building blocks of the SQL API: the run and attempt lifecycle.
 --
@@ -709,7 +770,7 @@ BEGIN
     END IF;
     IF v_max IS NOT NULL THEN
         SELECT count(*) INTO v_running FROM orca.runs
-        WHERE pipeline_id = p_pipeline AND status = 'running';
+        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind = 'pipeline';
         IF v_running >= v_max THEN
             RETURN 0;
         END IF;
@@ -829,7 +890,8 @@ BEGIN
                         jsonb_strip_nulls(jsonb_build_object('attempt', a.number,
                                                              'runner', a.runner,
                                                              'error', p_error)));
-    IF r.status <> 'running' THEN
+    IF r.status <> 'running' OR r.kind = 'sense' THEN
+        -- A sensor's polls come and go; its sense run stays as it is.
         RETURN r.status;
     END IF;
     IF p_outcome = 'released' THEN
@@ -918,10 +980,74 @@ BEGIN
     RETURN a;
 END
 $$;
+
+-- A sensor saw a snapshot: the first time, it starts one run (trigger sensor)
+-- over the partitions the snapshot maps to. Returns the run, or NULL when the
+-- snapshot was seen before or maps to no partition.
+CREATE FUNCTION orca._sensed(p_org bigint, p_pipeline bigint, p_dataset text, p_snapshot bigint,
+                             p_source text, p_upstream text[])
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    v_parts text[];
+    v_run bigint;
+BEGIN
+    INSERT INTO orca.sensed (org_id, pipeline_id, dataset, snapshot_id, source, upstream)
+    VALUES (p_org, p_pipeline, p_dataset, p_snapshot, p_source, coalesce(p_upstream, '{}'))
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    v_parts := orca._sensor_partitions(v.partition_kind, v.partition_start, v.tz, v.fills, v.cron,
+                                       coalesce(p_upstream, '{}'), now());
+    IF cardinality(v_parts) = 0 THEN
+        PERFORM orca._event(p_org, 'sensor.skipped', p_pipeline, NULL, NULL,
+            jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot,
+                               'upstream', p_upstream, 'reason', 'no partition of the pipeline'));
+        RETURN NULL;
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+    VALUES (p_org, p_pipeline, v.id, v_parts, 'sensor', v.run_retries)
+    RETURNING id INTO v_run;
+    UPDATE orca.sensed SET run_id = v_run
+    WHERE pipeline_id = p_pipeline AND dataset = p_dataset AND snapshot_id = p_snapshot;
+    PERFORM orca._event(p_org, 'sensor.fired', p_pipeline, v_run, NULL,
+        jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot, 'source', p_source,
+                           'partitions', v_parts));
+    PERFORM orca._runs_created(p_org, p_pipeline, ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;
+
+-- Queues the next poll of a sensor: a new pending attempt of its sense run.
+CREATE FUNCTION orca._queue_sense(p_run bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r orca.runs;
+    v_pool text;
+    v_attempt bigint;
+BEGIN
+    UPDATE orca.runs SET attempts = attempts + 1 WHERE id = p_run RETURNING * INTO r;
+    SELECT pool INTO v_pool FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = r.pipeline_id);
+    INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
+    VALUES (r.org_id, r.id, r.attempts,
+            (SELECT current_version FROM orca.pipelines WHERE id = r.pipeline_id), v_pool)
+    RETURNING id INTO v_attempt;
+    INSERT INTO orca.queue (org_id, pool, attempt_id) VALUES (r.org_id, v_pool, v_attempt);
+    PERFORM orca._event(r.org_id, 'sense.queued', r.pipeline_id, r.id, v_attempt,
+                        jsonb_build_object('attempt', r.attempts));
+    PERFORM pg_notify('orca_work', v_pool);
+END
+$$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/lib.rs:34
+-- pg_ext/src/lib.rs:36
 -- requires:
 --   internal
 
@@ -1040,12 +1166,12 @@ BEGIN
         INSERT INTO orca.pipeline_versions (
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
             partition_kind, partition_start, max_runs, run_retries, catchup, fills,
-            cron, tz, source, commit, dirty, image)
+            cron, tz, source, commit, dirty, image, sensor)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
                k.key, k.value #>> '{}', (m->>'max_runs')::int, (m->>'run_retries')::int,
                (m->>'catchup')::boolean, m->>'fills', m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
-               (m->>'dirty')::boolean, m->>'image'
+               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
         FROM jsonb_each(m->'partitions') AS k
         RETURNING id INTO v_vid;
         INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries, code)
@@ -1064,6 +1190,16 @@ BEGIN
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
     WHERE id = v_pid;
     PERFORM orca._refuse_cycle(v_org, v_pid);
+
+    IF coalesce((m->>'sensor')::boolean, false) THEN
+        -- What the datasets hold now counts as seen: a sensor does not
+        -- rebuild history (a backfill does).
+        INSERT INTO orca.sensors (org_id, pipeline_id, commit_cursor)
+        VALUES (v_org, v_pid, (SELECT coalesce(max(id), 0) FROM orca.commits WHERE org_id = v_org))
+        ON CONFLICT (pipeline_id) DO NOTHING;
+    ELSE
+        DELETE FROM orca.sensors WHERE pipeline_id = v_pid;
+    END IF;
 
     IF jsonb_typeof(m->'schedule') = 'object' THEN
         INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
@@ -1389,7 +1525,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash
+                   v.registry_hash, r.kind AS run_kind
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -1400,7 +1536,8 @@ BEGIN
         FROM info i
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
-           i.number, i.deadline, i.registry_hash, i.pool, v_org_name
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
+           CASE i.run_kind WHEN 'sense' THEN 'sense' ELSE 'attempt' END
     FROM info i
     ORDER BY i.id;
 END
@@ -1873,6 +2010,90 @@ END
 $$;
 
 ---------------------------------------------------------------------------
+-- Sensors
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.sense_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    sn orca.sensors;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(sense_context.lease)
+      AND l.lease = sense_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, sense_context.lease);
+    END IF;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'sense' THEN
+        RAISE EXCEPTION 'lease % is not a sensor''s poll: run % is a pipeline run',
+            sense_context.lease, r.id USING ERRCODE = 'OR050';
+    END IF;
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'since', sn.registered_at,
+        'datasets', coalesce((
+            SELECT jsonb_agg(DISTINCT d.dataset ORDER BY d.dataset)
+            FROM orca.step_datasets d
+            JOIN orca.pipelines p ON p.current_version = d.version_id
+            WHERE p.id = r.pipeline_id AND d.mode = 'read'
+              AND NOT EXISTS (SELECT 1 FROM orca.step_datasets w
+                              WHERE w.version_id = d.version_id AND w.dataset = d.dataset
+                                AND w.mode = 'write')), '[]'));
+END
+$$;
+COMMENT ON FUNCTION orca.sense_context(uuid) IS
+'What a sensor''s poll looks at: the datasets the pipeline reads and does not write, and the '
+'time it started watching (snapshots older than that are already seen). The SDK''s sense '
+'command calls it.';
+
+CREATE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    ctx jsonb := orca.sense_context(report_snapshots.lease);
+    r orca.runs;
+    sn orca.sensors;
+    s jsonb;
+    v_started integer := 0;
+BEGIN
+    IF jsonb_typeof(report_snapshots.snapshots) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'snapshots must be a JSON array, got %', coalesce(report_snapshots.snapshots::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT x.* INTO r FROM orca.runs x
+    JOIN orca.attempts a ON a.run_id = x.id
+    WHERE a.id = orca._lease_attempt(report_snapshots.lease);
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    FOR s IN SELECT value FROM jsonb_array_elements(report_snapshots.snapshots) ORDER BY (value->>'timestamp_ms')::bigint NULLS FIRST LOOP
+        CONTINUE WHEN NOT (ctx->'datasets') ? (s->>'dataset');
+        -- Orca's own commits are seen from the control plane once their run succeeds.
+        CONTINUE WHEN s->>'orca_run' IS NOT NULL;
+        CONTINUE WHEN (s->>'snapshot') IS NULL;
+        CONTINUE WHEN to_timestamp(((s->>'timestamp_ms')::bigint) / 1000.0) <= sn.registered_at;
+        IF orca._sensed(v_org, r.pipeline_id, s->>'dataset', (s->>'snapshot')::bigint, 'outside',
+                        CASE WHEN coalesce(s->>'partitions', '') = '' THEN '{}'::text[]
+                             ELSE string_to_array(s->>'partitions', ',') END) IS NOT NULL THEN
+            v_started := v_started + 1;
+        END IF;
+    END LOOP;
+    RETURN v_started;
+END
+$$;
+COMMENT ON FUNCTION orca.report_snapshots(uuid, jsonb) IS
+'A sensor''s poll reports the snapshots its datasets hold: [{dataset, snapshot, timestamp_ms, '
+'partitions, orca_run}]. Each snapshot made by a writer outside Orca after the sensor started '
+'watching starts exactly one run (trigger sensor), however often it is reported; partitions '
+'come from the snapshot''s orca.partitions property (a day maps to its month, a month to its '
+'days), or else from the schedule. Returns how many runs it started.';
+
+---------------------------------------------------------------------------
 -- Time: all periodic work
 ---------------------------------------------------------------------------
 
@@ -1885,6 +2106,12 @@ DECLARE
     s         record;
     a         record;
     q         record;
+    sn        record;
+    c         record;
+    v_cursor  bigint;
+    v_sense_run bigint;
+    n_sensed  integer := 0;
+    n_polls   integer := 0;
     v_from    timestamptz;
     v_until   timestamptz;
     v_fires   timestamptz[];
@@ -2000,7 +2227,66 @@ BEGIN
         END;
     END LOOP;
 
-    -- 3. Queued runs start within their pipeline's max_runs.
+    -- 3. Sensors: snapshots other pipelines' succeeded runs committed start
+    --    runs now; outside snapshots are found by polls runners run.
+    FOR sn IN
+        SELECT x.*, v.id AS version_id
+        FROM orca.sensors x
+        JOIN orca.pipelines p ON p.id = x.pipeline_id
+        JOIN orca.pipeline_versions v ON v.id = p.current_version
+        WHERE x.org_id = ANY (v_orgs) AND NOT p.paused AND v.sensor
+        ORDER BY x.pipeline_id
+        FOR UPDATE OF x SKIP LOCKED
+    LOOP
+        v_cursor := sn.commit_cursor;
+        FOR c IN
+            SELECT cm.id, cm.dataset, cm.snapshot_id, cm.partition, r.status, r.partitions AS run_partitions,
+                   r.pipeline_id
+            FROM orca.commits cm JOIN orca.runs r ON r.id = cm.run_id
+            WHERE cm.org_id = sn.org_id AND cm.id > sn.commit_cursor
+            ORDER BY cm.id
+            LIMIT 1000
+        LOOP
+            -- A commit of a run still going is seen once the run has succeeded.
+            EXIT WHEN c.status IN ('queued', 'running');
+            v_cursor := c.id;
+            CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            CONTINUE WHEN NOT EXISTS (
+                SELECT 1 FROM orca.step_datasets d
+                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'read')
+              OR EXISTS (
+                SELECT 1 FROM orca.step_datasets d
+                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'write');
+            IF orca._sensed(sn.org_id, sn.pipeline_id, c.dataset, c.snapshot_id, 'orca',
+                            CASE WHEN c.partition = '*' THEN c.run_partitions
+                                 ELSE ARRAY[c.partition] END) IS NOT NULL THEN
+                n_sensed := n_sensed + 1;
+            END IF;
+        END LOOP;
+        UPDATE orca.sensors SET commit_cursor = v_cursor WHERE pipeline_id = sn.pipeline_id;
+        -- The next poll, when one is due and none is waiting or running.
+        IF sn.last_sense_at IS NULL
+           OR sn.last_sense_at <= v_now - make_interval(secs => orca._sense_seconds()) THEN
+            v_sense_run := sn.sense_run;
+            IF v_sense_run IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM orca.runs WHERE id = v_sense_run AND status = 'running') THEN
+                INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind,
+                                       status, started_at)
+                VALUES (sn.org_id, sn.pipeline_id, sn.version_id, ARRAY['*'], 'sense', 'sense',
+                        'running', now())
+                RETURNING id INTO v_sense_run;
+                UPDATE orca.sensors SET sense_run = v_sense_run WHERE pipeline_id = sn.pipeline_id;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM orca.attempts
+                           WHERE run_id = v_sense_run AND status IN ('pending', 'leased')) THEN
+                PERFORM orca._queue_sense(v_sense_run);
+                UPDATE orca.sensors SET last_sense_at = v_now WHERE pipeline_id = sn.pipeline_id;
+                n_polls := n_polls + 1;
+            END IF;
+        END IF;
+    END LOOP;
+
+    -- 4. Queued runs start within their pipeline's max_runs.
     FOR q IN
         SELECT DISTINCT r.org_id, r.pipeline_id FROM orca.runs r
         WHERE r.status = 'queued' AND r.org_id = ANY (v_orgs)
@@ -2010,19 +2296,21 @@ BEGIN
 
     RETURN jsonb_build_object(
         'now', v_now, 'fires', n_fires, 'runs_created', n_runs, 'fires_skipped', n_skipped,
-        'fires_missed', n_missed, 'attempts_lost', n_lost, 'runs_started', n_started);
+        'fires_missed', n_missed, 'attempts_lost', n_lost, 'runs_started', n_started,
+        'sensor_runs', n_sensed, 'sense_polls', n_polls);
 END
 $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs. Idempotent for the same now. The background worker calls it '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
+'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/lib.rs:35
+-- pg_ext/src/lib.rs:37
 -- requires:
 --   api
 
@@ -2037,6 +2325,7 @@ SELECT r.id                            AS run,
        v.registry_hash,
        r.partitions,
        r.trigger,
+       r.kind,
        r.status,
        r.fire_at,
        r.attempts,
@@ -2145,13 +2434,17 @@ COMMENT ON TABLE orca.reads IS
 'The snapshot each (run, step, partition) read of a dataset, pinned for its retries and resumes.';
 COMMENT ON TABLE orca.commits IS
 'Every snapshot a (run, step, partition) committed to a dataset, as it happened.';
+COMMENT ON TABLE orca.sensors IS
+'Sensor pipelines: since when they watch, how far other runs'' commits were looked at, their poll.';
+COMMENT ON TABLE orca.sensed IS
+'Every snapshot a sensor saw and the one run it started.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/lib.rs:36
+-- pg_ext/src/lib.rs:38
 -- finalize
 -- Who may do what. Permissions come from four group roles; which org a role
 -- acts in comes from orca.members. Nothing is granted to PUBLIC.
@@ -2192,6 +2485,8 @@ GRANT EXECUTE ON FUNCTION
     orca.report_step(uuid, text, text, text, text, jsonb, text, text),
     orca.attempt_context(uuid, jsonb),
     orca.pin_read(uuid, text, text, text, bigint),
+    orca.sense_context(uuid),
+    orca.report_snapshots(uuid, jsonb),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

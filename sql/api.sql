@@ -113,12 +113,12 @@ BEGIN
         INSERT INTO orca.pipeline_versions (
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
             partition_kind, partition_start, max_runs, run_retries, catchup, fills,
-            cron, tz, source, commit, dirty, image)
+            cron, tz, source, commit, dirty, image, sensor)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
                k.key, k.value #>> '{}', (m->>'max_runs')::int, (m->>'run_retries')::int,
                (m->>'catchup')::boolean, m->>'fills', m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
-               (m->>'dirty')::boolean, m->>'image'
+               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
         FROM jsonb_each(m->'partitions') AS k
         RETURNING id INTO v_vid;
         INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries, code)
@@ -137,6 +137,16 @@ BEGIN
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
     WHERE id = v_pid;
     PERFORM orca._refuse_cycle(v_org, v_pid);
+
+    IF coalesce((m->>'sensor')::boolean, false) THEN
+        -- What the datasets hold now counts as seen: a sensor does not
+        -- rebuild history (a backfill does).
+        INSERT INTO orca.sensors (org_id, pipeline_id, commit_cursor)
+        VALUES (v_org, v_pid, (SELECT coalesce(max(id), 0) FROM orca.commits WHERE org_id = v_org))
+        ON CONFLICT (pipeline_id) DO NOTHING;
+    ELSE
+        DELETE FROM orca.sensors WHERE pipeline_id = v_pid;
+    END IF;
 
     IF jsonb_typeof(m->'schedule') = 'object' THEN
         INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
@@ -462,7 +472,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash
+                   v.registry_hash, r.kind AS run_kind
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -473,7 +483,8 @@ BEGIN
         FROM info i
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
-           i.number, i.deadline, i.registry_hash, i.pool, v_org_name
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
+           CASE i.run_kind WHEN 'sense' THEN 'sense' ELSE 'attempt' END
     FROM info i
     ORDER BY i.id;
 END
@@ -946,6 +957,90 @@ END
 $$;
 
 ---------------------------------------------------------------------------
+-- Sensors
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.sense_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    sn orca.sensors;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(sense_context.lease)
+      AND l.lease = sense_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, sense_context.lease);
+    END IF;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'sense' THEN
+        RAISE EXCEPTION 'lease % is not a sensor''s poll: run % is a pipeline run',
+            sense_context.lease, r.id USING ERRCODE = 'OR050';
+    END IF;
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'since', sn.registered_at,
+        'datasets', coalesce((
+            SELECT jsonb_agg(DISTINCT d.dataset ORDER BY d.dataset)
+            FROM orca.step_datasets d
+            JOIN orca.pipelines p ON p.current_version = d.version_id
+            WHERE p.id = r.pipeline_id AND d.mode = 'read'
+              AND NOT EXISTS (SELECT 1 FROM orca.step_datasets w
+                              WHERE w.version_id = d.version_id AND w.dataset = d.dataset
+                                AND w.mode = 'write')), '[]'));
+END
+$$;
+COMMENT ON FUNCTION orca.sense_context(uuid) IS
+'What a sensor''s poll looks at: the datasets the pipeline reads and does not write, and the '
+'time it started watching (snapshots older than that are already seen). The SDK''s sense '
+'command calls it.';
+
+CREATE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    ctx jsonb := orca.sense_context(report_snapshots.lease);
+    r orca.runs;
+    sn orca.sensors;
+    s jsonb;
+    v_started integer := 0;
+BEGIN
+    IF jsonb_typeof(report_snapshots.snapshots) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'snapshots must be a JSON array, got %', coalesce(report_snapshots.snapshots::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT x.* INTO r FROM orca.runs x
+    JOIN orca.attempts a ON a.run_id = x.id
+    WHERE a.id = orca._lease_attempt(report_snapshots.lease);
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    FOR s IN SELECT value FROM jsonb_array_elements(report_snapshots.snapshots) ORDER BY (value->>'timestamp_ms')::bigint NULLS FIRST LOOP
+        CONTINUE WHEN NOT (ctx->'datasets') ? (s->>'dataset');
+        -- Orca's own commits are seen from the control plane once their run succeeds.
+        CONTINUE WHEN s->>'orca_run' IS NOT NULL;
+        CONTINUE WHEN (s->>'snapshot') IS NULL;
+        CONTINUE WHEN to_timestamp(((s->>'timestamp_ms')::bigint) / 1000.0) <= sn.registered_at;
+        IF orca._sensed(v_org, r.pipeline_id, s->>'dataset', (s->>'snapshot')::bigint, 'outside',
+                        CASE WHEN coalesce(s->>'partitions', '') = '' THEN '{}'::text[]
+                             ELSE string_to_array(s->>'partitions', ',') END) IS NOT NULL THEN
+            v_started := v_started + 1;
+        END IF;
+    END LOOP;
+    RETURN v_started;
+END
+$$;
+COMMENT ON FUNCTION orca.report_snapshots(uuid, jsonb) IS
+'A sensor''s poll reports the snapshots its datasets hold: [{dataset, snapshot, timestamp_ms, '
+'partitions, orca_run}]. Each snapshot made by a writer outside Orca after the sensor started '
+'watching starts exactly one run (trigger sensor), however often it is reported; partitions '
+'come from the snapshot''s orca.partitions property (a day maps to its month, a month to its '
+'days), or else from the schedule. Returns how many runs it started.';
+
+---------------------------------------------------------------------------
 -- Time: all periodic work
 ---------------------------------------------------------------------------
 
@@ -958,6 +1053,12 @@ DECLARE
     s         record;
     a         record;
     q         record;
+    sn        record;
+    c         record;
+    v_cursor  bigint;
+    v_sense_run bigint;
+    n_sensed  integer := 0;
+    n_polls   integer := 0;
     v_from    timestamptz;
     v_until   timestamptz;
     v_fires   timestamptz[];
@@ -1073,7 +1174,66 @@ BEGIN
         END;
     END LOOP;
 
-    -- 3. Queued runs start within their pipeline's max_runs.
+    -- 3. Sensors: snapshots other pipelines' succeeded runs committed start
+    --    runs now; outside snapshots are found by polls runners run.
+    FOR sn IN
+        SELECT x.*, v.id AS version_id
+        FROM orca.sensors x
+        JOIN orca.pipelines p ON p.id = x.pipeline_id
+        JOIN orca.pipeline_versions v ON v.id = p.current_version
+        WHERE x.org_id = ANY (v_orgs) AND NOT p.paused AND v.sensor
+        ORDER BY x.pipeline_id
+        FOR UPDATE OF x SKIP LOCKED
+    LOOP
+        v_cursor := sn.commit_cursor;
+        FOR c IN
+            SELECT cm.id, cm.dataset, cm.snapshot_id, cm.partition, r.status, r.partitions AS run_partitions,
+                   r.pipeline_id
+            FROM orca.commits cm JOIN orca.runs r ON r.id = cm.run_id
+            WHERE cm.org_id = sn.org_id AND cm.id > sn.commit_cursor
+            ORDER BY cm.id
+            LIMIT 1000
+        LOOP
+            -- A commit of a run still going is seen once the run has succeeded.
+            EXIT WHEN c.status IN ('queued', 'running');
+            v_cursor := c.id;
+            CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            CONTINUE WHEN NOT EXISTS (
+                SELECT 1 FROM orca.step_datasets d
+                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'read')
+              OR EXISTS (
+                SELECT 1 FROM orca.step_datasets d
+                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'write');
+            IF orca._sensed(sn.org_id, sn.pipeline_id, c.dataset, c.snapshot_id, 'orca',
+                            CASE WHEN c.partition = '*' THEN c.run_partitions
+                                 ELSE ARRAY[c.partition] END) IS NOT NULL THEN
+                n_sensed := n_sensed + 1;
+            END IF;
+        END LOOP;
+        UPDATE orca.sensors SET commit_cursor = v_cursor WHERE pipeline_id = sn.pipeline_id;
+        -- The next poll, when one is due and none is waiting or running.
+        IF sn.last_sense_at IS NULL
+           OR sn.last_sense_at <= v_now - make_interval(secs => orca._sense_seconds()) THEN
+            v_sense_run := sn.sense_run;
+            IF v_sense_run IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM orca.runs WHERE id = v_sense_run AND status = 'running') THEN
+                INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind,
+                                       status, started_at)
+                VALUES (sn.org_id, sn.pipeline_id, sn.version_id, ARRAY['*'], 'sense', 'sense',
+                        'running', now())
+                RETURNING id INTO v_sense_run;
+                UPDATE orca.sensors SET sense_run = v_sense_run WHERE pipeline_id = sn.pipeline_id;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM orca.attempts
+                           WHERE run_id = v_sense_run AND status IN ('pending', 'leased')) THEN
+                PERFORM orca._queue_sense(v_sense_run);
+                UPDATE orca.sensors SET last_sense_at = v_now WHERE pipeline_id = sn.pipeline_id;
+                n_polls := n_polls + 1;
+            END IF;
+        END IF;
+    END LOOP;
+
+    -- 4. Queued runs start within their pipeline's max_runs.
     FOR q IN
         SELECT DISTINCT r.org_id, r.pipeline_id FROM orca.runs r
         WHERE r.status = 'queued' AND r.org_id = ANY (v_orgs)
@@ -1083,12 +1243,14 @@ BEGIN
 
     RETURN jsonb_build_object(
         'now', v_now, 'fires', n_fires, 'runs_created', n_runs, 'fires_skipped', n_skipped,
-        'fires_missed', n_missed, 'attempts_lost', n_lost, 'runs_started', n_started);
+        'fires_missed', n_missed, 'attempts_lost', n_lost, 'runs_started', n_started,
+        'sensor_runs', n_sensed, 'sense_polls', n_polls);
 END
 $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs. Idempotent for the same now. The background worker calls it '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
+'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';

@@ -37,6 +37,8 @@ GRANT EXECUTE ON FUNCTION
     orca.report_step(uuid, text, text, text, text, jsonb, text, text),
     orca.attempt_context(uuid, jsonb),
     orca.pin_read(uuid, text, text, text, bigint),
+    orca.sense_context(uuid),
+    orca.report_snapshots(uuid, jsonb),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

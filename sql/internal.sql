@@ -161,7 +161,7 @@ BEGIN
     END IF;
     IF v_max IS NOT NULL THEN
         SELECT count(*) INTO v_running FROM orca.runs
-        WHERE pipeline_id = p_pipeline AND status = 'running';
+        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind = 'pipeline';
         IF v_running >= v_max THEN
             RETURN 0;
         END IF;
@@ -281,7 +281,8 @@ BEGIN
                         jsonb_strip_nulls(jsonb_build_object('attempt', a.number,
                                                              'runner', a.runner,
                                                              'error', p_error)));
-    IF r.status <> 'running' THEN
+    IF r.status <> 'running' OR r.kind = 'sense' THEN
+        -- A sensor's polls come and go; its sense run stays as it is.
         RETURN r.status;
     END IF;
     IF p_outcome = 'released' THEN
@@ -368,5 +369,69 @@ BEGIN
         PERFORM orca._lease_refused(p_org, p_lease);
     END IF;
     RETURN a;
+END
+$$;
+
+-- A sensor saw a snapshot: the first time, it starts one run (trigger sensor)
+-- over the partitions the snapshot maps to. Returns the run, or NULL when the
+-- snapshot was seen before or maps to no partition.
+CREATE FUNCTION orca._sensed(p_org bigint, p_pipeline bigint, p_dataset text, p_snapshot bigint,
+                             p_source text, p_upstream text[])
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    v_parts text[];
+    v_run bigint;
+BEGIN
+    INSERT INTO orca.sensed (org_id, pipeline_id, dataset, snapshot_id, source, upstream)
+    VALUES (p_org, p_pipeline, p_dataset, p_snapshot, p_source, coalesce(p_upstream, '{}'))
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    v_parts := orca._sensor_partitions(v.partition_kind, v.partition_start, v.tz, v.fills, v.cron,
+                                       coalesce(p_upstream, '{}'), now());
+    IF cardinality(v_parts) = 0 THEN
+        PERFORM orca._event(p_org, 'sensor.skipped', p_pipeline, NULL, NULL,
+            jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot,
+                               'upstream', p_upstream, 'reason', 'no partition of the pipeline'));
+        RETURN NULL;
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+    VALUES (p_org, p_pipeline, v.id, v_parts, 'sensor', v.run_retries)
+    RETURNING id INTO v_run;
+    UPDATE orca.sensed SET run_id = v_run
+    WHERE pipeline_id = p_pipeline AND dataset = p_dataset AND snapshot_id = p_snapshot;
+    PERFORM orca._event(p_org, 'sensor.fired', p_pipeline, v_run, NULL,
+        jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot, 'source', p_source,
+                           'partitions', v_parts));
+    PERFORM orca._runs_created(p_org, p_pipeline, ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;
+
+-- Queues the next poll of a sensor: a new pending attempt of its sense run.
+CREATE FUNCTION orca._queue_sense(p_run bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r orca.runs;
+    v_pool text;
+    v_attempt bigint;
+BEGIN
+    UPDATE orca.runs SET attempts = attempts + 1 WHERE id = p_run RETURNING * INTO r;
+    SELECT pool INTO v_pool FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = r.pipeline_id);
+    INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
+    VALUES (r.org_id, r.id, r.attempts,
+            (SELECT current_version FROM orca.pipelines WHERE id = r.pipeline_id), v_pool)
+    RETURNING id INTO v_attempt;
+    INSERT INTO orca.queue (org_id, pool, attempt_id) VALUES (r.org_id, v_pool, v_attempt);
+    PERFORM orca._event(r.org_id, 'sense.queued', r.pipeline_id, r.id, v_attempt,
+                        jsonb_build_object('attempt', r.attempts));
+    PERFORM pg_notify('orca_work', v_pool);
 END
 $$;

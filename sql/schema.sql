@@ -80,6 +80,7 @@ CREATE TABLE orca.pipeline_versions (
     commit          text,
     dirty           boolean,
     image           text,
+    sensor          boolean NOT NULL DEFAULT false,
     registered_at   timestamptz NOT NULL DEFAULT now(),
     registered_by   name NOT NULL DEFAULT session_user,
     UNIQUE (pipeline_id, version),
@@ -124,7 +125,9 @@ CREATE TABLE orca.runs (
     pipeline_id bigint NOT NULL,
     version_id  bigint NOT NULL,
     partitions  text[] NOT NULL CHECK (cardinality(partitions) >= 1),
-    trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor')),
+    trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor', 'sense')),
+    -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense')),
     status      text NOT NULL DEFAULT 'queued'
                 CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
     fire_at     timestamptz,
@@ -285,6 +288,34 @@ CREATE TABLE orca.commits (
 );
 CREATE INDEX commits_dataset ON orca.commits (org_id, dataset, id);
 
+-- Sensor pipelines: when each started watching, how far the commits of other
+-- pipelines' runs have been looked at, the long-lived run whose attempts poll
+-- for outside snapshots, and when it last polled.
+CREATE TABLE orca.sensors (
+    org_id        bigint NOT NULL,
+    pipeline_id   bigint PRIMARY KEY,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    commit_cursor bigint NOT NULL DEFAULT 0,
+    sense_run     bigint,
+    last_sense_at timestamptz,
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
+);
+
+-- Every snapshot a sensor saw, and the one run it started.
+CREATE TABLE orca.sensed (
+    org_id      bigint NOT NULL,
+    pipeline_id bigint NOT NULL,
+    dataset     text NOT NULL,
+    snapshot_id bigint NOT NULL,
+    source      text NOT NULL CHECK (source IN ('orca', 'outside', 'registration')),
+    upstream    text[] NOT NULL DEFAULT '{}',
+    run_id      bigint,
+    seen_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline_id, dataset, snapshot_id),
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
+);
+CREATE INDEX sensed_run ON orca.sensed (run_id) WHERE run_id IS NOT NULL;
+
 -- The outbox: every state change writes its event in the same transaction.
 CREATE TABLE orca.events (
     -- No foreign key: the outbox is written on every state change, and an
@@ -313,7 +344,9 @@ CREATE TYPE orca.lease AS (
     deadline        timestamptz,
     registry_hash   text,
     pool            text,
-    org             text
+    org             text,
+    -- What the runner runs: `<binary> attempt --lease` or `<binary> sense --lease`.
+    command         text
 );
 
 INSERT INTO orca.orgs (name) VALUES ('default');
@@ -366,7 +399,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -382,7 +415,7 @@ BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.

@@ -9,6 +9,7 @@ SELECT r.id                            AS run,
        v.registry_hash,
        r.partitions,
        r.trigger,
+       r.kind,
        r.status,
        r.fire_at,
        r.attempts,
@@ -117,6 +118,10 @@ COMMENT ON TABLE orca.reads IS
 'The snapshot each (run, step, partition) read of a dataset, pinned for its retries and resumes.';
 COMMENT ON TABLE orca.commits IS
 'Every snapshot a (run, step, partition) committed to a dataset, as it happened.';
+COMMENT ON TABLE orca.sensors IS
+'Sensor pipelines: since when they watch, how far other runs'' commits were looked at, their poll.';
+COMMENT ON TABLE orca.sensed IS
+'Every snapshot a sensor saw and the one run it started.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

@@ -102,6 +102,8 @@ pub struct Manifest {
     pub registry_hash: String,
     pub binary: String,
     pub pool: String,
+    /// Runs when a dataset it reads and does not write gets a new snapshot.
+    pub sensor: bool,
     pub normalized: Value,
 }
 
@@ -398,6 +400,18 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         None | Some(Value::Null) => "default".to_string(),
         Some(v) => check_name("pool", v)?,
     };
+    let sensor = get_bool(obj, "sensor")?.unwrap_or(false);
+    if sensor
+        && !steps
+            .iter()
+            .flat_map(|s| &s.reads)
+            .any(|d| !steps.iter().any(|s| s.writes.contains(d)))
+    {
+        return Err(bad(
+            "sensor",
+            "a sensor pipeline must read a dataset that it does not write itself",
+        ));
+    }
     for field in ["source", "commit", "image"] {
         get_str(obj, field)?;
     }
@@ -444,6 +458,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     normalized.insert("run_retries".into(), run_retries.into());
     normalized.insert("catchup".into(), catchup.into());
     normalized.insert("pool".into(), pool.clone().into());
+    normalized.insert("sensor".into(), sensor.into());
 
     Ok(Manifest {
         name,
@@ -457,6 +472,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         registry_hash,
         binary,
         pool,
+        sensor,
         normalized: Value::Object(normalized),
     })
 }

@@ -207,6 +207,43 @@ impl PartitionSet {
         (p >= self.start).then_some(p)
     }
 
+    /// Maps the partitions an upstream snapshot holds onto this set: a day
+    /// goes to the month that contains it (monthly), a month to each of its
+    /// days (daily). Values that are neither, and partitions outside the set
+    /// (before `start`, after `current`), are left out.
+    pub fn map_upstream(&self, upstream: &[String], current: Partition) -> Vec<Partition> {
+        let mut out = Vec::new();
+        for u in upstream.iter().map(|u| u.trim()) {
+            let mapped: Vec<Partition> =
+                if let Ok(Partition::Day(d)) = PartitionKind::Daily.parse(u) {
+                    vec![self.kind.containing(d)]
+                } else if let Ok(Partition::Month(m)) = PartitionKind::Monthly.parse(u) {
+                    match self.kind {
+                        PartitionKind::Monthly => vec![Partition::Month(m)],
+                        PartitionKind::Daily => {
+                            let mut days = Vec::new();
+                            let mut d = Some(Partition::Day(m));
+                            while let Some(day) = d.filter(|x| x.first_day().month() == m.month()) {
+                                days.push(day);
+                                d = day.succ();
+                            }
+                            days
+                        }
+                    }
+                } else {
+                    Vec::new()
+                };
+            out.extend(
+                mapped
+                    .into_iter()
+                    .filter(|p| *p >= self.start && *p <= current),
+            );
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     fn describe(&self, current: Partition) -> String {
         format!("{} from {} to {}", self.kind.name(), self.start, current)
     }
@@ -394,6 +431,27 @@ mod tests {
             .expect_err("too many");
         assert_eq!(e.sqlstate(), "OR023");
         assert!(e.to_string().contains("3652059"), "{e}");
+    }
+
+    #[test]
+    fn upstream_days_map_to_months_and_months_to_days() {
+        let monthly = PartitionSet::new(PartitionKind::Monthly, "2024-01").expect("set");
+        let cur = month("2024-06");
+        let got = monthly.map_upstream(
+            &[
+                "2024-02-03".into(),
+                "2024-02-28".into(),
+                "2024-03".into(),
+                "*".into(),
+                "2023-12-31".into(),
+            ],
+            cur,
+        );
+        assert_eq!(names(&got), ["2024-02", "2024-03"]);
+        let daily = PartitionSet::new(PartitionKind::Daily, "2024-02-27").expect("set");
+        let today = PartitionKind::Daily.parse("2024-06-01").expect("day");
+        let got = daily.map_upstream(&["2024-02".into()], today);
+        assert_eq!(names(&got), ["2024-02-27", "2024-02-28", "2024-02-29"]);
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub static LOST_ATTEMPTS_MAX: GucSetting<i32> = GucSetting::<i32>::new(3);
 /// of in one giant transaction.
 pub static MAX_FIRES_PER_TICK: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
+/// How often a sensor pipeline's datasets are polled for snapshots that
+/// writers outside Orca made: each poll is an attempt a runner runs.
+pub static SENSE_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(60);
+
 /// A bound on the partitions one orca.run or orca.backfill call may name.
 pub static MAX_PARTITIONS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 
@@ -87,6 +91,16 @@ pub fn init() {
         1_000_000,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.sense_seconds",
+        c"How often sensor pipelines poll their datasets for outside snapshots.",
+        c"",
+        &SENSE_SECONDS,
+        1,
+        86_400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
         c"orca.max_partitions",

@@ -149,6 +149,44 @@ fn current_partition(kind: &str, tz: &str, now: TimestampWithTimeZone) -> String
         .to_string()
 }
 
+/// The partitions a sensor run covers: the upstream snapshot's partitions
+/// mapped onto this pipeline's set, or, when the snapshot says none, the
+/// partition the schedule would fill now, or the one now falls in.
+#[pg_extern(stable, parallel_safe, name = "_sensor_partitions")]
+fn sensor_partitions(
+    kind: &str,
+    start: &str,
+    tz: &str,
+    fills: &str,
+    cron: Option<&str>,
+    upstream: Vec<String>,
+    now: TimestampWithTimeZone,
+) -> Vec<String> {
+    let set = PartitionSet::new(partition_kind(kind), start)
+        .unwrap_or_else(|e| error!("stored partition start is invalid: {e}"));
+    let zone = parse_tz(tz).unwrap_or_else(|e| error!("{e}"));
+    let now = to_utc(now);
+    let current = set.current(now, zone);
+    let mapped = set.map_upstream(&upstream, current);
+    if !mapped.is_empty() {
+        return mapped.iter().map(ToString::to_string).collect();
+    }
+    let fallback = match cron {
+        Some(_) => {
+            let fills =
+                Fills::parse_name(fills).unwrap_or_else(|| error!("unknown fills '{fills}'"));
+            set.for_fire(now, zone, fills)
+        }
+        None => Some(current).filter(|p| *p >= set.start),
+    };
+    fallback.map(|p| vec![p.to_string()]).unwrap_or_default()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_sense_seconds")]
+fn sense_seconds() -> i32 {
+    gucs::SENSE_SECONDS.get()
+}
+
 #[pg_extern(stable, parallel_safe, name = "_lease_seconds")]
 fn lease_seconds() -> i32 {
     gucs::LEASE_SECONDS.get()

@@ -29,6 +29,8 @@ extension_sql_file!(
         helpers::lease_seconds,
         helpers::lost_attempts_max,
         helpers::max_fires_per_tick,
+        helpers::sensor_partitions,
+        helpers::sense_seconds,
     ]
 );
 extension_sql_file!("../../sql/api.sql", name = "api", requires = ["internal"]);

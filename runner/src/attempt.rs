@@ -81,7 +81,7 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
 
 fn spawn_child(shared: &Shared, l: &Lease, log: &Path) -> std::io::Result<Child> {
     Command::new(&l.binary_path)
-        .arg("attempt")
+        .arg(&l.command)
         .arg("--lease")
         .arg(l.lease.to_string())
         .env("DATABASE_URL", &shared.database_url)

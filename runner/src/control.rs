@@ -16,6 +16,8 @@ pub struct Lease {
     pub number: i32,
     pub deadline: DateTime<Utc>,
     pub org: String,
+    /// `attempt` or `sense`: what to run the pipeline binary with.
+    pub command: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,9 @@ pub async fn claim(
                 number: r.try_get("attempt_number")?,
                 deadline: r.try_get("deadline")?,
                 org: r.try_get("org")?,
+                command: r
+                    .try_get::<Option<String>, _>("command")?
+                    .unwrap_or_else(|| "attempt".to_string()),
             })
         })
         .collect::<Result<_, sqlx::Error>>()

@@ -43,6 +43,16 @@ enum Cmd {
         #[arg(default_value_t = 10)]
         n: usize,
     },
+    /// Poll the datasets a sensor watches and report their new snapshots
+    /// (the runner calls this for a sensor pipeline).
+    Sense {
+        #[arg(long)]
+        lease: uuid::Uuid,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, env = "ORCA_ORG")]
+        org: Option<String>,
+    },
     /// Run an attempt a runner leased (the runner calls this).
     Attempt {
         #[arg(long)]
@@ -105,6 +115,11 @@ fn run_cli<P: Pipeline>(cmd: Cmd, binary: &str) -> Result<i32, SdkError> {
             database_url,
             org,
         } => attempt::<P>(lease, &database_url, org.as_deref()),
+        Cmd::Sense {
+            lease,
+            database_url,
+            org,
+        } => sense::<P>(lease, &database_url, org.as_deref()),
     }
 }
 
@@ -295,6 +310,48 @@ fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32,
         None => Ok(0),
         Some(e) => Err(e),
     }
+}
+
+/// The most snapshots of one dataset a poll reports.
+const SENSE_MAX_SNAPSHOTS: usize = 100;
+
+fn sense<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    if let Some(org) = org {
+        client.execute("SELECT set_config('orca.org', $1, false)", &[&org])?;
+    }
+    let ctx: Value = client
+        .query_one("SELECT orca.sense_context($1)", &[&lease])?
+        .try_get(0)?;
+    let since = chrono::DateTime::parse_from_rfc3339(ctx["since"].as_str().unwrap_or_default())
+        .map_err(|e| SdkError::Control(format!("sense context has no start time: {e}")))?;
+    let tables = crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(Some(url)));
+    let mut report = Vec::new();
+    for d in ctx["datasets"].as_array().into_iter().flatten() {
+        let dataset = d.as_str().unwrap_or_default();
+        for s in tables.snapshots_since(dataset, since.timestamp_millis(), SENSE_MAX_SNAPSHOTS)? {
+            report.push(serde_json::json!({
+                "dataset": s.dataset,
+                "snapshot": s.snapshot,
+                "timestamp_ms": s.timestamp_ms,
+                "partitions": s.partitions,
+                "orca_run": s.orca_run,
+            }));
+        }
+    }
+    let started: i32 = client
+        .query_one(
+            "SELECT orca.report_snapshots($1, $2)",
+            &[&lease, &Value::Array(report.clone())],
+        )?
+        .try_get(0)?;
+    println!(
+        "{}: {} snapshot(s) since {since} in {}; {started} run(s) started",
+        P::NAME,
+        report.len(),
+        ctx["datasets"]
+    );
+    Ok(0)
 }
 
 fn attempt<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Result<i32, SdkError> {

@@ -29,6 +29,7 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
         "run_retries": params.run_retries,
         "catchup": params.catchup,
         "pool": params.pool,
+        "sensor": params.sensor,
         "registry_hash": registry_hash(&steps),
         "binary": binary,
     });

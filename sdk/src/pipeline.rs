@@ -45,6 +45,8 @@ pub struct Params {
     pub run_retries: i64,
     pub catchup: bool,
     pub pool: &'static str,
+    /// Runs when a dataset it reads, and does not write, gets a new snapshot.
+    pub sensor: bool,
     pub build: Build,
 }
 

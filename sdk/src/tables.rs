@@ -174,6 +174,56 @@ async fn catalog_tables(url: &str) -> std::result::Result<(), sqlx::Error> {
     tx.commit().await
 }
 
+/// A snapshot as a sensor's poll reports it.
+pub(crate) struct SnapshotSeen {
+    pub dataset: String,
+    pub snapshot: i64,
+    pub timestamp_ms: i64,
+    pub partitions: Option<String>,
+    pub orca_run: Option<String>,
+}
+
+impl TablesCell {
+    /// The snapshots of a dataset newer than `since_ms`, oldest first, at most
+    /// `max` of the newest; none when the table does not exist.
+    pub fn snapshots_since(
+        &self,
+        dataset: &str,
+        since_ms: i64,
+        max: usize,
+    ) -> std::result::Result<Vec<SnapshotSeen>, SdkError> {
+        let t = self.get()?;
+        let id = ident(dataset).map_err(|e| SdkError::Tables(e.to_string()))?;
+        let exists =
+            t.rt.block_on(t.catalog.table_exists(&id))
+                .map_err(|e| SdkError::Tables(e.to_string()))?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        let table =
+            t.rt.block_on(t.catalog.load_table(&id))
+                .map_err(|e| SdkError::Tables(format!("table {dataset} cannot be loaded: {e}")))?;
+        let mut seen: Vec<SnapshotSeen> = table
+            .metadata()
+            .snapshots()
+            .filter(|s| s.timestamp_ms() > since_ms)
+            .map(|s| {
+                let p = &s.summary().additional_properties;
+                SnapshotSeen {
+                    dataset: dataset.to_string(),
+                    snapshot: s.snapshot_id(),
+                    timestamp_ms: s.timestamp_ms(),
+                    partitions: p.get("orca.partitions").cloned(),
+                    orca_run: p.get("orca.run").cloned(),
+                }
+            })
+            .collect();
+        seen.sort_by_key(|s| s.timestamp_ms);
+        let skip = seen.len().saturating_sub(max);
+        Ok(seen.split_off(skip))
+    }
+}
+
 /// A table, known by its dataset name.
 pub struct Table {
     dataset: String,
@@ -423,7 +473,16 @@ fn properties(ctx: &Ctx<'_>, commit_no: u32) -> HashMap<String, String> {
         ),
         ("orca.step".to_string(), ctx.step.to_string()),
         ("orca.partition".to_string(), ctx.partition.clone()),
-        ("orca.partitions".to_string(), ctx.partition.clone()),
+        (
+            "orca.partitions".to_string(),
+            // What a sensor downstream maps to its own partitions: the
+            // step's partition, or the run's for a gather step.
+            if ctx.partition == "*" {
+                ctx.partitions.join(",")
+            } else {
+                ctx.partition.clone()
+            },
+        ),
         ("orca.attempt".to_string(), ctx.attempt.to_string()),
         ("orca.commit".to_string(), commit_no.to_string()),
         ("orca.code".to_string(), ctx.io.registry_hash.to_string()),

@@ -36,9 +36,11 @@ const API: &[&str] = &[
     "register_runner",
     "release",
     "remove_member",
+    "report_snapshots",
     "report_step",
     "retry",
     "run",
+    "sense_context",
     "tick",
     "unpause",
 ];
@@ -133,6 +135,40 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("record a commit");
+    // A sensor that has seen a snapshot, in a pool of its own.
+    let watch = json!({
+        "name": format!("{org}_watch"),
+        "steps": [{"name": "watch", "kind": "mapped", "reads": [format!("{name}.clean")]}],
+        "partitions": {"monthly": "2024-01"},
+        "sensor": true,
+        "pool": "sensing",
+        "registry_hash": "watch",
+        "binary": "/bin/true"
+    });
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&watch)
+        .execute(&mut c)
+        .await
+        .expect("register the sensor");
+    c.execute("SELECT orca.tick()").await.expect("tick");
+    let sense: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease FROM orca.claim('sensing-runner', 'sensing')")
+            .fetch_one(&mut c)
+            .await
+            .expect("the sensor's poll");
+    let seen = json!([{
+        "dataset": format!("{name}.clean"),
+        "snapshot": 4242,
+        "timestamp_ms": chrono::Utc::now().timestamp_millis() + 1000,
+        "partitions": "2024-03"
+    }]);
+    let started: i32 = sqlx::query_scalar("SELECT orca.report_snapshots($1, $2)")
+        .bind(sense)
+        .bind(&seen)
+        .fetch_one(&mut c)
+        .await
+        .expect("report a snapshot");
+    assert_eq!(started, 1);
     (runs, leases[1].lease, leases[0].run)
 }
 
@@ -261,6 +297,8 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.release('{g_lease}')"),
         format!("SELECT orca.attempt_context('{g_lease}')"),
         format!("SELECT orca.pin_read('{g_lease}', 'one', '2024-02', 'lake.raw', 1)"),
+        format!("SELECT orca.sense_context('{g_lease}')"),
+        format!("SELECT orca.report_snapshots('{g_lease}', '[]')"),
         format!("SELECT orca.record_commit('{g_lease}', 'one', '2024-02', 'lake.raw', 1, 1)"),
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),

@@ -375,3 +375,129 @@ async fn an_undeclared_dataset_fails_the_attempt_naming_the_step_and_the_dataset
         "{error}"
     );
 }
+
+async fn sensor_runs(db: &TestDb) -> Vec<String> {
+    db.strings(
+        "SELECT array_to_string(r.partitions, ',') FROM orca.runs r
+         JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'probe_sensor' AND r.trigger = 'sensor' ORDER BY r.id",
+    )
+    .await
+}
+
+async fn wait_for(db: &TestDb, what: &str, sql: &str, runners: &[&Runner]) {
+    let t0 = Instant::now();
+    loop {
+        let done: bool = sqlx::query_scalar(sql)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        if done {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}\n{}",
+            runners
+                .iter()
+                .map(|r| r.output())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn sensors_start_one_run_per_new_snapshot_from_outside_writers_and_from_orca_runs() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute(format!("ALTER DATABASE \"{}\" SET orca.sense_seconds = 1", db.name).as_str())
+        .await
+        .expect("poll every second");
+    let wh = scratch("sensor-wh");
+    let whs = wh.to_string_lossy().to_string();
+    // What probe.src holds before the sensor exists is already seen.
+    probe_src(&db, &wh, 2).await;
+    register(&db, "probe_tables");
+    register(&db, "probe_sensor");
+    let logs = scratch("sensor");
+    let env = [("ORCA_WAREHOUSE", whs.as_str())];
+    let a = Runner::start(&db.url(), "a", 2, &logs, &env);
+    let b = Runner::start(&db.url(), "b", 2, &logs, &env);
+    wait_for(
+        &db,
+        "a few polls",
+        "SELECT count(*) >= 2 FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+         WHERE r.kind = 'sense' AND a.status = 'succeeded'",
+        &[&a, &b],
+    )
+    .await;
+    assert!(sensor_runs(&db).await.is_empty(), "history started a run");
+
+    // An outside append, saying which day it holds: one run, for its month.
+    let rows = json!([{"n": 1}, {"n": 2}, {"n": 3}]).to_string();
+    py(&[
+        "append",
+        &db.url(),
+        &whs,
+        "probe.src",
+        &rows,
+        &json!({"orca.partitions": "2024-03-05"}).to_string(),
+    ]);
+    wait_for(
+        &db,
+        "the sensor run",
+        "SELECT count(*) = 1 FROM orca.runs WHERE trigger = 'sensor' AND status = 'succeeded'",
+        &[&a, &b],
+    )
+    .await;
+    // More polls, by either runner, see the same snapshot: still one run.
+    let polls_before = db
+        .scalar_i64("SELECT count(*) FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'sense'")
+        .await;
+    wait_for(
+        &db,
+        "more polls",
+        &format!(
+            "SELECT count(*) >= {} FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+             WHERE r.kind = 'sense' AND a.status = 'succeeded'",
+            polls_before + 2
+        ),
+        &[&a, &b],
+    )
+    .await;
+    assert_eq!(sensor_runs(&db).await, ["2024-03"]);
+    let pollers = db
+        .scalar_i64(
+            "SELECT count(DISTINCT a.runner) FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+             WHERE r.kind = 'sense' AND a.status = 'succeeded'",
+        )
+        .await;
+    assert!(pollers >= 1);
+    let output: Value = sqlx::query_scalar(
+        "SELECT s.output FROM orca.step_states s JOIN orca.runs r ON r.id = s.run_id WHERE r.trigger = 'sensor'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("sensor run output");
+    assert_eq!(output, json!(["2024-03", 5]), "it read the new snapshot");
+
+    // A snapshot a succeeded Orca run committed is seen on the next tick.
+    db.pool
+        .execute("SELECT orca.run('probe_tables', '2024-04')")
+        .await
+        .expect("run probe_tables");
+    wait_for(
+        &db,
+        "the second sensor run",
+        "SELECT count(*) = 2 FROM orca.runs WHERE trigger = 'sensor'",
+        &[&a, &b],
+    )
+    .await;
+    assert_eq!(sensor_runs(&db).await, ["2024-03", "2024-04"]);
+    let sources = db
+        .strings("SELECT source FROM orca.sensed WHERE run_id IS NOT NULL ORDER BY seen_at")
+        .await;
+    assert_eq!(sources, ["outside", "orca"]);
+}

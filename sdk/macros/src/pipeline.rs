@@ -123,6 +123,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let mut run_retries = quote!(0);
     let mut catchup = quote!(true);
     let mut pool = quote!("default");
+    let mut sensor = quote!(false);
     for (key, value) in &params {
         match key.to_string().as_str() {
             "partitions" => {
@@ -168,6 +169,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
             "max_runs" => max_runs = quote!(::core::option::Option::Some(#value)),
             "run_retries" => run_retries = quote!(#value),
             "catchup" => catchup = quote!(#value),
+            "sensor" => sensor = quote!(#value),
             "pool" => {
                 let s = lit_str(value, "pool")?;
                 pool = quote!(#s);
@@ -176,7 +178,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 return Err(syn::Error::new_spanned(
                     key,
                     format!(
-                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup or pool"
+                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool or sensor"
                     ),
                 ))
             }
@@ -247,6 +249,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                     run_retries: #run_retries,
                     catchup: #catchup,
                     pool: #pool,
+                    sensor: #sensor,
                     build: ::orca::Build {
                         source: ::core::option_env!("ORCA_SOURCE"),
                         commit: ::core::option_env!("ORCA_COMMIT"),
