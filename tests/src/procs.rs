@@ -5,13 +5,25 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
-/// Where cargo puts this build's binaries: next to the test executable's `deps/`.
-fn bin_dir() -> PathBuf {
+/// The target directory this test executable was built into.
+fn target_root() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
+    // <target>/debug/deps/<test>
+    exe.ancestors()
+        .nth(3)
         .map(PathBuf::from)
         .expect("target directory")
+}
+
+/// The binaries are built into a target directory of their own: a build of
+/// a few packages resolves features differently from the workspace's test
+/// build, and sharing one directory makes each rebuild the other's artifacts.
+fn bin_target() -> PathBuf {
+    target_root().join("e2e")
+}
+
+fn bin_dir() -> PathBuf {
+    bin_target().join("debug")
 }
 
 /// Builds the binaries the end-to-end tests run, once per test process
@@ -35,6 +47,8 @@ fn build() {
                 "-p",
                 "example-weather",
             ])
+            .arg("--target-dir")
+            .arg(bin_target())
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .status()
             .expect("run cargo build");
