@@ -65,6 +65,12 @@ CREATE TABLE orca.pipelines (
     current_version bigint,
     max_runs        integer CHECK (max_runs >= 1),
     paused          boolean NOT NULL DEFAULT false,
+    -- A keyed pipeline's key set: bumped by each report of the keys dataset;
+    -- orca.keys rows of this generation are the current keys.
+    keys_generation integer NOT NULL DEFAULT 0,
+    keys_snapshot   bigint,
+    keys_snapshot_ms bigint,
+    keys_read_at    timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
@@ -79,8 +85,14 @@ CREATE TABLE orca.pipeline_versions (
     manifest        jsonb NOT NULL,
     binary_path     text NOT NULL,
     pool            text NOT NULL,
-    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily')),
+    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed')),
+    -- '' for a keyed pipeline, whose keys come from keys_dataset.keys_column.
     partition_start text NOT NULL,
+    keys_dataset    text,
+    keys_column     text,
+    keys_per_run    integer CHECK (keys_per_run >= 1),
+    CHECK ((partition_kind = 'keyed') = (keys_dataset IS NOT NULL AND keys_column IS NOT NULL
+                                          AND keys_per_run IS NOT NULL)),
     max_runs        integer,
     run_retries     integer NOT NULL,
     catchup         boolean NOT NULL,
@@ -138,7 +150,13 @@ CREATE TABLE orca.runs (
     partitions  text[] NOT NULL CHECK (cardinality(partitions) >= 1),
     trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor', 'sense')),
     -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
-    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense')),
+    -- 'keys': a keyed pipeline's task that reads its keys and then queues the
+    -- runs its request asks for.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys')),
+    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
+    request     jsonb,
+    -- The keys task that queued this run.
+    parent_run  bigint,
     status      text NOT NULL DEFAULT 'queued'
                 CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
     fire_at     timestamptz,
@@ -343,6 +361,21 @@ CREATE TABLE orca.events (
 -- Consumers follow the outbox by id; row-level security adds the org.
 CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 
+-- The keys a keyed pipeline's keys dataset has held. A key is current while
+-- its generation is the pipeline's keys_generation.
+CREATE TABLE orca.keys (
+    org_id          bigint NOT NULL,
+    pipeline_id     bigint NOT NULL,
+    key             text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    generation      integer NOT NULL,
+    first_generation integer NOT NULL,
+    first_snapshot  bigint,
+    first_seen_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline_id, key),
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id)
+);
+CREATE INDEX keys_generation ON orca.keys (pipeline_id, generation);
+
 CREATE TYPE orca.lease AS (
     attempt         bigint,
     run             bigint,
@@ -356,7 +389,7 @@ CREATE TYPE orca.lease AS (
     registry_hash   text,
     pool            text,
     org             text,
-    -- What the runner runs: `<binary> attempt --lease` or `<binary> sense --lease`.
+    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`.
     command         text
 );
 
@@ -410,7 +443,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed', 'keys'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -426,7 +459,7 @@ BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed', 'keys'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.
@@ -527,6 +560,18 @@ AS 'MODULE_PATHNAME', 'fire_partition_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- pg_ext/src/helpers.rs:213
+-- orca_ext::helpers::_key_spec
+CREATE  FUNCTION "_key_spec"(
+	"spec" TEXT, /* & str */
+	"known" TEXT[] /* Vec < String > */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'key_spec_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- pg_ext/src/helpers.rs:190
 -- orca_ext::helpers::_lease_seconds
 CREATE  FUNCTION "_lease_seconds"() RETURNS INT /* i32 */
@@ -556,12 +601,21 @@ AS 'MODULE_PATHNAME', 'manifest_check_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- pg_ext/src/helpers.rs:200
+-- pg_ext/src/helpers.rs:205
 -- orca_ext::helpers::_max_fires_per_tick
 CREATE  FUNCTION "_max_fires_per_tick"() RETURNS INT /* i32 */
 STRICT STABLE PARALLEL SAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'max_fires_per_tick_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- pg_ext/src/helpers.rs:200
+-- orca_ext::helpers::_max_partitions
+CREATE  FUNCTION "_max_partitions"() RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'max_partitions_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1002,6 +1056,18 @@ BEGIN
     END IF;
     SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
     SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    IF v.partition_kind = 'keyed' THEN
+        -- A keyed sensor's runs are for the snapshot's new keys, which only
+        -- a read of the snapshot can tell: a keys task reads and queues them.
+        v_run := orca._keys_task(p_org, p_pipeline, 'new', 'sensor',
+            jsonb_build_object('snapshot', p_snapshot, 'source', p_source));
+        UPDATE orca.sensed SET run_id = v_run
+        WHERE pipeline_id = p_pipeline AND dataset = p_dataset AND snapshot_id = p_snapshot;
+        PERFORM orca._event(p_org, 'sensor.fired', p_pipeline, v_run, NULL,
+            jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot, 'source', p_source,
+                               'keys_task', v_run));
+        RETURN v_run;
+    END IF;
     v_parts := orca._sensor_partitions(v.partition_kind, v.partition_start, v.tz, v.fills, v.cron,
                                        coalesce(p_upstream, '{}'), now());
     IF cardinality(v_parts) = 0 THEN
@@ -1042,6 +1108,193 @@ BEGIN
     PERFORM orca._event(r.org_id, 'sense.queued', r.pipeline_id, r.id, v_attempt,
                         jsonb_build_object('attempt', r.attempts));
     PERFORM pg_notify('orca_work', v_pool);
+END
+$$;
+
+---------------------------------------------------------------------------
+-- Keyed pipelines
+---------------------------------------------------------------------------
+
+-- Queues a keys task: a run of kind 'keys' whose one attempt runs
+-- `<binary> keys --lease`, reads the keys dataset's current snapshot and
+-- reports its keys with orca.report_keys, which then acts on the request.
+-- A request for every key ('all') or a plain read ('refresh') joins one of the
+-- same mode that has not started reading yet. Returns the task's run id.
+CREATE FUNCTION orca._keys_task(p_org bigint, p_pipeline bigint, p_mode text, p_trigger text,
+                                p_request jsonb DEFAULT '{}')
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run bigint;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    IF p_mode IN ('all', 'refresh') THEN
+        SELECT r.id INTO v_run FROM orca.runs r
+        WHERE r.pipeline_id = p_pipeline AND r.kind = 'keys' AND r.request->>'mode' = p_mode
+          AND r.status IN ('queued', 'running') AND r.version_id = v.id
+          AND NOT EXISTS (SELECT 1 FROM orca.attempts a
+                          WHERE a.run_id = r.id AND a.status <> 'pending')
+        ORDER BY r.id LIMIT 1;
+        IF v_run IS NOT NULL THEN
+            RETURN v_run;
+        END IF;
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind, request,
+                           run_retries)
+    VALUES (p_org, p_pipeline, v.id, ARRAY['*'], p_trigger, 'keys',
+            jsonb_build_object('mode', p_mode, 'dataset', v.keys_dataset,
+                               'column', v.keys_column) || coalesce(p_request, '{}'),
+            greatest(v.run_retries, 2))
+    RETURNING id INTO v_run;
+    PERFORM orca._event(p_org, 'run.queued', p_pipeline, v_run, NULL,
+        jsonb_build_object('kind', 'keys', 'mode', p_mode, 'trigger', p_trigger,
+                           'dataset', v.keys_dataset, 'by', session_user));
+    -- Reading keys takes no run slot: max_runs caps the runs it queues.
+    PERFORM orca._start_runs(ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;
+
+-- Refuses a keyed pipeline's names that are not current keys.
+CREATE FUNCTION orca._check_keys(p orca.pipelines, p_names text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_unknown text[];
+BEGIN
+    IF p.keys_generation = 0 THEN
+        RAISE EXCEPTION 'pipeline ''%'' has not read its keys yet, so % cannot be checked',
+                        p.name, array_to_string(p_names[1:5], ', ')
+            USING ERRCODE = 'OR024',
+                  HINT = format('SELECT orca.refresh_keys(%L) reads them; orca.backfill(%L, ''@all'') reads them and runs every key that is not done',
+                                p.name, p.name);
+    END IF;
+    SELECT array_agg(n ORDER BY o) INTO v_unknown
+    FROM unnest(p_names) WITH ORDINALITY AS x(n, o)
+    WHERE NOT EXISTS (SELECT 1 FROM orca.keys k
+                      WHERE k.pipeline_id = p.id AND k.key = x.n
+                        AND k.generation = p.keys_generation);
+    IF v_unknown IS NOT NULL THEN
+        RAISE EXCEPTION '% % not a key of pipeline ''%'' (the keys of its dataset''s snapshot %, read %)',
+                        (SELECT string_agg(quote_literal(u), ', ') FROM unnest(v_unknown[1:5]) AS u)
+                        || CASE WHEN cardinality(v_unknown) > 5
+                                THEN format(' and %s more', cardinality(v_unknown) - 5) ELSE '' END,
+                        CASE WHEN cardinality(v_unknown) = 1 THEN 'is' ELSE 'are' END,
+                        p.name, coalesce(p.keys_snapshot::text, '(none: the table was empty)'),
+                        p.keys_read_at
+            USING ERRCODE = 'OR024',
+                  HINT = format('orca.key_status(%L) lists the keys; if the dataset changed since, SELECT orca.refresh_keys(%L)',
+                                p.name, p.name);
+    END IF;
+END
+$$;
+
+-- The names a keyed pipeline's spec gives, checked; NULL for '@all'.
+CREATE FUNCTION orca._key_names(p orca.pipelines, p_spec text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_known text[];
+    s jsonb;
+    v_names text[];
+BEGIN
+    IF p_spec IS NULL THEN
+        RAISE EXCEPTION 'malformed partition list: partitions must not be NULL'
+            USING ERRCODE = 'OR021';
+    END IF;
+    SELECT array_agg(k.key) INTO v_known
+    FROM unnest(string_to_array(p_spec, ',')) AS x(item)
+    JOIN orca.keys k ON k.pipeline_id = p.id AND k.key = btrim(x.item)
+                    AND k.generation = p.keys_generation;
+    s := orca._unwrap(orca._key_spec(p_spec, coalesce(v_known, '{}')));
+    IF s ? 'all' THEN
+        RETURN NULL;
+    END IF;
+    v_names := ARRAY(SELECT jsonb_array_elements_text(s->'names'));
+    IF cardinality(v_names) > orca._max_partitions() THEN
+        RAISE EXCEPTION '''%'' names % partitions, more than the limit of %',
+                        left(p_spec, 60), cardinality(v_names), orca._max_partitions()
+            USING ERRCODE = 'OR023', HINT = 'split the request, or raise orca.max_partitions';
+    END IF;
+    PERFORM orca._check_keys(p, v_names);
+    RETURN v_names;
+END
+$$;
+
+-- The current keys of a keyed pipeline that are not done: a key is done when
+-- every mapped step of the current version succeeded for it in a run of a
+-- version with the same registry hash.
+CREATE FUNCTION orca._keys_not_done(p_pipeline bigint) RETURNS SETOF text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    v_mapped text[];
+BEGIN
+    SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    SELECT array_agg(name) INTO v_mapped FROM orca.steps
+    WHERE version_id = v.id AND kind = 'mapped';
+    RETURN QUERY
+    WITH done AS (
+        SELECT ss.partition, count(DISTINCT ss.step) AS n
+        FROM orca.runs r
+        JOIN orca.pipeline_versions rv ON rv.id = r.version_id AND rv.registry_hash = v.registry_hash
+        JOIN orca.step_states ss ON ss.run_id = r.id AND ss.status = 'succeeded'
+                                AND ss.step = ANY (coalesce(v_mapped, '{}'))
+        WHERE r.pipeline_id = p_pipeline AND r.kind = 'pipeline'
+        GROUP BY ss.partition
+    )
+    SELECT k.key FROM orca.keys k
+    LEFT JOIN done d ON d.partition = k.key
+    WHERE k.pipeline_id = p_pipeline AND k.generation = p.keys_generation
+      AND coalesce(d.n, 0) < coalesce(cardinality(v_mapped), 0)
+    ORDER BY k.key;
+END
+$$;
+
+-- Queues runs of at most keys_per_run keys each over p_keys, in order,
+-- leaving out keys that already have a queued or running run. Returns the
+-- run ids.
+CREATE FUNCTION orca._queue_key_runs(p_org bigint, p_pipeline bigint, p_keys text[],
+                                     p_trigger text, p_parent bigint)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v orca.pipeline_versions;
+    v_ids bigint[];
+    v_active text[];
+BEGIN
+    IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
+        RETURN '{}';
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p_pipeline AND r.kind = 'pipeline'
+      AND r.status IN ('queued', 'running') AND x = ANY (p_keys);
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % key(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    WITH todo AS (
+        SELECT key, ord FROM unnest(p_keys) WITH ORDINALITY AS x(key, ord)
+        WHERE NOT (key = ANY (coalesce(v_active, '{}')))
+    ), grouped AS (
+        SELECT (row_number() OVER (ORDER BY ord) - 1) / v.keys_per_run AS grp, key, ord FROM todo
+    ), ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               parent_run)
+        SELECT p_org, p_pipeline, v.id, array_agg(key ORDER BY ord), p_trigger, v.run_retries,
+               p_parent
+        FROM grouped GROUP BY grp ORDER BY grp
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    PERFORM orca._runs_created(p_org, p_pipeline, v_ids);
+    RETURN coalesce(v_ids, '{}');
 END
 $$;
 /* </end connected objects> */
@@ -1165,11 +1418,14 @@ BEGIN
         FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
         INSERT INTO orca.pipeline_versions (
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
-            partition_kind, partition_start, max_runs, run_retries, catchup, fills,
+            partition_kind, partition_start, keys_dataset, keys_column, keys_per_run,
+            max_runs, run_retries, catchup, fills,
             cron, tz, source, commit, dirty, image, sensor)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
-               k.key, k.value #>> '{}', (m->>'max_runs')::int, (m->>'run_retries')::int,
-               (m->>'catchup')::boolean, m->>'fills', m->'schedule'->>'cron',
+               k.key, CASE WHEN k.key = 'keyed' THEN '' ELSE k.value #>> '{}' END,
+               k.value->>'dataset', k.value->>'column', (m->>'keys_per_run')::int,
+               (m->>'max_runs')::int, (m->>'run_retries')::int,
+               (m->>'catchup')::boolean, coalesce(m->>'fills', 'previous'), m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
                (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
         FROM jsonb_each(m->'partitions') AS k
@@ -1186,6 +1442,22 @@ BEGIN
             UNION ALL
             SELECT 'write', x FROM jsonb_array_elements_text(coalesce(s.step->'writes', '[]')) AS x
         ) AS d;
+        -- The keys dataset is read for the whole pipeline ('*'): sensors
+        -- watch it and cycles run through it.
+        INSERT INTO orca.step_datasets (org_id, version_id, step, dataset, mode)
+        SELECT v_org, v_vid, '*', m->'partitions'->'keyed'->>'dataset', 'read'
+        WHERE m->'partitions' ? 'keyed'
+        ON CONFLICT DO NOTHING;
+    END IF;
+    -- Keys read for another dataset or column are not this version's keys.
+    IF v_cur IS NOT NULL AND (SELECT (pv.keys_dataset, pv.keys_column) IS DISTINCT FROM
+                                     (m->'partitions'->'keyed'->>'dataset',
+                                      m->'partitions'->'keyed'->>'column')
+                              FROM orca.pipeline_versions pv WHERE pv.id = v_cur) THEN
+        DELETE FROM orca.keys WHERE pipeline_id = v_pid;
+        UPDATE orca.pipelines
+        SET keys_generation = 0, keys_snapshot = NULL, keys_snapshot_ms = NULL, keys_read_at = NULL
+        WHERE id = v_pid;
     END IF;
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
     WHERE id = v_pid;
@@ -1218,6 +1490,13 @@ BEGIN
             'version', (SELECT version FROM orca.pipeline_versions WHERE id = v_vid),
             'registry_hash', m->>'registry_hash', 'commit', m->>'commit',
             'by', session_user)));
+    -- A keyed pipeline reads its keys as soon as it is registered: names
+    -- given to orca.run are checked against them, and a sensor's new keys are
+    -- new against them.
+    IF m->'partitions' ? 'keyed'
+       AND (SELECT keys_generation FROM orca.pipelines WHERE id = v_pid) = 0 THEN
+        PERFORM orca._keys_task(v_org, v_pid, 'refresh', 'manual');
+    END IF;
     -- A larger max_runs may let queued runs start.
     PERFORM orca._start_queued(v_org, v_pid);
     RETURN v_vid;
@@ -1308,7 +1587,28 @@ DECLARE
     v_id bigint;
 BEGIN
     p := orca._pipeline(v_org, run.pipeline);
-    v_parts := orca._partitions(p, run.partitions);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, run.partitions);
+        IF v_parts IS NULL THEN
+            PERFORM orca._check_keys(p, '{}');
+            v_parts := ARRAY(SELECT key FROM orca.keys
+                             WHERE pipeline_id = p.id AND generation = p.keys_generation
+                             ORDER BY key);
+            IF cardinality(v_parts) = 0 THEN
+                RAISE EXCEPTION 'pipeline ''%'' has no keys: its dataset''s snapshot % holds none',
+                                p.name, coalesce(p.keys_snapshot::text, '(none)')
+                    USING ERRCODE = 'OR024';
+            END IF;
+            IF cardinality(v_parts) > orca._max_partitions() THEN
+                RAISE EXCEPTION '''@all'' names % partitions, more than the limit of %',
+                                cardinality(v_parts), orca._max_partitions()
+                    USING ERRCODE = 'OR023',
+                          HINT = 'orca.backfill runs every key in runs of keys_per_run';
+            END IF;
+        END IF;
+    ELSE
+        v_parts := orca._partitions(p, run.partitions);
+    END IF;
     INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
     SELECT v_org, p.id, v.id, v_parts, 'manual', v.run_retries
     FROM orca.pipeline_versions v WHERE v.id = p.current_version
@@ -1319,9 +1619,10 @@ END
 $$;
 COMMENT ON FUNCTION orca.run(text, text) IS
 'Queues one run over the given partitions (a gather step sees all of them) and returns its id. '
-'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''. '
+'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''; for a keyed '
+'pipeline, keys ''log-1,log-2'' or ''@all'' (every current key). '
 'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
-'OR022 partition outside the pipeline''s set, OR023 too many partitions.';
+'OR022 partition outside the pipeline''s set, OR023 too many partitions, OR024 not a key.';
 
 CREATE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1333,6 +1634,17 @@ DECLARE
     v_active text[];
 BEGIN
     p := orca._pipeline(v_org, backfill.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, backfill.partitions);
+        IF v_parts IS NULL THEN
+            -- Every key that is not done: which keys there are is for a read
+            -- of the dataset to say, so a keys task queues the runs.
+            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill');
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL));
+        RETURN;
+    END IF;
     v_parts := orca._partitions(p, backfill.partitions);
     -- A partition that already has a queued or running run is not queued twice.
     SELECT array_agg(DISTINCT x) INTO v_active
@@ -1362,7 +1674,10 @@ COMMENT ON FUNCTION orca.backfill(text, text) IS
 'Queues one run per partition, oldest first, and returns their ids. Partitions that already '
 'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
 '(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
-'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06'');';
+'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
+'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of keys_per_run, or ''@all'', '
+'which returns the id of a keys task (a run of kind keys): it reads the keys dataset and '
+'queues runs of keys_per_run for every key that is not done (runs.parent_run names it).';
 
 CREATE FUNCTION orca.cancel(run bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1432,7 +1747,12 @@ BEGIN
     WHERE run_id = r.id AND status <> 'succeeded';
     PERFORM orca._event(v_org, 'run.retried', r.pipeline_id, r.id, NULL,
                         jsonb_build_object('was', r.status, 'version_id', v.id, 'by', session_user));
-    PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+    IF r.kind = 'keys' THEN
+        -- A keys task has no steps: it reads keys again and takes no run slot.
+        PERFORM orca._start_runs(ARRAY[r.id]);
+    ELSE
+        PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+    END IF;
     RETURN r.id;
 END
 $$;
@@ -1537,7 +1857,7 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           CASE i.run_kind WHEN 'sense' THEN 'sense' ELSE 'attempt' END
+           CASE i.run_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys' ELSE 'attempt' END
     FROM info i
     ORDER BY i.id;
 END
@@ -2042,6 +2362,9 @@ BEGIN
             FROM orca.step_datasets d
             JOIN orca.pipelines p ON p.current_version = d.version_id
             WHERE p.id = r.pipeline_id AND d.mode = 'read'
+              -- A keyed sensor watches its keys dataset only.
+              AND d.dataset = coalesce((SELECT pv.keys_dataset FROM orca.pipeline_versions pv
+                                        WHERE pv.id = d.version_id), d.dataset)
               AND NOT EXISTS (SELECT 1 FROM orca.step_datasets w
                               WHERE w.version_id = d.version_id AND w.dataset = d.dataset
                                 AND w.mode = 'write')), '[]'));
@@ -2230,7 +2553,7 @@ BEGIN
     -- 3. Sensors: snapshots other pipelines' succeeded runs committed start
     --    runs now; outside snapshots are found by polls runners run.
     FOR sn IN
-        SELECT x.*, v.id AS version_id
+        SELECT x.*, v.id AS version_id, v.keys_dataset
         FROM orca.sensors x
         JOIN orca.pipelines p ON p.id = x.pipeline_id
         JOIN orca.pipeline_versions v ON v.id = p.current_version
@@ -2251,6 +2574,7 @@ BEGIN
             EXIT WHEN c.status IN ('queued', 'running');
             v_cursor := c.id;
             CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            CONTINUE WHEN c.dataset IS DISTINCT FROM coalesce(sn.keys_dataset, c.dataset);
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM orca.step_datasets d
                 WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'read')
@@ -2307,6 +2631,172 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';
+
+---------------------------------------------------------------------------
+-- Keyed pipelines
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.keys_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(keys_context.lease)
+      AND l.lease = keys_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, keys_context.lease);
+    END IF;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', keys_context.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'run', r.id, 'attempt', a.number,
+        'registry_hash', (SELECT registry_hash FROM orca.pipeline_versions WHERE id = r.version_id))
+        || r.request;
+END
+$$;
+COMMENT ON FUNCTION orca.keys_context(uuid) IS
+'What a keys task asks for: the pipeline, its keys dataset and column, and the mode (all: queue '
+'runs for every key not done; new: for the keys a sensor''s snapshot added; refresh: only read '
+'them). The SDK''s keys command calls it.';
+
+CREATE FUNCTION orca.report_keys(lease uuid, snapshot bigint, snapshot_ms bigint, keys text[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    p orca.pipelines;
+    v_bad text;
+    v_gen integer;
+    v_stale boolean;
+    v_new integer := 0;
+    v_todo text[];
+    v_runs bigint[] := '{}';
+BEGIN
+    a := orca._leased_attempt(v_org, report_keys.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', report_keys.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF report_keys.keys IS NULL THEN
+        RAISE EXCEPTION 'keys must be an array (empty when the table has no rows), got NULL'
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT k INTO v_bad FROM unnest(report_keys.keys) AS k
+    WHERE k IS NULL OR NOT (k ~ '^[A-Za-z0-9._:-]{1,128}$') LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'malformed partition %: expected a key: 1 to 128 bytes of letters, digits and ._:- (a value of %.%)',
+                        quote_nullable(v_bad), r.request->>'dataset', r.request->>'column'
+            USING ERRCODE = 'OR020',
+                  HINT = 'a keyed pipeline''s keys column may hold only such names';
+    END IF;
+    -- One report at a time per pipeline: the key set moves in one order.
+    SELECT * INTO p FROM orca.pipelines WHERE id = r.pipeline_id FOR UPDATE;
+    -- A snapshot older than the one last read does not roll the keys back.
+    v_stale := p.keys_snapshot_ms IS NOT NULL
+               AND coalesce(report_keys.snapshot_ms, 0) < p.keys_snapshot_ms;
+    IF NOT v_stale THEN
+        v_gen := p.keys_generation + 1;
+        INSERT INTO orca.keys AS k (org_id, pipeline_id, key, generation, first_generation,
+                                    first_snapshot)
+        SELECT DISTINCT v_org, p.id, x, v_gen, v_gen, report_keys.snapshot
+        FROM unnest(report_keys.keys) AS x
+        ON CONFLICT (pipeline_id, key) DO UPDATE SET generation = excluded.generation;
+        SELECT count(*) INTO v_new FROM orca.keys
+        WHERE pipeline_id = p.id AND first_generation = v_gen;
+        UPDATE orca.pipelines
+        SET keys_generation = v_gen, keys_snapshot = report_keys.snapshot,
+            keys_snapshot_ms = report_keys.snapshot_ms, keys_read_at = now()
+        WHERE id = p.id
+        RETURNING * INTO p;
+    END IF;
+    IF r.request->>'mode' = 'all' THEN
+        v_todo := ARRAY(SELECT orca._keys_not_done(p.id));
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id);
+    ELSIF r.request->>'mode' = 'new' AND NOT v_stale THEN
+        -- New against the keys read before. With none read before (the
+        -- registration's read has not reported yet), every key is new: a key
+        -- run twice is better than a key never run.
+        v_todo := ARRAY(SELECT key FROM orca.keys
+                        WHERE pipeline_id = p.id AND generation = v_gen
+                          AND first_generation = v_gen
+                        ORDER BY key);
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'sensor', r.id);
+    END IF;
+    PERFORM orca._event(v_org, 'keys.read', p.id, r.id, a.id,
+        jsonb_build_object('dataset', r.request->>'dataset', 'snapshot', report_keys.snapshot,
+                           'keys', cardinality(report_keys.keys), 'new', v_new,
+                           'stale', v_stale, 'mode', r.request->>'mode', 'runs', cardinality(v_runs)));
+    RETURN jsonb_build_object('keys', (SELECT count(*) FROM orca.keys
+                                       WHERE pipeline_id = p.id AND generation = p.keys_generation),
+                              'new', v_new, 'stale', v_stale, 'runs', to_jsonb(v_runs));
+END
+$$;
+COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
+'A keys task reports the keys (distinct values of the keys column) of the snapshot it read, '
+'with the snapshot''s id and timestamp (NULL and an empty array for a table with no snapshot). '
+'They become the pipeline''s current keys, unless a newer snapshot was reported already; then '
+'the task''s mode acts: all queues runs of keys_per_run for every key that is not done, new '
+'for the keys this snapshot added. Returns {keys, new, stale, runs}. Errors: OR020 a value '
+'that is not a key, OR012/OR014 a refused lease, OR050 a lease that is not a keys task.';
+
+CREATE FUNCTION orca.refresh_keys(pipeline text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, refresh_keys.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) <> 'keyed' THEN
+        RAISE EXCEPTION 'pipeline ''%'' is not keyed: its partitions are months or days', p.name
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN orca._keys_task(v_org, p.id, 'refresh', 'manual');
+END
+$$;
+COMMENT ON FUNCTION orca.refresh_keys(text) IS
+'Queues a keys task that reads a keyed pipeline''s keys from the current snapshot of its keys '
+'dataset, and returns its run id; it queues no runs. Registration does this once by itself. '
+'Example: SELECT orca.refresh_keys(''labels'');';
+
+CREATE FUNCTION orca.key_status(pipeline text)
+RETURNS TABLE (key text, done boolean, active_run bigint, first_seen_at timestamptz,
+               first_snapshot bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, key_status.pipeline);
+    RETURN QUERY
+    WITH todo AS (SELECT orca._keys_not_done(p.id) AS key)
+    SELECT k.key, NOT EXISTS (SELECT 1 FROM todo t WHERE t.key = k.key),
+           (SELECT max(r.id) FROM orca.runs r
+            WHERE r.pipeline_id = p.id AND r.kind = 'pipeline'
+              AND r.status IN ('queued', 'running') AND k.key = ANY (r.partitions)),
+           k.first_seen_at, k.first_snapshot
+    FROM orca.keys k
+    WHERE k.pipeline_id = p.id AND k.generation = p.keys_generation
+    ORDER BY k.key;
+END
+$$;
+COMMENT ON FUNCTION orca.key_status(text) IS
+'The current keys of a keyed pipeline (from the last snapshot of its keys dataset read), each '
+'with whether it is done (every mapped step succeeded for it under the current registry '
+'hash), the queued or running run that has it, and when it was first seen. '
+'Example: SELECT * FROM orca.key_status(''labels'') WHERE NOT done;';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -2326,6 +2816,7 @@ SELECT r.id                            AS run,
        r.partitions,
        r.trigger,
        r.kind,
+       r.parent_run,
        r.status,
        r.fire_at,
        r.attempts,
@@ -2379,6 +2870,13 @@ SELECT p.id                 AS pipeline_id,
        v.registry_hash,
        v.partition_kind,
        v.partition_start,
+       v.keys_dataset,
+       v.keys_column,
+       v.keys_per_run,
+       p.keys_snapshot,
+       p.keys_read_at,
+       (SELECT count(*) FROM orca.keys k
+        WHERE k.pipeline_id = p.id AND k.generation = p.keys_generation) AS keys,
        s.cron,
        s.tz,
        s.fills,
@@ -2418,7 +2916,8 @@ COMMENT ON TABLE orca.schedules IS
 'Cron schedules of pipelines; fired_until is how far orca.tick has turned fires into runs.';
 COMMENT ON TABLE orca.runs IS
 'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
-'status: queued, running, succeeded, failed or cancelled.';
+'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
+'polls) or keys (a keyed pipeline''s keys task; parent_run of the runs it queued).';
 COMMENT ON TABLE orca.step_states IS
 'The state of each (step, partition) of a run; a gather step''s partition is ''*''.';
 COMMENT ON TABLE orca.attempts IS
@@ -2438,6 +2937,9 @@ COMMENT ON TABLE orca.sensors IS
 'Sensor pipelines: since when they watch, how far other runs'' commits were looked at, their poll.';
 COMMENT ON TABLE orca.sensed IS
 'Every snapshot a sensor saw and the one run it started.';
+COMMENT ON TABLE orca.keys IS
+'The keys keyed pipelines have read from their keys datasets; a key is current while its '
+'generation is the pipeline''s keys_generation. orca.key_status shows them with done.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';
@@ -2464,7 +2966,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
 GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
     TO orca_viewer, orca_runner;
-GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text)
+GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
+    orca.key_status(text)
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
@@ -2474,6 +2977,7 @@ GRANT EXECUTE ON FUNCTION
     orca.retry(bigint),
     orca.pause(text),
     orca.unpause(text),
+    orca.refresh_keys(text),
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION
@@ -2487,6 +2991,8 @@ GRANT EXECUTE ON FUNCTION
     orca.pin_read(uuid, text, text, text, bigint),
     orca.sense_context(uuid),
     orca.report_snapshots(uuid, jsonb),
+    orca.keys_context(uuid),
+    orca.report_keys(uuid, bigint, bigint, text[]),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

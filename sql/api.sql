@@ -112,11 +112,14 @@ BEGIN
         FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
         INSERT INTO orca.pipeline_versions (
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
-            partition_kind, partition_start, max_runs, run_retries, catchup, fills,
+            partition_kind, partition_start, keys_dataset, keys_column, keys_per_run,
+            max_runs, run_retries, catchup, fills,
             cron, tz, source, commit, dirty, image, sensor)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
-               k.key, k.value #>> '{}', (m->>'max_runs')::int, (m->>'run_retries')::int,
-               (m->>'catchup')::boolean, m->>'fills', m->'schedule'->>'cron',
+               k.key, CASE WHEN k.key = 'keyed' THEN '' ELSE k.value #>> '{}' END,
+               k.value->>'dataset', k.value->>'column', (m->>'keys_per_run')::int,
+               (m->>'max_runs')::int, (m->>'run_retries')::int,
+               (m->>'catchup')::boolean, coalesce(m->>'fills', 'previous'), m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
                (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
         FROM jsonb_each(m->'partitions') AS k
@@ -133,6 +136,22 @@ BEGIN
             UNION ALL
             SELECT 'write', x FROM jsonb_array_elements_text(coalesce(s.step->'writes', '[]')) AS x
         ) AS d;
+        -- The keys dataset is read for the whole pipeline ('*'): sensors
+        -- watch it and cycles run through it.
+        INSERT INTO orca.step_datasets (org_id, version_id, step, dataset, mode)
+        SELECT v_org, v_vid, '*', m->'partitions'->'keyed'->>'dataset', 'read'
+        WHERE m->'partitions' ? 'keyed'
+        ON CONFLICT DO NOTHING;
+    END IF;
+    -- Keys read for another dataset or column are not this version's keys.
+    IF v_cur IS NOT NULL AND (SELECT (pv.keys_dataset, pv.keys_column) IS DISTINCT FROM
+                                     (m->'partitions'->'keyed'->>'dataset',
+                                      m->'partitions'->'keyed'->>'column')
+                              FROM orca.pipeline_versions pv WHERE pv.id = v_cur) THEN
+        DELETE FROM orca.keys WHERE pipeline_id = v_pid;
+        UPDATE orca.pipelines
+        SET keys_generation = 0, keys_snapshot = NULL, keys_snapshot_ms = NULL, keys_read_at = NULL
+        WHERE id = v_pid;
     END IF;
     UPDATE orca.pipelines SET current_version = v_vid, max_runs = (m->>'max_runs')::int
     WHERE id = v_pid;
@@ -165,6 +184,13 @@ BEGIN
             'version', (SELECT version FROM orca.pipeline_versions WHERE id = v_vid),
             'registry_hash', m->>'registry_hash', 'commit', m->>'commit',
             'by', session_user)));
+    -- A keyed pipeline reads its keys as soon as it is registered: names
+    -- given to orca.run are checked against them, and a sensor's new keys are
+    -- new against them.
+    IF m->'partitions' ? 'keyed'
+       AND (SELECT keys_generation FROM orca.pipelines WHERE id = v_pid) = 0 THEN
+        PERFORM orca._keys_task(v_org, v_pid, 'refresh', 'manual');
+    END IF;
     -- A larger max_runs may let queued runs start.
     PERFORM orca._start_queued(v_org, v_pid);
     RETURN v_vid;
@@ -255,7 +281,28 @@ DECLARE
     v_id bigint;
 BEGIN
     p := orca._pipeline(v_org, run.pipeline);
-    v_parts := orca._partitions(p, run.partitions);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, run.partitions);
+        IF v_parts IS NULL THEN
+            PERFORM orca._check_keys(p, '{}');
+            v_parts := ARRAY(SELECT key FROM orca.keys
+                             WHERE pipeline_id = p.id AND generation = p.keys_generation
+                             ORDER BY key);
+            IF cardinality(v_parts) = 0 THEN
+                RAISE EXCEPTION 'pipeline ''%'' has no keys: its dataset''s snapshot % holds none',
+                                p.name, coalesce(p.keys_snapshot::text, '(none)')
+                    USING ERRCODE = 'OR024';
+            END IF;
+            IF cardinality(v_parts) > orca._max_partitions() THEN
+                RAISE EXCEPTION '''@all'' names % partitions, more than the limit of %',
+                                cardinality(v_parts), orca._max_partitions()
+                    USING ERRCODE = 'OR023',
+                          HINT = 'orca.backfill runs every key in runs of keys_per_run';
+            END IF;
+        END IF;
+    ELSE
+        v_parts := orca._partitions(p, run.partitions);
+    END IF;
     INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
     SELECT v_org, p.id, v.id, v_parts, 'manual', v.run_retries
     FROM orca.pipeline_versions v WHERE v.id = p.current_version
@@ -266,9 +313,10 @@ END
 $$;
 COMMENT ON FUNCTION orca.run(text, text) IS
 'Queues one run over the given partitions (a gather step sees all of them) and returns its id. '
-'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''. '
+'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''; for a keyed '
+'pipeline, keys ''log-1,log-2'' or ''@all'' (every current key). '
 'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
-'OR022 partition outside the pipeline''s set, OR023 too many partitions.';
+'OR022 partition outside the pipeline''s set, OR023 too many partitions, OR024 not a key.';
 
 CREATE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -280,6 +328,17 @@ DECLARE
     v_active text[];
 BEGIN
     p := orca._pipeline(v_org, backfill.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, backfill.partitions);
+        IF v_parts IS NULL THEN
+            -- Every key that is not done: which keys there are is for a read
+            -- of the dataset to say, so a keys task queues the runs.
+            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill');
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL));
+        RETURN;
+    END IF;
     v_parts := orca._partitions(p, backfill.partitions);
     -- A partition that already has a queued or running run is not queued twice.
     SELECT array_agg(DISTINCT x) INTO v_active
@@ -309,7 +368,10 @@ COMMENT ON FUNCTION orca.backfill(text, text) IS
 'Queues one run per partition, oldest first, and returns their ids. Partitions that already '
 'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
 '(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
-'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06'');';
+'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
+'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of keys_per_run, or ''@all'', '
+'which returns the id of a keys task (a run of kind keys): it reads the keys dataset and '
+'queues runs of keys_per_run for every key that is not done (runs.parent_run names it).';
 
 CREATE FUNCTION orca.cancel(run bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -379,7 +441,12 @@ BEGIN
     WHERE run_id = r.id AND status <> 'succeeded';
     PERFORM orca._event(v_org, 'run.retried', r.pipeline_id, r.id, NULL,
                         jsonb_build_object('was', r.status, 'version_id', v.id, 'by', session_user));
-    PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+    IF r.kind = 'keys' THEN
+        -- A keys task has no steps: it reads keys again and takes no run slot.
+        PERFORM orca._start_runs(ARRAY[r.id]);
+    ELSE
+        PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+    END IF;
     RETURN r.id;
 END
 $$;
@@ -484,7 +551,7 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           CASE i.run_kind WHEN 'sense' THEN 'sense' ELSE 'attempt' END
+           CASE i.run_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys' ELSE 'attempt' END
     FROM info i
     ORDER BY i.id;
 END
@@ -989,6 +1056,9 @@ BEGIN
             FROM orca.step_datasets d
             JOIN orca.pipelines p ON p.current_version = d.version_id
             WHERE p.id = r.pipeline_id AND d.mode = 'read'
+              -- A keyed sensor watches its keys dataset only.
+              AND d.dataset = coalesce((SELECT pv.keys_dataset FROM orca.pipeline_versions pv
+                                        WHERE pv.id = d.version_id), d.dataset)
               AND NOT EXISTS (SELECT 1 FROM orca.step_datasets w
                               WHERE w.version_id = d.version_id AND w.dataset = d.dataset
                                 AND w.mode = 'write')), '[]'));
@@ -1177,7 +1247,7 @@ BEGIN
     -- 3. Sensors: snapshots other pipelines' succeeded runs committed start
     --    runs now; outside snapshots are found by polls runners run.
     FOR sn IN
-        SELECT x.*, v.id AS version_id
+        SELECT x.*, v.id AS version_id, v.keys_dataset
         FROM orca.sensors x
         JOIN orca.pipelines p ON p.id = x.pipeline_id
         JOIN orca.pipeline_versions v ON v.id = p.current_version
@@ -1198,6 +1268,7 @@ BEGIN
             EXIT WHEN c.status IN ('queued', 'running');
             v_cursor := c.id;
             CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            CONTINUE WHEN c.dataset IS DISTINCT FROM coalesce(sn.keys_dataset, c.dataset);
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM orca.step_datasets d
                 WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'read')
@@ -1254,3 +1325,169 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';
+
+---------------------------------------------------------------------------
+-- Keyed pipelines
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.keys_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(keys_context.lease)
+      AND l.lease = keys_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, keys_context.lease);
+    END IF;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', keys_context.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'run', r.id, 'attempt', a.number,
+        'registry_hash', (SELECT registry_hash FROM orca.pipeline_versions WHERE id = r.version_id))
+        || r.request;
+END
+$$;
+COMMENT ON FUNCTION orca.keys_context(uuid) IS
+'What a keys task asks for: the pipeline, its keys dataset and column, and the mode (all: queue '
+'runs for every key not done; new: for the keys a sensor''s snapshot added; refresh: only read '
+'them). The SDK''s keys command calls it.';
+
+CREATE FUNCTION orca.report_keys(lease uuid, snapshot bigint, snapshot_ms bigint, keys text[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    p orca.pipelines;
+    v_bad text;
+    v_gen integer;
+    v_stale boolean;
+    v_new integer := 0;
+    v_todo text[];
+    v_runs bigint[] := '{}';
+BEGIN
+    a := orca._leased_attempt(v_org, report_keys.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', report_keys.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF report_keys.keys IS NULL THEN
+        RAISE EXCEPTION 'keys must be an array (empty when the table has no rows), got NULL'
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT k INTO v_bad FROM unnest(report_keys.keys) AS k
+    WHERE k IS NULL OR NOT (k ~ '^[A-Za-z0-9._:-]{1,128}$') LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'malformed partition %: expected a key: 1 to 128 bytes of letters, digits and ._:- (a value of %.%)',
+                        quote_nullable(v_bad), r.request->>'dataset', r.request->>'column'
+            USING ERRCODE = 'OR020',
+                  HINT = 'a keyed pipeline''s keys column may hold only such names';
+    END IF;
+    -- One report at a time per pipeline: the key set moves in one order.
+    SELECT * INTO p FROM orca.pipelines WHERE id = r.pipeline_id FOR UPDATE;
+    -- A snapshot older than the one last read does not roll the keys back.
+    v_stale := p.keys_snapshot_ms IS NOT NULL
+               AND coalesce(report_keys.snapshot_ms, 0) < p.keys_snapshot_ms;
+    IF NOT v_stale THEN
+        v_gen := p.keys_generation + 1;
+        INSERT INTO orca.keys AS k (org_id, pipeline_id, key, generation, first_generation,
+                                    first_snapshot)
+        SELECT DISTINCT v_org, p.id, x, v_gen, v_gen, report_keys.snapshot
+        FROM unnest(report_keys.keys) AS x
+        ON CONFLICT (pipeline_id, key) DO UPDATE SET generation = excluded.generation;
+        SELECT count(*) INTO v_new FROM orca.keys
+        WHERE pipeline_id = p.id AND first_generation = v_gen;
+        UPDATE orca.pipelines
+        SET keys_generation = v_gen, keys_snapshot = report_keys.snapshot,
+            keys_snapshot_ms = report_keys.snapshot_ms, keys_read_at = now()
+        WHERE id = p.id
+        RETURNING * INTO p;
+    END IF;
+    IF r.request->>'mode' = 'all' THEN
+        v_todo := ARRAY(SELECT orca._keys_not_done(p.id));
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id);
+    ELSIF r.request->>'mode' = 'new' AND NOT v_stale THEN
+        -- New against the keys read before. With none read before (the
+        -- registration's read has not reported yet), every key is new: a key
+        -- run twice is better than a key never run.
+        v_todo := ARRAY(SELECT key FROM orca.keys
+                        WHERE pipeline_id = p.id AND generation = v_gen
+                          AND first_generation = v_gen
+                        ORDER BY key);
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'sensor', r.id);
+    END IF;
+    PERFORM orca._event(v_org, 'keys.read', p.id, r.id, a.id,
+        jsonb_build_object('dataset', r.request->>'dataset', 'snapshot', report_keys.snapshot,
+                           'keys', cardinality(report_keys.keys), 'new', v_new,
+                           'stale', v_stale, 'mode', r.request->>'mode', 'runs', cardinality(v_runs)));
+    RETURN jsonb_build_object('keys', (SELECT count(*) FROM orca.keys
+                                       WHERE pipeline_id = p.id AND generation = p.keys_generation),
+                              'new', v_new, 'stale', v_stale, 'runs', to_jsonb(v_runs));
+END
+$$;
+COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
+'A keys task reports the keys (distinct values of the keys column) of the snapshot it read, '
+'with the snapshot''s id and timestamp (NULL and an empty array for a table with no snapshot). '
+'They become the pipeline''s current keys, unless a newer snapshot was reported already; then '
+'the task''s mode acts: all queues runs of keys_per_run for every key that is not done, new '
+'for the keys this snapshot added. Returns {keys, new, stale, runs}. Errors: OR020 a value '
+'that is not a key, OR012/OR014 a refused lease, OR050 a lease that is not a keys task.';
+
+CREATE FUNCTION orca.refresh_keys(pipeline text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, refresh_keys.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) <> 'keyed' THEN
+        RAISE EXCEPTION 'pipeline ''%'' is not keyed: its partitions are months or days', p.name
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN orca._keys_task(v_org, p.id, 'refresh', 'manual');
+END
+$$;
+COMMENT ON FUNCTION orca.refresh_keys(text) IS
+'Queues a keys task that reads a keyed pipeline''s keys from the current snapshot of its keys '
+'dataset, and returns its run id; it queues no runs. Registration does this once by itself. '
+'Example: SELECT orca.refresh_keys(''labels'');';
+
+CREATE FUNCTION orca.key_status(pipeline text)
+RETURNS TABLE (key text, done boolean, active_run bigint, first_seen_at timestamptz,
+               first_snapshot bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, key_status.pipeline);
+    RETURN QUERY
+    WITH todo AS (SELECT orca._keys_not_done(p.id) AS key)
+    SELECT k.key, NOT EXISTS (SELECT 1 FROM todo t WHERE t.key = k.key),
+           (SELECT max(r.id) FROM orca.runs r
+            WHERE r.pipeline_id = p.id AND r.kind = 'pipeline'
+              AND r.status IN ('queued', 'running') AND k.key = ANY (r.partitions)),
+           k.first_seen_at, k.first_snapshot
+    FROM orca.keys k
+    WHERE k.pipeline_id = p.id AND k.generation = p.keys_generation
+    ORDER BY k.key;
+END
+$$;
+COMMENT ON FUNCTION orca.key_status(text) IS
+'The current keys of a keyed pipeline (from the last snapshot of its keys dataset read), each '
+'with whether it is done (every mapped step succeeded for it under the current registry '
+'hash), the queued or running run that has it, and when it was first seen. '
+'Example: SELECT * FROM orca.key_status(''labels'') WHERE NOT done;';

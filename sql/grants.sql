@@ -16,7 +16,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
 GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
     TO orca_viewer, orca_runner;
-GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text)
+GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
+    orca.key_status(text)
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
@@ -26,6 +27,7 @@ GRANT EXECUTE ON FUNCTION
     orca.retry(bigint),
     orca.pause(text),
     orca.unpause(text),
+    orca.refresh_keys(text),
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION
@@ -39,6 +41,8 @@ GRANT EXECUTE ON FUNCTION
     orca.pin_read(uuid, text, text, text, bigint),
     orca.sense_context(uuid),
     orca.report_snapshots(uuid, jsonb),
+    orca.keys_context(uuid),
+    orca.report_keys(uuid, bigint, bigint, text[]),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

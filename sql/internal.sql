@@ -393,6 +393,18 @@ BEGIN
     END IF;
     SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
     SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    IF v.partition_kind = 'keyed' THEN
+        -- A keyed sensor's runs are for the snapshot's new keys, which only
+        -- a read of the snapshot can tell: a keys task reads and queues them.
+        v_run := orca._keys_task(p_org, p_pipeline, 'new', 'sensor',
+            jsonb_build_object('snapshot', p_snapshot, 'source', p_source));
+        UPDATE orca.sensed SET run_id = v_run
+        WHERE pipeline_id = p_pipeline AND dataset = p_dataset AND snapshot_id = p_snapshot;
+        PERFORM orca._event(p_org, 'sensor.fired', p_pipeline, v_run, NULL,
+            jsonb_build_object('dataset', p_dataset, 'snapshot', p_snapshot, 'source', p_source,
+                               'keys_task', v_run));
+        RETURN v_run;
+    END IF;
     v_parts := orca._sensor_partitions(v.partition_kind, v.partition_start, v.tz, v.fills, v.cron,
                                        coalesce(p_upstream, '{}'), now());
     IF cardinality(v_parts) = 0 THEN
@@ -433,5 +445,192 @@ BEGIN
     PERFORM orca._event(r.org_id, 'sense.queued', r.pipeline_id, r.id, v_attempt,
                         jsonb_build_object('attempt', r.attempts));
     PERFORM pg_notify('orca_work', v_pool);
+END
+$$;
+
+---------------------------------------------------------------------------
+-- Keyed pipelines
+---------------------------------------------------------------------------
+
+-- Queues a keys task: a run of kind 'keys' whose one attempt runs
+-- `<binary> keys --lease`, reads the keys dataset's current snapshot and
+-- reports its keys with orca.report_keys, which then acts on the request.
+-- A request for every key ('all') or a plain read ('refresh') joins one of the
+-- same mode that has not started reading yet. Returns the task's run id.
+CREATE FUNCTION orca._keys_task(p_org bigint, p_pipeline bigint, p_mode text, p_trigger text,
+                                p_request jsonb DEFAULT '{}')
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run bigint;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    IF p_mode IN ('all', 'refresh') THEN
+        SELECT r.id INTO v_run FROM orca.runs r
+        WHERE r.pipeline_id = p_pipeline AND r.kind = 'keys' AND r.request->>'mode' = p_mode
+          AND r.status IN ('queued', 'running') AND r.version_id = v.id
+          AND NOT EXISTS (SELECT 1 FROM orca.attempts a
+                          WHERE a.run_id = r.id AND a.status <> 'pending')
+        ORDER BY r.id LIMIT 1;
+        IF v_run IS NOT NULL THEN
+            RETURN v_run;
+        END IF;
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind, request,
+                           run_retries)
+    VALUES (p_org, p_pipeline, v.id, ARRAY['*'], p_trigger, 'keys',
+            jsonb_build_object('mode', p_mode, 'dataset', v.keys_dataset,
+                               'column', v.keys_column) || coalesce(p_request, '{}'),
+            greatest(v.run_retries, 2))
+    RETURNING id INTO v_run;
+    PERFORM orca._event(p_org, 'run.queued', p_pipeline, v_run, NULL,
+        jsonb_build_object('kind', 'keys', 'mode', p_mode, 'trigger', p_trigger,
+                           'dataset', v.keys_dataset, 'by', session_user));
+    -- Reading keys takes no run slot: max_runs caps the runs it queues.
+    PERFORM orca._start_runs(ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;
+
+-- Refuses a keyed pipeline's names that are not current keys.
+CREATE FUNCTION orca._check_keys(p orca.pipelines, p_names text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_unknown text[];
+BEGIN
+    IF p.keys_generation = 0 THEN
+        RAISE EXCEPTION 'pipeline ''%'' has not read its keys yet, so % cannot be checked',
+                        p.name, array_to_string(p_names[1:5], ', ')
+            USING ERRCODE = 'OR024',
+                  HINT = format('SELECT orca.refresh_keys(%L) reads them; orca.backfill(%L, ''@all'') reads them and runs every key that is not done',
+                                p.name, p.name);
+    END IF;
+    SELECT array_agg(n ORDER BY o) INTO v_unknown
+    FROM unnest(p_names) WITH ORDINALITY AS x(n, o)
+    WHERE NOT EXISTS (SELECT 1 FROM orca.keys k
+                      WHERE k.pipeline_id = p.id AND k.key = x.n
+                        AND k.generation = p.keys_generation);
+    IF v_unknown IS NOT NULL THEN
+        RAISE EXCEPTION '% % not a key of pipeline ''%'' (the keys of its dataset''s snapshot %, read %)',
+                        (SELECT string_agg(quote_literal(u), ', ') FROM unnest(v_unknown[1:5]) AS u)
+                        || CASE WHEN cardinality(v_unknown) > 5
+                                THEN format(' and %s more', cardinality(v_unknown) - 5) ELSE '' END,
+                        CASE WHEN cardinality(v_unknown) = 1 THEN 'is' ELSE 'are' END,
+                        p.name, coalesce(p.keys_snapshot::text, '(none: the table was empty)'),
+                        p.keys_read_at
+            USING ERRCODE = 'OR024',
+                  HINT = format('orca.key_status(%L) lists the keys; if the dataset changed since, SELECT orca.refresh_keys(%L)',
+                                p.name, p.name);
+    END IF;
+END
+$$;
+
+-- The names a keyed pipeline's spec gives, checked; NULL for '@all'.
+CREATE FUNCTION orca._key_names(p orca.pipelines, p_spec text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_known text[];
+    s jsonb;
+    v_names text[];
+BEGIN
+    IF p_spec IS NULL THEN
+        RAISE EXCEPTION 'malformed partition list: partitions must not be NULL'
+            USING ERRCODE = 'OR021';
+    END IF;
+    SELECT array_agg(k.key) INTO v_known
+    FROM unnest(string_to_array(p_spec, ',')) AS x(item)
+    JOIN orca.keys k ON k.pipeline_id = p.id AND k.key = btrim(x.item)
+                    AND k.generation = p.keys_generation;
+    s := orca._unwrap(orca._key_spec(p_spec, coalesce(v_known, '{}')));
+    IF s ? 'all' THEN
+        RETURN NULL;
+    END IF;
+    v_names := ARRAY(SELECT jsonb_array_elements_text(s->'names'));
+    IF cardinality(v_names) > orca._max_partitions() THEN
+        RAISE EXCEPTION '''%'' names % partitions, more than the limit of %',
+                        left(p_spec, 60), cardinality(v_names), orca._max_partitions()
+            USING ERRCODE = 'OR023', HINT = 'split the request, or raise orca.max_partitions';
+    END IF;
+    PERFORM orca._check_keys(p, v_names);
+    RETURN v_names;
+END
+$$;
+
+-- The current keys of a keyed pipeline that are not done: a key is done when
+-- every mapped step of the current version succeeded for it in a run of a
+-- version with the same registry hash.
+CREATE FUNCTION orca._keys_not_done(p_pipeline bigint) RETURNS SETOF text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    v_mapped text[];
+BEGIN
+    SELECT * INTO p FROM orca.pipelines WHERE id = p_pipeline;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    SELECT array_agg(name) INTO v_mapped FROM orca.steps
+    WHERE version_id = v.id AND kind = 'mapped';
+    RETURN QUERY
+    WITH done AS (
+        SELECT ss.partition, count(DISTINCT ss.step) AS n
+        FROM orca.runs r
+        JOIN orca.pipeline_versions rv ON rv.id = r.version_id AND rv.registry_hash = v.registry_hash
+        JOIN orca.step_states ss ON ss.run_id = r.id AND ss.status = 'succeeded'
+                                AND ss.step = ANY (coalesce(v_mapped, '{}'))
+        WHERE r.pipeline_id = p_pipeline AND r.kind = 'pipeline'
+        GROUP BY ss.partition
+    )
+    SELECT k.key FROM orca.keys k
+    LEFT JOIN done d ON d.partition = k.key
+    WHERE k.pipeline_id = p_pipeline AND k.generation = p.keys_generation
+      AND coalesce(d.n, 0) < coalesce(cardinality(v_mapped), 0)
+    ORDER BY k.key;
+END
+$$;
+
+-- Queues runs of at most keys_per_run keys each over p_keys, in order,
+-- leaving out keys that already have a queued or running run. Returns the
+-- run ids.
+CREATE FUNCTION orca._queue_key_runs(p_org bigint, p_pipeline bigint, p_keys text[],
+                                     p_trigger text, p_parent bigint)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v orca.pipeline_versions;
+    v_ids bigint[];
+    v_active text[];
+BEGIN
+    IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
+        RETURN '{}';
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p_pipeline AND r.kind = 'pipeline'
+      AND r.status IN ('queued', 'running') AND x = ANY (p_keys);
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % key(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    WITH todo AS (
+        SELECT key, ord FROM unnest(p_keys) WITH ORDINALITY AS x(key, ord)
+        WHERE NOT (key = ANY (coalesce(v_active, '{}')))
+    ), grouped AS (
+        SELECT (row_number() OVER (ORDER BY ord) - 1) / v.keys_per_run AS grp, key, ord FROM todo
+    ), ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               parent_run)
+        SELECT p_org, p_pipeline, v.id, array_agg(key ORDER BY ord), p_trigger, v.run_retries,
+               p_parent
+        FROM grouped GROUP BY grp ORDER BY grp
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    PERFORM orca._runs_created(p_org, p_pipeline, v_ids);
+    RETURN coalesce(v_ids, '{}');
 END
 $$;

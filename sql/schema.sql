@@ -54,6 +54,12 @@ CREATE TABLE orca.pipelines (
     current_version bigint,
     max_runs        integer CHECK (max_runs >= 1),
     paused          boolean NOT NULL DEFAULT false,
+    -- A keyed pipeline's key set: bumped by each report of the keys dataset;
+    -- orca.keys rows of this generation are the current keys.
+    keys_generation integer NOT NULL DEFAULT 0,
+    keys_snapshot   bigint,
+    keys_snapshot_ms bigint,
+    keys_read_at    timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
@@ -68,8 +74,14 @@ CREATE TABLE orca.pipeline_versions (
     manifest        jsonb NOT NULL,
     binary_path     text NOT NULL,
     pool            text NOT NULL,
-    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily')),
+    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed')),
+    -- '' for a keyed pipeline, whose keys come from keys_dataset.keys_column.
     partition_start text NOT NULL,
+    keys_dataset    text,
+    keys_column     text,
+    keys_per_run    integer CHECK (keys_per_run >= 1),
+    CHECK ((partition_kind = 'keyed') = (keys_dataset IS NOT NULL AND keys_column IS NOT NULL
+                                          AND keys_per_run IS NOT NULL)),
     max_runs        integer,
     run_retries     integer NOT NULL,
     catchup         boolean NOT NULL,
@@ -127,7 +139,13 @@ CREATE TABLE orca.runs (
     partitions  text[] NOT NULL CHECK (cardinality(partitions) >= 1),
     trigger     text NOT NULL CHECK (trigger IN ('schedule', 'backfill', 'manual', 'sensor', 'sense')),
     -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
-    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense')),
+    -- 'keys': a keyed pipeline's task that reads its keys and then queues the
+    -- runs its request asks for.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys')),
+    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
+    request     jsonb,
+    -- The keys task that queued this run.
+    parent_run  bigint,
     status      text NOT NULL DEFAULT 'queued'
                 CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
     fire_at     timestamptz,
@@ -332,6 +350,21 @@ CREATE TABLE orca.events (
 -- Consumers follow the outbox by id; row-level security adds the org.
 CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 
+-- The keys a keyed pipeline's keys dataset has held. A key is current while
+-- its generation is the pipeline's keys_generation.
+CREATE TABLE orca.keys (
+    org_id          bigint NOT NULL,
+    pipeline_id     bigint NOT NULL,
+    key             text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    generation      integer NOT NULL,
+    first_generation integer NOT NULL,
+    first_snapshot  bigint,
+    first_seen_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline_id, key),
+    FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id)
+);
+CREATE INDEX keys_generation ON orca.keys (pipeline_id, generation);
+
 CREATE TYPE orca.lease AS (
     attempt         bigint,
     run             bigint,
@@ -345,7 +378,7 @@ CREATE TYPE orca.lease AS (
     registry_hash   text,
     pool            text,
     org             text,
-    -- What the runner runs: `<binary> attempt --lease` or `<binary> sense --lease`.
+    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`.
     command         text
 );
 
@@ -399,7 +432,7 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed', 'keys'] LOOP
         EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
     END LOOP;
@@ -415,7 +448,7 @@ BEGIN
     -- One call per statement: each call rewrites the same pg_extension row.
     FOREACH t IN ARRAY ARRAY['members', 'pipelines', 'pipeline_versions', 'steps', 'schedules',
                              'runs', 'step_states', 'attempts', 'queue', 'leases', 'runners', 'events',
-                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed'] LOOP
+                             'step_datasets', 'reads', 'commits', 'sensors', 'sensed', 'keys'] LOOP
         PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
     END LOOP;
     -- And where the ids got to, or a restored database would hand them out again.

@@ -10,6 +10,7 @@ SELECT r.id                            AS run,
        r.partitions,
        r.trigger,
        r.kind,
+       r.parent_run,
        r.status,
        r.fire_at,
        r.attempts,
@@ -63,6 +64,13 @@ SELECT p.id                 AS pipeline_id,
        v.registry_hash,
        v.partition_kind,
        v.partition_start,
+       v.keys_dataset,
+       v.keys_column,
+       v.keys_per_run,
+       p.keys_snapshot,
+       p.keys_read_at,
+       (SELECT count(*) FROM orca.keys k
+        WHERE k.pipeline_id = p.id AND k.generation = p.keys_generation) AS keys,
        s.cron,
        s.tz,
        s.fills,
@@ -102,7 +110,8 @@ COMMENT ON TABLE orca.schedules IS
 'Cron schedules of pipelines; fired_until is how far orca.tick has turned fires into runs.';
 COMMENT ON TABLE orca.runs IS
 'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
-'status: queued, running, succeeded, failed or cancelled.';
+'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
+'polls) or keys (a keyed pipeline''s keys task; parent_run of the runs it queued).';
 COMMENT ON TABLE orca.step_states IS
 'The state of each (step, partition) of a run; a gather step''s partition is ''*''.';
 COMMENT ON TABLE orca.attempts IS
@@ -122,6 +131,9 @@ COMMENT ON TABLE orca.sensors IS
 'Sensor pipelines: since when they watch, how far other runs'' commits were looked at, their poll.';
 COMMENT ON TABLE orca.sensed IS
 'Every snapshot a sensor saw and the one run it started.';
+COMMENT ON TABLE orca.keys IS
+'The keys keyed pipelines have read from their keys datasets; a key is current while its '
+'generation is the pipeline''s keys_generation. orca.key_status shows them with done.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

@@ -40,11 +40,14 @@ impl Counts {
     }
 }
 
+/// The runs a backfill queued: those it returned, and those its keys tasks
+/// (a keyed pipeline's `@all`) queued once they had read the keys.
 fn counts(c: &mut Client, ids: &[i64]) -> anyhow::Result<Counts> {
     let mut k = Counts::default();
     for row in c
         .query(
-            "SELECT status, count(*) FROM orca.runs WHERE id = ANY($1) GROUP BY status",
+            "SELECT status, count(*) FROM orca.runs \
+             WHERE (id = ANY($1) AND kind = 'pipeline') OR parent_run = ANY($1) GROUP BY status",
             &[&ids],
         )
         .map_err(explain)?
@@ -83,6 +86,37 @@ fn bar(k: &Counts, total: i64, started: Instant) -> String {
     )
 }
 
+/// Waits until the keys tasks have read the keys and queued their runs.
+fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Result<()> {
+    loop {
+        let rows = c
+            .query(
+                "SELECT id, status, coalesce(error, '') FROM orca.runs WHERE id = ANY($1)",
+                &[&tasks],
+            )
+            .map_err(explain)?;
+        if let Some(bad) = rows
+            .iter()
+            .find(|r| matches!(r.get::<_, String>(1).as_str(), "failed" | "cancelled"))
+        {
+            let (id, status, error): (i64, String, String) = (bad.get(0), bad.get(1), bad.get(2));
+            anyhow::bail!("keys task {id} of {pipeline} {status}: {error}");
+        }
+        if rows.iter().all(|r| r.get::<_, String>(1) == "succeeded") {
+            let queued: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM orca.runs WHERE parent_run = ANY($1)",
+                    &[&tasks],
+                )
+                .map_err(explain)?
+                .get(0);
+            println!("keys read: {queued} run(s) queued for the keys that are not done");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> anyhow::Result<i32> {
     let spec = spec(partitions)?;
     let ids: Vec<i64> = c
@@ -91,16 +125,39 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
         .iter()
         .map(|r| r.get(0))
         .collect();
-    println!("queued {} run(s) of {pipeline}", ids.len());
+    let tasks: Vec<i64> = c
+        .query(
+            "SELECT id FROM orca.runs WHERE id = ANY($1) AND kind = 'keys' ORDER BY id",
+            &[&ids],
+        )
+        .map_err(explain)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if tasks.is_empty() {
+        println!("queued {} run(s) of {pipeline}", ids.len());
+    } else {
+        println!(
+            "queued keys task {}: it reads the keys of {pipeline} and queues runs for those not done",
+            tasks
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if ids.is_empty() || detach {
         return Ok(0);
     }
-    let total = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+    if !tasks.is_empty() {
+        wait_for_keys(c, &tasks, pipeline)?;
+    }
     let tty = std::io::stdout().is_terminal();
     let started = Instant::now();
     let mut last = None;
     loop {
         let k = counts(c, &ids)?;
+        let total = k.done() + k.running + k.queued;
         if last != Some(k) {
             if tty {
                 print!("\r{}", bar(&k, total, started));

@@ -64,6 +64,16 @@ enum Cmd {
         #[arg(default_value_t = 10)]
         n: i32,
     },
+    /// A keyed pipeline's current keys: done or not, and the run that has them.
+    Keys {
+        pipeline: String,
+        /// Only the keys that are not done.
+        #[arg(long)]
+        not_done: bool,
+        /// Read the keys dataset again first (queues a keys task and waits for it).
+        #[arg(long)]
+        refresh: bool,
+    },
     /// Cancel a queued or running run.
     Cancel { id: i64 },
     /// Queue a failed or cancelled run again.
@@ -94,6 +104,11 @@ fn main() {
             } => show::runs(&mut c, pipeline.as_deref(), status.as_deref(), limit),
             Cmd::Run { id, logs } => show::run(&mut c, id, &logs),
             Cmd::Fires { pipeline, n } => show::fires(&mut c, &pipeline, n),
+            Cmd::Keys {
+                pipeline,
+                not_done,
+                refresh,
+            } => show::keys(&mut c, &pipeline, not_done, refresh),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Locate { .. } => Ok(0),

@@ -207,6 +207,61 @@ pub fn fires(c: &mut Client, pipeline: &str, n: i32) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+pub fn keys(c: &mut Client, pipeline: &str, not_done: bool, refresh: bool) -> anyhow::Result<i32> {
+    if refresh {
+        let task: i64 = c
+            .query_one("SELECT orca.refresh_keys($1)", &[&pipeline])
+            .map_err(explain)?
+            .get(0);
+        println!("reading the keys of {pipeline} (keys task {task})");
+        loop {
+            let row = c
+                .query_one(
+                    "SELECT status, coalesce(error, '') FROM orca.runs WHERE id = $1",
+                    &[&task],
+                )
+                .map_err(explain)?;
+            let (status, error): (String, String) = (row.get(0), row.get(1));
+            match status.as_str() {
+                "succeeded" => break,
+                "failed" | "cancelled" => anyhow::bail!("keys task {task} {status}: {error}"),
+                _ => std::thread::sleep(std::time::Duration::from_millis(300)),
+            }
+        }
+    }
+    let rows = c
+        .query(
+            "SELECT key, done, active_run FROM orca.key_status($1) WHERE NOT (done AND $2)",
+            &[&pipeline, &not_done],
+        )
+        .map_err(explain)?;
+    let head = c
+        .query_one(
+            "SELECT keys_snapshot, keys_read_at FROM orca.pipelines \
+             WHERE name = $1 AND org_id = orca.current_org_id()",
+            &[&pipeline],
+        )
+        .map_err(explain)?;
+    let (snapshot, read_at): (Option<i64>, Option<DateTime<Utc>>) = (head.get(0), head.get(1));
+    match read_at {
+        Some(at) => println!(
+            "# keys of {pipeline} from snapshot {}, read {}",
+            snapshot.map_or_else(|| "(none)".to_string(), |s| s.to_string()),
+            at.format("%Y-%m-%d %H:%M:%S %Z")
+        ),
+        None => println!("# {pipeline} has not read its keys yet (orca keys {pipeline} --refresh)"),
+    }
+    for r in &rows {
+        let (key, done, active): (String, bool, Option<i64>) = (r.get(0), r.get(1), r.get(2));
+        println!(
+            "{key:<24} {:<9} {}",
+            if done { "done" } else { "not done" },
+            active.map(|a| format!("run {a}")).unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
 pub fn cancel(c: &mut Client, id: i64) -> anyhow::Result<i32> {
     c.execute("SELECT orca.cancel($1)", &[&id])
         .map_err(explain)?;

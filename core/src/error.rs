@@ -19,6 +19,9 @@ pub enum Error {
     #[error("malformed partition list '{spec}': {reason}")]
     MalformedSpec { spec: String, reason: String },
 
+    #[error("malformed key list '{spec}': {reason}")]
+    MalformedKeys { spec: String, reason: String },
+
     #[error("partition '{value}' is outside the partitions of pipeline '{pipeline}' ({set})")]
     OutsideSet {
         value: String,
@@ -47,7 +50,7 @@ impl Error {
     pub fn sqlstate(&self) -> &'static str {
         match self {
             Error::MalformedPartition { .. } => "OR020",
-            Error::MalformedSpec { .. } => "OR021",
+            Error::MalformedSpec { .. } | Error::MalformedKeys { .. } => "OR021",
             Error::OutsideSet { .. } => "OR022",
             Error::TooManyPartitions { .. } => "OR023",
             Error::BadCron { .. } => "OR030",
@@ -65,6 +68,9 @@ impl Error {
                  an inclusive range ('2024-01..2024-06') or '@all'"
                     .into(),
             ),
+            Error::MalformedKeys { .. } => {
+                Some("name keys separated by commas ('log-0001,log-0002') or give '@all'".into())
+            }
             Error::TooManyPartitions { .. } => {
                 Some("split the request, or raise orca.max_partitions".into())
             }

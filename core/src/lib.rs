@@ -5,6 +5,7 @@
 
 pub mod cron;
 pub mod error;
+pub mod keyed;
 pub mod manifest;
 pub mod partition;
 

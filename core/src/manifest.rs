@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::cron::Schedule;
 use crate::error::{Error, Result};
+use crate::keyed::{KEYS_PER_RUN_DEFAULT, KEYS_PER_RUN_MAX};
 use crate::partition::{Fills, PartitionKind, PartitionSet};
 
 /// Longest name Postgres keeps without truncation, used for every identifier.
@@ -88,12 +89,40 @@ impl StepKind {
     }
 }
 
+/// How a pipeline is partitioned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Partitions {
+    /// Months or days from a first one.
+    Dated(PartitionSet),
+    /// The distinct values of `column` in `dataset`'s current snapshot.
+    Keyed { dataset: String, column: String },
+}
+
+impl Partitions {
+    /// The manifest's spelling: `{"monthly": "2024-01"}` or
+    /// `{"keyed": {"dataset": "lake.raw", "column": "origin"}}`.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Dated(set) => serde_json::json!({ set.kind.name(): set.start.to_string() }),
+            Self::Keyed { dataset, column } => {
+                serde_json::json!({ "keyed": { "dataset": dataset, "column": column } })
+            }
+        }
+    }
+
+    pub fn is_keyed(&self) -> bool {
+        matches!(self, Self::Keyed { .. })
+    }
+}
+
 /// A validated manifest; `normalized` is the JSON stored with the version.
 #[derive(Debug, Clone)]
 pub struct Manifest {
     pub name: String,
     pub steps: Vec<StepDecl>,
-    pub partitions: PartitionSet,
+    pub partitions: Partitions,
+    /// How many keys a run of a keyed pipeline covers.
+    pub keys_per_run: Option<i64>,
     pub schedule: Option<(String, String)>,
     pub fills: Fills,
     pub max_runs: Option<i64>,
@@ -295,7 +324,63 @@ fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
     Ok(steps)
 }
 
-fn parse_partitions(v: Option<&Value>) -> Result<PartitionSet> {
+/// A column name as Iceberg schemas spell them.
+fn check_column(field: &str, v: &Value) -> Result<String> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| bad(field, format!("must be a column name, got {}", show(v))))?;
+    let ok = !s.is_empty()
+        && s.len() <= NAME_MAX
+        && s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(bad(
+            field,
+            format!("'{s}' is not a column name: use 1 to {NAME_MAX} letters, digits or '_', starting with a letter or '_'"),
+        ));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_keyed(v: &Value) -> Result<Partitions> {
+    let obj = v.as_object().ok_or_else(|| {
+        bad(
+            "partitions.keyed",
+            format!(
+                "must be an object such as {{\"dataset\": \"lake.raw\", \"column\": \"origin\"}}, got {}",
+                show(v)
+            ),
+        )
+    })?;
+    if let Some(extra) = obj.keys().find(|k| *k != "dataset" && *k != "column") {
+        return Err(bad(
+            "partitions.keyed",
+            format!("unknown field \"{extra}\" (it takes dataset and column)"),
+        ));
+    }
+    let dataset = match obj.get("dataset") {
+        Some(Value::String(d)) if valid_dataset(d) => d.clone(),
+        None | Some(Value::Null) => return Err(bad("partitions.keyed.dataset", "is required")),
+        Some(other) => {
+            return Err(bad(
+                "partitions.keyed.dataset",
+                format!(
+                    "{} is not a dataset: write namespace.table in lowercase",
+                    show(other)
+                ),
+            ))
+        }
+    };
+    let column = match obj.get("column") {
+        None | Some(Value::Null) => return Err(bad("partitions.keyed.column", "is required")),
+        Some(c) => check_column("partitions.keyed.column", c)?,
+    };
+    Ok(Partitions::Keyed { dataset, column })
+}
+
+fn parse_partitions(v: Option<&Value>) -> Result<Partitions> {
     let obj = match v {
         Some(Value::Object(o)) => o,
         None | Some(Value::Null) => return Err(bad("partitions", "is required")),
@@ -313,7 +398,7 @@ fn parse_partitions(v: Option<&Value>) -> Result<PartitionSet> {
         return Err(bad(
             "partitions",
             format!(
-                "must have exactly one of \"monthly\" or \"daily\", got {}",
+                "must have exactly one of \"monthly\", \"daily\" or \"keyed\", got {}",
                 show(&Value::Object(obj.clone()))
             ),
         ));
@@ -321,10 +406,13 @@ fn parse_partitions(v: Option<&Value>) -> Result<PartitionSet> {
     let Some((key, start)) = obj.iter().next() else {
         return Err(bad("partitions", "is empty"));
     };
+    if key == "keyed" {
+        return parse_keyed(start);
+    }
     let kind = PartitionKind::parse_name(key).ok_or_else(|| {
         bad(
             "partitions",
-            format!("unknown partition kind \"{key}\" (use \"monthly\" or \"daily\")"),
+            format!("unknown partition kind \"{key}\" (use \"monthly\", \"daily\" or \"keyed\")"),
         )
     })?;
     let start = start.as_str().ok_or_else(|| {
@@ -336,7 +424,7 @@ fn parse_partitions(v: Option<&Value>) -> Result<PartitionSet> {
             ),
         )
     })?;
-    PartitionSet::new(kind, start)
+    PartitionSet::new(kind, start).map(Partitions::Dated)
 }
 
 /// Validates a manifest and fills in defaults.
@@ -376,6 +464,44 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             ))
         }
     };
+    let keyed = match &partitions {
+        Partitions::Keyed { dataset, .. } => Some(dataset.clone()),
+        Partitions::Dated(_) => None,
+    };
+    if keyed.is_some() && schedule.is_some() {
+        return Err(bad(
+            "schedule",
+            "a keyed pipeline has no schedule: it runs by hand, by backfill or as a sensor",
+        ));
+    }
+    if keyed.is_some() && get_str(obj, "fills")?.is_some() {
+        return Err(bad(
+            "fills",
+            "a keyed pipeline has no fills: fills chooses the month or day a schedule's fire fills",
+        ));
+    }
+    let keys_per_run = get_int(obj, "keys_per_run", 1, KEYS_PER_RUN_MAX)?;
+    let keys_per_run = match (&keyed, keys_per_run) {
+        (Some(_), n) => Some(n.unwrap_or(KEYS_PER_RUN_DEFAULT)),
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(bad(
+                "keys_per_run",
+                "only a keyed pipeline (partitions {\"keyed\": ...}) has keys_per_run",
+            ))
+        }
+    };
+    if let Some(ds) = &keyed {
+        if let Some(w) = steps.iter().find(|s| s.writes.contains(ds)) {
+            return Err(bad(
+                "partitions.keyed.dataset",
+                format!(
+                    "step '{}' writes {ds}, the dataset the pipeline's keys come from: its own runs would change its keys",
+                    w.name
+                ),
+            ));
+        }
+    }
     let fills = match get_str(obj, "fills")? {
         None => Fills::Previous,
         Some(f) => Fills::parse_name(f).ok_or_else(|| {
@@ -402,6 +528,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     };
     let sensor = get_bool(obj, "sensor")?.unwrap_or(false);
     if sensor
+        && keyed.is_none()
         && !steps
             .iter()
             .flat_map(|s| &s.reads)
@@ -442,10 +569,8 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
                 .collect(),
         ),
     );
-    normalized.insert(
-        "partitions".into(),
-        serde_json::json!({ partitions.kind.name(): partitions.start.to_string() }),
-    );
+    normalized.insert("partitions".into(), partitions.to_json());
+    normalized.insert("keys_per_run".into(), keys_per_run.into());
     normalized.insert(
         "schedule".into(),
         match &schedule {
@@ -453,7 +578,14 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             None => Value::Null,
         },
     );
-    normalized.insert("fills".into(), fills.name().into());
+    normalized.insert(
+        "fills".into(),
+        if keyed.is_some() {
+            Value::Null
+        } else {
+            fills.name().into()
+        },
+    );
     normalized.insert("max_runs".into(), max_runs.into());
     normalized.insert("run_retries".into(), run_retries.into());
     normalized.insert("catchup".into(), catchup.into());
@@ -464,6 +596,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         name,
         steps,
         partitions,
+        keys_per_run,
         schedule,
         fills,
         max_runs,
@@ -563,5 +696,63 @@ mod tests {
         m["reads"] = json!(["lake.raw"]);
         let p = parse(&m).expect("valid");
         assert_eq!(p.normalized["reads"], json!(["lake.raw"]));
+    }
+
+    fn labels() -> Value {
+        json!({"name":"labels","steps":[{"name":"label","kind":"mapped","reads":["lake.raw"]},
+                                       {"name":"score","kind":"gather"}],
+        "partitions":{"keyed":{"dataset":"lake.raw","column":"origin"}},"sensor":true,
+        "registry_hash":"abc","binary":"/path/to/labels"})
+    }
+
+    #[test]
+    fn keyed_pipelines_name_a_dataset_and_column() {
+        let m = parse(&labels()).expect("valid");
+        assert_eq!(
+            m.partitions,
+            Partitions::Keyed {
+                dataset: "lake.raw".into(),
+                column: "origin".into()
+            }
+        );
+        assert_eq!(m.keys_per_run, Some(KEYS_PER_RUN_DEFAULT));
+        assert_eq!(m.normalized["fills"], Value::Null);
+        assert_eq!(m.normalized["keys_per_run"], json!(100));
+        assert_eq!(
+            m.normalized["partitions"],
+            json!({"keyed":{"dataset":"lake.raw","column":"origin"}})
+        );
+        // The keys dataset is what a keyed sensor watches, read by a step or not.
+        let mut no_reads = labels();
+        no_reads["steps"][0]["reads"] = json!([]);
+        assert!(parse(&no_reads).is_ok());
+    }
+
+    #[test]
+    fn keyed_pipelines_refuse_what_does_not_apply() {
+        let with = |patch: &dyn Fn(&mut Value)| {
+            let mut m = labels();
+            patch(&mut m);
+            parse(&m).expect_err("refused").to_string()
+        };
+        let e = with(&|m| m["schedule"] = json!({"cron":"0 3 * * *"}));
+        assert!(
+            e.contains("schedule: a keyed pipeline has no schedule"),
+            "{e}"
+        );
+        let e = with(&|m| m["fills"] = json!("previous"));
+        assert!(e.contains("fills: a keyed pipeline has no fills"), "{e}");
+        let e = with(&|m| m["keys_per_run"] = json!(0));
+        assert!(e.contains("keys_per_run") && e.contains("got 0"), "{e}");
+        let e = with(&|m| m["partitions"]["keyed"]["dataset"] = json!("raw"));
+        assert!(e.contains("\"raw\" is not a dataset"), "{e}");
+        let e = with(&|m| m["partitions"]["keyed"]["column"] = json!("log id"));
+        assert!(e.contains("'log id' is not a column name"), "{e}");
+        let e = with(&|m| m["steps"][1]["writes"] = json!(["lake.raw"]));
+        assert!(e.contains("step 'score' writes lake.raw"), "{e}");
+        let mut dated = lake();
+        dated["keys_per_run"] = json!(10);
+        let e = parse(&dated).expect_err("dated").to_string();
+        assert!(e.contains("only a keyed pipeline"), "{e}");
     }
 }

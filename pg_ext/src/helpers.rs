@@ -197,7 +197,26 @@ fn lost_attempts_max() -> i32 {
     gucs::LOST_ATTEMPTS_MAX.get()
 }
 
+#[pg_extern(stable, parallel_safe, name = "_max_partitions")]
+fn max_partitions() -> i32 {
+    gucs::MAX_PARTITIONS.get()
+}
+
 #[pg_extern(stable, parallel_safe, name = "_max_fires_per_tick")]
 fn max_fires_per_tick() -> i32 {
     gucs::MAX_FIRES_PER_TICK.get()
+}
+
+/// A keyed pipeline's spec: `{"all": true}` or `{"names": [...]}`. `known` is
+/// the spec's items that are current keys, so that a key with `..` in it is
+/// not mistaken for a range.
+#[pg_extern(immutable, parallel_safe, name = "_key_spec")]
+fn key_spec(spec: &str, known: Vec<String>) -> JsonB {
+    use orca_core::keyed::{parse_spec, KeySpec};
+    envelope(
+        parse_spec(spec, |k| known.iter().any(|x| x == k)).map(|s| match s {
+            KeySpec::All => serde_json::json!({ "all": true }),
+            KeySpec::Names(names) => serde_json::json!({ "names": names }),
+        }),
+    )
 }

@@ -12,7 +12,7 @@ use crate::ctx::LogSink;
 use crate::driver::{execute, Outcome, StepResult};
 use crate::error::SdkError;
 use crate::manifest::validate;
-use crate::pipeline::{registry_hash, Fills, Pipeline};
+use crate::pipeline::{registry_hash, Fills, Partitioning, Pipeline};
 use crate::store::{build_json, MemStore, PgStore};
 
 #[derive(Parser, Debug)]
@@ -50,6 +50,17 @@ enum Cmd {
         lease: uuid::Uuid,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
+        #[arg(long, env = "ORCA_ORG")]
+        org: Option<String>,
+    },
+    /// Print the keys of a keyed pipeline: the snapshot of its keys dataset
+    /// read, then one key a line. With --lease (the runner calls it so),
+    /// report them to the control plane instead.
+    Keys {
+        #[arg(long)]
+        lease: Option<uuid::Uuid>,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
         #[arg(long, env = "ORCA_ORG")]
         org: Option<String>,
     },
@@ -120,6 +131,11 @@ fn run_cli<P: Pipeline>(cmd: Cmd, binary: &str) -> Result<i32, SdkError> {
             database_url,
             org,
         } => sense::<P>(lease, &database_url, org.as_deref()),
+        Cmd::Keys {
+            lease,
+            database_url,
+            org,
+        } => keys::<P>(lease, database_url.as_deref(), org.as_deref()),
     }
 }
 
@@ -131,10 +147,15 @@ fn describe<P: Pipeline>(m: &Value) {
         P::NAME,
         registry_hash(&steps)
     );
-    println!(
-        "  partitions  {} from {}",
-        params.partitions.0, params.partitions.1
-    );
+    match params.partitions {
+        Partitioning::Dated { kind, start } => println!("  partitions  {kind} from {start}"),
+        Partitioning::Keyed { dataset, column } => println!(
+            "  partitions  keyed by {dataset}.{column}, {} keys a run",
+            params
+                .keys_per_run
+                .unwrap_or(orca_core::keyed::KEYS_PER_RUN_DEFAULT)
+        ),
+    }
     match params.schedule {
         Some((cron, tz)) => println!(
             "  schedule    {cron} ({tz}), fills the {} partition{}",
@@ -201,10 +222,15 @@ fn describe<P: Pipeline>(m: &Value) {
 
 fn partition_set<P: Pipeline>() -> Result<(PartitionSet, chrono_tz::Tz), SdkError> {
     let params = P::params();
-    let kind = PartitionKind::parse_name(params.partitions.0)
-        .ok_or_else(|| SdkError::Usage(format!("unknown partitions {}", params.partitions.0)))?;
-    let set =
-        PartitionSet::new(kind, params.partitions.1).map_err(|e| SdkError::Usage(e.to_string()))?;
+    let Partitioning::Dated { kind, start } = params.partitions else {
+        return Err(SdkError::Usage(format!(
+            "{} is keyed: its partitions are keys, not months or days",
+            P::NAME
+        )));
+    };
+    let kind = PartitionKind::parse_name(kind)
+        .ok_or_else(|| SdkError::Usage(format!("unknown partitions {kind}")))?;
+    let set = PartitionSet::new(kind, start).map_err(|e| SdkError::Usage(e.to_string()))?;
     let tz = parse_tz(params.schedule.map_or("UTC", |(_, tz)| tz))
         .map_err(|e| SdkError::Usage(e.to_string()))?;
     Ok((set, tz))
@@ -251,11 +277,131 @@ fn expand_spec<P: Pipeline>(spec: &str) -> Result<Vec<String>, SdkError> {
         }
         None => spec.to_string(),
     };
+    if let Partitioning::Keyed { dataset, column } = P::params().partitions {
+        return expand_keys::<P>(&spec, dataset, column);
+    }
     let (set, tz) = partition_set::<P>()?;
     let current = set.current(Utc::now(), tz);
     set.expand(P::NAME, &spec, current, 100_000)
         .map(|v| v.iter().map(ToString::to_string).collect())
         .map_err(|e| SdkError::Usage(e.to_string()))
+}
+
+/// The keys a spec names, checked against the keys dataset's current
+/// snapshot (read through the catalog in `ORCA_CATALOG_URL` or `DATABASE_URL`).
+fn expand_keys<P: Pipeline>(
+    spec: &str,
+    dataset: &str,
+    column: &str,
+) -> Result<Vec<String>, SdkError> {
+    use orca_core::keyed::{parse_spec, KeySpec};
+    let read = std::cell::OnceCell::new();
+    let keys = || -> Result<&crate::tables::KeysRead, SdkError> {
+        if read.get().is_none() {
+            let tables =
+                crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(None));
+            let _ = read.set(tables.read_keys(dataset, column)?);
+        }
+        read.get()
+            .ok_or_else(|| SdkError::Tables("the keys were not read".into()))
+    };
+    let known =
+        |k: &str| keys().is_ok_and(|r| r.keys.binary_search_by(|x| x.as_str().cmp(k)).is_ok());
+    let names = match parse_spec(spec, known).map_err(|e| SdkError::Usage(e.to_string()))? {
+        KeySpec::All => keys()?.keys.clone(),
+        KeySpec::Names(names) => {
+            let read = keys()?;
+            let unknown: Vec<&String> = names
+                .iter()
+                .filter(|n| read.keys.binary_search(n).is_err())
+                .collect();
+            if let Some(first) = unknown.first() {
+                return Err(SdkError::Usage(format!(
+                    "'{first}' is not a key of {} ({} of {dataset}.{column} at snapshot {}{})",
+                    P::NAME,
+                    read.keys.len(),
+                    read.snapshot
+                        .map_or_else(|| "(none)".to_string(), |s| s.to_string()),
+                    if unknown.len() > 1 {
+                        format!("; {} more names are not keys either", unknown.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                )));
+            }
+            names
+        }
+    };
+    if names.is_empty() {
+        return Err(SdkError::Usage(format!(
+            "{} has no keys: {dataset} holds no {column} values",
+            P::NAME
+        )));
+    }
+    Ok(names)
+}
+
+/// `keys`: prints the keys, or reports them for a keys task the runner leased.
+fn keys<P: Pipeline>(
+    lease: Option<uuid::Uuid>,
+    url: Option<&str>,
+    org: Option<&str>,
+) -> Result<i32, SdkError> {
+    let Partitioning::Keyed { dataset, column } = P::params().partitions else {
+        return Err(SdkError::Usage(format!(
+            "{} is not keyed: its partitions are months or days (describe shows them)",
+            P::NAME
+        )));
+    };
+    let tables = crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(url));
+    let Some(lease) = lease else {
+        let read = tables.read_keys(dataset, column)?;
+        match read.snapshot {
+            Some(s) => println!(
+                "# {dataset} snapshot {s}: {} keys in {column}",
+                read.keys.len()
+            ),
+            None => println!("# {dataset} has no snapshot: no keys"),
+        }
+        for k in &read.keys {
+            println!("{k}");
+        }
+        return Ok(0);
+    };
+    let url = url.ok_or_else(|| SdkError::Usage("keys --lease needs DATABASE_URL".into()))?;
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    if let Some(org) = org {
+        client.execute("SELECT set_config('orca.org', $1, false)", &[&org])?;
+    }
+    let ctx: Value = client
+        .query_one("SELECT orca.keys_context($1)", &[&lease])?
+        .try_get(0)?;
+    if ctx["dataset"] != dataset || ctx["column"] != column {
+        return Err(SdkError::Control(format!(
+            "this binary takes keys from {dataset}.{column}, but the registered version of {} takes them from {}.{}: register this binary",
+            P::NAME,
+            ctx["dataset"].as_str().unwrap_or("?"),
+            ctx["column"].as_str().unwrap_or("?")
+        )));
+    }
+    let read = tables.read_keys(dataset, column)?;
+    let done: Value = client
+        .query_one(
+            "SELECT orca.report_keys($1, $2, $3, $4)",
+            &[&lease, &read.snapshot, &read.timestamp_ms, &read.keys],
+        )?
+        .try_get(0)?;
+    println!(
+        "{}: {} keys in {dataset}.{column} at snapshot {}; {} new; runs queued: {} ({} mode)",
+        P::NAME,
+        read.keys.len(),
+        read.snapshot
+            .map_or_else(|| "(none)".to_string(), |s| s.to_string()),
+        done["new"],
+        done["runs"],
+        ctx["mode"].as_str().unwrap_or("?")
+    );
+    Ok(0)
 }
 
 fn summary(outcome: &Outcome) {

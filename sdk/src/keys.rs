@@ -1,4 +1,5 @@
-//! Partition keys: `Month` and `Day`, the inputs of a pipeline's first step.
+//! Partition keys: `Month`, `Day` and `Name`, the inputs of a pipeline's first
+//! step.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,7 +14,7 @@ use crate::error::SdkError;
 pub trait PartitionKey:
     Serialize + for<'de> Deserialize<'de> + fmt::Display + Clone + Send + 'static
 {
-    /// `monthly` or `daily`, as manifests spell it.
+    /// `monthly`, `daily` or `keyed`, as manifests spell it.
     const KIND: &'static str;
     fn parse(s: &str) -> Result<Self, SdkError>;
 }
@@ -62,6 +63,38 @@ impl Day {
     /// The month the day falls in.
     pub fn month(&self) -> Month {
         Month(self.0.with_day(1).unwrap_or(self.0))
+    }
+}
+
+/// A key of a keyed pipeline: 1 to 128 bytes of ASCII letters, digits and
+/// `._:-`, checked when it is made.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Name(String);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartitionKey for Name {
+    const KIND: &'static str = "keyed";
+    fn parse(s: &str) -> Result<Self, SdkError> {
+        orca_core::keyed::check_key(s)
+            .map(|k| Name(k.to_string()))
+            .map_err(|e| SdkError::Usage(e.to_string()))
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -121,6 +154,7 @@ macro_rules! string_key {
 }
 string_key!(Month);
 string_key!(Day);
+string_key!(Name);
 
 #[cfg(test)]
 mod tests {
@@ -137,5 +171,16 @@ mod tests {
         let d: Day = "2024-02-29".parse().expect("day");
         assert_eq!(d.month(), m);
         assert!("2024-2".parse::<Month>().is_err());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let n: Name = "log-0001".parse().expect("name");
+        assert_eq!(n.as_str(), "log-0001");
+        assert_eq!(serde_json::to_string(&n).expect("json"), "\"log-0001\"");
+        let e = "log 1".parse::<Name>().expect_err("space");
+        assert!(e.to_string().contains("'log 1'"), "{e}");
+        assert!(serde_json::from_str::<Name>("\"\"").is_err());
+        assert!("x".repeat(129).parse::<Name>().is_err());
     }
 }

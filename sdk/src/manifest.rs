@@ -4,13 +4,25 @@
 use serde_json::{json, Value};
 
 use crate::error::SdkError;
-use crate::pipeline::{registry_hash, Fills, Pipeline};
+use crate::pipeline::{registry_hash, Fills, Partitioning, Pipeline};
 
 /// The manifest of pipeline `P` whose binary lives at `binary`.
 pub fn manifest<P: Pipeline>(binary: &str) -> Value {
     let params = P::params();
     let steps = P::steps();
-    let (kind, start) = params.partitions;
+    let (partitions, fills) = match params.partitions {
+        Partitioning::Dated { kind, start } => (
+            json!({ kind: start }),
+            json!(match params.fills {
+                Fills::Previous => "previous",
+                Fills::Current => "current",
+            }),
+        ),
+        Partitioning::Keyed { dataset, column } => (
+            json!({ "keyed": { "dataset": dataset, "column": column } }),
+            Value::Null,
+        ),
+    };
     let mut m = json!({
         "name": P::NAME,
         "steps": steps.iter().map(|s| json!({
@@ -22,9 +34,10 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
             "reads": s.reads,
             "writes": s.writes,
         })).collect::<Vec<_>>(),
-        "partitions": { kind: start },
+        "partitions": partitions,
+        "keys_per_run": params.keys_per_run,
         "schedule": params.schedule.map(|(cron, tz)| json!({"cron": cron, "tz": tz})),
-        "fills": match params.fills { Fills::Previous => "previous", Fills::Current => "current" },
+        "fills": fills,
         "max_runs": params.max_runs,
         "run_retries": params.run_retries,
         "catchup": params.catchup,

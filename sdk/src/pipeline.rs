@@ -33,11 +33,29 @@ impl Build {
     }
 }
 
+/// How a pipeline is partitioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partitioning {
+    /// `Monthly("2024-01")` or `Daily("2024-01-01")`: kind `monthly` or
+    /// `daily`, and the first partition.
+    Dated {
+        kind: &'static str,
+        start: &'static str,
+    },
+    /// `Keyed("lake.raw", "origin")`: the distinct values of a column in a
+    /// dataset's current snapshot.
+    Keyed {
+        dataset: &'static str,
+        column: &'static str,
+    },
+}
+
 /// A pipeline's parameters, as declared next to its steps.
 #[derive(Debug, Clone)]
 pub struct Params {
-    /// (`monthly` or `daily`, the first partition).
-    pub partitions: (&'static str, &'static str),
+    pub partitions: Partitioning,
+    /// How many keys one run of a keyed pipeline covers (default 100).
+    pub keys_per_run: Option<i64>,
     /// (cron expression, time zone).
     pub schedule: Option<(&'static str, &'static str)>,
     pub fills: Fills,

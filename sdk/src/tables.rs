@@ -224,6 +224,94 @@ impl TablesCell {
     }
 }
 
+/// The keys of a keyed pipeline, as read from its dataset.
+#[derive(Debug, Clone, Default)]
+pub struct KeysRead {
+    /// The snapshot read; `None` when the table has none (or does not exist).
+    pub snapshot: Option<i64>,
+    pub timestamp_ms: Option<i64>,
+    /// The column's distinct values, sorted; nulls are left out.
+    pub keys: Vec<String>,
+}
+
+impl TablesCell {
+    /// The distinct values of `column` in the current snapshot of `dataset`,
+    /// each checked to be a key. A table that does not exist has no keys.
+    pub fn read_keys(
+        &self,
+        dataset: &str,
+        column: &str,
+    ) -> std::result::Result<KeysRead, SdkError> {
+        let t = self.get()?;
+        let id = ident(dataset).map_err(|e| SdkError::Tables(e.to_string()))?;
+        let exists =
+            t.rt.block_on(t.catalog.table_exists(&id))
+                .map_err(|e| SdkError::Tables(e.to_string()))?;
+        if !exists {
+            return Ok(KeysRead::default());
+        }
+        let table =
+            t.rt.block_on(t.catalog.load_table(&id))
+                .map_err(|e| SdkError::Tables(format!("table {dataset} cannot be loaded: {e}")))?;
+        let Some(snap) = table.metadata().current_snapshot() else {
+            return Ok(KeysRead::default());
+        };
+        let (snapshot, timestamp_ms) = (snap.snapshot_id(), snap.timestamp_ms());
+        if table
+            .metadata()
+            .current_schema()
+            .field_by_name(column)
+            .is_none()
+        {
+            return Err(SdkError::Tables(format!(
+                "table {dataset} has no column {column}, which the pipeline takes its keys from"
+            )));
+        }
+        let batches: Vec<RecordBatch> =
+            t.rt.block_on(async {
+                table
+                    .scan()
+                    .snapshot_id(snapshot)
+                    .select([column])
+                    .build()?
+                    .to_arrow()
+                    .await?
+                    .try_collect()
+                    .await
+            })
+            .map_err(|e: iceberg::Error| {
+                SdkError::Tables(format!("reading {dataset}.{column}: {e}"))
+            })?;
+        let mut keys = std::collections::BTreeSet::new();
+        for b in &batches {
+            let col =
+                arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8).map_err(|e| {
+                    SdkError::Tables(format!(
+                        "{dataset}.{column} cannot be read as text for keys: {e}"
+                    ))
+                })?;
+            let Some(text) = col.as_any().downcast_ref::<arrow_array::StringArray>() else {
+                return Err(SdkError::Tables(format!(
+                    "{dataset}.{column} did not read as text"
+                )));
+            };
+            for v in text.iter().flatten() {
+                if !keys.contains(v) {
+                    orca_core::keyed::check_key(v).map_err(|e| {
+                        SdkError::Tables(format!("{dataset}.{column} at snapshot {snapshot}: {e}"))
+                    })?;
+                    keys.insert(v.to_string());
+                }
+            }
+        }
+        Ok(KeysRead {
+            snapshot: Some(snapshot),
+            timestamp_ms: Some(timestamp_ms),
+            keys: keys.into_iter().collect(),
+        })
+    }
+}
+
 /// A table, known by its dataset name.
 pub struct Table {
     dataset: String,

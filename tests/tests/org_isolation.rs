@@ -28,14 +28,18 @@ const API: &[&str] = &[
     "finish_many",
     "fires",
     "heartbeat",
+    "key_status",
+    "keys_context",
     "lineage",
     "pause",
     "pin_read",
     "register",
     "record_commit",
+    "refresh_keys",
     "register_runner",
     "release",
     "remove_member",
+    "report_keys",
     "report_snapshots",
     "report_step",
     "retry",
@@ -169,6 +173,30 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .await
         .expect("report a snapshot");
     assert_eq!(started, 1);
+    // A keyed pipeline that has read its keys, in a pool of its own.
+    let keyed = json!({
+        "name": format!("{org}_keyed"),
+        "steps": [{"name": "label", "kind": "mapped"}],
+        "partitions": {"keyed": {"dataset": format!("{name}.clean"), "column": "id"}},
+        "pool": "keying",
+        "registry_hash": "keyed",
+        "binary": "/bin/true"
+    });
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&keyed)
+        .execute(&mut c)
+        .await
+        .expect("register the keyed pipeline");
+    let keys: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease FROM orca.claim('keying-runner', 'keying')")
+            .fetch_one(&mut c)
+            .await
+            .expect("the keys task");
+    sqlx::query("SELECT orca.report_keys($1, 5, 5000, ARRAY['k1', 'k2'])")
+        .bind(keys)
+        .execute(&mut c)
+        .await
+        .expect("report keys");
     (runs, leases[1].lease, leases[0].run)
 }
 
@@ -277,6 +305,10 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.backfill('globex_only', '2024-01')".to_string(),
         "SELECT orca.pause('globex_only')".to_string(),
         "SELECT orca.unpause('globex_only')".to_string(),
+        "SELECT orca.refresh_keys('globex_keyed')".to_string(),
+        "SELECT * FROM orca.key_status('globex_keyed')".to_string(),
+        "SELECT orca.run('globex_keyed', 'k1')".to_string(),
+        "SELECT orca.backfill('globex_keyed', '@all')".to_string(),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR010", "{sql}");
     }
@@ -299,6 +331,8 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.pin_read('{g_lease}', 'one', '2024-02', 'lake.raw', 1)"),
         format!("SELECT orca.sense_context('{g_lease}')"),
         format!("SELECT orca.report_snapshots('{g_lease}', '[]')"),
+        format!("SELECT orca.keys_context('{g_lease}')"),
+        format!("SELECT orca.report_keys('{g_lease}', 1, 1, ARRAY['k3'])"),
         format!("SELECT orca.record_commit('{g_lease}', 'one', '2024-02', 'lake.raw', 1, 1)"),
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),

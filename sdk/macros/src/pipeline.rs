@@ -124,17 +124,29 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let mut catchup = quote!(true);
     let mut pool = quote!("default");
     let mut sensor = quote!(false);
+    let mut keys_per_run = quote!(::core::option::Option::None);
+    let mut keyed = false;
+    let mut dated_only: Vec<&Ident> = Vec::new();
     for (key, value) in &params {
         match key.to_string().as_str() {
             "partitions" => {
                 let (kind, args) = call(value, "partitions")?;
+                if kind == "Keyed" {
+                    let [dataset, column] = args.as_slice() else {
+                        return Err(syn::Error::new_spanned(value, "give the dataset and the column the keys come from: Keyed(\"lake.raw\", \"origin\")"));
+                    };
+                    key_ty = Some(quote!(::orca::Name));
+                    partitions = Some(quote!(::orca::Partitioning::Keyed { dataset: #dataset, column: #column }));
+                    keyed = true;
+                    continue;
+                }
                 let (ty, kind_name) = match kind.to_string().as_str() {
                     "Monthly" => (quote!(::orca::Month), "monthly"),
                     "Daily" => (quote!(::orca::Day), "daily"),
                     _ => {
                         return Err(syn::Error::new_spanned(
                             kind,
-                            "partitions are Monthly(\"YYYY-MM\") or Daily(\"YYYY-MM-DD\")",
+                            "partitions are Monthly(\"YYYY-MM\"), Daily(\"YYYY-MM-DD\") or Keyed(\"namespace.table\", \"column\")",
                         ))
                     }
                 };
@@ -142,9 +154,10 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                     return Err(syn::Error::new_spanned(value, "give the first partition: Monthly(\"2024-01\")"));
                 };
                 key_ty = Some(ty);
-                partitions = Some(quote!((#kind_name, #start)));
+                partitions = Some(quote!(::orca::Partitioning::Dated { kind: #kind_name, start: #start }));
             }
             "schedule" => {
+                dated_only.push(key);
                 let (kind, args) = call(value, "schedule")?;
                 if kind != "Cron" {
                     return Err(syn::Error::new_spanned(kind, "a schedule is Cron(\"...\") or Cron(\"...\", \"Area/City\")"));
@@ -156,6 +169,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 };
             }
             "fills" => {
+                dated_only.push(key);
                 let Expr::Path(p) = value else {
                     return Err(syn::Error::new_spanned(value, "fills is Previous or Current"));
                 };
@@ -170,6 +184,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
             "run_retries" => run_retries = quote!(#value),
             "catchup" => catchup = quote!(#value),
             "sensor" => sensor = quote!(#value),
+            "keys_per_run" => keys_per_run = quote!(::core::option::Option::Some(#value)),
             "pool" => {
                 let s = lit_str(value, "pool")?;
                 pool = quote!(#s);
@@ -178,7 +193,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 return Err(syn::Error::new_spanned(
                     key,
                     format!(
-                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool or sensor"
+                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor or keys_per_run"
                     ),
                 ))
             }
@@ -187,9 +202,22 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let (Some(key_ty), Some(partitions)) = (key_ty, partitions) else {
         return Err(syn::Error::new_spanned(
             &ident,
-            "a pipeline needs `partitions = Monthly(\"YYYY-MM\")` or `Daily(\"YYYY-MM-DD\")`",
+            "a pipeline needs `partitions = Monthly(\"YYYY-MM\")`, `Daily(\"YYYY-MM-DD\")` or `Keyed(\"namespace.table\", \"column\")`",
         ));
     };
+    if keyed {
+        if let Some(key) = dated_only.first() {
+            return Err(syn::Error::new_spanned(
+                key,
+                format!("a keyed pipeline has no `{key}`: it runs by hand, by backfill or as a sensor, and its partitions are keys, not months or days"),
+            ));
+        }
+    } else if let Some((key, _)) = params.iter().find(|(k, _)| k == "keys_per_run") {
+        return Err(syn::Error::new_spanned(
+            key,
+            "`keys_per_run` is for a keyed pipeline: partitions = Keyed(\"namespace.table\", \"column\")",
+        ));
+    }
 
     let tys: Vec<Path> = steps.iter().map(step_type_path).collect();
     let pipeline_name = name.value();
@@ -250,6 +278,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                     catchup: #catchup,
                     pool: #pool,
                     sensor: #sensor,
+                    keys_per_run: #keys_per_run,
                     build: ::orca::Build {
                         source: ::core::option_env!("ORCA_SOURCE"),
                         commit: ::core::option_env!("ORCA_COMMIT"),
