@@ -87,7 +87,7 @@ fn bar(k: &Counts, total: i64, started: Instant) -> String {
 }
 
 /// Waits until the keys tasks have read the keys and queued their runs.
-fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Result<()> {
+fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Result<i64> {
     loop {
         let rows = c
             .query(
@@ -111,7 +111,7 @@ fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Resul
                 .map_err(explain)?
                 .get(0);
             println!("keys read: {queued} run(s) queued for the keys that are not done");
-            return Ok(());
+            return Ok(queued);
         }
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -149,8 +149,8 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
     if ids.is_empty() || detach {
         return Ok(0);
     }
-    if !tasks.is_empty() {
-        wait_for_keys(c, &tasks, pipeline)?;
+    if !tasks.is_empty() && wait_for_keys(c, &tasks, pipeline)? == 0 && tasks.len() == ids.len() {
+        return Ok(0);
     }
     let tty = std::io::stdout().is_terminal();
     let started = Instant::now();

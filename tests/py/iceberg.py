@@ -48,6 +48,8 @@ def main():
             t = cat.create_table(dataset, schema=data.schema)
         else:
             t = cat.load_table(dataset)
+            # The table's own types and nullability, as a writer of it would.
+            data = data.select(t.schema().as_arrow().names).cast(t.schema().as_arrow())
         props = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}
         t.append(data, snapshot_properties=props)
         print(json.dumps({"snapshot": t.current_snapshot().snapshot_id}))

@@ -46,6 +46,8 @@ fn build() {
                 "example-lake",
                 "-p",
                 "example-weather",
+                "-p",
+                "example-labels",
             ])
             .arg("--target-dir")
             .arg(bin_target())
@@ -59,7 +61,7 @@ fn build() {
     });
 }
 
-/// The path of a workspace binary (`orca-runner`, `orca`, `probe`, `lake`, `weather`).
+/// The path of a workspace binary (`orca-runner`, `orca`, `probe`, `lake`, `weather`, `labels`).
 pub fn bin(name: &str) -> PathBuf {
     build();
     let p = bin_dir().join(name);

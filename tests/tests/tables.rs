@@ -501,3 +501,154 @@ async fn sensors_start_one_run_per_new_snapshot_from_outside_writers_and_from_or
         .await;
     assert_eq!(sources, ["outside", "orca"]);
 }
+
+/// The partitions of the labels pipeline's runs, in id order.
+async fn label_runs(db: &TestDb) -> Vec<(String, String)> {
+    sqlx::query_as::<_, (String, String)>(
+        "SELECT r.trigger, array_to_string(r.partitions, ',') FROM orca.runs r
+         JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'labels' AND r.kind = 'pipeline' ORDER BY r.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("labels runs")
+}
+
+#[tokio::test]
+async fn a_keyed_pipeline_runs_new_keys_only_from_its_sensor_and_from_backfill_all() {
+    let db = TestDb::new().await;
+    // Outside snapshots are not polled for during this test: the keys an
+    // outside writer adds are for the backfill to find.
+    db.pool
+        .execute(
+            format!(
+                "ALTER DATABASE \"{}\" SET orca.sense_seconds = 3600",
+                db.name
+            )
+            .as_str(),
+        )
+        .await
+        .expect("poll rarely");
+    let wh = scratch("labels-wh");
+    let whs = wh.to_string_lossy().to_string();
+    register(&db, "lake");
+    register(&db, "labels");
+    let logs = scratch("labels");
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        2,
+        &logs,
+        &[("ORCA_WAREHOUSE", whs.as_str())],
+    );
+    // Registering read the keys: lake.clean does not exist yet, so none.
+    wait_for(
+        &db,
+        "the first read of the keys",
+        "SELECT count(*) = 1 FROM orca.runs WHERE kind = 'keys' AND status = 'succeeded'",
+        &[&runner],
+    )
+    .await;
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.keys").await, 0);
+
+    // The lake's run commits lake.clean: the sensor runs the airports it
+    // brought, keys_per_run (2) to a run.
+    let out = orca(&db, &["backfill", "lake", "2013-01"]);
+    assert!(out.status.success(), "{}", runner.output());
+    wait_for(
+        &db,
+        "the labels runs",
+        "SELECT count(*) = 2 FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'labels' AND r.kind = 'pipeline' AND r.status = 'succeeded'",
+        &[&runner],
+    )
+    .await;
+    assert_eq!(
+        label_runs(&db).await,
+        [
+            ("sensor".to_string(), "EWR,JFK".to_string()),
+            ("sensor".to_string(), "LGA".to_string())
+        ]
+    );
+    let labels = read(&db, &wh, "lake.labels");
+    let mut origins: Vec<&str> = labels["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["origin"].as_str())
+        .collect();
+    origins.sort_unstable();
+    assert_eq!(origins, ["EWR", "JFK", "LGA"]);
+    assert!(
+        labels["snapshots"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|s| s["summary"]["orca.pipeline"] == "labels"),
+        "{labels}"
+    );
+    assert!(db
+        .strings("SELECT key FROM orca.key_status('labels') WHERE NOT done")
+        .await
+        .is_empty());
+
+    // Another writer adds an airport to lake.clean.
+    let row = json!([{"month": "2013-01", "date": "2013-01-01", "origin": "XYZ", "flights": 7,
+                      "departed": 7, "delay_minutes": 140, "cancelled_pct": 0.0}]);
+    py(&["append", &db.url(), &whs, "lake.clean", &row.to_string()]);
+    // The binary's keys command reads the new snapshot.
+    let keys = Command::new(bin("labels"))
+        .arg("keys")
+        .env("DATABASE_URL", db.url())
+        .env("ORCA_WAREHOUSE", &whs)
+        .output()
+        .expect("labels keys");
+    let text = String::from_utf8_lossy(&keys.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("# lake.clean snapshot "), "{text}");
+    assert_eq!(lines[1..], ["EWR", "JFK", "LGA", "XYZ"]);
+
+    // backfill @all runs the new airport only, and waits for it.
+    let out = orca(&db, &["backfill", "labels", "@all"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", runner.output());
+    assert!(stdout.contains("1 run(s) queued"), "{stdout}");
+    assert_eq!(
+        label_runs(&db).await.last(),
+        Some(&("backfill".to_string(), "XYZ".to_string()))
+    );
+    let labels = read(&db, &wh, "lake.labels");
+    let xyz: Vec<&Value> = labels["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["origin"] == "XYZ")
+        .collect();
+    assert_eq!(xyz.len(), 1, "{labels}");
+    assert_eq!(xyz[0]["flights"], 7);
+    assert_eq!(xyz[0]["label"], "late");
+    // Everything is done: another @all queues nothing.
+    let out = orca(&db, &["backfill", "labels", "@all"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("0 run(s) queued"), "{stdout}");
+    assert_eq!(label_runs(&db).await.len(), 3);
+
+    // Names that are not keys are refused, by the binary and by the control plane.
+    let run = Command::new(bin("labels"))
+        .args(["run", "--partitions", "EWR,NOPE"])
+        .env("DATABASE_URL", db.url())
+        .env("ORCA_WAREHOUSE", &whs)
+        .env("ORCA_LOGS", &logs)
+        .output()
+        .expect("labels run");
+    assert_eq!(run.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("'NOPE' is not a key of labels"), "{err}");
+    let out = orca(&db, &["backfill", "labels", "NOPE"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'NOPE' is not a key") && err.contains("OR024"),
+        "{err}"
+    );
+}
