@@ -310,7 +310,7 @@ CREATE TABLE orca.commits (
     dataset      text NOT NULL,
     snapshot_id  bigint NOT NULL,
     commit_no    integer NOT NULL,
-    operation    text NOT NULL,
+    operation    text NOT NULL CHECK (operation IN ('append', 'replace', 'overwrite', 'delete')),
     committed_at timestamptz NOT NULL DEFAULT now(),
     UNIQUE (run_id, step, partition, dataset, commit_no),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE
@@ -2202,6 +2202,11 @@ BEGIN
        OR record_commit.commit_no < 1 THEN
         RAISE EXCEPTION 'a commit needs a snapshot id and a commit number from 1, got % and %',
             coalesce(record_commit.snapshot::text, 'NULL'), coalesce(record_commit.commit_no::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF coalesce(record_commit.operation, 'append') NOT IN ('append', 'replace', 'overwrite', 'delete') THEN
+        RAISE EXCEPTION 'operation must be append, replace, overwrite or delete, got %',
+            quote_literal(record_commit.operation)
             USING ERRCODE = 'OR050';
     END IF;
     a := orca._dataset_access(v_org, record_commit.lease, record_commit.step,

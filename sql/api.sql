@@ -898,6 +898,11 @@ BEGIN
             coalesce(record_commit.snapshot::text, 'NULL'), coalesce(record_commit.commit_no::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
+    IF coalesce(record_commit.operation, 'append') NOT IN ('append', 'replace', 'overwrite', 'delete') THEN
+        RAISE EXCEPTION 'operation must be append, replace, overwrite or delete, got %',
+            quote_literal(record_commit.operation)
+            USING ERRCODE = 'OR050';
+    END IF;
     a := orca._dataset_access(v_org, record_commit.lease, record_commit.step,
                               record_commit.partition, record_commit.dataset, 'write');
     INSERT INTO orca.commits (org_id, run_id, attempt_id, step, partition, dataset, snapshot_id,

@@ -299,7 +299,7 @@ CREATE TABLE orca.commits (
     dataset      text NOT NULL,
     snapshot_id  bigint NOT NULL,
     commit_no    integer NOT NULL,
-    operation    text NOT NULL,
+    operation    text NOT NULL CHECK (operation IN ('append', 'replace', 'overwrite', 'delete')),
     committed_at timestamptz NOT NULL DEFAULT now(),
     UNIQUE (run_id, step, partition, dataset, commit_no),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE

@@ -32,6 +32,7 @@ mod error;
 mod keys;
 mod manifest;
 mod pipeline;
+mod rewrite;
 mod step;
 mod store;
 pub mod tables;
@@ -45,7 +46,7 @@ pub use orca_macros::{pipeline, step};
 pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, StepInfo};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
 pub use store::{MemStore, PgStore, Store, StoredState};
-pub use tables::{append, commit, ensure_table, scan, table, write_files, Table};
+pub use tables::{append, commit, ensure_table, files, scan, table, write_files, Table};
 
 /// The Arrow crates the table functions take and return, at the versions the
 /// SDK is built with.

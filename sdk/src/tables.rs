@@ -87,8 +87,11 @@ pub(crate) struct TablesCell {
 }
 
 pub(crate) struct Tables {
-    rt: tokio::runtime::Runtime,
-    catalog: SqlCatalog,
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) catalog: SqlCatalog,
+    /// The catalog's database and name, for commits iceberg-rust cannot make.
+    pub(crate) url: String,
+    pub(crate) name: String,
 }
 
 impl TablesCell {
@@ -99,7 +102,7 @@ impl TablesCell {
         }
     }
 
-    fn get(&self) -> std::result::Result<&Tables, SdkError> {
+    pub(crate) fn get(&self) -> std::result::Result<&Tables, SdkError> {
         self.cell
             .get_or_init(|| open(&self.config).map_err(|e| e.to_string()))
             .as_ref()
@@ -129,7 +132,7 @@ fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
     let catalog = rt
         .block_on(
             SqlCatalogBuilder::default()
-                .uri(url)
+                .uri(url.clone())
                 .warehouse_location(config.warehouse.clone())
                 .sql_bind_style(SqlBindStyle::DollarNumeric)
                 .with_storage_factory(Arc::new(LocalFsStorageFactory))
@@ -138,7 +141,12 @@ fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
                 .load(config.org.clone(), HashMap::new()),
         )
         .map_err(|e| SdkError::Tables(format!("cannot open the catalog: {e}")))?;
-    Ok(Tables { rt, catalog })
+    Ok(Tables {
+        rt,
+        catalog,
+        url,
+        name: config.org.clone(),
+    })
 }
 
 /// Creates the SQL catalog's two tables in the layout every client reads,
@@ -459,8 +467,9 @@ pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, schema: &ArrowSchema) -> R
     Ok(table)
 }
 
-/// Reads the table at the snapshot pinned for this (run, step, partition).
-pub fn scan(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<RecordBatch>> {
+/// The table as it is now, and the snapshot pinned for this (run, step,
+/// partition): the current one on the first read, the same one after.
+fn pinned(ctx: &mut Ctx<'_>, table: &Table) -> Result<(iceberg::table::Table, Option<i64>)> {
     declared(ctx, &table.dataset, true)?;
     let t = ctx.io.tables.get()?;
     // The table as it is now: a pinned snapshot may be newer than the handle.
@@ -473,16 +482,54 @@ pub fn scan(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<RecordBatch>> {
         .store
         .pin_read(ctx.step, &ctx.partition, &table.dataset, current)?;
     ctx.io.read.insert(table.dataset.clone(), pinned);
+    if let Some(snapshot) = pinned {
+        if fresh.metadata().snapshot_by_id(snapshot).is_none() {
+            return Err(format!(
+                "table {} no longer has snapshot {snapshot}, which this run read first (expired?)",
+                table.dataset
+            )
+            .into());
+        }
+    }
+    Ok((fresh, pinned))
+}
+
+/// The data files of the snapshot pinned for this (run, step, partition), as
+/// [`commit`] takes them in `removed`: a compaction reads them with [`scan`],
+/// writes their rows anew with [`write_files`] and commits a `replace`.
+pub fn files(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<DataFile>> {
+    let (fresh, pinned) = pinned(ctx, table)?;
+    let Some(snapshot) = pinned.and_then(|id| fresh.metadata().snapshot_by_id(id).cloned()) else {
+        return Ok(Vec::new());
+    };
+    let t = ctx.io.tables.get()?;
+    let files = t.rt.block_on(async {
+        let list = fresh.manifest_list_reader(&snapshot).load().await?;
+        let mut out = Vec::new();
+        for mf in list.entries() {
+            if mf.content != iceberg::spec::ManifestContentType::Data {
+                continue;
+            }
+            let m = mf.load_manifest(fresh.file_io()).await?;
+            out.extend(
+                m.entries()
+                    .iter()
+                    .filter(|e| e.is_alive())
+                    .map(|e| e.data_file().clone()),
+            );
+        }
+        Ok::<_, iceberg::Error>(out)
+    })?;
+    Ok(files)
+}
+
+/// Reads the table at the snapshot pinned for this (run, step, partition).
+pub fn scan(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<RecordBatch>> {
+    let (fresh, pinned) = pinned(ctx, table)?;
     let Some(snapshot) = pinned else {
         return Ok(Vec::new());
     };
-    if fresh.metadata().snapshot_by_id(snapshot).is_none() {
-        return Err(format!(
-            "table {} no longer has snapshot {snapshot}, which this run read first (expired?)",
-            table.dataset
-        )
-        .into());
-    }
+    let t = ctx.io.tables.get()?;
     let batches: Vec<RecordBatch> = t.rt.block_on(async {
         fresh
             .scan()
@@ -606,13 +653,26 @@ pub fn commit(
     operation: &str,
 ) -> Result<i64> {
     declared(ctx, &table.dataset, false)?;
-    if !removed.is_empty() || operation != "append" {
-        return Err(format!(
-            "commit to {}: only appends are supported; {operation} commits that remove files are not built yet",
-            table.dataset
-        )
-        .into());
-    }
+    let rewrite = match operation {
+        "append" if removed.is_empty() => None,
+        "append" => {
+            return Err(format!(
+                "commit to {}: an append removes no files; use replace, overwrite or delete",
+                table.dataset
+            )
+            .into())
+        }
+        other => {
+            let op = crate::rewrite::operation(other).ok_or_else(|| {
+                format!(
+                    "commit to {}: unknown operation '{other}' (append, replace, overwrite or delete)",
+                    table.dataset
+                )
+            })?;
+            crate::rewrite::check(&table.dataset, &op, &added, &removed)?;
+            Some(op)
+        }
+    };
     let n = {
         let c = ctx.io.commits.entry(table.dataset.clone()).or_insert(0);
         *c += 1;
@@ -622,8 +682,8 @@ pub fn commit(
     let fresh =
         t.rt.block_on(t.catalog.load_table(&table.ident))
             .map_err(|e| format!("table {} cannot be loaded: {e}", table.dataset))?;
-    let snapshot = match own_commit(ctx, &fresh, n) {
-        Some(id) => {
+    let snapshot = match (own_commit(ctx, &fresh, n), rewrite) {
+        (Some(id), _) => {
             ctx.log(format!(
                 "{} already has snapshot {id} from this step's commit {n} in run {}: not committing again",
                 table.dataset,
@@ -631,7 +691,19 @@ pub fn commit(
             ));
             id
         }
-        None => {
+        (None, Some(op)) => crate::rewrite::commit(
+            t,
+            &table.ident,
+            &table.dataset,
+            fresh,
+            &crate::rewrite::Change {
+                added,
+                removed,
+                op,
+                props: properties(ctx, n),
+            },
+        )?,
+        (None, None) => {
             let props = properties(ctx, n);
             // The SQL catalog swaps the metadata pointer with a compare-and-swap;
             // a concurrent commit makes the transaction retry on the new state.

@@ -652,3 +652,95 @@ async fn a_keyed_pipeline_runs_new_keys_only_from_its_sensor_and_from_backfill_a
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_compaction_replaces_files_without_changing_the_rows_and_refuses_to_lose_any() {
+    let db = TestDb::new().await;
+    let wh = scratch("compact-wh");
+    let whs = wh.to_string_lossy().to_string();
+    register(&db, "probe_compact");
+    let logs = scratch("compact");
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        2,
+        &logs,
+        &[("ORCA_WAREHOUSE", whs.as_str())],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_compact', '2024-01,2024-02')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, run, "succeeded", &runner).await;
+
+    let t = read(&db, &wh, "probe.pieces");
+    let mut rows: Vec<(String, i64)> = t["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["month"].as_str().unwrap_or_default().to_string(),
+                r["day"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    rows.sort();
+    let expected: Vec<(String, i64)> = (1..=31)
+        .map(|d| ("2024-01".to_string(), d))
+        .chain((1..=29).map(|d| ("2024-02".to_string(), d)))
+        .collect();
+    assert_eq!(rows, expected, "the compaction kept every row once");
+    let snaps = t["snapshots"].as_array().cloned().unwrap_or_default();
+    assert_eq!(snaps.len(), 7, "six appends and a replace: {t}");
+    let current = snaps
+        .iter()
+        .find(|s| s["id"] == t["current"])
+        .expect("current snapshot");
+    assert_eq!(current["operation"], "replace");
+    let summary = &current["summary"];
+    assert_eq!(summary["orca.step"], "compact");
+    assert_eq!(summary["orca.run"], run.to_string());
+    assert_eq!(summary["deleted-data-files"], "6");
+    assert_eq!(summary["added-data-files"], "1");
+    assert_eq!(summary["total-data-files"], "1");
+    assert_eq!(summary["total-records"], "60");
+    // The control plane recorded it as a replace.
+    let ops = db
+        .strings(&format!(
+            "SELECT step || ':' || operation FROM orca.commits WHERE run_id = {run} ORDER BY id"
+        ))
+        .await;
+    assert_eq!(ops.len(), 7, "{ops:?}");
+    assert_eq!(ops.last().map(String::as_str), Some("compact:replace"));
+
+    // A compaction that loses rows on the way is refused and commits nothing.
+    let out = Command::new(bin("probe_compact"))
+        .args(["run", "--partitions", "2024-03"])
+        .env("DATABASE_URL", db.url())
+        .env("ORCA_WAREHOUSE", &whs)
+        .env("ORCA_LOGS", &logs)
+        .env("PROBE_DROP_ROWS", "1")
+        .output()
+        .expect("probe_compact run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a replace keeps the table's rows, but it adds"),
+        "{err}"
+    );
+    let after = read(&db, &wh, "probe.pieces");
+    assert_eq!(
+        after["snapshots"].as_array().map(Vec::len),
+        Some(10),
+        "the three appends of 2024-03 and no replace"
+    );
+    let current = after["snapshots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["id"] == after["current"])
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(current["operation"], "append");
+}

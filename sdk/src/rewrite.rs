@@ -1,0 +1,399 @@
+//! Commits that remove data files: `replace` (a compaction: the same rows in
+//! other files), `overwrite` and `delete`.
+//!
+//! iceberg 0.10 builds only appends, so this writes what a snapshot is made of
+//! itself: a manifest of the added files, the current snapshot's manifests that
+//! held a removed file rewritten with it marked deleted (the others kept as
+//! they are), a manifest list, the snapshot and the next metadata file. Then it
+//! swaps the catalog's metadata pointer with a compare-and-swap, as the SQL
+//! catalog does for its own commits. When another commit won the swap, it
+//! starts again from the new state; a file to remove that the new state no
+//! longer holds is a conflict it reports instead.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+
+use iceberg::spec::{
+    DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter,
+    ManifestWriterBuilder, Operation, Snapshot, SnapshotSummaryCollector, Summary,
+};
+use iceberg::table::Table as IcebergTable;
+use iceberg::{Catalog, MetadataLocation, TableIdent};
+
+use crate::error::SdkError;
+use crate::tables::Tables;
+
+/// How often a commit starts again after losing the swap to another writer.
+const CONFLICT_RETRIES: usize = 10;
+
+/// What a removing commit does; `Append` never comes here.
+pub(crate) fn operation(name: &str) -> Option<Operation> {
+    match name {
+        "replace" => Some(Operation::Replace),
+        "overwrite" => Some(Operation::Overwrite),
+        "delete" => Some(Operation::Delete),
+        _ => None,
+    }
+}
+
+fn err(dataset: &str, what: impl std::fmt::Display) -> SdkError {
+    SdkError::Tables(format!("commit to {dataset}: {what}"))
+}
+
+/// Checks what the operation promises about the rows.
+pub(crate) fn check(
+    dataset: &str,
+    op: &Operation,
+    added: &[DataFile],
+    removed: &[DataFile],
+) -> Result<(), SdkError> {
+    let rows = |files: &[DataFile]| files.iter().map(DataFile::record_count).sum::<u64>();
+    match op {
+        Operation::Replace if rows(added) != rows(removed) => Err(err(
+            dataset,
+            format!(
+                "a replace keeps the table's rows, but it adds {} rows and removes {}",
+                rows(added),
+                rows(removed)
+            ),
+        )),
+        Operation::Delete if !added.is_empty() => Err(err(
+            dataset,
+            "a delete only removes files; use overwrite to add others",
+        )),
+        _ if removed.is_empty() => Err(err(
+            dataset,
+            format!("a {} removes files, and none were given", op.as_str()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A commit that removes files: what it adds and removes, as which
+/// operation, with which summary properties.
+pub(crate) struct Change {
+    pub added: Vec<DataFile>,
+    pub removed: Vec<DataFile>,
+    pub op: Operation,
+    pub props: HashMap<String, String>,
+}
+
+/// Commits the change to the table and returns the new snapshot's id.
+pub(crate) fn commit(
+    t: &Tables,
+    ident: &TableIdent,
+    dataset: &str,
+    fresh: IcebergTable,
+    change: &Change,
+) -> Result<i64, SdkError> {
+    let mut table = fresh;
+    for _ in 0..CONFLICT_RETRIES {
+        let (id, metadata_location) = t.rt.block_on(stage(&table, dataset, change))?;
+        if t.rt.block_on(swap(t, ident, &table, &metadata_location))? {
+            return Ok(id);
+        }
+        table =
+            t.rt.block_on(t.catalog.load_table(ident))
+                .map_err(|e| err(dataset, format!("reloading after a conflict: {e}")))?;
+    }
+    Err(err(
+        dataset,
+        format!("{CONFLICT_RETRIES} concurrent commits won the race; giving up"),
+    ))
+}
+
+/// Writes the manifests, manifest list and metadata of the new snapshot;
+/// returns its id and the metadata file's location.
+async fn stage(
+    table: &IcebergTable,
+    dataset: &str,
+    change: &Change,
+) -> Result<(i64, MetadataLocation), SdkError> {
+    let (added, removed) = (change.added.as_slice(), change.removed.as_slice());
+    let meta = table.metadata();
+    if meta.format_version() != FormatVersion::V2 {
+        return Err(err(
+            dataset,
+            format!(
+                "removing files is built for Iceberg format version 2; this table is {}",
+                meta.format_version()
+            ),
+        ));
+    }
+    let current = meta
+        .current_snapshot()
+        .ok_or_else(|| err(dataset, "the table has no snapshot, so no file to remove"))?;
+    let io = table.file_io();
+    let snapshot_id = new_snapshot_id(table);
+    let sequence = meta.next_sequence_number();
+    let schema = meta.current_schema().clone();
+    let spec = meta.default_partition_spec().clone();
+    let commit_uuid = uuid::Uuid::new_v4();
+    let mut counter = 0;
+    let writer = |counter: &mut i32| -> Result<_, SdkError> {
+        *counter += 1;
+        let path = format!("{}/metadata/{commit_uuid}-m{counter}.avro", meta.location());
+        let out = io.new_output(path).map_err(|e| err(dataset, e))?;
+        Ok(ManifestWriterBuilder::new(
+            out,
+            Some(snapshot_id),
+            schema.clone(),
+            spec.as_ref().clone(),
+        )
+        .build_v2_data())
+    };
+
+    let to_remove: HashSet<&str> = removed.iter().map(DataFile::file_path).collect();
+    let mut found: HashSet<String> = HashSet::new();
+    let mut manifests: Vec<ManifestFile> = Vec::new();
+    let list = table
+        .manifest_list_reader(current)
+        .load()
+        .await
+        .map_err(|e| err(dataset, e))?;
+    for mf in list.consume_entries() {
+        if mf.content != ManifestContentType::Data {
+            manifests.push(mf);
+            continue;
+        }
+        let manifest = mf.load_manifest(io).await.map_err(|e| err(dataset, e))?;
+        let touched = manifest
+            .entries()
+            .iter()
+            .any(|e| e.is_alive() && to_remove.contains(e.file_path()));
+        if !touched {
+            manifests.push(mf);
+            continue;
+        }
+        let mut w = writer(&mut counter)?;
+        for e in manifest.entries().iter().filter(|e| e.is_alive()) {
+            let seq = e.sequence_number().unwrap_or(mf.sequence_number);
+            let file_seq = e.file_sequence_number.or(Some(seq));
+            if to_remove.contains(e.file_path()) {
+                found.insert(e.file_path().to_string());
+                w.add_delete_file(e.data_file().clone(), seq, file_seq)
+            } else {
+                w.add_existing_file(
+                    e.data_file().clone(),
+                    e.snapshot_id().unwrap_or(mf.added_snapshot_id),
+                    seq,
+                    file_seq,
+                )
+            }
+            .map_err(|e| err(dataset, e))?;
+        }
+        manifests.push(w.write_manifest_file().await.map_err(|e| err(dataset, e))?);
+    }
+    if let Some(missing) = removed.iter().find(|f| !found.contains(f.file_path())) {
+        return Err(err(
+            dataset,
+            format!(
+                "file {} is not in the current snapshot {} (another commit removed it?)",
+                missing.file_path(),
+                current.snapshot_id()
+            ),
+        ));
+    }
+    if !added.is_empty() {
+        let mut w = writer(&mut counter)?;
+        for f in added {
+            // A negative sequence number is inherited from the manifest list.
+            w.add_file(f.clone(), -1).map_err(|e| err(dataset, e))?;
+        }
+        manifests.push(w.write_manifest_file().await.map_err(|e| err(dataset, e))?);
+    }
+
+    let list_path = format!(
+        "{}/metadata/snap-{snapshot_id}-0-{commit_uuid}.avro",
+        meta.location()
+    );
+    let out = io
+        .new_output(list_path.clone())
+        .map_err(|e| err(dataset, e))?;
+    let mut list_writer = ManifestListWriter::v2(
+        out.writer().await.map_err(|e| err(dataset, e))?,
+        snapshot_id,
+        Some(current.snapshot_id()),
+        sequence,
+    );
+    list_writer
+        .add_manifests(manifests.into_iter())
+        .map_err(|e| err(dataset, e))?;
+    list_writer.close().await.map_err(|e| err(dataset, e))?;
+
+    let snapshot = Snapshot::builder()
+        .with_manifest_list(list_path)
+        .with_snapshot_id(snapshot_id)
+        .with_parent_snapshot_id(Some(current.snapshot_id()))
+        .with_sequence_number(sequence)
+        .with_summary(summary(table, change))
+        .with_schema_id(meta.current_schema_id())
+        .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
+        .build();
+    let old = table
+        .metadata_location_result()
+        .map_err(|e| err(dataset, e))?;
+    let next = MetadataLocation::from_str(old)
+        .map_err(|e| err(dataset, e))?
+        .with_next_version();
+    let metadata = meta
+        .clone()
+        .into_builder(Some(old.to_string()))
+        .set_branch_snapshot(snapshot, "main")
+        .and_then(|b| b.build())
+        .map_err(|e| err(dataset, e))?
+        .metadata;
+    metadata
+        .write_to(io, &next)
+        .await
+        .map_err(|e| err(dataset, e))?;
+    Ok((snapshot_id, next))
+}
+
+/// The snapshot summary: the caller's properties, the files and rows added
+/// and removed, and the table's totals after it.
+fn summary(table: &IcebergTable, change: &Change) -> Summary {
+    let (added, removed) = (change.added.as_slice(), change.removed.as_slice());
+    let meta = table.metadata();
+    let mut c = SnapshotSummaryCollector::default();
+    for f in added {
+        c.add_file(
+            f,
+            meta.current_schema().clone(),
+            meta.default_partition_spec().clone(),
+        );
+    }
+    for f in removed {
+        c.remove_file(
+            f,
+            meta.current_schema().clone(),
+            meta.default_partition_spec().clone(),
+        );
+    }
+    let mut out = change.props.clone();
+    out.extend(c.build());
+    let previous = meta
+        .current_snapshot()
+        .map(|s| s.summary().additional_properties.clone())
+        .unwrap_or_default();
+    let total = |key: &str, plus: u64, minus: u64| {
+        let before = previous
+            .get(key)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        (before + plus).saturating_sub(minus).to_string()
+    };
+    let sum = |files: &[DataFile], f: fn(&DataFile) -> u64| files.iter().map(f).sum::<u64>();
+    out.insert(
+        "total-records".into(),
+        total(
+            "total-records",
+            sum(added, DataFile::record_count),
+            sum(removed, DataFile::record_count),
+        ),
+    );
+    out.insert(
+        "total-data-files".into(),
+        total("total-data-files", added.len() as u64, removed.len() as u64),
+    );
+    out.insert(
+        "total-files-size".into(),
+        total(
+            "total-files-size",
+            sum(added, DataFile::file_size_in_bytes),
+            sum(removed, DataFile::file_size_in_bytes),
+        ),
+    );
+    for key in [
+        "total-delete-files",
+        "total-position-deletes",
+        "total-equality-deletes",
+    ] {
+        out.insert(key.into(), total(key, 0, 0));
+    }
+    Summary {
+        operation: change.op.clone(),
+        additional_properties: out,
+    }
+}
+
+fn new_snapshot_id(table: &IcebergTable) -> i64 {
+    loop {
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        let id = ((a ^ b) >> 1) as i64;
+        if id != 0 && table.metadata().snapshot_by_id(id).is_none() {
+            return id;
+        }
+    }
+}
+
+/// Points the catalog at the new metadata if nobody else moved it since the
+/// table was loaded. Returns whether it did.
+async fn swap(
+    t: &Tables,
+    ident: &TableIdent,
+    table: &IcebergTable,
+    next: &MetadataLocation,
+) -> Result<bool, SdkError> {
+    use sqlx::Connection;
+    let old = table
+        .metadata_location_result()
+        .map_err(|e| SdkError::Tables(e.to_string()))?;
+    let mut c = sqlx::PgConnection::connect(&t.url)
+        .await
+        .map_err(|e| SdkError::Tables(format!("connecting to the catalog: {e}")))?;
+    let done = sqlx::query(
+        "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
+         WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
+           AND metadata_location = $2 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
+    )
+    .bind(next.to_string())
+    .bind(old)
+    .bind(&t.name)
+    .bind(ident.namespace().join("."))
+    .bind(ident.name())
+    .execute(&mut c)
+    .await
+    .map_err(|e| SdkError::Tables(format!("swapping the metadata pointer: {e}")))?;
+    Ok(done.rows_affected() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{DataContentType, DataFileBuilder, DataFileFormat, Struct};
+
+    fn file(path: &str, rows: u64) -> DataFile {
+        DataFileBuilder::default()
+            .content(DataContentType::Data)
+            .file_path(path.to_string())
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::empty())
+            .record_count(rows)
+            .file_size_in_bytes(100)
+            .build()
+            .expect("data file")
+    }
+
+    #[test]
+    fn operations_keep_their_promises_about_rows() {
+        let (a, b, c) = (file("a", 10), file("b", 5), file("c", 15));
+        let ok = |op: &str, added: &[DataFile], removed: &[DataFile]| {
+            let op = operation(op).expect("operation");
+            check("x.t", &op, added, removed).map_err(|e| e.to_string())
+        };
+        assert!(ok("replace", &[c.clone()], &[a.clone(), b.clone()]).is_ok());
+        let e = ok("replace", &[a.clone()], &[c.clone()]).expect_err("rows differ");
+        assert!(e.contains("adds 10 rows and removes 15"), "{e}");
+        assert!(ok("delete", &[], &[a.clone()]).is_ok());
+        assert!(ok("delete", &[b.clone()], &[a.clone()])
+            .expect_err("delete adds")
+            .contains("only removes"));
+        assert!(ok("overwrite", &[b.clone()], &[a.clone()]).is_ok());
+        assert!(ok("overwrite", &[b], &[])
+            .expect_err("nothing removed")
+            .contains("none were given"));
+        assert!(operation("append").is_none());
+        assert!(operation("merge").is_none());
+    }
+}
