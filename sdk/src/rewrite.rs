@@ -378,19 +378,21 @@ mod tests {
     #[test]
     fn operations_keep_their_promises_about_rows() {
         let (a, b, c) = (file("a", 10), file("b", 5), file("c", 15));
-        let ok = |op: &str, added: &[DataFile], removed: &[DataFile]| {
+        let ok = |op: &str, added: Vec<&DataFile>, removed: Vec<&DataFile>| {
             let op = operation(op).expect("operation");
-            check("x.t", &op, added, removed).map_err(|e| e.to_string())
+            let added: Vec<DataFile> = added.into_iter().cloned().collect();
+            let removed: Vec<DataFile> = removed.into_iter().cloned().collect();
+            check("x.t", &op, &added, &removed).map_err(|e| e.to_string())
         };
-        assert!(ok("replace", &[c.clone()], &[a.clone(), b.clone()]).is_ok());
-        let e = ok("replace", &[a.clone()], &[c.clone()]).expect_err("rows differ");
+        assert!(ok("replace", vec![&c], vec![&a, &b]).is_ok());
+        let e = ok("replace", vec![&a], vec![&c]).expect_err("rows differ");
         assert!(e.contains("adds 10 rows and removes 15"), "{e}");
-        assert!(ok("delete", &[], &[a.clone()]).is_ok());
-        assert!(ok("delete", &[b.clone()], &[a.clone()])
+        assert!(ok("delete", vec![], vec![&a]).is_ok());
+        assert!(ok("delete", vec![&b], vec![&a])
             .expect_err("delete adds")
             .contains("only removes"));
-        assert!(ok("overwrite", &[b.clone()], &[a.clone()]).is_ok());
-        assert!(ok("overwrite", &[b], &[])
+        assert!(ok("overwrite", vec![&b], vec![&a]).is_ok());
+        assert!(ok("overwrite", vec![&b], vec![])
             .expect_err("nothing removed")
             .contains("none were given"));
         assert!(operation("append").is_none());
