@@ -63,6 +63,12 @@ if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
     python3 -m venv "$(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "pyiceberg[sql-postgres,pyarrow]==0.10.0"
 fi
+# moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
+# reachable from CI).
+if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
+    say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "moto[server]==5.2.5"
+fi
 
 # 5. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then

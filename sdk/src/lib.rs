@@ -31,6 +31,7 @@ mod driver;
 mod error;
 mod keys;
 mod manifest;
+mod objstore;
 mod pipeline;
 mod rewrite;
 mod step;

@@ -22,7 +22,6 @@ use std::sync::{Arc, Once, OnceLock};
 use arrow_array::RecordBatch;
 use arrow_schema::Schema as ArrowSchema;
 use futures::TryStreamExt;
-use iceberg::io::LocalFsStorageFactory;
 use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
@@ -49,7 +48,8 @@ pub(crate) struct TablesConfig {
 
 impl TablesConfig {
     /// `ORCA_CATALOG_URL` (else the control plane's URL), `ORCA_WAREHOUSE`
-    /// (else `./warehouse`), `ORCA_ORG` (else `default`).
+    /// (else `./warehouse`; `s3://bucket/prefix` for S3, see `objstore`),
+    /// `ORCA_ORG` (else `default`).
     pub fn from_env(database_url: Option<&str>) -> Self {
         let catalog_url = std::env::var("ORCA_CATALOG_URL")
             .ok()
@@ -116,9 +116,9 @@ fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
     let url = config.catalog_url.clone().ok_or_else(|| {
         SdkError::Tables("no catalog: set ORCA_CATALOG_URL or DATABASE_URL".into())
     })?;
-    if !config.warehouse.starts_with("file://") {
+    if !config.warehouse.starts_with("file://") && !config.warehouse.starts_with("s3://") {
         return Err(SdkError::Tables(format!(
-            "warehouse {} is not a local path: object-store warehouses (s3://, gs://, ...) are not built yet",
+            "warehouse {} is neither a local path nor an s3:// URL (other object stores are not built yet)",
             config.warehouse
         )));
     }
@@ -135,7 +135,7 @@ fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
                 .uri(url.clone())
                 .warehouse_location(config.warehouse.clone())
                 .sql_bind_style(SqlBindStyle::DollarNumeric)
-                .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                .with_storage_factory(Arc::new(crate::objstore::ObjectStoreFactory))
                 // One pipeline binary needs few connections; many run at once.
                 .prop("pool.max-connections", "2")
                 .load(config.org.clone(), HashMap::new()),

@@ -6,6 +6,7 @@ Postgres tables Orca's catalog writes.
     python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
 """
 import json
+import os
 import sys
 
 import pyarrow as pa
@@ -14,6 +15,15 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 def catalog(url, warehouse):
     url = url.replace("postgres://", "postgresql+psycopg2://", 1)
+    if warehouse.startswith("s3://"):
+        # The same S3 settings the pipeline binaries read from AWS_*.
+        props = {
+            "s3.endpoint": os.environ.get("AWS_ENDPOINT", ""),
+            "s3.access-key-id": os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            "s3.secret-access-key": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            "s3.region": os.environ.get("AWS_REGION", "us-east-1"),
+        }
+        return SqlCatalog("default", uri=url, warehouse=warehouse, **props)
     return SqlCatalog("default", uri=url, warehouse="file://" + warehouse)
 
 

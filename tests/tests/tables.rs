@@ -22,12 +22,17 @@ fn scratch(name: &str) -> PathBuf {
 
 /// PyIceberg, through tests/py/iceberg.py.
 fn py(args: &[&str]) -> Value {
-    let python =
-        std::env::var("ORCA_TEST_PYTHON").unwrap_or_else(|_| "/var/tmp/orca-py/bin/python".into());
+    py_env(args, &[])
+}
+
+/// PyIceberg with extra environment (the S3 settings of an S3 warehouse).
+fn py_env(args: &[&str], env: &[(&str, String)]) -> Value {
+    let python = orca_tests::s3::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/iceberg.py");
     let out = Command::new(&python)
         .arg(script)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .unwrap_or_else(|e| panic!("run {python} (scripts/setup.sh installs it): {e}"));
     assert!(
@@ -743,4 +748,75 @@ async fn a_compaction_replaces_files_without_changing_the_rows_and_refuses_to_lo
         .cloned()
         .unwrap_or_default();
     assert_eq!(current["operation"], "append");
+}
+
+#[tokio::test]
+async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
+    let s3 = orca_tests::s3::S3Server::start("orca-lake");
+    let db = TestDb::new().await;
+    let warehouse = "s3://orca-lake/warehouse";
+    register(&db, "lake");
+    let logs = scratch("s3");
+    let mut env: Vec<(&str, String)> = s3.env();
+    env.push(("ORCA_WAREHOUSE", warehouse.to_string()));
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let runner = Runner::start(&db.url(), "r", 2, &logs, &env_refs);
+    let out = orca(&db, &["backfill", "lake", "2013-01..2013-02"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        runner.output()
+    );
+
+    // PyIceberg reads the tables back from the bucket through the same catalog.
+    let monthly = py_env(&["read", &db.url(), warehouse, "lake.monthly"], &s3.env());
+    assert_eq!(monthly["location"], "s3://orca-lake/warehouse/lake/monthly");
+    let mut flights: Vec<(String, i64)> = monthly["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["month"].as_str().unwrap_or_default().to_string(),
+                r["flights"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    flights.sort();
+    assert_eq!(
+        flights,
+        [("2013-01".into(), 27004), ("2013-02".into(), 24951)]
+    );
+    // Data and metadata are objects in the bucket, under <warehouse>/<ns>/<table>.
+    let keys = s3.keys("orca-lake", "warehouse/lake/clean/");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("warehouse/lake/clean/data/") && k.ends_with(".parquet")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("warehouse/lake/clean/metadata/")
+                && k.ends_with(".metadata.json")),
+        "{keys:?}"
+    );
+
+    // A commit that removes files works against the bucket too.
+    register(&db, "probe_compact");
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_compact', '2024-01')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, run, "succeeded", &runner).await;
+    let pieces = py_env(&["read", &db.url(), warehouse, "probe.pieces"], &s3.env());
+    assert_eq!(pieces["rows"].as_array().map(Vec::len), Some(31));
+    let current = pieces["snapshots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["id"] == pieces["current"])
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(current["operation"], "replace");
 }
