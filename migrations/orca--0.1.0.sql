@@ -1014,6 +1014,22 @@ BEGIN
 END
 $$;
 
+-- The attempt a live lease of this org holds, unlocked (for reads), or an
+-- error that says why the lease is refused.
+CREATE FUNCTION orca._live_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(p_lease) AND l.lease = p_lease AND l.org_id = p_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    RETURN a;
+END
+$$;
+
 -- The attempt a live lease of this org holds, locked (its run first), or an
 -- error that says why the lease is refused. Nothing of another org is locked.
 CREATE FUNCTION orca._leased_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts
@@ -2347,12 +2363,7 @@ DECLARE
     r orca.runs;
     sn orca.sensors;
 BEGIN
-    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
-    WHERE l.attempt_id = orca._lease_attempt(sense_context.lease)
-      AND l.lease = sense_context.lease AND l.org_id = v_org;
-    IF NOT FOUND THEN
-        PERFORM orca._lease_refused(v_org, sense_context.lease);
-    END IF;
+    a := orca._live_attempt(v_org, sense_context.lease);
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
     IF r.kind <> 'sense' THEN
         RAISE EXCEPTION 'lease % is not a sensor''s poll: run % is a pipeline run',
@@ -2649,12 +2660,7 @@ DECLARE
     a orca.attempts;
     r orca.runs;
 BEGIN
-    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
-    WHERE l.attempt_id = orca._lease_attempt(keys_context.lease)
-      AND l.lease = keys_context.lease AND l.org_id = v_org;
-    IF NOT FOUND THEN
-        PERFORM orca._lease_refused(v_org, keys_context.lease);
-    END IF;
+    a := orca._live_attempt(v_org, keys_context.lease);
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
     IF r.kind <> 'keys' THEN
         RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', keys_context.lease, r.id, r.kind

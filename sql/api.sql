@@ -1041,12 +1041,7 @@ DECLARE
     r orca.runs;
     sn orca.sensors;
 BEGIN
-    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
-    WHERE l.attempt_id = orca._lease_attempt(sense_context.lease)
-      AND l.lease = sense_context.lease AND l.org_id = v_org;
-    IF NOT FOUND THEN
-        PERFORM orca._lease_refused(v_org, sense_context.lease);
-    END IF;
+    a := orca._live_attempt(v_org, sense_context.lease);
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
     IF r.kind <> 'sense' THEN
         RAISE EXCEPTION 'lease % is not a sensor''s poll: run % is a pipeline run',
@@ -1343,12 +1338,7 @@ DECLARE
     a orca.attempts;
     r orca.runs;
 BEGIN
-    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
-    WHERE l.attempt_id = orca._lease_attempt(keys_context.lease)
-      AND l.lease = keys_context.lease AND l.org_id = v_org;
-    IF NOT FOUND THEN
-        PERFORM orca._lease_refused(v_org, keys_context.lease);
-    END IF;
+    a := orca._live_attempt(v_org, keys_context.lease);
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
     IF r.kind <> 'keys' THEN
         RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', keys_context.lease, r.id, r.kind

@@ -351,6 +351,22 @@ BEGIN
 END
 $$;
 
+-- The attempt a live lease of this org holds, unlocked (for reads), or an
+-- error that says why the lease is refused.
+CREATE FUNCTION orca._live_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(p_lease) AND l.lease = p_lease AND l.org_id = p_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(p_org, p_lease);
+    END IF;
+    RETURN a;
+END
+$$;
+
 -- The attempt a live lease of this org holds, locked (its run first), or an
 -- error that says why the lease is refused. Nothing of another org is locked.
 CREATE FUNCTION orca._leased_attempt(p_org bigint, p_lease uuid) RETURNS orca.attempts

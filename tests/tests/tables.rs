@@ -47,6 +47,34 @@ fn read(db: &TestDb, wh: &Path, dataset: &str) -> Value {
     py(&["read", &db.url(), wh.to_str().unwrap_or_default(), dataset])
 }
 
+/// (text, integer) pairs of two columns of a table read, sorted.
+fn pairs(table: &Value, text: &str, int: &str) -> Vec<(String, i64)> {
+    let mut out: Vec<(String, i64)> = table["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r[text].as_str().unwrap_or_default().to_string(),
+                r[int].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The current snapshot of a table read (its id, operation and summary).
+fn current_snapshot(table: &Value) -> Value {
+    table["snapshots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["id"] == table["current"])
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
     Command::new(bin("orca"))
         .args(args)
@@ -116,18 +144,7 @@ async fn the_lake_s_tables_read_back_in_pyiceberg_with_their_orca_properties() {
             ["cancelled_pct", "double", true]
         ])
     );
-    let mut flights: Vec<(String, i64)> = monthly["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            (
-                r["month"].as_str().unwrap_or_default().to_string(),
-                r["flights"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect();
-    flights.sort();
+    let flights = pairs(&monthly, "month", "flights");
     assert_eq!(
         flights,
         [
@@ -679,29 +696,18 @@ async fn a_compaction_replaces_files_without_changing_the_rows_and_refuses_to_lo
     wait_run(&db, run, "succeeded", &runner).await;
 
     let t = read(&db, &wh, "probe.pieces");
-    let mut rows: Vec<(String, i64)> = t["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            (
-                r["month"].as_str().unwrap_or_default().to_string(),
-                r["day"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect();
-    rows.sort();
+    let rows = pairs(&t, "month", "day");
     let expected: Vec<(String, i64)> = (1..=31)
         .map(|d| ("2024-01".to_string(), d))
         .chain((1..=29).map(|d| ("2024-02".to_string(), d)))
         .collect();
     assert_eq!(rows, expected, "the compaction kept every row once");
-    let snaps = t["snapshots"].as_array().cloned().unwrap_or_default();
-    assert_eq!(snaps.len(), 7, "six appends and a replace: {t}");
-    let current = snaps
-        .iter()
-        .find(|s| s["id"] == t["current"])
-        .expect("current snapshot");
+    assert_eq!(
+        t["snapshots"].as_array().map(Vec::len),
+        Some(7),
+        "six appends and a replace: {t}"
+    );
+    let current = current_snapshot(&t);
     assert_eq!(current["operation"], "replace");
     let summary = &current["summary"];
     assert_eq!(summary["orca.step"], "compact");
@@ -740,13 +746,7 @@ async fn a_compaction_replaces_files_without_changing_the_rows_and_refuses_to_lo
         Some(10),
         "the three appends of 2024-03 and no replace"
     );
-    let current = after["snapshots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["id"] == after["current"])
-        .cloned()
-        .unwrap_or_default();
+    let current = current_snapshot(&after);
     assert_eq!(current["operation"], "append");
 }
 
@@ -772,18 +772,7 @@ async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
     // PyIceberg reads the tables back from the bucket through the same catalog.
     let monthly = py_env(&["read", &db.url(), warehouse, "lake.monthly"], &s3.env());
     assert_eq!(monthly["location"], "s3://orca-lake/warehouse/lake/monthly");
-    let mut flights: Vec<(String, i64)> = monthly["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            (
-                r["month"].as_str().unwrap_or_default().to_string(),
-                r["flights"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect();
-    flights.sort();
+    let flights = pairs(&monthly, "month", "flights");
     assert_eq!(
         flights,
         [("2013-01".into(), 27004), ("2013-02".into(), 24951)]
@@ -811,12 +800,6 @@ async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
     wait_run(&db, run, "succeeded", &runner).await;
     let pieces = py_env(&["read", &db.url(), warehouse, "probe.pieces"], &s3.env());
     assert_eq!(pieces["rows"].as_array().map(Vec::len), Some(31));
-    let current = pieces["snapshots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["id"] == pieces["current"])
-        .cloned()
-        .unwrap_or_default();
+    let current = current_snapshot(&pieces);
     assert_eq!(current["operation"], "replace");
 }
