@@ -648,11 +648,17 @@ BEGIN
         PERFORM orca._lease_refused(v_org, v_bad);
     END IF;
 
-    IF NOT finish_many.ok THEN
+    -- Failures (retries) and a sensor's polls (whose run stays running) take
+    -- the one-at-a-time path.
+    IF NOT finish_many.ok OR EXISTS (
+           SELECT 1 FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+           WHERE a.id = ANY (v_ids) AND r.kind = 'sense') THEN
         v_n := 0;
         FOR v_id IN SELECT DISTINCT unnest(v_ids) ORDER BY 1 LOOP
-            PERFORM orca._attempt_ended(v_id, 'failed',
-                coalesce(finish_many.error, 'the attempt failed without a message'));
+            PERFORM orca._attempt_ended(v_id,
+                CASE WHEN finish_many.ok THEN 'succeeded' ELSE 'failed' END,
+                CASE WHEN finish_many.ok THEN NULL
+                     ELSE coalesce(finish_many.error, 'the attempt failed without a message') END);
             v_n := v_n + 1;
         END LOOP;
         RETURN v_n;

@@ -217,3 +217,30 @@ async fn a_sensor_must_read_a_dataset_it_does_not_write() {
     assert!(msg.contains("sensor"), "{msg}");
     db.pool.execute("SELECT 1").await.expect("still fine");
 }
+
+#[tokio::test]
+async fn a_poll_finished_in_a_batch_leaves_the_sensor_watching() {
+    let db = TestDb::new().await;
+    db.register(&pipeline("watch", &["up.data"], &[], true))
+        .await;
+    db.tick(&chrono::Utc::now().to_rfc3339()).await;
+    let poll: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease FROM orca.claim('p', 'sensing') WHERE command = 'sense'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("a poll");
+    let n: i32 = sqlx::query_scalar("SELECT orca.finish_many(ARRAY[$1::uuid])")
+        .bind(poll)
+        .fetch_one(&db.pool)
+        .await
+        .expect("finish the poll");
+    assert_eq!(n, 1);
+    let status = db
+        .strings("SELECT status FROM orca.runs WHERE kind = 'sense'")
+        .await;
+    assert_eq!(status, ["running"], "the sense run goes on");
+    let attempt = db
+        .strings("SELECT a.status FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'sense'")
+        .await;
+    assert_eq!(attempt, ["succeeded"]);
+}
