@@ -57,6 +57,9 @@ say "orca fires weather 3"
 "$BIN/orca" fires weather 3
 
 LOGS="$(dirname "$ORCA_PGDIR")/logs"
+# The examples' data from this checkout (a binary built in another checkout
+# that shares the target directory would otherwise read that one's).
+export ORCA_EXAMPLE_DATA="$ORCA_ROOT/examples/data"
 # Iceberg data and metadata; the catalog is in the same database.
 export ORCA_WAREHOUSE
 ORCA_WAREHOUSE="$(dirname "$ORCA_PGDIR")/warehouse"

@@ -1492,3 +1492,125 @@ COMMENT ON FUNCTION orca.key_status(text) IS
 'with whether it is done (every mapped step succeeded for it under the current registry '
 'hash), the queued or running run that has it, and when it was first seen. '
 'Example: SELECT * FROM orca.key_status(''labels'') WHERE NOT done;';
+
+---------------------------------------------------------------------------
+-- Syncs
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    d     jsonb;
+    v_id  bigint;
+BEGIN
+    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
+       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
+        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
+            USING ERRCODE = 'OR063';
+    END IF;
+    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
+                                       create_sync.destination, create_sync.streams,
+                                       create_sync.schedule, create_sync.delivery));
+    -- Defining a sync again replaces its definition; its HEAD and generation stay.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery)
+    VALUES (v_org, create_sync.name, d, d->>'delivery')
+    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                                             delivery = excluded.delivery
+    RETURNING s.id INTO v_id;
+    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
+        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
+                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
+                                       FROM jsonb_array_elements(d->'streams') AS x),
+                           'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text) IS
+'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'Each stream''s delivery level is worked out from the destination''s class, the source''s '
+'replay, the write mode and the primary key, and must reach the required level. Errors: '
+'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
+'OR063 malformed definition, OR030/OR031 bad schedule. docs/syncs.md lists the connectors. '
+'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
+'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
+'"cursor":"updated_at","primary_key":["id"]}]'');';
+
+CREATE FUNCTION orca._sync(p_org bigint, p_name text) RETURNS orca.syncs
+LANGUAGE plpgsql AS $$
+DECLARE
+    s orca.syncs;
+BEGIN
+    SELECT * INTO s FROM orca.syncs WHERE org_id = p_org AND name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown sync ''%'' in org ''%''', p_name,
+                        (SELECT name FROM orca.orgs WHERE id = p_org)
+            USING ERRCODE = 'OR064',
+                  HINT = 'orca.syncs lists the defined syncs; orca.create_sync defines one';
+    END IF;
+    RETURN s;
+END
+$$;
+
+CREATE FUNCTION orca.claim_sync(sync text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs := orca._sync(v_org, claim_sync.sync);
+BEGIN
+    UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
+    PERFORM orca._event(v_org, 'sync.claimed', NULL, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
+    RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
+                              'epoch', s.head_epoch, 'record', s.head_record,
+                              'definition', s.definition);
+END
+$$;
+COMMENT ON FUNCTION orca.claim_sync(text) IS
+'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
+'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
+'generation, the HEAD epoch and record to recover from, and the definition.';
+
+CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs := orca._sync(v_org, advance_head.sync);
+BEGIN
+    IF advance_head.generation IS NULL OR advance_head.epoch IS NULL
+       OR coalesce(advance_head.record, '') = '' THEN
+        RAISE EXCEPTION 'advance_head needs a generation, an epoch and a record, got %, %, %',
+            coalesce(advance_head.generation::text, 'NULL'), coalesce(advance_head.epoch::text, 'NULL'),
+            quote_nullable(advance_head.record)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF advance_head.generation <> s.generation THEN
+        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
+                        advance_head.generation, s.name, s.generation
+            USING ERRCODE = 'OR070',
+                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
+    END IF;
+    IF advance_head.epoch <> s.head_epoch + 1 THEN
+        RAISE EXCEPTION 'epoch % does not follow HEAD epoch % of sync ''%''',
+                        advance_head.epoch, s.head_epoch, s.name
+            USING ERRCODE = 'OR071',
+                  HINT = 'epochs commit one at a time, in order';
+    END IF;
+    UPDATE orca.syncs
+    SET head_epoch = advance_head.epoch, head_record = advance_head.record, head_at = now()
+    WHERE id = s.id;
+    PERFORM orca._event(v_org, 'sync.committed', NULL, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation,
+                           'epoch', advance_head.epoch, 'record', advance_head.record));
+END
+$$;
+COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text) IS
+'The commit point of an epoch: moves the sync''s HEAD to the checkpoint record of epoch '
+'(HEAD epoch + 1), as a compare-and-swap under the row lock. An attempt whose generation is '
+'no longer the sync''s gets OR070 (fenced) and changes nothing; an epoch out of order OR071.';

@@ -28,6 +28,7 @@ GRANT EXECUTE ON FUNCTION
     orca.pause(text),
     orca.unpause(text),
     orca.refresh_keys(text),
+    orca.create_sync(text, jsonb, jsonb, jsonb, text, text),
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION
@@ -43,6 +44,8 @@ GRANT EXECUTE ON FUNCTION
     orca.report_snapshots(uuid, jsonb),
     orca.keys_context(uuid),
     orca.report_keys(uuid, bigint, bigint, text[]),
+    orca.claim_sync(text),
+    orca.advance_head(text, integer, bigint, text),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

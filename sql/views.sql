@@ -134,6 +134,9 @@ COMMENT ON TABLE orca.sensed IS
 COMMENT ON TABLE orca.keys IS
 'The keys keyed pipelines have read from their keys datasets; a key is current while its '
 'generation is the pipeline''s keys_generation. orca.key_status shows them with done.';
+COMMENT ON TABLE orca.syncs IS
+'Syncs (orca.create_sync): the definition with each stream''s delivery level, and the '
+'checkpoint log''s HEAD: the generation that owns the sync, the last committed epoch and record.';
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 COMMENT ON TABLE orca.events IS
 'The outbox: every state change, written in the transaction that made it.';

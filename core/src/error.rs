@@ -43,6 +43,32 @@ pub enum Error {
 
     #[error("malformed manifest: {field}: {reason}")]
     BadManifest { field: String, reason: String },
+
+    #[error("unknown {side} connector '{name}' (built in: {known})")]
+    UnknownConnector {
+        side: &'static str,
+        name: String,
+        known: String,
+    },
+
+    #[error("the {connector} {side} needs option '{option}'")]
+    MissingOption {
+        side: &'static str,
+        connector: &'static str,
+        option: String,
+    },
+
+    #[error("stream '{stream}' cannot be delivered {required} from the {from} source to the {to} destination: {reason}")]
+    ImpossibleDelivery {
+        stream: String,
+        required: &'static str,
+        from: &'static str,
+        to: &'static str,
+        reason: String,
+    },
+
+    #[error("malformed sync: {field}: {reason}")]
+    BadSync { field: String, reason: String },
 }
 
 impl Error {
@@ -57,6 +83,10 @@ impl Error {
             Error::ImpossibleCron { .. } => "OR031",
             Error::UnknownTimeZone { .. } => "OR032",
             Error::BadManifest { .. } => "OR040",
+            Error::UnknownConnector { .. } => "OR060",
+            Error::MissingOption { .. } => "OR061",
+            Error::ImpossibleDelivery { .. } => "OR062",
+            Error::BadSync { .. } => "OR063",
         }
     }
 
@@ -87,6 +117,12 @@ impl Error {
                     .into(),
             ),
             Error::BadManifest { .. } => Some("docs/manifest.md describes every field".into()),
+            Error::ImpossibleDelivery { .. } => Some(
+                "ask for a weaker delivery, or write with merge and a primary key, or pick a destination that applies epochs".into(),
+            ),
+            Error::UnknownConnector { .. }
+            | Error::MissingOption { .. }
+            | Error::BadSync { .. } => Some("docs/syncs.md lists the connectors and their options".into()),
             Error::OutsideSet { .. } => None,
         }
     }

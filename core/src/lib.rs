@@ -4,9 +4,11 @@
 //! plain `cargo test` exercises the logic without a running Postgres.
 
 pub mod cron;
+pub mod delivery;
 pub mod error;
 pub mod keyed;
 pub mod manifest;
 pub mod partition;
+pub mod sync;
 
 pub use error::{Error, Result};

@@ -220,3 +220,23 @@ fn key_spec(spec: &str, known: Vec<String>) -> JsonB {
         }),
     )
 }
+
+/// A sync's definition, validated and normalized (`orca.create_sync`).
+#[pg_extern(immutable, parallel_safe, name = "_sync_check")]
+fn sync_check(
+    name: &str,
+    source: JsonB,
+    destination: JsonB,
+    streams: JsonB,
+    schedule: Option<&str>,
+    delivery: &str,
+) -> JsonB {
+    envelope(orca_core::sync::check(
+        name,
+        &source.0,
+        &destination.0,
+        &streams.0,
+        schedule,
+        delivery,
+    ))
+}

@@ -17,6 +17,16 @@ pub mod s3;
 
 pub use sqlx;
 
+/// The repository being tested. Read at run time (cargo sets
+/// `CARGO_MANIFEST_DIR` for every test it runs) rather than baked in at
+/// compile time: a test binary built in one clone is reused by another that
+/// shares the target directory, and must look at its own files.
+pub fn repo_root() -> std::path::PathBuf {
+    let tests = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    std::path::PathBuf::from(tests).join("..")
+}
+
 /// The maintenance database URL tests create their databases from.
 pub fn base_url() -> String {
     std::env::var("ORCA_TEST_URL")

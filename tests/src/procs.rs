@@ -51,7 +51,7 @@ fn build() {
             ])
             .arg("--target-dir")
             .arg(bin_target())
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .current_dir(crate::repo_root())
             .status()
             .expect("run cargo build");
         assert!(
@@ -113,6 +113,12 @@ impl Runner {
         .stdout(out)
         .stderr(err)
         .process_group(0);
+        // The examples read their data from this repository, not from the one
+        // their binary was first built in.
+        cmd.env(
+            "ORCA_EXAMPLE_DATA",
+            crate::repo_root().join("examples/data"),
+        );
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -419,18 +419,23 @@ async fn locate_and_register_record_where_each_step_is() {
     let dir = scratch("locate");
     let copy = dir.join("probe");
     std::fs::copy(bin("probe"), &copy).expect("copy the binary");
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/probe");
+    let root = repo_root().join("tests/probe");
     let out = orca(
         &db,
-        &["locate", copy.to_str().unwrap_or_default(), "--root", root],
+        &[
+            "locate",
+            copy.to_str().unwrap_or_default(),
+            "--root",
+            root.to_str().unwrap_or_default(),
+        ],
     );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/probe/src/main.rs"))
-        .expect("probe source");
+    let source =
+        std::fs::read_to_string(repo_root().join("tests/probe/src/main.rs")).expect("probe source");
     let line_of = |needle: &str| {
         source
             .lines()

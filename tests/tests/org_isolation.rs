@@ -18,11 +18,14 @@ const BOB: &str = "orca_t_bob"; // member of globex
 /// function fails this test until it is added here and tried across orgs.
 const API: &[&str] = &[
     "add_member",
+    "advance_head",
     "attempt_context",
     "backfill",
     "cancel",
     "claim",
+    "claim_sync",
     "create_org",
+    "create_sync",
     "current_org_id",
     "finish",
     "finish_many",
@@ -197,6 +200,25 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("report keys");
+    // A sync that has committed an epoch.
+    sqlx::query(
+        "SELECT orca.create_sync($1, '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \
+         '{\"type\": \"parquet\", \"url\": \"/out\"}', '[{\"name\": \"events\", \"pattern\": \"*.jsonl\"}]')",
+    )
+    .bind(format!("{org}_sync"))
+    .execute(&mut c)
+    .await
+    .expect("create a sync");
+    sqlx::query("SELECT orca.claim_sync($1)")
+        .bind(format!("{org}_sync"))
+        .execute(&mut c)
+        .await
+        .expect("claim the sync");
+    sqlx::query("SELECT orca.advance_head($1, 1, 1, 'r1')")
+        .bind(format!("{org}_sync"))
+        .execute(&mut c)
+        .await
+        .expect("commit an epoch");
     (runs, leases[1].lease, leases[0].run)
 }
 
@@ -311,6 +333,12 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.backfill('globex_keyed', '@all')".to_string(),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR010", "{sql}");
+    }
+    for sql in [
+        "SELECT orca.claim_sync('globex_sync')",
+        "SELECT orca.advance_head('globex_sync', 1, 2, 'r2')",
+    ] {
+        assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
     }
     for r in &g_runs {
         assert_eq!(

@@ -13,7 +13,7 @@ use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::*;
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    orca_tests::repo_root()
 }
 
 fn current_version() -> String {

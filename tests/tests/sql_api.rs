@@ -412,8 +412,7 @@ async fn every_api_function_and_table_is_documented() {
         )
         .await;
     assert!(tables.is_empty(), "no COMMENT ON: {tables:?}");
-    let reference = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sql.md"))
-        .expect("docs/sql.md");
+    let reference = std::fs::read_to_string(repo_root().join("docs/sql.md")).expect("docs/sql.md");
     let functions = db
         .strings(
             "SELECT DISTINCT p.proname::text FROM pg_proc p \

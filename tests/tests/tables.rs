@@ -28,7 +28,7 @@ fn py(args: &[&str]) -> Value {
 /// PyIceberg with extra environment (the S3 settings of an S3 warehouse).
 fn py_env(args: &[&str], env: &[(&str, String)]) -> Value {
     let python = orca_tests::s3::python();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/iceberg.py");
+    let script = repo_root().join("tests/py/iceberg.py");
     let out = Command::new(&python)
         .arg(script)
         .args(args)

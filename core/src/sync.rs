@@ -1,0 +1,486 @@
+//! Sync definitions: the built-in connectors, what each needs, and the
+//! delivery level each stream can keep. `orca.create_sync` validates through
+//! [`check`]; every error names the connector, option or stream at fault.
+
+use serde_json::{json, Map, Value};
+
+use crate::cron::Schedule;
+use crate::delivery::{self, Delivery, DestClass, Replay, StreamFacts, WriteMode};
+use crate::error::{Error, Result};
+use crate::manifest::NAME_MAX;
+
+/// A built-in connector: its options and what it means for delivery.
+struct Connector {
+    name: &'static str,
+    required: &'static [&'static str],
+    optional: &'static [&'static str],
+}
+
+const SOURCES: &[Connector] = &[
+    // A table read incrementally by a cursor column and its primary key.
+    Connector {
+        name: "postgres",
+        required: &["url"],
+        optional: &["batch_rows"],
+    },
+    // JSON lines or CSV files under a path or an s3:// prefix, resumable by
+    // file and offset.
+    Connector {
+        name: "files",
+        required: &["url", "format"],
+        optional: &[],
+    },
+];
+
+const DESTINATIONS: &[Connector] = &[
+    Connector {
+        name: "parquet",
+        required: &["url"],
+        optional: &[],
+    },
+    Connector {
+        name: "iceberg",
+        required: &["namespace"],
+        optional: &[],
+    },
+    Connector {
+        name: "postgres",
+        required: &["url"],
+        optional: &["schema"],
+    },
+];
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::BadSync {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= NAME_MAX
+        && s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// A column or table identifier as the source spells it (any case).
+fn is_ident(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= NAME_MAX
+        && s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The connector a side names, with its options checked.
+fn connector(
+    side: &'static str,
+    catalog: &'static [Connector],
+    v: &Value,
+) -> Result<(&'static Connector, Map<String, Value>)> {
+    let obj = v.as_object().ok_or_else(|| {
+        bad(
+            side,
+            format!("must be an object such as {{\"type\": \"postgres\", ...}}, got {v}"),
+        )
+    })?;
+    let kind = obj
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("{side}.type"), "is required"))?;
+    let c = catalog
+        .iter()
+        .find(|c| c.name == kind)
+        .ok_or_else(|| Error::UnknownConnector {
+            side,
+            name: kind.to_string(),
+            known: catalog
+                .iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    for opt in c.required {
+        match obj.get(*opt) {
+            Some(Value::String(s)) if !s.trim().is_empty() => {}
+            Some(other) if !other.is_null() => {
+                return Err(bad(
+                    format!("{side}.{opt}"),
+                    format!("must be a non-empty string, got {other}"),
+                ))
+            }
+            _ => {
+                return Err(Error::MissingOption {
+                    side,
+                    connector: c.name,
+                    option: (*opt).to_string(),
+                })
+            }
+        }
+    }
+    if let Some(k) = obj.keys().find(|k| {
+        *k != "type" && !c.required.contains(&k.as_str()) && !c.optional.contains(&k.as_str())
+    }) {
+        return Err(bad(
+            format!("{side}.{k}"),
+            format!(
+                "is not an option of the {} {side} (it takes {})",
+                c.name,
+                c.required
+                    .iter()
+                    .chain(c.optional)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    Ok((c, obj.clone()))
+}
+
+fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .filter(|s| is_ident(s))
+                    .map(str::to_string)
+                    .ok_or_else(|| bad(field, format!("{x} is not a column name")))
+            })
+            .collect(),
+        Some(other) => Err(bad(
+            field,
+            format!("must be a list of columns, got {other}"),
+        )),
+    }
+}
+
+/// Validates a sync and returns its normalized definition, with the delivery
+/// level each stream keeps.
+pub fn check(
+    name: &str,
+    source: &Value,
+    destination: &Value,
+    streams: &Value,
+    schedule: Option<&str>,
+    required: &str,
+) -> Result<Value> {
+    if !is_name(name) {
+        return Err(bad(
+            "name",
+            format!("'{name}' is not a valid name: use 1 to {NAME_MAX} lowercase letters, digits or '_'"),
+        ));
+    }
+    let required = Delivery::parse_name(required).ok_or_else(|| {
+        bad(
+            "delivery",
+            format!("'{required}' is not a delivery level (at_least_once, effectively_once, exactly_once)"),
+        )
+    })?;
+    let (src, src_opts) = connector("source", SOURCES, source)?;
+    let (dst, dst_opts) = connector("destination", DESTINATIONS, destination)?;
+    if src.name == "files" {
+        let format = src_opts.get("format").and_then(Value::as_str).unwrap_or("");
+        if !matches!(format, "jsonl" | "csv") {
+            return Err(bad(
+                "source.format",
+                format!("'{format}' is not a format (jsonl or csv)"),
+            ));
+        }
+    }
+    if dst.name == "iceberg" {
+        let ns = dst_opts
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !is_name(ns) {
+            return Err(bad(
+                "destination.namespace",
+                format!("'{ns}' is not a namespace name"),
+            ));
+        }
+    }
+    let (class, skips_by_id) = match dst.name {
+        "parquet" => (DestClass::StageAndApply, false),
+        "iceberg" => (DestClass::StageAndApply, true),
+        _ => (DestClass::Transactional, true),
+    };
+    let replay = match src.name {
+        "files" => Replay::Exact,
+        _ => Replay::Superset,
+    };
+
+    let list = match streams {
+        Value::Array(a) if !a.is_empty() => a,
+        Value::Array(_) => return Err(bad("streams", "must list at least one stream")),
+        other => return Err(bad("streams", format!("must be an array, got {other}"))),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    let mut seen: Vec<String> = Vec::new();
+    for (i, s) in list.iter().enumerate() {
+        let at = format!("streams[{i}]");
+        let obj = s
+            .as_object()
+            .ok_or_else(|| bad(&at, format!("must be an object, got {s}")))?;
+        let sname = obj
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| is_name(n))
+            .ok_or_else(|| {
+                bad(
+                    format!("{at}.name"),
+                    "is required: the destination table's name, lowercase",
+                )
+            })?;
+        if seen.iter().any(|n| n == sname) {
+            return Err(bad(
+                format!("{at}.name"),
+                format!("stream '{sname}' is listed twice"),
+            ));
+        }
+        seen.push(sname.to_string());
+        let mode_name = obj.get("mode").and_then(Value::as_str).unwrap_or("append");
+        let mode = WriteMode::parse_name(mode_name).ok_or_else(|| {
+            bad(
+                format!("{at}.mode"),
+                format!("'{mode_name}' is not a write mode (append, merge, overwrite)"),
+            )
+        })?;
+        let primary_key = strings(obj.get("primary_key"), &format!("{at}.primary_key"))?;
+        let mut norm = json!({"name": sname, "mode": mode.name(), "primary_key": primary_key});
+        match src.name {
+            "postgres" => {
+                let table = obj.get("table").and_then(Value::as_str).ok_or_else(|| {
+                    bad(
+                        format!("{at}.table"),
+                        "is required: the source table, schema.table",
+                    )
+                })?;
+                if !table.split('.').all(is_ident) || table.split('.').count() > 2 {
+                    return Err(bad(
+                        format!("{at}.table"),
+                        format!("'{table}' is not a table name"),
+                    ));
+                }
+                let cursor = obj
+                    .get("cursor")
+                    .and_then(Value::as_str)
+                    .filter(|c| is_ident(c))
+                    .ok_or_else(|| {
+                        bad(
+                            format!("{at}.cursor"),
+                            "is required: the column that orders changes (updated_at, id)",
+                        )
+                    })?;
+                if primary_key.is_empty() {
+                    return Err(bad(
+                        format!("{at}.primary_key"),
+                        "is required for a postgres source: the cursor and the key make the resume point",
+                    ));
+                }
+                norm["table"] = table.into();
+                norm["cursor"] = cursor.into();
+            }
+            _ => {
+                let pattern = obj
+                    .get("pattern")
+                    .and_then(Value::as_str)
+                    .filter(|p| !p.trim().is_empty())
+                    .ok_or_else(|| {
+                        bad(
+                            format!("{at}.pattern"),
+                            "is required: the files of the stream, such as events/*.jsonl",
+                        )
+                    })?;
+                norm["pattern"] = pattern.into();
+            }
+        }
+        if mode == WriteMode::Merge && dst.name == "parquet" {
+            return Err(bad(
+                format!("{at}.mode"),
+                "the parquet destination writes files and cannot merge; use append",
+            ));
+        }
+        if mode == WriteMode::Merge && primary_key.is_empty() {
+            return Err(bad(
+                format!("{at}.primary_key"),
+                "a merge needs a primary key",
+            ));
+        }
+        let facts = StreamFacts {
+            class,
+            replay,
+            mode,
+            has_primary_key: !primary_key.is_empty(),
+            skips_by_id,
+        };
+        let kept =
+            delivery::check(facts, required).map_err(|reason| Error::ImpossibleDelivery {
+                stream: sname.to_string(),
+                required: required.name(),
+                from: src.name,
+                to: dst.name,
+                reason,
+            })?;
+        norm["delivery"] = kept.name().into();
+        out.push(norm);
+    }
+    if let Some(cron) = schedule {
+        Schedule::parse(cron, "UTC")?;
+    }
+    Ok(json!({
+        "name": name,
+        "source": Value::Object(src_opts),
+        "destination": Value::Object(dst_opts),
+        "streams": out,
+        "schedule": schedule,
+        "delivery": required.name(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg() -> Value {
+        json!({"type": "postgres", "url": "postgres://127.0.0.1/shop"})
+    }
+    fn orders(mode: &str) -> Value {
+        json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                "primary_key": ["id"], "mode": mode}])
+    }
+
+    #[test]
+    fn a_postgres_table_into_iceberg_or_postgres_keeps_what_it_can() {
+        let ice = json!({"type": "iceberg", "namespace": "raw"});
+        let v = check("shop", &pg(), &ice, &orders("append"), None, "exactly_once").expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
+        let v = check(
+            "shop",
+            &pg(),
+            &ice,
+            &orders("merge"),
+            None,
+            "effectively_once",
+        )
+        .expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "effectively_once");
+        let dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw", "schema": "raw"});
+        let v = check(
+            "shop",
+            &pg(),
+            &dst,
+            &orders("append"),
+            Some("*/5 * * * *"),
+            "exactly_once",
+        )
+        .expect("ok");
+        assert_eq!(v["schedule"], "*/5 * * * *");
+    }
+
+    #[test]
+    fn errors_name_the_connector_option_or_stream() {
+        let parquet = json!({"type": "parquet", "url": "/tmp/out"});
+        let e = check(
+            "shop",
+            &pg(),
+            &parquet,
+            &orders("append"),
+            None,
+            "exactly_once",
+        )
+        .expect_err("superset into parquet");
+        assert_eq!(e.sqlstate(), "OR062");
+        assert!(e.to_string().contains("stream 'orders'"), "{e}");
+        assert!(check(
+            "shop",
+            &pg(),
+            &parquet,
+            &orders("append"),
+            None,
+            "at_least_once"
+        )
+        .is_ok());
+
+        let e = check(
+            "shop",
+            &json!({"type": "mysql", "url": "x"}),
+            &parquet,
+            &orders("append"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("unknown");
+        assert_eq!(e.sqlstate(), "OR060");
+        assert!(e.to_string().contains("'mysql'"), "{e}");
+        let e = check(
+            "shop",
+            &json!({"type": "postgres"}),
+            &parquet,
+            &orders("append"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("missing url");
+        assert_eq!(e.sqlstate(), "OR061");
+        assert!(e.to_string().contains("'url'"), "{e}");
+        let e = check(
+            "shop",
+            &pg(),
+            &json!({"type": "parquet", "url": "/x", "path": "/y"}),
+            &orders("append"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("unknown option");
+        assert!(e.to_string().contains("destination.path"), "{e}");
+        let mut s = orders("append");
+        s[0]["cursor"] = Value::Null;
+        let e = check("shop", &pg(), &parquet, &s, None, "at_least_once").expect_err("no cursor");
+        assert!(e.to_string().contains("streams[0].cursor"), "{e}");
+        let e = check(
+            "shop",
+            &pg(),
+            &parquet,
+            &orders("merge"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("merge");
+        assert!(e.to_string().contains("cannot merge"), "{e}");
+        let e = check(
+            "shop",
+            &pg(),
+            &parquet,
+            &orders("append"),
+            Some("0 0 30 2 *"),
+            "at_least_once",
+        )
+        .expect_err("cron");
+        assert_eq!(e.sqlstate(), "OR031");
+        let e = check(
+            "Shop!",
+            &pg(),
+            &parquet,
+            &orders("append"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("name");
+        assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn files_are_an_exact_source() {
+        let files = json!({"type": "files", "url": "s3://in/events", "format": "jsonl"});
+        let parquet = json!({"type": "parquet", "url": "/tmp/out"});
+        let s = json!([{"name": "events", "pattern": "*.jsonl"}]);
+        let v = check("ev", &files, &parquet, &s, None, "exactly_once").expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
+        let bad_format = json!({"type": "files", "url": "/in", "format": "xml"});
+        assert!(check("ev", &bad_format, &parquet, &s, None, "exactly_once").is_err());
+    }
+}

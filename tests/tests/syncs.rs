@@ -1,0 +1,178 @@
+//! Syncs in the control plane: definitions validated with a clear error per
+//! fault, delivery levels per stream, and HEAD moved by a fenced
+//! compare-and-swap that a zombie attempt cannot win.
+
+use orca_tests::sqlx;
+use orca_tests::*;
+use serde_json::{json, Value};
+
+async fn create(
+    db: &TestDb,
+    source: &Value,
+    destination: &Value,
+    streams: &Value,
+    delivery: &str,
+) -> Result<i64, (String, String)> {
+    sqlx::query_scalar("SELECT orca.create_sync('shop', $1, $2, $3, NULL, $4)")
+        .bind(source)
+        .bind(destination)
+        .bind(streams)
+        .bind(delivery)
+        .fetch_one(&db.pool)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(d) => (
+                d.code().map(|c| c.to_string()).unwrap_or_default(),
+                d.message().to_string(),
+            ),
+            other => panic!("{other}"),
+        })
+}
+
+fn pg() -> Value {
+    json!({"type": "postgres", "url": "postgres://127.0.0.1/shop"})
+}
+
+fn orders(mode: &str) -> Value {
+    json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+            "primary_key": ["id"], "mode": mode}])
+}
+
+#[tokio::test]
+async fn definitions_are_validated_and_keep_their_delivery_levels() {
+    let db = TestDb::new().await;
+    let iceberg = json!({"type": "iceberg", "namespace": "raw"});
+    let parquet = json!({"type": "parquet", "url": "/var/tmp/out"});
+
+    for (source, destination, streams, delivery, code, needle) in [
+        (
+            json!({"type": "mysql", "url": "x"}),
+            iceberg.clone(),
+            orders("append"),
+            "exactly_once",
+            "OR060",
+            "'mysql'",
+        ),
+        (
+            json!({"type": "postgres"}),
+            iceberg.clone(),
+            orders("append"),
+            "exactly_once",
+            "OR061",
+            "'url'",
+        ),
+        (
+            pg(),
+            parquet.clone(),
+            orders("append"),
+            "exactly_once",
+            "OR062",
+            "stream 'orders'",
+        ),
+        (
+            pg(),
+            iceberg.clone(),
+            json!([{"name": "orders", "table": "public.orders"}]),
+            "at_least_once",
+            "OR063",
+            "streams[0].cursor",
+        ),
+        (
+            pg(),
+            iceberg.clone(),
+            orders("append"),
+            "twice",
+            "OR063",
+            "'twice'",
+        ),
+    ] {
+        let (c, m) = create(&db, &source, &destination, &streams, delivery)
+            .await
+            .expect_err("refused");
+        assert_eq!(c, code, "{m}");
+        assert!(m.contains(needle), "{m}");
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.syncs").await,
+        0,
+        "nothing half-written"
+    );
+
+    let id = create(&db, &pg(), &iceberg, &orders("merge"), "effectively_once")
+        .await
+        .expect("a valid sync");
+    let def: Value = sqlx::query_scalar("SELECT definition FROM orca.syncs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("definition");
+    assert_eq!(def["streams"][0]["delivery"], "effectively_once");
+    // Defining it again replaces the definition and keeps the sync.
+    let again = create(&db, &pg(), &iceberg, &orders("append"), "exactly_once")
+        .await
+        .expect("redefined");
+    assert_eq!(again, id);
+    let kinds = db
+        .strings("SELECT kind FROM orca.events WHERE kind LIKE 'sync.%' ORDER BY id")
+        .await;
+    assert_eq!(kinds, ["sync.defined", "sync.defined"]);
+}
+
+#[tokio::test]
+async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
+    let db = TestDb::new().await;
+    create(
+        &db,
+        &pg(),
+        &json!({"type": "iceberg", "namespace": "raw"}),
+        &orders("append"),
+        "exactly_once",
+    )
+    .await
+    .expect("sync");
+    let first: Value = sqlx::query_scalar("SELECT orca.claim_sync('shop')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("claim");
+    assert_eq!(first["generation"], 1);
+    assert_eq!(first["epoch"], 0);
+    sqlx::query("SELECT orca.advance_head('shop', 1, 1, 'shop/_checkpoints/00000001')")
+        .execute(&db.pool)
+        .await
+        .expect("epoch 1");
+
+    // A second attempt claims the sync: it recovers from HEAD.
+    let second: Value = sqlx::query_scalar("SELECT orca.claim_sync('shop')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("claim again");
+    assert_eq!(second["generation"], 2);
+    assert_eq!(second["epoch"], 1);
+    assert_eq!(second["record"], "shop/_checkpoints/00000001");
+
+    // The first one, still running, is fenced and changes nothing.
+    let (code, msg) = expect_error(
+        &db.pool,
+        "SELECT orca.advance_head('shop', 1, 2, 'shop/_checkpoints/zombie')",
+    )
+    .await;
+    assert_eq!(code, "OR070");
+    assert!(msg.contains("generation 1 is fenced"), "{msg}");
+    // Epochs go one at a time.
+    let (code, _) = expect_error(
+        &db.pool,
+        "SELECT orca.advance_head('shop', 2, 3, 'shop/_checkpoints/00000003')",
+    )
+    .await;
+    assert_eq!(code, "OR071");
+    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/00000002')")
+        .execute(&db.pool)
+        .await
+        .expect("epoch 2");
+    let head = db
+        .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
+        .await;
+    assert_eq!(head, ["2 shop/_checkpoints/00000002"]);
+    let (code, _) = expect_error(&db.pool, "SELECT orca.claim_sync('nope')").await;
+    assert_eq!(code, "OR064");
+}
