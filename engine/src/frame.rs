@@ -24,7 +24,8 @@
 use std::io::{Read, Write};
 
 use arrow_array::RecordBatch;
-use arrow_ipc::reader::StreamReader;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::StreamDecoder;
 use arrow_ipc::writer::StreamWriter;
 
 /// The header's size in bytes.
@@ -112,6 +113,25 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<(), FrameError> 
     Ok(())
 }
 
+/// The record batches of an IPC stream held in memory. The incremental
+/// decoder takes lengths inside the payload as claims to check against the
+/// bytes there are, never as sizes to allocate up front.
+fn decode_batches(payload: Vec<u8>) -> Result<Vec<RecordBatch>, FrameError> {
+    let mut buf = Buffer::from_vec(payload);
+    let mut decoder = StreamDecoder::new();
+    let mut batches = Vec::new();
+    while !buf.is_empty() {
+        let before = buf.len();
+        if let Some(b) = decoder.decode(&mut buf)? {
+            batches.push(b);
+        } else if buf.len() == before {
+            break;
+        }
+    }
+    decoder.finish()?;
+    Ok(batches)
+}
+
 /// Reads one frame; `Ok(None)` at a clean end of the edge (no bytes left).
 pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
     let mut h = [0u8; HEADER_LEN];
@@ -143,8 +163,7 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
         KIND_BATCH => {
             let mut payload = vec![0u8; len as usize];
             r.read_exact(&mut payload)?;
-            let reader = StreamReader::try_new(payload.as_slice(), None)?;
-            let batches = reader.collect::<Result<Vec<_>, _>>()?;
+            let batches = decode_batches(payload)?;
             let [batch] = <[RecordBatch; 1]>::try_from(batches)
                 .map_err(|b| FrameError::BatchCount(b.len()))?;
             Ok(Some(Frame::Batch {

@@ -6,5 +6,6 @@
 //! the destinations) is not built yet.
 
 pub mod frame;
+pub mod normalize;
 pub mod protocol;
 pub mod recovery;
