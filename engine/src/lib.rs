@@ -9,3 +9,4 @@ pub mod frame;
 pub mod normalize;
 pub mod protocol;
 pub mod recovery;
+pub mod route;
