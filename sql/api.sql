@@ -1614,3 +1614,45 @@ COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text) IS
 'The commit point of an epoch: moves the sync''s HEAD to the checkpoint record of epoch '
 '(HEAD epoch + 1), as a compare-and-swap under the row lock. An attempt whose generation is '
 'no longer the sync''s gets OR070 (fenced) and changes nothing; an epoch out of order OR071.';
+
+CREATE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs := orca._sync(v_org, rewind_head.sync);
+BEGIN
+    IF rewind_head.generation IS NULL OR rewind_head.epoch IS NULL
+       OR (rewind_head.epoch > 0 AND coalesce(rewind_head.record, '') = '') THEN
+        RAISE EXCEPTION 'rewind_head needs a generation, an epoch and (past epoch 0) a record, got %, %, %',
+            coalesce(rewind_head.generation::text, 'NULL'), coalesce(rewind_head.epoch::text, 'NULL'),
+            quote_nullable(rewind_head.record)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF rewind_head.generation <> s.generation THEN
+        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
+                        rewind_head.generation, s.name, s.generation
+            USING ERRCODE = 'OR070',
+                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
+    END IF;
+    IF rewind_head.epoch <> s.head_epoch - 1 THEN
+        RAISE EXCEPTION 'cannot rewind sync ''%'' to epoch %: HEAD is at epoch %, and only its own epoch can be lost',
+                        s.name, rewind_head.epoch, s.head_epoch
+            USING ERRCODE = 'OR071';
+    END IF;
+    UPDATE orca.syncs
+    SET head_epoch = rewind_head.epoch,
+        head_record = CASE WHEN rewind_head.epoch = 0 THEN NULL ELSE rewind_head.record END,
+        head_at = now()
+    WHERE id = s.id;
+    PERFORM orca._event(v_org, 'sync.rewound', NULL, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'lost_epoch', s.head_epoch,
+                           'epoch', rewind_head.epoch, 'record', rewind_head.record));
+END
+$$;
+COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text) IS
+'Recovery''s way back when HEAD''s epoch is lost (nothing of it is visible and its staged files '
+'are gone): moves HEAD back to the record of the epoch before (HEAD epoch - 1; NULL record for '
+'epoch 0), so the attempt reads that epoch again from there. Fenced like orca.advance_head '
+'(OR070); any other epoch is OR071.';

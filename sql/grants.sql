@@ -46,6 +46,7 @@ GRANT EXECUTE ON FUNCTION
     orca.report_keys(uuid, bigint, bigint, text[]),
     orca.claim_sync(text),
     orca.advance_head(text, integer, bigint, text),
+    orca.rewind_head(text, integer, bigint, text),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)

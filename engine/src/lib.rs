@@ -5,8 +5,14 @@
 //! data edges, the checkpoint records in object storage, `orca.advance_head`,
 //! the destinations) is not built yet.
 
+pub mod attempt;
 pub mod frame;
 pub mod normalize;
+pub mod parquet_dest;
+pub mod pgcopy;
+pub mod pgsource;
 pub mod protocol;
+pub mod record;
 pub mod recovery;
 pub mod route;
+pub mod store;

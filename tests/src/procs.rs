@@ -48,6 +48,8 @@ fn build() {
                 "example-weather",
                 "-p",
                 "example-labels",
+                "-p",
+                "orca-engine",
             ])
             .arg("--target-dir")
             .arg(bin_target())
@@ -61,7 +63,8 @@ fn build() {
     });
 }
 
-/// The path of a workspace binary (`orca-runner`, `orca`, `probe`, `lake`, `weather`, `labels`).
+/// The path of a workspace binary (`orca-runner`, `orca`, `probe`, `lake`, `weather`, `labels`,
+/// `orca-engine`).
 pub fn bin(name: &str) -> PathBuf {
     build();
     let p = bin_dir().join(name);

@@ -37,6 +37,7 @@ const API: &[&str] = &[
     "pause",
     "pin_read",
     "register",
+    "rewind_head",
     "record_commit",
     "refresh_keys",
     "register_runner",
@@ -337,6 +338,7 @@ async fn no_table_view_or_function_crosses_orgs() {
     for sql in [
         "SELECT orca.claim_sync('globex_sync')",
         "SELECT orca.advance_head('globex_sync', 1, 2, 'r2')",
+        "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)",
     ] {
         assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
     }

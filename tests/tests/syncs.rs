@@ -175,4 +175,33 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
     assert_eq!(head, ["2 shop/_checkpoints/00000002"]);
     let (code, _) = expect_error(&db.pool, "SELECT orca.claim_sync('nope')").await;
     assert_eq!(code, "OR064");
+
+    // Epoch 2 is lost: recovery goes back to epoch 1's record, only one
+    // epoch back, only for the current generation.
+    let (code, _) = expect_error(
+        &db.pool,
+        "SELECT orca.rewind_head('shop', 1, 1, 'shop/_checkpoints/00000001')",
+    )
+    .await;
+    assert_eq!(code, "OR070", "a zombie cannot rewind");
+    let (code, msg) = expect_error(&db.pool, "SELECT orca.rewind_head('shop', 2, 0, NULL)").await;
+    assert_eq!(code, "OR071");
+    assert!(msg.contains("HEAD is at epoch 2"), "{msg}");
+    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'shop/_checkpoints/00000001')")
+        .execute(&db.pool)
+        .await
+        .expect("rewind");
+    let head = db
+        .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
+        .await;
+    assert_eq!(head, ["1 shop/_checkpoints/00000001"]);
+    let events = db
+        .strings("SELECT data->>'lost_epoch' FROM orca.events WHERE kind = 'sync.rewound'")
+        .await;
+    assert_eq!(events, ["2"]);
+    sqlx::query("SELECT orca.rewind_head('shop', 2, 0, NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("rewind to the start");
+    assert_eq!(db.scalar_i64("SELECT head_epoch FROM orca.syncs").await, 0);
 }

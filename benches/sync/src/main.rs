@@ -1,0 +1,224 @@
+//! The sync benchmark. A table of `ROWS` rows of mixed types (bigint,
+//! timestamptz, text with nulls, numeric(12,2), int, boolean, jsonb, date,
+//! double precision) goes to Parquet three ways, in the same run on the same
+//! Postgres:
+//! - raw `COPY table TO STDOUT (FORMAT binary)`, read and thrown away: the
+//!   ceiling, since every sync must at least get the bytes out;
+//! - orca-engine: one attempt of a sync (Postgres source, parquet
+//!   destination) with its checkpoints, staging and commits;
+//! - dlt (`DLT_PYTHON`, `DLT_SCRIPT`), if given: the same table with dlt's
+//!   pyarrow backend into its filesystem destination as Parquet.
+//!
+//! MB/s counts the table's binary COPY bytes for all three.
+
+use std::io::Read;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use orca_engine::attempt::{self, Options};
+
+const TABLE: &str = "bench_rows";
+
+fn admin_url(db: &str) -> String {
+    let base =
+        std::env::var("BENCH_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    format!("{}/{db}", base.trim_end_matches('/'))
+}
+
+/// Makes the bench database and its table of `rows` rows, unless they are
+/// there already.
+fn prepare(rows: i64) -> Result<String> {
+    let mut admin = postgres::Client::connect(&admin_url("postgres"), postgres::NoTls)?;
+    let exists = admin
+        .query_opt(
+            "SELECT 1 FROM pg_database WHERE datname = 'orca_bench_sync'",
+            &[],
+        )?
+        .is_some();
+    if !exists {
+        admin.batch_execute("CREATE DATABASE orca_bench_sync")?;
+    }
+    let url = admin_url("orca_bench_sync");
+    let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
+    c.batch_execute("CREATE EXTENSION IF NOT EXISTS orca")?;
+    let table_exists = c
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?
+        .get::<_, bool>(0);
+    let have: i64 = if table_exists {
+        c.query_one(&format!("SELECT count(*) FROM {TABLE}"), &[])?
+            .get(0)
+    } else {
+        -1
+    };
+    if have != rows {
+        eprintln!("# making {TABLE} with {rows} rows");
+        c.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {TABLE};
+             CREATE TABLE {TABLE} (
+                 id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, customer text,
+                 amount numeric(12,2), qty int, ok boolean, meta jsonb, day date,
+                 score double precision);
+             INSERT INTO {TABLE}
+             SELECT g, '2024-01-01'::timestamptz + g * interval '1 second',
+                    CASE WHEN g % 10 = 0 THEN NULL ELSE 'customer-' || (g % 5000) END,
+                    (g % 100000) / 100.0, g % 1000, g % 3 = 0,
+                    jsonb_build_object('n', g, 'tag', 't' || (g % 7)),
+                    '2024-01-01'::date + (g % 365), g / 7.0
+             FROM generate_series(1, {rows}) g;
+             CREATE INDEX ON {TABLE} (updated_at, id);
+             VACUUM ANALYZE {TABLE};"
+        ))?;
+    }
+    Ok(url)
+}
+
+struct Figure {
+    name: &'static str,
+    rows: u64,
+    seconds: f64,
+}
+
+fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
+    let mut c = postgres::Client::connect(url, postgres::NoTls)?;
+    let started = Instant::now();
+    let mut r = c.copy_out(format!("COPY {TABLE} TO STDOUT (FORMAT binary)").as_str())?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut bytes = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    drop(r);
+    let secs = started.elapsed().as_secs_f64();
+    let rows: i64 = c
+        .query_one(&format!("SELECT count(*) FROM {TABLE}"), &[])?
+        .get(0);
+    Ok((rows as u64, secs, bytes))
+}
+
+fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
+    let name = format!("bench_{}", std::process::id());
+    let mut c = postgres::Client::connect(url, postgres::NoTls)?;
+    let source = serde_json::json!({"type": "postgres", "url": url});
+    let dest = serde_json::json!({"type": "parquet", "url": out.join("data").to_string_lossy()});
+    let streams = serde_json::json!([{"name": TABLE, "table": format!("public.{TABLE}"),
+                                      "cursor": "updated_at", "primary_key": ["id"]}]);
+    c.execute(
+        "SELECT orca.create_sync($1, $2, $3, $4, NULL, 'at_least_once')",
+        &[&name, &source, &dest, &streams],
+    )?;
+    let opts = Options {
+        database_url: url.to_string(),
+        org: "default".into(),
+        sync: name,
+        store_url: out.join("store").to_string_lossy().into_owned(),
+        batch_rows: std::env::var("BATCH_ROWS")
+            .ok()
+            .and_then(|s| s.parse().ok()),
+    };
+    let started = Instant::now();
+    let o = attempt::run(&opts)?;
+    Ok((o.rows, started.elapsed().as_secs_f64()))
+}
+
+fn dlt(url: &str, out: &std::path::Path) -> Result<Option<(u64, f64, String)>> {
+    let (Ok(py), Ok(script)) = (std::env::var("DLT_PYTHON"), std::env::var("DLT_SCRIPT")) else {
+        return Ok(None);
+    };
+    let o = Command::new(py)
+        .arg(script)
+        .args([url, TABLE])
+        .arg(out)
+        .output()
+        .context("running dlt")?;
+    if !o.status.success() {
+        bail!("dlt failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(line).context("dlt's figures")?;
+    Ok(Some((
+        v["rows"].as_u64().unwrap_or(0),
+        v["seconds"].as_f64().unwrap_or(f64::NAN),
+        format!(
+            "dlt {} ({} backend)",
+            v["dlt"].as_str().unwrap_or("?"),
+            v["backend"].as_str().unwrap_or("?")
+        ),
+    )))
+}
+
+fn main() -> Result<()> {
+    let rows: i64 = std::env::var("ROWS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let url = prepare(rows)?;
+    let work = std::env::temp_dir().join(format!("orca-bench-sync-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+
+    let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(&url)?;
+    let mb = copy_bytes as f64 / 1e6;
+    let mut figures = vec![Figure {
+        name: "copy-binary",
+        rows: copy_rows,
+        seconds: copy_secs,
+    }];
+    let (orca_rows, orca_secs) = orca(&url, &work.join("orca"))?;
+    figures.push(Figure {
+        name: "orca-engine",
+        rows: orca_rows,
+        seconds: orca_secs,
+    });
+    let mut dlt_label = None;
+    if let Some((r, s, label)) = dlt(&url, &work.join("dlt"))? {
+        figures.push(Figure {
+            name: "dlt",
+            rows: r,
+            seconds: s,
+        });
+        dlt_label = Some(label);
+    }
+    println!(
+        "# {rows} rows, {mb:.1} MB as binary COPY; {}",
+        dlt_label.unwrap_or_else(|| "dlt not run (set DLT_PYTHON and DLT_SCRIPT)".into())
+    );
+    for f in &figures {
+        if f.rows != copy_rows {
+            bail!(
+                "{} moved {} rows, the table has {copy_rows}",
+                f.name,
+                f.rows
+            );
+        }
+        println!(
+            "RESULT {} rows={}: {:.2} s, {:.0} rows/s, {:.1} MB/s",
+            f.name,
+            f.rows,
+            f.seconds,
+            f.rows as f64 / f.seconds,
+            mb / f.seconds
+        );
+    }
+    let rate = |n: &str| {
+        figures
+            .iter()
+            .find(|f| f.name == n)
+            .map(|f| f.rows as f64 / f.seconds)
+    };
+    if let (Some(o), Some(c)) = (rate("orca-engine"), rate("copy-binary")) {
+        println!(
+            "RATIO orca-engine / copy-binary = {:.2} (target >= 0.50)",
+            o / c
+        );
+    }
+    if let (Some(o), Some(d)) = (rate("orca-engine"), rate("dlt")) {
+        println!("RATIO orca-engine / dlt = {:.2} (target >= 3)", o / d);
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}

@@ -1,0 +1,693 @@
+//! One attempt of a sync, end to end: claim the sync (a new generation),
+//! raise the destination's fence, recover the epoch HEAD names, then read
+//! every stream from its resume point in epochs until the source has no more
+//! rows, committing each epoch through the protocol's coordinator.
+//!
+//! Built so far: the Postgres source and the parquet destination. Each
+//! stream is read by its own thread and connection (binary COPY into Arrow);
+//! the attempt's thread stages, records and commits.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::parquet_dest::{self, DestError, ParquetDest};
+use crate::pgcopy::{CopyError, CopyReader};
+use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
+use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
+use crate::record::{LaneCommittable, Layout, Record, Staged, StreamState};
+use crate::recovery::{self, HeadState, Recovery, RecoveryError};
+use crate::store::{Store, StoreError};
+
+/// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
+pub const DEFAULT_BATCH_ROWS: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("postgres: {}", pg_text(.0))]
+    Control(#[from] postgres::Error),
+    #[error(
+        "fenced: sync '{sync}' was claimed by a newer attempt than generation {generation}; \
+         stopping without committing"
+    )]
+    Fenced { sync: String, generation: i32 },
+    #[error("sync definition: {0}")]
+    Definition(String),
+    #[error("{0} is not built yet")]
+    NotBuilt(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Dest(#[from] DestError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("stream {stream}: {source}")]
+    Copy { stream: String, source: CopyError },
+    #[error("stream {stream}: {reason}")]
+    Reader { stream: String, reason: String },
+    #[error("HEAD names record {path}, which the store does not have")]
+    NoRecord { path: String },
+    #[error("record {path}: {reason}")]
+    BadRecord { path: String, reason: String },
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("building a batch: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+}
+
+/// What an attempt needs to know.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The control plane (the database with the orca extension).
+    pub database_url: String,
+    pub org: String,
+    pub sync: String,
+    /// Where checkpoints, staged epochs and logs live.
+    pub store_url: String,
+    /// Overrides the source's `batch_rows`.
+    pub batch_rows: Option<usize>,
+}
+
+/// What an attempt did.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub generation: i32,
+    /// What recovery decided for HEAD's epoch.
+    pub recovery: String,
+    /// The epoch HEAD named when the attempt started, and when it ended.
+    pub from_epoch: u64,
+    pub to_epoch: u64,
+    pub rows: u64,
+    /// Bytes of binary COPY read from the source.
+    pub source_bytes: u64,
+    /// Bytes of Parquet staged.
+    pub staged_bytes: u64,
+}
+
+/// The attempt's log: JSON lines, kept under `_logs/` next to the checkpoint
+/// log and echoed to stderr.
+struct Log {
+    path: String,
+    lines: Vec<String>,
+    generation: i32,
+}
+
+impl Log {
+    fn event(&mut self, event: &str, fields: Value) {
+        let mut line = json!({
+            "at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "generation": self.generation,
+            "event": event,
+        });
+        if let (Some(l), Value::Object(f)) = (line.as_object_mut(), fields) {
+            l.extend(f);
+        }
+        let text = line.to_string();
+        eprintln!("{text}");
+        self.lines.push(text);
+    }
+
+    fn flush(&self, store: &Store) -> Result<(), StoreError> {
+        let mut body = self.lines.join("\n");
+        body.push('\n');
+        store.put(&self.path, Bytes::from(body))
+    }
+}
+
+enum Msg {
+    Chunk {
+        arrays: Vec<ArrayRef>,
+        ids: ArrayRef,
+        last: Vec<String>,
+        rows: usize,
+    },
+    End {
+        bytes: u64,
+    },
+}
+
+struct Reader {
+    name: String,
+    table: PgTable,
+    rx: Receiver<Result<Msg, EngineError>>,
+    handle: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+fn spawn_reader(
+    url: String,
+    table: PgTable,
+    after: Option<Vec<String>>,
+    batch_rows: usize,
+) -> Result<Reader, EngineError> {
+    let query = table.copy_query(after.as_deref())?;
+    // Two chunks in flight: the reader decodes the next one while the attempt
+    // stages this one.
+    let (tx, rx) = sync_channel(1);
+    let t = table.clone();
+    let name = table.spec.name.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("read-{name}"))
+        .spawn(move || {
+            let stream = t.spec.name.clone();
+            let result = (|| -> Result<(), EngineError> {
+                let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+                let input = client.copy_out(query.as_str())?;
+                let mut r = CopyReader::new(input, t.columns.clone()).map_err(|source| {
+                    EngineError::Copy {
+                        stream: stream.clone(),
+                        source,
+                    }
+                })?;
+                loop {
+                    let more = r.read_row().map_err(|source| EngineError::Copy {
+                        stream: stream.clone(),
+                        source,
+                    })?;
+                    if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
+                        let rows = r.pending();
+                        let arrays = r.take();
+                        let positions = t.positions(&arrays)?;
+                        let ids: StringArray = positions
+                            .iter()
+                            .map(|p| Some(crate::normalize::record_id(&stream, &p.join("\u{1f}"))))
+                            .collect();
+                        let last = positions.last().cloned().unwrap_or_default();
+                        let msg = Msg::Chunk {
+                            arrays,
+                            ids: Arc::new(ids),
+                            last,
+                            rows,
+                        };
+                        if tx.send(Ok(msg)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    if !more {
+                        let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
+                        return Ok(());
+                    }
+                }
+            })();
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Reader {
+            stream: name.clone(),
+            reason: format!("starting its thread: {e}"),
+        })?;
+    Ok(Reader {
+        name,
+        table,
+        rx,
+        handle: Some(handle),
+        done: false,
+    })
+}
+
+fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| EngineError::Definition(format!("'{key}' is missing in {v}")))
+}
+
+/// The streams of a definition, for the Postgres source.
+fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
+    let streams = def
+        .get("streams")
+        .and_then(Value::as_array)
+        .ok_or_else(|| EngineError::Definition("no streams".into()))?;
+    streams
+        .iter()
+        .map(|s| {
+            Ok(StreamSpec {
+                name: str_of(s, "name")?,
+                table: str_of(s, "table")?,
+                cursor: str_of(s, "cursor")?,
+                primary_key: s
+                    .get("primary_key")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+fn batch_rows_of(source: &Value) -> Result<Option<usize>, EngineError> {
+    match source.get("batch_rows") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .filter(|n| *n >= 1)
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| {
+                EngineError::Definition(format!(
+                    "source.batch_rows must be a positive number of rows, got {v}"
+                ))
+            }),
+    }
+}
+
+/// A Postgres error with the server's message and SQLSTATE, which the
+/// error's own Display leaves out ("db error").
+pub fn pg_text(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({})", d.message(), d.code().code()),
+        None => e.to_string(),
+    }
+}
+
+fn is_fenced(e: &postgres::Error) -> bool {
+    e.code().map(|c| c.code()) == Some("OR070")
+}
+
+/// Where an attempt resumes after recovery.
+struct Recovered {
+    said: String,
+    /// HEAD's epoch after recovery (one less after a rewind).
+    head: u64,
+    states: BTreeMap<String, StreamState>,
+    /// The record resumed from: the next record's `previous`.
+    record: Option<String>,
+}
+
+struct Attempt {
+    opts: Options,
+    control: postgres::Client,
+    store: Store,
+    dest: ParquetDest,
+    layout: Layout,
+    generation: i32,
+    log: Log,
+    streams: Vec<String>,
+}
+
+impl Attempt {
+    fn read_record(&self, path: &str) -> Result<Record, EngineError> {
+        let bytes = self.store.get(path)?.ok_or_else(|| EngineError::NoRecord {
+            path: self.store.url_of(path),
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| EngineError::BadRecord {
+            path: self.store.url_of(path),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Makes a recorded epoch visible for these streams and lets its staged
+    /// files go.
+    fn apply(&mut self, record: &Record, streams: &[String]) -> Result<(), EngineError> {
+        let staged: Vec<&Staged> = record
+            .committables
+            .iter()
+            .flat_map(|c| c.staged.iter())
+            .collect();
+        for s in streams {
+            let file = staged.iter().copied().find(|f| &f.stream == s);
+            self.dest
+                .apply(&self.store, self.generation, record.epoch, s, file)
+                .map_err(|e| match e {
+                    DestError::Fenced { .. } => EngineError::Fenced {
+                        sync: self.opts.sync.clone(),
+                        generation: self.generation,
+                    },
+                    other => other.into(),
+                })?;
+        }
+        for f in staged {
+            self.store.delete(&f.path)?;
+        }
+        self.log.event(
+            "epoch.committed",
+            json!({"epoch": record.epoch, "streams": streams}),
+        );
+        Ok(())
+    }
+
+    /// What to do with the epoch HEAD names; returns the stream states to
+    /// resume from.
+    fn recover(
+        &mut self,
+        head_epoch: u64,
+        head_record: Option<String>,
+    ) -> Result<Recovered, EngineError> {
+        let Some(path) = head_record.filter(|_| head_epoch > 0) else {
+            return Ok(Recovered {
+                said: "fresh".into(),
+                head: 0,
+                states: BTreeMap::new(),
+                record: None,
+            });
+        };
+        let record = self.read_record(&path)?;
+        let mut markers = BTreeMap::new();
+        for s in record.streams.keys() {
+            markers.insert(s.clone(), self.dest.marker(s)?);
+        }
+        let mut available = true;
+        for f in record.committables.iter().flat_map(|c| c.staged.iter()) {
+            available &= self.store.exists(&f.path)?;
+        }
+        let decision = recovery::decide(&HeadState {
+            epoch: head_epoch,
+            streams: record.streams.keys().cloned().collect(),
+            markers,
+            committables_available: available,
+        })?;
+        let said = match &decision {
+            Recovery::Resume { epoch } => format!("resume from epoch {epoch}"),
+            Recovery::Apply { epoch, streams } => {
+                format!("apply epoch {epoch} to {}, then resume", streams.join(", "))
+            }
+            Recovery::Rewind { to } => format!("rewind to epoch {to}"),
+        };
+        self.log.event(
+            "recovered",
+            json!({"head": head_epoch, "decision": said.clone()}),
+        );
+        match decision {
+            Recovery::Resume { .. } => {}
+            Recovery::Apply { streams, .. } => self.apply(&record, &streams)?,
+            Recovery::Rewind { to } => {
+                // Nothing of the lost epoch is visible: read it again from
+                // the record before, which HEAD names again.
+                let previous = record.previous.clone().filter(|_| to > 0);
+                let states = match &previous {
+                    Some(p) => self.read_record(p)?.streams,
+                    None => BTreeMap::new(),
+                };
+                let r = self.control.execute(
+                    "SELECT orca.rewind_head($1, $2, $3, $4)",
+                    &[&self.opts.sync, &self.generation, &(to as i64), &previous],
+                );
+                match r {
+                    Ok(_) => {}
+                    Err(e) if is_fenced(&e) => {
+                        return Err(EngineError::Fenced {
+                            sync: self.opts.sync.clone(),
+                            generation: self.generation,
+                        })
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                return Ok(Recovered {
+                    said,
+                    head: to,
+                    states,
+                    record: previous,
+                });
+            }
+        }
+        Ok(Recovered {
+            said,
+            head: head_epoch,
+            states: record.streams,
+            record: Some(path),
+        })
+    }
+
+    /// Writes record N, moves HEAD to it (the commit point).
+    fn write_record(&mut self, record: &Record) -> Result<String, EngineError> {
+        let path = self.layout.record(record.epoch, self.generation);
+        let body = serde_json::to_vec_pretty(record).map_err(|e| EngineError::BadRecord {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        self.store.create(&path, Bytes::from(body))?;
+        let r = self.control.execute(
+            "SELECT orca.advance_head($1, $2, $3, $4)",
+            &[
+                &self.opts.sync,
+                &self.generation,
+                &(record.epoch as i64),
+                &path,
+            ],
+        );
+        match r {
+            Ok(_) => Ok(path),
+            Err(e) if is_fenced(&e) => {
+                self.log.event("fenced", json!({"epoch": record.epoch}));
+                Err(EngineError::Fenced {
+                    sync: self.opts.sync.clone(),
+                    generation: self.generation,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn schema_pairs(schema: &arrow_schema::Schema) -> Vec<(String, String)> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().to_string()))
+        .collect()
+}
+
+/// Runs one attempt of a sync until its source has no more rows.
+pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
+    let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
+    control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
+    let claim: Value = control
+        .query_one("SELECT orca.claim_sync($1)", &[&opts.sync])?
+        .get(0);
+    let generation = claim["generation"].as_i64().unwrap_or(0) as i32;
+    let head_epoch = claim["epoch"].as_u64().unwrap_or(0);
+    let head_record = claim["record"].as_str().map(str::to_string);
+    let def = claim["definition"].clone();
+    let source = def.get("source").cloned().unwrap_or(Value::Null);
+    let destination = def.get("destination").cloned().unwrap_or(Value::Null);
+    let source_type = str_of(&source, "type")?;
+    let dest_type = str_of(&destination, "type")?;
+    if source_type != "postgres" {
+        return Err(EngineError::NotBuilt(format!(
+            "the {source_type} source's data path"
+        )));
+    }
+    if dest_type != "parquet" {
+        return Err(EngineError::NotBuilt(format!(
+            "the {dest_type} destination's data path"
+        )));
+    }
+    let specs = stream_specs(&def)?;
+    let batch_rows = opts
+        .batch_rows
+        .or(batch_rows_of(&source)?)
+        .unwrap_or(DEFAULT_BATCH_ROWS);
+    let layout = Layout::new(&opts.org, &opts.sync);
+    let store = Store::open(&opts.store_url)?;
+    let dest = ParquetDest {
+        store: Store::open(&str_of(&destination, "url")?)?,
+    };
+    let mut a = Attempt {
+        log: Log {
+            path: layout.log(generation),
+            lines: Vec::new(),
+            generation,
+        },
+        opts: opts.clone(),
+        control,
+        store,
+        dest,
+        layout,
+        generation,
+        streams: specs.iter().map(|s| s.name.clone()).collect(),
+    };
+    a.log.event(
+        "claimed",
+        json!({"sync": opts.sync, "head": head_epoch, "batch_rows": batch_rows}),
+    );
+    // Raise the fence before looking at HEAD, so that no older attempt can
+    // make anything visible while this one decides.
+    a.dest.raise_fence(generation).map_err(|e| match e {
+        DestError::Fenced { .. } => EngineError::Fenced {
+            sync: opts.sync.clone(),
+            generation,
+        },
+        other => other.into(),
+    })?;
+    let result = stream_epochs(&mut a, &source, specs, batch_rows, head_epoch, head_record);
+    if let Err(e) = &result {
+        a.log.event("failed", json!({"error": e.to_string()}));
+    }
+    a.log.flush(&a.store)?;
+    result
+}
+
+fn stream_epochs(
+    a: &mut Attempt,
+    source: &Value,
+    specs: Vec<StreamSpec>,
+    batch_rows: usize,
+    head_epoch: u64,
+    head_record: Option<String>,
+) -> Result<Outcome, EngineError> {
+    let Recovered {
+        said,
+        head: head_epoch,
+        mut states,
+        record: mut previous,
+    } = a.recover(head_epoch, head_record)?;
+    // Whatever is still staged now belongs to epochs that are applied or
+    // that will be read again: none of it is needed.
+    for f in a.store.list(&format!("{}/_staging", a.layout.root))? {
+        a.store.delete(&f)?;
+    }
+    let crash_after: Option<u64> = std::env::var("ORCA_ENGINE_CRASH_AFTER_HEAD")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let url = str_of(source, "url")?;
+    let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+    let mut readers = Vec::new();
+    for spec in &specs {
+        let table = pgsource::describe(&mut probe, spec)?;
+        let after = states.get(&spec.name).and_then(|s| s.position.clone());
+        readers.push(spawn_reader(url.clone(), table, after, batch_rows)?);
+    }
+    drop(probe);
+
+    let mut out = Outcome {
+        generation: a.generation,
+        recovery: said,
+        from_epoch: head_epoch,
+        to_epoch: head_epoch,
+        ..Outcome::default()
+    };
+    let mut coord = Coordinator::new(1, head_epoch);
+    let mut pending: BTreeMap<u64, Record> = BTreeMap::new();
+    loop {
+        // Barrier N sits after each stream's next chunk: a resume point.
+        let mut chunks = Vec::new();
+        for r in readers.iter_mut().filter(|r| !r.done) {
+            match r.rx.recv() {
+                Ok(Ok(Msg::Chunk {
+                    arrays,
+                    ids,
+                    last,
+                    rows,
+                })) => chunks.push((r.name.clone(), r.table.clone(), arrays, ids, last, rows)),
+                Ok(Ok(Msg::End { bytes })) => {
+                    r.done = true;
+                    out.source_bytes += bytes;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(EngineError::Reader {
+                        stream: r.name.clone(),
+                        reason: "its reader stopped without saying why".into(),
+                    })
+                }
+            }
+        }
+        if chunks.is_empty() {
+            break;
+        }
+        let positions: Positions = chunks
+            .iter()
+            .map(|c| (c.0.clone(), c.4.join("\u{1f}")))
+            .collect();
+        let epoch = coord.request_barrier(positions);
+        let synced_at = chrono::Utc::now().timestamp_micros();
+        let mut staged = Vec::new();
+        for (name, table, mut arrays, ids, last, rows) in chunks {
+            let seq: Int64Array = (0..rows as i64)
+                .map(|i| ((epoch as i64) << 32) | i)
+                .collect();
+            let at = TimestampMicrosecondArray::from(vec![synced_at; rows]).with_timezone("UTC");
+            arrays.extend([ids, Arc::new(seq) as ArrayRef, Arc::new(at) as ArrayRef]);
+            let schema = pgsource::destination_schema(&table);
+            let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+            let data = parquet_dest::encode(&batch)?;
+            let path = a.layout.staged(epoch, a.generation, &name, 0);
+            let bytes = data.len() as u64;
+            a.store.put(&path, data)?;
+            out.rows += rows as u64;
+            out.staged_bytes += bytes;
+            let st = states.entry(name.clone()).or_default();
+            st.position = Some(last);
+            st.rows += rows as u64;
+            st.schema = schema_pairs(&schema);
+            staged.push(Staged {
+                stream: name,
+                path,
+                rows: rows as u64,
+                bytes,
+            });
+        }
+        for s in &a.streams {
+            states.entry(s.clone()).or_default();
+        }
+        let record = Record {
+            sync: a.opts.sync.clone(),
+            epoch,
+            generation: a.generation,
+            previous: previous.clone(),
+            streams: states.clone(),
+            committables: vec![LaneCommittable { lane: 0, staged }],
+            quarantined: Vec::new(),
+            written_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        };
+        let payload = serde_json::to_string(&record.committables).unwrap_or_default();
+        pending.insert(epoch, record);
+        let mut actions: VecDeque<Action> = coord
+            .pre_committed(epoch, Committable { lane: 0, payload })?
+            .into();
+        while let Some(action) = actions.pop_front() {
+            match action {
+                Action::WriteRecord { epoch, .. } => {
+                    let record = pending
+                        .get(&epoch)
+                        .ok_or(ProtocolError::UnknownEpoch { epoch })?;
+                    let record = record.clone();
+                    let path = a.write_record(&record)?;
+                    if crash_after == Some(epoch) {
+                        // A test hook: die at the commit point, after HEAD
+                        // moved and before lane 0 commits, as a crash would.
+                        eprintln!("orca-engine: ORCA_ENGINE_CRASH_AFTER_HEAD={epoch}: aborting");
+                        std::process::abort();
+                    }
+                    previous = Some(path);
+                    out.to_epoch = epoch;
+                    actions.extend(coord.head_moved(epoch)?);
+                }
+                Action::Commit { epoch } => {
+                    let record = pending
+                        .remove(&epoch)
+                        .ok_or(ProtocolError::UnknownEpoch { epoch })?;
+                    let streams = a.streams.clone();
+                    a.apply(&record, &streams)?;
+                    actions.extend(coord.committed(epoch)?);
+                }
+                // A table source has nothing to acknowledge upstream.
+                Action::Acknowledge { .. } => {}
+            }
+        }
+        a.log.flush(&a.store)?;
+    }
+    for r in &mut readers {
+        if let Some(h) = r.handle.take() {
+            let _ = h.join();
+        }
+    }
+    a.log.event(
+        "done",
+        json!({"epoch": out.to_epoch, "rows": out.rows, "source_bytes": out.source_bytes}),
+    );
+    Ok(out)
+}

@@ -1,0 +1,90 @@
+//! `orca-engine`: runs one attempt of a sync.
+//!
+//! ```text
+//! orca-engine sync shop --store /var/lib/orca/store
+//! ```
+//! Exit status 0 when the source had no more rows and every epoch committed,
+//! 3 when a newer attempt fenced this one (it stopped without committing),
+//! 1 on any other error. The outcome is printed as one JSON object.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use orca_engine::attempt::{self, EngineError, Options};
+
+#[derive(Parser)]
+#[command(name = "orca-engine", about = "The data engine of Orca syncs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs one attempt of a sync: claim, recover, then epochs until the
+    /// source has no more rows.
+    Sync {
+        /// The sync's name (orca.create_sync).
+        name: String,
+        /// The control plane: the database with the orca extension.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, env = "ORCA_ORG", default_value = "default")]
+        org: String,
+        /// Where checkpoints, staged epochs and logs live: an absolute path
+        /// or s3://bucket/prefix.
+        #[arg(long, env = "ORCA_STORE")]
+        store: String,
+        /// Rows per stream per epoch (default: the source's batch_rows, else
+        /// 100000).
+        #[arg(long)]
+        batch_rows: Option<usize>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Sync {
+            name,
+            database_url,
+            org,
+            store,
+            batch_rows,
+        } => {
+            let opts = Options {
+                database_url,
+                org,
+                sync: name,
+                store_url: store,
+                batch_rows,
+            };
+            match attempt::run(&opts) {
+                Ok(o) => {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "sync": opts.sync,
+                            "generation": o.generation,
+                            "recovery": o.recovery,
+                            "from_epoch": o.from_epoch,
+                            "to_epoch": o.to_epoch,
+                            "rows": o.rows,
+                            "source_bytes": o.source_bytes,
+                            "staged_bytes": o.staged_bytes,
+                        })
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e @ EngineError::Fenced { .. }) => {
+                    eprintln!("orca-engine: {e}");
+                    ExitCode::from(3)
+                }
+                Err(e) => {
+                    eprintln!("orca-engine: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

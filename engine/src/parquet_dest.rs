@@ -1,0 +1,115 @@
+//! The parquet destination: staged Parquet files published per epoch.
+//!
+//! Lane 0 commits epoch N of a stream by copying its staged file to
+//! `{stream}/part-{N}.parquet` and then writing the stream marker
+//! `{stream}/_orca_epoch` = N. Both are idempotent, so a commit retried, or
+//! applied again by the next attempt's recovery, changes nothing. The fence
+//! `_orca_fence` holds the newest generation that recovered; a commit from an
+//! older one is refused.
+
+use arrow_array::RecordBatch;
+use bytes::Bytes;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::record::Staged;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("encoding Parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("{path} holds {text:?}, not an epoch or generation number")]
+    Garbled { path: String, text: String },
+    #[error("the destination is fenced by generation {fence}; generation {mine} may not commit")]
+    Fenced { fence: i32, mine: i32 },
+    #[error("staged file {path} is gone")]
+    StagedGone { path: String },
+}
+
+/// Encodes a batch as one Parquet file.
+pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(1 << 20))
+        .build();
+    let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props))?;
+    w.write(batch)?;
+    Ok(Bytes::from(w.into_inner()?))
+}
+
+pub struct ParquetDest {
+    pub store: Store,
+}
+
+const FENCE: &str = "_orca_fence";
+
+impl ParquetDest {
+    fn number<T: std::str::FromStr>(&self, rel: &str) -> Result<Option<T>, DestError> {
+        match self.store.get(rel)? {
+            None => Ok(None),
+            Some(b) => {
+                let text = String::from_utf8_lossy(&b).trim().to_string();
+                text.parse().map(Some).map_err(|_| DestError::Garbled {
+                    path: self.store.url_of(rel),
+                    text,
+                })
+            }
+        }
+    }
+
+    /// The last epoch applied to a stream (0: none).
+    pub fn marker(&self, stream: &str) -> Result<u64, DestError> {
+        Ok(self.number(&format!("{stream}/_orca_epoch"))?.unwrap_or(0))
+    }
+
+    /// Raises the fence to `generation`; an older generation finds it raised.
+    pub fn raise_fence(&self, generation: i32) -> Result<(), DestError> {
+        let fence: i32 = self.number(FENCE)?.unwrap_or(0);
+        if fence > generation {
+            return Err(DestError::Fenced {
+                fence,
+                mine: generation,
+            });
+        }
+        self.store.put(FENCE, Bytes::from(generation.to_string()))?;
+        Ok(())
+    }
+
+    /// Makes a stream's epoch visible: its staged file (if it read any
+    /// rows), then its marker.
+    pub fn apply(
+        &self,
+        staging: &Store,
+        generation: i32,
+        epoch: u64,
+        stream: &str,
+        staged: Option<&Staged>,
+    ) -> Result<(), DestError> {
+        let fence: i32 = self.number(FENCE)?.unwrap_or(0);
+        if fence > generation {
+            return Err(DestError::Fenced {
+                fence,
+                mine: generation,
+            });
+        }
+        if self.marker(stream)? >= epoch {
+            return Ok(());
+        }
+        if let Some(s) = staged {
+            let data = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
+                path: staging.url_of(&s.path),
+            })?;
+            self.store
+                .put(&format!("{stream}/part-{epoch:010}.parquet"), data)?;
+        }
+        self.store.put(
+            &format!("{stream}/_orca_epoch"),
+            Bytes::from(epoch.to_string()),
+        )?;
+        Ok(())
+    }
+}

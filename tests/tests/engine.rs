@@ -1,0 +1,411 @@
+//! orca-engine end to end: real engine processes move a Postgres table into
+//! Parquet files in epochs, are killed with SIGKILL mid-sync and started
+//! again, and are fenced by a newer claim; every row lands exactly once.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
+use orca_tests::procs::bin;
+use orca_tests::sqlx;
+use orca_tests::*;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::{json, Value};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "orca-engine-{name}-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn engine(db: &TestDb, store: &Path, batch_rows: usize) -> Command {
+    let mut c = Command::new(bin("orca-engine"));
+    c.args(["sync", "shop", "--batch-rows", &batch_rows.to_string()])
+        .arg("--store")
+        .arg(store)
+        .env("DATABASE_URL", db.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+async fn head(db: &TestDb) -> (i64, i32) {
+    let r = sqlx::query_as::<_, (i64, i32)>(
+        "SELECT head_epoch, generation FROM orca.syncs WHERE name = 'shop'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("sync row");
+    r
+}
+
+/// Waits until HEAD reaches `epoch`, then SIGKILLs the engine.
+async fn kill_at(db: &TestDb, mut child: Child, epoch: i64) -> i64 {
+    let t0 = Instant::now();
+    loop {
+        let (h, _) = head(db).await;
+        if h >= epoch {
+            child.kill().expect("SIGKILL the engine");
+            let _ = child.wait();
+            return head(db).await.0;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("engine output");
+            panic!(
+                "the engine ended ({status}) before epoch {epoch}: {}",
+                text(&out)
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "HEAD never reached epoch {epoch}"
+        );
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+}
+
+async fn make_source(db: &TestDb, rows: i64) {
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE public.orders (
+             id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, customer text,
+             amount numeric(12,2), qty int, ok boolean, meta jsonb, day date,
+             score double precision, tags text[]);
+         INSERT INTO public.orders
+         SELECT g, '2024-01-01'::timestamptz + (g / 3) * interval '1 second',
+                CASE WHEN g % 10 = 0 THEN NULL ELSE 'customer ' || (g % 500) END,
+                (g % 100000) / 100.0, g % 1000, g % 3 = 0,
+                jsonb_build_object('n', g), '2024-01-01'::date + (g % 365), g / 7.0,
+                ARRAY['a', 'b''c']
+         FROM generate_series(1, {rows}) g;"
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+}
+
+async fn define(db: &TestDb, out: &Path) {
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                  "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+}
+
+/// Every batch of every published Parquet file of a stream.
+fn published(out: &Path, stream: &str) -> Vec<RecordBatch> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join(stream))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "parquet"));
+    files.sort();
+    files
+        .iter()
+        .flat_map(|p| {
+            let f = std::fs::File::open(p).expect("parquet file");
+            ParquetRecordBatchReaderBuilder::try_new(f)
+                .expect("parquet reader")
+                .build()
+                .expect("parquet reader")
+                .map(|b| b.expect("parquet batch"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> &'a T {
+    b.column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_any()
+        .downcast_ref::<T>()
+        .unwrap_or_else(|| panic!("column {name} has another type"))
+}
+
+/// (rows, distinct source ids, distinct _orca_ids, sum of id)
+fn tally(batches: &[RecordBatch]) -> (usize, usize, usize, i64) {
+    let mut ids = HashSet::new();
+    let mut orca_ids = HashSet::new();
+    let (mut rows, mut sum) = (0, 0i64);
+    for b in batches {
+        let id = column::<Int64Array>(b, "id");
+        let oid = column::<StringArray>(b, "_orca_id");
+        for i in 0..b.num_rows() {
+            ids.insert(id.value(i));
+            orca_ids.insert(oid.value(i).to_string());
+            sum += id.value(i);
+        }
+        rows += b.num_rows();
+    }
+    (rows, ids.len(), orca_ids.len(), sum)
+}
+
+#[tokio::test]
+async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incrementally() {
+    let db = TestDb::new().await;
+    let rows = 300_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("kills");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await;
+
+    // Two attempts killed with SIGKILL mid-sync, the third runs to the end.
+    let first = kill_at(&db, engine(&db, &store, 10_000).spawn().expect("engine"), 3).await;
+    let second = kill_at(
+        &db,
+        engine(&db, &store, 10_000).spawn().expect("engine"),
+        first + 5,
+    )
+    .await;
+    assert!(
+        second > first,
+        "the second attempt resumed and committed more"
+    );
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["generation"], 3, "{outcome}");
+    assert_eq!(outcome["from_epoch"].as_i64(), Some(second), "{outcome}");
+    assert_eq!(
+        outcome["to_epoch"], 30,
+        "300k rows in epochs of 10k: {outcome}"
+    );
+
+    let batches = published(&out, "orders");
+    let (n, ids, orca_ids, sum) = tally(&batches);
+    assert_eq!(n, rows as usize, "every row once, no more");
+    assert_eq!(ids, rows as usize);
+    assert_eq!(orca_ids, rows as usize, "_orca_id is unique per record");
+    assert_eq!(sum, rows * (rows + 1) / 2);
+
+    // Values keep their types: a null customer, a decimal, jsonb and an
+    // array (read as text).
+    let b = &batches[0];
+    let id = column::<Int64Array>(b, "id");
+    let at = (0..b.num_rows())
+        .find(|&i| id.value(i) == 10)
+        .expect("row 10");
+    assert!(column::<StringArray>(b, "customer").is_null(at));
+    assert_eq!(column::<Decimal128Array>(b, "amount").value(at), 10, "0.10");
+    assert_eq!(column::<StringArray>(b, "meta").value(at), r#"{"n": 10}"#);
+    assert_eq!(column::<StringArray>(b, "tags").value(at), r#"{a,b'c}"#);
+
+    // The checkpoint log: one record per epoch and attempt, the last one
+    // HEAD; each attempt's log; nothing left staged.
+    let records = std::fs::read_dir(store.join("default/shop/_checkpoints"))
+        .expect("checkpoints")
+        .count();
+    assert!(records >= 30, "{records} records");
+    let logs = std::fs::read_dir(store.join("default/shop/_logs"))
+        .expect("logs")
+        .count();
+    assert_eq!(
+        logs, 3,
+        "one log per attempt (the killed ones flushed theirs per epoch)"
+    );
+    let staged = walk(&store.join("default/shop/_staging"));
+    assert!(staged.is_empty(), "staged files left: {staged:?}");
+    let (epoch, generation) = head(&db).await;
+    assert_eq!((epoch, generation), (30, 3));
+
+    // Later rows and an updated row: the next attempt reads only those.
+    sqlx::raw_sql(
+        "INSERT INTO public.orders (id, updated_at, customer)
+         SELECT g, '2030-01-01'::timestamptz + g * interval '1 ms', 'late'
+         FROM generate_series(300001, 300500) g;
+         UPDATE public.orders SET updated_at = '2031-01-01', customer = 'changed' WHERE id = 7;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("more rows");
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 501, "{outcome}");
+    let (n, ids, orca_ids, _) = tally(&published(&out, "orders"));
+    assert_eq!(n, 300_501);
+    assert_eq!(ids, 300_500, "row 7 twice: its old and its new version");
+    assert_eq!(orca_ids, 300_501, "each version is its own record");
+
+    // Nothing more to read: an attempt commits no epoch.
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 0, "{outcome}");
+    assert_eq!(head(&db).await.0, 31);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(d) = std::fs::read_dir(dir) {
+        for e in d.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_newer_claim_fences_a_running_attempt_which_stops_without_committing() {
+    let db = TestDb::new().await;
+    let rows = 100_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("fence");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await;
+
+    let child = engine(&db, &store, 2_000).spawn().expect("engine");
+    let t0 = Instant::now();
+    while head(&db).await.0 < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another attempt claims the sync: the running one is a zombie now.
+    let claim: Value = sqlx::query_scalar("SELECT orca.claim_sync('shop')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("claim");
+    assert_eq!(claim["generation"], 2);
+    let o = child.wait_with_output().expect("engine output");
+    assert_eq!(o.status.code(), Some(3), "fenced exit status: {}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("fenced"),
+        "{}",
+        text(&o)
+    );
+    let (fenced_at, generation) = head(&db).await;
+    assert_eq!(generation, 2);
+    assert!(fenced_at < 50, "the zombie stopped at its next advance");
+
+    let o = engine(&db, &store, 2_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let (n, ids, _, sum) = tally(&published(&out, "orders"));
+    assert_eq!((n, ids), (rows as usize, rows as usize), "exactly once");
+    assert_eq!(sum, rows * (rows + 1) / 2);
+    assert_eq!(head(&db).await, (50, 3));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_missing_table_or_an_unbuilt_connector_is_a_clear_error_and_moves_nothing() {
+    let db = TestDb::new().await;
+    let dir = scratch("bad");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await; // public.orders does not exist
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("source table public.orders does not exist"),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, 0, "HEAD did not move");
+    assert!(walk(&out)
+        .iter()
+        .all(|p| !p.to_string_lossy().ends_with(".parquet")));
+
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "files", "url": "/nowhere", "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("the files source's data path is not built yet"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn log_of(store: &Path, generation: i32) -> String {
+    std::fs::read_to_string(store.join(format!("default/shop/_logs/g{generation:06}.jsonl")))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn recovery_applies_a_recorded_epoch_and_rewinds_a_lost_one() {
+    let db = TestDb::new().await;
+    let rows = 50_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("recover");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await;
+
+    // A crash at the commit point of epoch 2: HEAD names it, nothing of it
+    // is visible, its staged file is there.
+    let o = engine(&db, &store, 10_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "2")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert_eq!(head(&db).await, (2, 1));
+    assert!(!out.join("orders/part-0000000002.parquet").exists());
+    assert_eq!(
+        std::fs::read_to_string(out.join("orders/_orca_epoch")).expect("marker"),
+        "1"
+    );
+
+    // The next attempt applies epoch 2 from its staged file, goes on, and
+    // crashes at epoch 4's commit point in turn.
+    let o = engine(&db, &store, 10_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "4")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        log_of(&store, 2).contains("apply epoch 2 to orders, then resume"),
+        "{}",
+        log_of(&store, 2)
+    );
+    assert!(out.join("orders/part-0000000002.parquet").exists());
+    assert_eq!(head(&db).await, (4, 2));
+
+    // Epoch 4's staged file is lost: nothing of it is visible, so the next
+    // attempt rewinds HEAD to epoch 3 and reads epoch 4 again.
+    std::fs::remove_dir_all(store.join("default/shop/_staging")).expect("lose the staging");
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "rewind to epoch 3", "{outcome}");
+    assert_eq!(outcome["from_epoch"], 3, "{outcome}");
+    assert_eq!(outcome["to_epoch"], 5, "{outcome}");
+    let rewound = db
+        .strings("SELECT data->>'lost_epoch' FROM orca.events WHERE kind = 'sync.rewound'")
+        .await;
+    assert_eq!(rewound, ["4"]);
+
+    let (n, ids, _, sum) = tally(&published(&out, "orders"));
+    assert_eq!((n, ids), (rows as usize, rows as usize), "exactly once");
+    assert_eq!(sum, rows * (rows + 1) / 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
