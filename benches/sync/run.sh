@@ -17,7 +17,7 @@ DLT_VENV="${DLT_VENV:-/var/tmp/orca-dlt-venv}"
 if ! "$DLT_VENV/bin/python" -c 'import dlt, sqlalchemy, psycopg2, pyarrow' 2>/dev/null; then
     say "installing dlt into $DLT_VENV"
     python3 -m venv "$DLT_VENV"
-    "$DLT_VENV/bin/python" -m pip install -q "dlt[parquet,sql_database,filesystem]==1.31.0" \
+    "$DLT_VENV/bin/python" -m pip install -q "dlt[parquet,filesystem]==1.31.0" "sqlalchemy==2.1.9" \
         "psycopg2-binary==2.9.13"
 fi
 cargo build --release -q -p orca-bench-sync

@@ -16,7 +16,8 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicro
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::parquet_dest::{self, DestError, ParquetDest};
+use crate::dest::Dest;
+use crate::parquet_dest::{self, DestError};
 use crate::pgcopy::{CopyError, CopyReader};
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
 use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
@@ -291,7 +292,7 @@ struct Attempt {
     opts: Options,
     control: postgres::Client,
     store: Store,
-    dest: ParquetDest,
+    dest: Dest,
     layout: Layout,
     generation: i32,
     log: Log,
@@ -357,7 +358,23 @@ impl Attempt {
         let record = self.read_record(&path)?;
         let mut markers = BTreeMap::new();
         for s in record.streams.keys() {
-            markers.insert(s.clone(), self.dest.marker(s)?);
+            let staged = record
+                .committables
+                .iter()
+                .flat_map(|c| c.staged.iter())
+                .any(|f| &f.stream == s);
+            // A stream that read nothing in HEAD's epoch has nothing of it
+            // to make visible: the epoch is as good as applied for it (the
+            // one before was committed before this one was recorded).
+            let marker = self.dest.marker(s)?;
+            markers.insert(
+                s.clone(),
+                if staged {
+                    marker
+                } else {
+                    marker.max(head_epoch)
+                },
+            );
         }
         let mut available = true;
         for f in record.committables.iter().flat_map(|c| c.staged.iter()) {
@@ -474,15 +491,9 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     let source = def.get("source").cloned().unwrap_or(Value::Null);
     let destination = def.get("destination").cloned().unwrap_or(Value::Null);
     let source_type = str_of(&source, "type")?;
-    let dest_type = str_of(&destination, "type")?;
     if source_type != "postgres" {
         return Err(EngineError::NotBuilt(format!(
             "the {source_type} source's data path"
-        )));
-    }
-    if dest_type != "parquet" {
-        return Err(EngineError::NotBuilt(format!(
-            "the {dest_type} destination's data path"
         )));
     }
     let specs = stream_specs(&def)?;
@@ -490,11 +501,24 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         .batch_rows
         .or(batch_rows_of(&source)?)
         .unwrap_or(DEFAULT_BATCH_ROWS);
+    // The source's tables first: a missing table or column stops the
+    // attempt before anything is written.
+    let url = str_of(&source, "url")?;
+    let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+    let tables = specs
+        .iter()
+        .map(|spec| pgsource::describe(&mut probe, spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(probe);
     let layout = Layout::new(&opts.org, &opts.sync);
     let store = Store::open(&opts.store_url)?;
-    let dest = ParquetDest {
-        store: Store::open(&str_of(&destination, "url")?)?,
-    };
+    let dest = Dest::open(
+        &destination,
+        &opts.database_url,
+        &opts.org,
+        &opts.sync,
+        &tables,
+    )?;
     let mut a = Attempt {
         log: Log {
             path: layout.log(generation),
@@ -515,14 +539,16 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     );
     // Raise the fence before looking at HEAD, so that no older attempt can
     // make anything visible while this one decides.
-    a.dest.raise_fence(generation).map_err(|e| match e {
-        DestError::Fenced { .. } => EngineError::Fenced {
-            sync: opts.sync.clone(),
-            generation,
-        },
-        other => other.into(),
-    })?;
-    let result = stream_epochs(&mut a, &source, specs, batch_rows, head_epoch, head_record);
+    a.dest
+        .raise_fence(generation, &a.streams)
+        .map_err(|e| match e {
+            DestError::Fenced { .. } => EngineError::Fenced {
+                sync: opts.sync.clone(),
+                generation,
+            },
+            other => other.into(),
+        })?;
+    let result = stream_epochs(&mut a, &url, tables, batch_rows, head_epoch, head_record);
     if let Err(e) = &result {
         a.log.event("failed", json!({"error": e.to_string()}));
     }
@@ -532,8 +558,8 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
 
 fn stream_epochs(
     a: &mut Attempt,
-    source: &Value,
-    specs: Vec<StreamSpec>,
+    url: &str,
+    tables: Vec<PgTable>,
     batch_rows: usize,
     head_epoch: u64,
     head_record: Option<String>,
@@ -552,15 +578,13 @@ fn stream_epochs(
     let crash_after: Option<u64> = std::env::var("ORCA_ENGINE_CRASH_AFTER_HEAD")
         .ok()
         .and_then(|v| v.parse().ok());
-    let url = str_of(source, "url")?;
-    let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
     let mut readers = Vec::new();
-    for spec in &specs {
-        let table = pgsource::describe(&mut probe, spec)?;
-        let after = states.get(&spec.name).and_then(|s| s.position.clone());
-        readers.push(spawn_reader(url.clone(), table, after, batch_rows)?);
+    for table in tables {
+        let after = states
+            .get(&table.spec.name)
+            .and_then(|s| s.position.clone());
+        readers.push(spawn_reader(url.to_string(), table, after, batch_rows)?);
     }
-    drop(probe);
 
     let mut out = Outcome {
         generation: a.generation,

@@ -6,6 +6,7 @@
 //! the destinations) is not built yet.
 
 pub mod attempt;
+pub mod dest;
 pub mod frame;
 pub mod normalize;
 pub mod parquet_dest;

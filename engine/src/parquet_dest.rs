@@ -28,6 +28,14 @@ pub enum DestError {
     Fenced { fence: i32, mine: i32 },
     #[error("staged file {path} is gone")]
     StagedGone { path: String },
+    #[error("reading a staged file: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    #[error("iceberg destination: {0}")]
+    Iceberg(String),
+    #[error("destination: {0}")]
+    Definition(String),
+    #[error("{0} is not built yet")]
+    NotBuilt(String),
 }
 
 /// Encodes a batch as one Parquet file.

@@ -36,6 +36,7 @@ mod pipeline;
 mod rewrite;
 mod step;
 mod store;
+pub mod sync_tables;
 pub mod tables;
 
 pub use cli::main;

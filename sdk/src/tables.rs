@@ -110,7 +110,7 @@ impl TablesCell {
     }
 }
 
-fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
+pub(crate) fn open(config: &TablesConfig) -> std::result::Result<Tables, SdkError> {
     static DRIVERS: Once = Once::new();
     DRIVERS.call_once(sqlx::any::install_default_drivers);
     let url = config.catalog_url.clone().ok_or_else(|| {
@@ -323,11 +323,19 @@ impl TablesCell {
 /// A table, known by its dataset name.
 pub struct Table {
     dataset: String,
-    ident: TableIdent,
-    inner: iceberg::table::Table,
+    pub(crate) ident: TableIdent,
+    pub(crate) inner: iceberg::table::Table,
 }
 
 impl Table {
+    pub(crate) fn new(dataset: &str, ident: TableIdent, inner: iceberg::table::Table) -> Table {
+        Table {
+            dataset: dataset.to_string(),
+            ident,
+            inner,
+        }
+    }
+
     pub fn dataset(&self) -> &str {
         &self.dataset
     }
@@ -353,7 +361,7 @@ impl Table {
     }
 }
 
-fn ident(dataset: &str) -> Result<TableIdent> {
+pub(crate) fn ident(dataset: &str) -> Result<TableIdent> {
     if !orca_core::manifest::valid_dataset(dataset) {
         return Err(
             format!("{dataset:?} is not a dataset: write namespace.table in lowercase").into(),
@@ -409,6 +417,12 @@ pub fn table(ctx: &mut Ctx<'_>, dataset: &str) -> Result<Table> {
 pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, schema: &ArrowSchema) -> Result<Table> {
     declared(ctx, dataset, false)?;
     let t = ctx.io.tables.get()?;
+    create_or_load(t, dataset, schema)
+}
+
+/// Loads a table, creating it (and its namespace) with this schema if it
+/// does not exist; an existing table must have these columns.
+pub(crate) fn create_or_load(t: &Tables, dataset: &str, schema: &ArrowSchema) -> Result<Table> {
     let id = ident(dataset)?;
     let inner = t.rt.block_on(async {
         if !t.catalog.namespace_exists(id.namespace()).await? {
@@ -449,7 +463,7 @@ pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, schema: &ArrowSchema) -> R
     let have = table.arrow_schema()?;
     for f in schema.fields() {
         match have.field_with_name(f.name()) {
-            Ok(h) if h.data_type() == f.data_type() => {}
+            Ok(h) if same_type(h.data_type(), f.data_type()) => {}
             Ok(h) => {
                 return Err(format!(
                     "table {dataset} exists and its column {} is {}, not {}",
@@ -465,6 +479,21 @@ pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, schema: &ArrowSchema) -> R
         }
     }
     Ok(table)
+}
+
+/// Whether a column of type `have` takes values of type `want` as they are:
+/// the same type, or one Iceberg stores the same way (int16 in an int
+/// column, a UTC timestamp under either spelling of its zone).
+fn same_type(have: &arrow_schema::DataType, want: &arrow_schema::DataType) -> bool {
+    use arrow_schema::DataType as D;
+    let utc = |tz: &Option<Arc<str>>| matches!(tz.as_deref(), Some("UTC" | "+00:00"));
+    match (have, want) {
+        (D::Timestamp(u1, z1), D::Timestamp(u2, z2)) => {
+            u1 == u2 && (z1 == z2 || (utc(z1) && utc(z2)))
+        }
+        (D::Int32, D::Int16) => true,
+        _ => have == want,
+    }
 }
 
 /// The table as it is now, and the snapshot pinned for this (run, step,
@@ -575,6 +604,17 @@ pub fn write_files(
         ctx.attempt,
         uuid::Uuid::new_v4().simple()
     );
+    write_data_files(t, table, batches, prefix)
+}
+
+/// Writes batches that fit the table's schema as Parquet data files whose
+/// names start with `prefix`.
+pub(crate) fn write_data_files(
+    t: &Tables,
+    table: &Table,
+    batches: Vec<RecordBatch>,
+    prefix: String,
+) -> Result<Vec<DataFile>> {
     let meta = table.inner.metadata();
     let files = t.rt.block_on(async {
         let location = DefaultLocationGenerator::new(meta)?;

@@ -4,6 +4,8 @@ Postgres tables Orca's catalog writes.
     python iceberg.py read    <db-url> <warehouse> <dataset>   -> JSON: schema, rows, snapshots
     python iceberg.py append  <db-url> <warehouse> <dataset> <json rows> [summary json]
     python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
+    python iceberg.py stats   <db-url> <warehouse> <dataset> <int column>
+                                                -> JSON: rows, distinct, sum, snapshots
 """
 import json
 import os
@@ -44,6 +46,20 @@ def main():
             "snapshots": snaps,
             "current": t.current_snapshot().snapshot_id if t.current_snapshot() else None,
             "location": t.location(),
+        }
+        print(json.dumps(out, default=str))
+    elif cmd == "stats":
+        import pyarrow.compute as pc
+        t = cat.load_table(dataset)
+        data = t.scan().to_arrow()
+        col = data.column(sys.argv[5])
+        out = {
+            "schema": [[f.name, str(f.field_type), f.required] for f in t.schema().fields],
+            "rows": data.num_rows,
+            "distinct": pc.count_distinct(col).as_py(),
+            "sum": pc.sum(col).as_py(),
+            "snapshots": [dict(s.summary.additional_properties) if s.summary else {}
+                          for s in t.snapshots()],
         }
         print(json.dumps(out, default=str))
     elif cmd in ("append", "create"):

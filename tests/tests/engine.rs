@@ -409,3 +409,88 @@ async fn recovery_applies_a_recorded_epoch_and_rewinds_a_lost_one() {
     assert_eq!(sum, rows * (rows + 1) / 2);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn pyiceberg(args: &[&str]) -> Value {
+    let out = Command::new(orca_tests::s3::python())
+        .arg(repo_root().join("tests/py/iceberg.py"))
+        .args(args)
+        .output()
+        .expect("run PyIceberg (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "pyiceberg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
+}
+
+/// The end-to-end case: 1M rows (`ORCA_E2E_ROWS` for another size)
+/// into an Iceberg table, exactly once by the sync's own requirement, with
+/// the engine killed twice mid-sync; PyIceberg reads every row once.
+#[tokio::test]
+async fn a_million_rows_land_in_iceberg_exactly_once_across_two_sigkills() {
+    let db = TestDb::new().await;
+    let rows: i64 = std::env::var("ORCA_E2E_ROWS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let batch = (rows / 20).max(1) as usize;
+    make_source(&db, rows).await;
+    let dir = scratch("iceberg");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "iceberg", "namespace": "raw"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("an exactly-once sync into Iceberg");
+    let run = || {
+        let mut c = engine(&db, &store, batch);
+        c.env("ORCA_WAREHOUSE", &wh);
+        c
+    };
+    let first = kill_at(&db, run().spawn().expect("engine"), 3).await;
+    let second = kill_at(&db, run().spawn().expect("engine"), first + 5).await;
+    assert!(second > first);
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let expected_epochs = (rows as usize).div_ceil(batch) as i64;
+    assert_eq!(head(&db).await, (expected_epochs, 3));
+
+    let wh_s = wh.to_string_lossy();
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(stats["rows"], rows, "every row once: {}", stats["rows"]);
+    assert_eq!(stats["distinct"], rows);
+    assert_eq!(stats["sum"], rows * (rows + 1) / 2);
+    // One snapshot per epoch, each with its stream marker, none twice.
+    let mut epochs: Vec<i64> = stats["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter(|s| s["orca.sync"] == "shop")
+        .map(|s| {
+            assert_eq!(s["orca.sync.stream"], "orders");
+            s["orca.sync.epoch"]
+                .as_str()
+                .and_then(|e| e.parse().ok())
+                .expect("epoch marker")
+        })
+        .collect();
+    epochs.sort_unstable();
+    assert_eq!(epochs, (1..=expected_epochs).collect::<Vec<_>>());
+    let columns: Vec<&str> = stats["schema"]
+        .as_array()
+        .expect("schema")
+        .iter()
+        .filter_map(|f| f[0].as_str())
+        .collect();
+    assert!(
+        columns.ends_with(&["_orca_id", "_orca_seq", "_orca_synced_at"]),
+        "{columns:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -66,9 +66,9 @@ fn prepare(rows: i64) -> Result<String> {
                     jsonb_build_object('n', g, 'tag', 't' || (g % 7)),
                     '2024-01-01'::date + (g % 365), g / 7.0
              FROM generate_series(1, {rows}) g;
-             CREATE INDEX ON {TABLE} (updated_at, id);
-             VACUUM ANALYZE {TABLE};"
+             CREATE INDEX ON {TABLE} (updated_at, id);"
         ))?;
+        c.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))?;
     }
     Ok(url)
 }

@@ -1,0 +1,160 @@
+//! The destinations a sync writes, behind one face: raise the fence, read a
+//! stream's marker, apply a stream's staged epoch.
+//!
+//! - `parquet`: files under a URL ([`crate::parquet_dest`]);
+//! - `iceberg`: table `{namespace}.{stream}` in the org's catalog, each epoch
+//!   one snapshot whose summary carries the stream marker
+//!   (`orca::sync_tables`).
+
+use bytes::Bytes;
+use orca::sync_tables::{EpochCommit, SyncTables};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+
+use crate::parquet_dest::{DestError, ParquetDest};
+use crate::pgsource::{self, PgTable};
+use crate::record::Staged;
+use crate::store::Store;
+
+pub enum Dest {
+    Parquet(ParquetDest),
+    Iceberg {
+        tables: SyncTables,
+        namespace: String,
+        sync: String,
+    },
+}
+
+fn iceberg(e: orca::Error) -> DestError {
+    DestError::Iceberg(e.to_string())
+}
+
+impl Dest {
+    /// Opens the destination a definition names; Iceberg tables are created
+    /// with the streams' destination schemas if they do not exist.
+    pub fn open(
+        destination: &Value,
+        database_url: &str,
+        org: &str,
+        sync: &str,
+        streams: &[PgTable],
+    ) -> Result<Dest, DestError> {
+        let opt = |k: &str| {
+            destination
+                .get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| DestError::Definition(format!("destination.{k} is missing")))
+        };
+        match opt("type")?.as_str() {
+            "parquet" => Ok(Dest::Parquet(ParquetDest {
+                store: Store::open(&opt("url")?)?,
+            })),
+            "iceberg" => {
+                let tables = SyncTables::open(database_url, org).map_err(iceberg)?;
+                let namespace = opt("namespace")?;
+                for t in streams {
+                    let dataset = format!("{namespace}.{}", t.spec.name);
+                    tables
+                        .ensure(&dataset, &pgsource::destination_schema(t))
+                        .map_err(iceberg)?;
+                }
+                Ok(Dest::Iceberg {
+                    tables,
+                    namespace,
+                    sync: sync.to_string(),
+                })
+            }
+            other => Err(DestError::NotBuilt(format!(
+                "the {other} destination's data path"
+            ))),
+        }
+    }
+
+    pub fn raise_fence(&self, generation: i32, streams: &[String]) -> Result<(), DestError> {
+        match self {
+            Dest::Parquet(p) => p.raise_fence(generation),
+            Dest::Iceberg {
+                tables,
+                namespace,
+                sync,
+            } => {
+                for s in streams {
+                    let dataset = format!("{namespace}.{s}");
+                    if let EpochCommit::Fenced { fence } = tables
+                        .raise_fence(&dataset, sync, generation)
+                        .map_err(iceberg)?
+                    {
+                        return Err(DestError::Fenced {
+                            fence,
+                            mine: generation,
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The last epoch applied to a stream.
+    pub fn marker(&self, stream: &str) -> Result<u64, DestError> {
+        match self {
+            Dest::Parquet(p) => p.marker(stream),
+            Dest::Iceberg {
+                tables,
+                namespace,
+                sync,
+            } => tables
+                .marker(&format!("{namespace}.{stream}"), sync)
+                .map_err(iceberg),
+        }
+    }
+
+    /// Makes a stream's epoch visible, idempotently.
+    pub fn apply(
+        &self,
+        staging: &Store,
+        generation: i32,
+        epoch: u64,
+        stream: &str,
+        staged: Option<&Staged>,
+    ) -> Result<(), DestError> {
+        match self {
+            Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged),
+            Dest::Iceberg {
+                tables,
+                namespace,
+                sync,
+            } => {
+                // An epoch in which the stream read nothing has nothing to
+                // make visible; its marker stays where it is.
+                let Some(s) = staged else {
+                    return Ok(());
+                };
+                let data: Bytes = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
+                    path: staging.url_of(&s.path),
+                })?;
+                let batches = ParquetRecordBatchReaderBuilder::try_new(data)?
+                    .build()?
+                    .collect::<Result<Vec<_>, _>>()?;
+                match tables
+                    .append_epoch(
+                        &format!("{namespace}.{stream}"),
+                        sync,
+                        stream,
+                        generation,
+                        epoch,
+                        batches,
+                    )
+                    .map_err(iceberg)?
+                {
+                    EpochCommit::Fenced { fence } => Err(DestError::Fenced {
+                        fence,
+                        mine: generation,
+                    }),
+                    EpochCommit::Committed { .. } | EpochCommit::AlreadyApplied => Ok(()),
+                }
+            }
+        }
+    }
+}
