@@ -496,6 +496,20 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             "the {source_type} source's data path"
         )));
     }
+    // The delivery levels again, as this build of the rules sees the
+    // definition: a definition stored by an older control plane, or one whose
+    // rules changed, must still hold before anything moves.
+    orca_core::sync::check(
+        &opts.sync,
+        &source,
+        &destination,
+        def.get("streams").unwrap_or(&Value::Null),
+        def.get("schedule").and_then(Value::as_str),
+        def.get("delivery")
+            .and_then(Value::as_str)
+            .unwrap_or("exactly_once"),
+    )
+    .map_err(|e| EngineError::Definition(e.to_string()))?;
     let specs = stream_specs(&def)?;
     let batch_rows = opts
         .batch_rows

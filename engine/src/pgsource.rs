@@ -28,6 +28,15 @@ pub enum SourceError {
         column: String,
         role: &'static str,
     },
+    #[error(
+        "stream {stream}: ({columns}) is neither the primary key nor a unique key of {table}; \
+         the resume point needs a unique key, or rows sharing a cursor value are lost or read twice"
+    )]
+    NotUnique {
+        stream: String,
+        table: String,
+        columns: String,
+    },
     #[error("resume point {position:?} has {got} values, stream {stream} keys on {want}")]
     BadPosition {
         stream: String,
@@ -128,6 +137,28 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
     let mut key = vec![find(&spec.cursor, "cursor")?];
     for k in &spec.primary_key {
         key.push(find(k, "primary key")?);
+    }
+    // What the catalog says about the key: some unique index (the primary
+    // key among them) must cover only columns of the declared key.
+    let unique: bool = client
+        .query_one(
+            "SELECT EXISTS (
+                 SELECT 1 FROM pg_index i
+                 WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL
+                   AND i.indexprs IS NULL
+                   AND (SELECT bool_and(a.attname::text = ANY ($2))
+                        FROM unnest(i.indkey) k
+                        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k))",
+            &[&qualified(&spec.table), &spec.primary_key],
+        )
+        .map_err(pg)?
+        .get(0);
+    if !unique {
+        return Err(SourceError::NotUnique {
+            stream: spec.name.clone(),
+            table: spec.table.clone(),
+            columns: spec.primary_key.join(", "),
+        });
     }
     Ok(PgTable {
         spec: spec.clone(),

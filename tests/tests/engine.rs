@@ -494,3 +494,67 @@ async fn a_million_rows_land_in_iceberg_exactly_once_across_two_sigkills() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_key_that_is_not_unique_is_refused_before_anything_moves() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint, updated_at timestamptz NOT NULL);
+         INSERT INTO public.orders SELECT g % 10, now() FROM generate_series(1, 100) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a table without a key");
+    let dir = scratch("unique");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "stream orders: (id) is neither the primary key nor a unique key of public.orders"
+        ),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, 0);
+    // With a unique key it goes through.
+    sqlx::raw_sql(
+        "TRUNCATE public.orders; ALTER TABLE public.orders ADD PRIMARY KEY (id);
+                   INSERT INTO public.orders SELECT g, now() FROM generate_series(1, 100) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a key");
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(tally(&published(&out, "orders")).0, 100);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn delivery_levels_are_checked_again_before_an_attempt() {
+    let db = TestDb::new().await;
+    make_source(&db, 10).await;
+    let dir = scratch("delivery");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define(&db, &out).await;
+    // A definition stored by something other than create_sync (an older
+    // control plane, a hand edit) that asks more than the sync can keep.
+    sqlx::query(
+        "UPDATE orca.syncs SET definition = jsonb_set(definition, '{delivery}', '\"exactly_once\"')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("edit the definition");
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("stream 'orders' cannot be delivered exactly_once"),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, 0);
+    assert!(walk(&out).is_empty(), "nothing written");
+    let _ = std::fs::remove_dir_all(dir);
+}
