@@ -85,7 +85,9 @@ CREATE TABLE orca.pipeline_versions (
     manifest        jsonb NOT NULL,
     binary_path     text NOT NULL,
     pool            text NOT NULL,
-    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed')),
+    -- 'sync': the pipeline behind a sync (orca.create_sync), whose runs are
+    -- attempts of the sync, one at a time.
+    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed', 'sync')),
     -- '' for a keyed pipeline, whose keys come from keys_dataset.keys_column.
     partition_start text NOT NULL,
     keys_dataset    text,
@@ -152,7 +154,8 @@ CREATE TABLE orca.runs (
     -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
     -- 'keys': a keyed pipeline's task that reads its keys and then queues the
     -- runs its request asks for.
-    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys')),
+    -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync')),
     -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
     request     jsonb,
     -- The keys task that queued this run.
@@ -409,7 +412,8 @@ CREATE TYPE orca.lease AS (
     registry_hash   text,
     pool            text,
     org             text,
-    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`.
+    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`, or
+    -- for a sync `orca-engine sync --lease <token>`.
     command         text
 );
 
@@ -784,6 +788,62 @@ BEGIN
 END
 $$;
 
+-- The partition a fire fills; a sync's run is named by its fire instant.
+CREATE FUNCTION orca._fire_partition_of(p_kind text, p_start text, p_fills text, p_tz text,
+                                        p_fire timestamptz) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_kind = 'sync'
+                THEN to_char(p_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                ELSE orca._fire_partition(p_kind, p_start, p_fills, p_tz, p_fire) END
+$$;
+
+-- Makes (or updates) the pipeline behind a sync: a version of partition kind
+-- sync whose runs are the sync's attempts, one at a time, on its schedule.
+CREATE FUNCTION orca._sync_pipeline(p_org bigint, p_name text, p_def jsonb, p_schedule text,
+                                    p_pool text, p_retries integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pid bigint;
+    v_cur bigint;
+    v_vid bigint;
+    v_n   integer;
+    v_hash text := md5(jsonb_build_object('d', p_def, 'pool', p_pool, 'retries', p_retries)::text);
+BEGIN
+    INSERT INTO orca.pipelines (org_id, name, max_runs) VALUES (p_org, p_name, 1)
+    ON CONFLICT (org_id, name) DO NOTHING;
+    SELECT id, current_version INTO v_pid, v_cur
+    FROM orca.pipelines WHERE org_id = p_org AND name = p_name FOR UPDATE;
+    IF v_cur IS NOT NULL
+       AND (SELECT partition_kind FROM orca.pipeline_versions WHERE id = v_cur) <> 'sync' THEN
+        RAISE EXCEPTION 'name ''%'' belongs to a pipeline; a sync needs a name of its own', p_name
+            USING ERRCODE = 'OR065',
+                  HINT = 'syncs and pipelines share one namespace per org: their runs are in orca.runs';
+    END IF;
+    SELECT id INTO v_vid FROM orca.pipeline_versions
+    WHERE pipeline_id = v_pid AND registry_hash = v_hash ORDER BY id DESC LIMIT 1;
+    IF v_vid IS NULL THEN
+        SELECT coalesce(max(version), 0) + 1 INTO v_n
+        FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
+        INSERT INTO orca.pipeline_versions (
+            org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
+            partition_kind, partition_start, max_runs, run_retries, catchup, fills, cron, tz)
+        VALUES (p_org, v_pid, v_n, v_hash, p_def, 'orca-engine', p_pool,
+                'sync', '', 1, p_retries, false, 'current', p_schedule, 'UTC')
+        RETURNING id INTO v_vid;
+    END IF;
+    -- One attempt at a time: a second would only fence the first.
+    UPDATE orca.pipelines SET current_version = v_vid, max_runs = 1 WHERE id = v_pid;
+    IF p_schedule IS NOT NULL THEN
+        INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
+        VALUES (p_org, v_pid, p_schedule, 'UTC', 'current', false)
+        ON CONFLICT (pipeline_id) DO UPDATE SET cron = excluded.cron;
+    ELSE
+        DELETE FROM orca.schedules WHERE pipeline_id = v_pid;
+    END IF;
+    RETURN v_pid;
+END
+$$;
+
 -- Starts queued runs now: each gets its next attempt, pending in its pool.
 -- Returns how many started.
 CREATE FUNCTION orca._start_runs(p_runs bigint[]) RETURNS integer
@@ -844,7 +904,7 @@ BEGIN
     END IF;
     IF v_max IS NOT NULL THEN
         SELECT count(*) INTO v_running FROM orca.runs
-        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind = 'pipeline';
+        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind IN ('pipeline', 'sync');
         IF v_running >= v_max THEN
             RETURN 0;
         END IF;
@@ -1437,6 +1497,11 @@ BEGIN
         RAISE EXCEPTION 'malformed manifest: manifest: is required' USING ERRCODE = 'OR040';
     END IF;
     m := orca._unwrap(orca._manifest_check(register.manifest));
+    IF EXISTS (SELECT 1 FROM orca.pipelines p JOIN orca.pipeline_versions v ON v.id = p.current_version
+               WHERE p.org_id = v_org AND p.name = m->>'name' AND v.partition_kind = 'sync') THEN
+        RAISE EXCEPTION 'name ''%'' belongs to a sync; a pipeline needs a name of its own', m->>'name'
+            USING ERRCODE = 'OR065';
+    END IF;
     INSERT INTO orca.pipelines (org_id, name) VALUES (v_org, m->>'name')
     ON CONFLICT (org_id, name) DO NOTHING;
     SELECT id, current_version INTO v_pid, v_cur
@@ -1569,7 +1634,7 @@ BEGIN
     END IF;
     SELECT * INTO v FROM orca.pipeline_versions pv WHERE pv.id = p.current_version;
     RETURN QUERY
-    SELECT f, orca._fire_partition(v.partition_kind, v.partition_start, s.fills, s.tz, f)
+    SELECT f, orca._fire_partition_of(v.partition_kind, v.partition_start, s.fills, s.tz, f)
     FROM unnest(orca._cron_next(s.cron, s.tz, fires.after, fires.n)) AS f;
 END
 $$;
@@ -1623,6 +1688,21 @@ DECLARE
     v_id bigint;
 BEGIN
     p := orca._pipeline(v_org, run.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
+        IF run.partitions IS DISTINCT FROM 'now' THEN
+            RAISE EXCEPTION '''%'' is a sync: it runs from its checkpoint, so the only partition is ''now'', got %',
+                            p.name, quote_nullable(run.partitions)
+                USING ERRCODE = 'OR021',
+                      HINT = format('SELECT orca.run(%L, ''now'')', p.name);
+        END IF;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
+        SELECT v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+               'manual', v.run_retries, 'sync'
+        FROM orca.pipeline_versions v WHERE v.id = p.current_version
+        RETURNING id INTO v_id;
+        PERFORM orca._runs_created(v_org, p.id, ARRAY[v_id]);
+        RETURN v_id;
+    END IF;
     IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
         v_parts := orca._key_names(p, run.partitions);
         IF v_parts IS NULL THEN
@@ -1657,6 +1737,7 @@ COMMENT ON FUNCTION orca.run(text, text) IS
 'Queues one run over the given partitions (a gather step sees all of them) and returns its id. '
 'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''; for a keyed '
 'pipeline, keys ''log-1,log-2'' or ''@all'' (every current key). '
+'A sync (orca.create_sync) takes ''now'': one run that reads from its checkpoint. '
 'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
 'OR022 partition outside the pipeline''s set, OR023 too many partitions, OR024 not a key.';
 
@@ -1670,6 +1751,12 @@ DECLARE
     v_active text[];
 BEGIN
     p := orca._pipeline(v_org, backfill.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
+        RAISE EXCEPTION '''%'' is a sync: it has no partitions to backfill; each run reads from its checkpoint up to now',
+                        p.name
+            USING ERRCODE = 'OR021',
+                  HINT = format('SELECT orca.run(%L, ''now'') queues a run now', p.name);
+    END IF;
     IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
         v_parts := orca._key_names(p, backfill.partitions);
         IF v_parts IS NULL THEN
@@ -1893,7 +1980,8 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           CASE i.run_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys' ELSE 'attempt' END
+           CASE i.run_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
+                           WHEN 'sync' THEN 'sync' ELSE 'attempt' END
     FROM info i
     ORDER BY i.id;
 END
@@ -2540,8 +2628,8 @@ BEGIN
         IF NOT s.paused THEN
             FOREACH v_fire IN ARRAY coalesce(v_fires, '{}') LOOP
                 n_fires := n_fires + 1;
-                v_part := orca._fire_partition(s.partition_kind, s.partition_start, s.fills,
-                                               s.tz, v_fire);
+                v_part := orca._fire_partition_of(s.partition_kind, s.partition_start, s.fills,
+                                                  s.tz, v_fire);
                 IF v_part IS NULL THEN
                     n_skipped := n_skipped + 1;
                     PERFORM orca._event(s.org_id, 'fire.skipped', s.pipeline_id, NULL, NULL,
@@ -2552,9 +2640,10 @@ BEGIN
                 END IF;
                 v_id := NULL;
                 INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger,
-                                       fire_at, run_retries)
+                                       fire_at, run_retries, kind)
                 VALUES (s.org_id, s.pipeline_id, s.version_id, ARRAY[v_part], 'schedule',
-                        v_fire, s.run_retries)
+                        v_fire, s.run_retries,
+                        CASE WHEN s.partition_kind = 'sync' THEN 'sync' ELSE 'pipeline' END)
                 ON CONFLICT (pipeline_id, fire_at) WHERE fire_at IS NOT NULL DO NOTHING
                 RETURNING id INTO v_id;
                 IF v_id IS NOT NULL THEN
@@ -2840,7 +2929,8 @@ COMMENT ON FUNCTION orca.key_status(text) IS
 ---------------------------------------------------------------------------
 
 CREATE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
-                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once')
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
+                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -2854,6 +2944,16 @@ BEGIN
         RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
             USING ERRCODE = 'OR063';
     END IF;
+    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
+        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_sync.pool)
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
+                        coalesce(create_sync.run_retries::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
     d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
                                        create_sync.destination, create_sync.streams,
                                        create_sync.schedule, create_sync.delivery));
@@ -2863,6 +2963,8 @@ BEGIN
     ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
                                              delivery = excluded.delivery
     RETURNING s.id INTO v_id;
+    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
+                                create_sync.pool, create_sync.run_retries);
     PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
         jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
                            'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
@@ -2871,12 +2973,16 @@ BEGIN
     RETURN v_id;
 END
 $$;
-COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text) IS
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
 'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
+'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
+'run orca-engine; a failed run is tried again run_retries times. '
 'Each stream''s delivery level is worked out from the destination''s class, the source''s '
 'replay, the write mode and the primary key, and must reach the required level. Errors: '
 'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
-'OR063 malformed definition, OR030/OR031 bad schedule. docs/syncs.md lists the connectors. '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule. '
+'docs/syncs.md lists the connectors. '
 'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
 '''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
 '"cursor":"updated_at","primary_key":["id"]}]'');';
@@ -3198,7 +3304,7 @@ GRANT EXECUTE ON FUNCTION
     orca.pause(text),
     orca.unpause(text),
     orca.refresh_keys(text),
-    orca.create_sync(text, jsonb, jsonb, jsonb, text, text),
+    orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION

@@ -28,7 +28,7 @@ GRANT EXECUTE ON FUNCTION
     orca.pause(text),
     orca.unpause(text),
     orca.refresh_keys(text),
-    orca.create_sync(text, jsonb, jsonb, jsonb, text, text),
+    orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION

@@ -101,6 +101,62 @@ BEGIN
 END
 $$;
 
+-- The partition a fire fills; a sync's run is named by its fire instant.
+CREATE FUNCTION orca._fire_partition_of(p_kind text, p_start text, p_fills text, p_tz text,
+                                        p_fire timestamptz) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_kind = 'sync'
+                THEN to_char(p_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                ELSE orca._fire_partition(p_kind, p_start, p_fills, p_tz, p_fire) END
+$$;
+
+-- Makes (or updates) the pipeline behind a sync: a version of partition kind
+-- sync whose runs are the sync's attempts, one at a time, on its schedule.
+CREATE FUNCTION orca._sync_pipeline(p_org bigint, p_name text, p_def jsonb, p_schedule text,
+                                    p_pool text, p_retries integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pid bigint;
+    v_cur bigint;
+    v_vid bigint;
+    v_n   integer;
+    v_hash text := md5(jsonb_build_object('d', p_def, 'pool', p_pool, 'retries', p_retries)::text);
+BEGIN
+    INSERT INTO orca.pipelines (org_id, name, max_runs) VALUES (p_org, p_name, 1)
+    ON CONFLICT (org_id, name) DO NOTHING;
+    SELECT id, current_version INTO v_pid, v_cur
+    FROM orca.pipelines WHERE org_id = p_org AND name = p_name FOR UPDATE;
+    IF v_cur IS NOT NULL
+       AND (SELECT partition_kind FROM orca.pipeline_versions WHERE id = v_cur) <> 'sync' THEN
+        RAISE EXCEPTION 'name ''%'' belongs to a pipeline; a sync needs a name of its own', p_name
+            USING ERRCODE = 'OR065',
+                  HINT = 'syncs and pipelines share one namespace per org: their runs are in orca.runs';
+    END IF;
+    SELECT id INTO v_vid FROM orca.pipeline_versions
+    WHERE pipeline_id = v_pid AND registry_hash = v_hash ORDER BY id DESC LIMIT 1;
+    IF v_vid IS NULL THEN
+        SELECT coalesce(max(version), 0) + 1 INTO v_n
+        FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
+        INSERT INTO orca.pipeline_versions (
+            org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
+            partition_kind, partition_start, max_runs, run_retries, catchup, fills, cron, tz)
+        VALUES (p_org, v_pid, v_n, v_hash, p_def, 'orca-engine', p_pool,
+                'sync', '', 1, p_retries, false, 'current', p_schedule, 'UTC')
+        RETURNING id INTO v_vid;
+    END IF;
+    -- One attempt at a time: a second would only fence the first.
+    UPDATE orca.pipelines SET current_version = v_vid, max_runs = 1 WHERE id = v_pid;
+    IF p_schedule IS NOT NULL THEN
+        INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
+        VALUES (p_org, v_pid, p_schedule, 'UTC', 'current', false)
+        ON CONFLICT (pipeline_id) DO UPDATE SET cron = excluded.cron;
+    ELSE
+        DELETE FROM orca.schedules WHERE pipeline_id = v_pid;
+    END IF;
+    RETURN v_pid;
+END
+$$;
+
 -- Starts queued runs now: each gets its next attempt, pending in its pool.
 -- Returns how many started.
 CREATE FUNCTION orca._start_runs(p_runs bigint[]) RETURNS integer
@@ -161,7 +217,7 @@ BEGIN
     END IF;
     IF v_max IS NOT NULL THEN
         SELECT count(*) INTO v_running FROM orca.runs
-        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind = 'pipeline';
+        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind IN ('pipeline', 'sync');
         IF v_running >= v_max THEN
             RETURN 0;
         END IF;

@@ -74,7 +74,9 @@ CREATE TABLE orca.pipeline_versions (
     manifest        jsonb NOT NULL,
     binary_path     text NOT NULL,
     pool            text NOT NULL,
-    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed')),
+    -- 'sync': the pipeline behind a sync (orca.create_sync), whose runs are
+    -- attempts of the sync, one at a time.
+    partition_kind  text NOT NULL CHECK (partition_kind IN ('monthly', 'daily', 'keyed', 'sync')),
     -- '' for a keyed pipeline, whose keys come from keys_dataset.keys_column.
     partition_start text NOT NULL,
     keys_dataset    text,
@@ -141,7 +143,8 @@ CREATE TABLE orca.runs (
     -- 'sense': a sensor's polling task, whose attempts look for outside snapshots.
     -- 'keys': a keyed pipeline's task that reads its keys and then queues the
     -- runs its request asks for.
-    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys')),
+    -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
+    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync')),
     -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
     request     jsonb,
     -- The keys task that queued this run.
@@ -398,7 +401,8 @@ CREATE TYPE orca.lease AS (
     registry_hash   text,
     pool            text,
     org             text,
-    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`.
+    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`, or
+    -- for a sync `orca-engine sync --lease <token>`.
     command         text
 );
 

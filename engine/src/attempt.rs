@@ -549,7 +549,9 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     };
     a.log.event(
         "claimed",
-        json!({"sync": opts.sync, "head": head_epoch, "batch_rows": batch_rows}),
+        json!({"sync": opts.sync, "head": head_epoch, "batch_rows": batch_rows,
+               "run": std::env::var("ORCA_RUN").ok(),
+               "attempt": std::env::var("ORCA_ATTEMPT").ok()}),
     );
     // Raise the fence before looking at HEAD, so that no older attempt can
     // make anything visible while this one decides.

@@ -18,6 +18,8 @@ pub struct Shared {
     pub db: PgPool,
     pub database_url: String,
     pub logs: PathBuf,
+    /// What runs a sync's attempts (`orca-engine`).
+    pub engine: PathBuf,
 }
 
 /// How an attempt ended, from the runner's point of view.
@@ -80,7 +82,13 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
 }
 
 fn spawn_child(shared: &Shared, l: &Lease, log: &Path) -> std::io::Result<Child> {
-    Command::new(&l.binary_path)
+    // A sync's attempts run this runner's engine, not a binary of the sync's.
+    let program = if l.command == "sync" {
+        shared.engine.clone()
+    } else {
+        PathBuf::from(&l.binary_path)
+    };
+    Command::new(program)
         .arg(&l.command)
         .arg("--lease")
         .arg(l.lease.to_string())
@@ -144,7 +152,12 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let mut child = match spawn_child(&shared, &l, &log) {
         Ok(c) => c,
         Err(e) => {
-            let msg = format!("cannot start pipeline binary {}: {e}", l.binary_path);
+            let program = if l.command == "sync" {
+                shared.engine.display().to_string()
+            } else {
+                l.binary_path.clone()
+            };
+            let msg = format!("cannot start {program}: {e}");
             println!("{prefix} {msg}");
             return report(&shared, &l, false, Some(msg)).await;
         }

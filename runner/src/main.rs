@@ -49,9 +49,21 @@ struct Args {
     /// On SIGTERM, how long running attempts may go on before they are handed back.
     #[arg(long, env = "ORCA_GRACE_SECONDS", default_value_t = 30)]
     grace_seconds: u64,
+    /// The engine that runs syncs' attempts (default: `orca-engine` next to
+    /// this binary, else on PATH). It reads the store from ORCA_STORE.
+    #[arg(long, env = "ORCA_ENGINE")]
+    engine: Option<PathBuf>,
     /// Also call orca.tick() this often (0: leave it to the background worker).
     #[arg(long, env = "ORCA_TICK_MS", default_value_t = 0)]
     tick_ms: u64,
+}
+
+fn default_engine() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("orca-engine")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("orca-engine"))
 }
 
 fn host_name() -> String {
@@ -115,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         db: db.clone(),
         database_url: args.database_url.clone(),
         logs: args.logs.clone(),
+        engine: args.engine.clone().unwrap_or_else(default_engine),
     });
     let (release_tx, release_rx) = watch::channel(false);
     let mut running: JoinSet<attempt::Outcome> = JoinSet::new();

@@ -558,3 +558,125 @@ async fn delivery_levels_are_checked_again_before_an_attempt() {
     assert!(walk(&out).is_empty(), "nothing written");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+async fn run_status(db: &TestDb, run: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("run status")
+}
+
+async fn wait_run(db: &TestDb, run: i64, want: &str, runner: &orca_tests::procs::Runner) {
+    let t0 = Instant::now();
+    loop {
+        let s = run_status(db, run).await;
+        if s == want {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120) && s != "failed",
+            "run {run} is {s}, waited for {want}\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Syncs as runs: a runner leases the sync's run and starts orca-engine for
+/// it; a cancelled run stops its engine mid-sync; the next run resumes.
+#[tokio::test]
+async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
+    let db = TestDb::new().await;
+    let rows = 400_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("runner");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 2000}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                  "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    // Short leases: heartbeats every ~300 ms, so a cancel stops the engine
+    // within a few epochs.
+    sqlx::raw_sql(&format!(
+        "ALTER DATABASE \"{}\" SET orca.lease_seconds = 1",
+        db.name
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("lease seconds");
+    let engine_bin = bin("orca-engine");
+    let store_s = store.to_string_lossy().into_owned();
+    let runner = orca_tests::procs::Runner::start(
+        &db.url(),
+        "r1",
+        2,
+        &logs,
+        &[
+            ("ORCA_STORE", store_s.as_str()),
+            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+        ],
+    );
+
+    let first: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    let t0 = Instant::now();
+    while head(&db).await.0 < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the sync made no progress\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sqlx::query("SELECT orca.cancel($1)")
+        .bind(first)
+        .execute(&db.pool)
+        .await
+        .expect("cancel");
+    // The runner's next heartbeat is refused; it stops the engine.
+    let t0 = Instant::now();
+    loop {
+        let h1 = head(&db).await.0;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if head(&db).await.0 == h1 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the engine went on after its run was cancelled\n{}",
+            runner.output()
+        );
+    }
+    let stopped_at = head(&db).await.0;
+    assert!(
+        stopped_at < 100,
+        "cancelled mid-sync, at epoch {stopped_at}"
+    );
+    assert_eq!(run_status(&db, first).await, "cancelled");
+
+    let second: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    wait_run(&db, second, "succeeded", &runner).await;
+    assert_eq!(head(&db).await.0, 200, "400k rows in epochs of 2000");
+    let (n, ids, _, sum) = tally(&published(&out, "orders"));
+    assert_eq!((n, ids), (rows as usize, rows as usize), "exactly once");
+    assert_eq!(sum, rows * (rows + 1) / 2);
+    // The engine's output is the attempt's log, as for any pipeline.
+    let log =
+        std::fs::read_to_string(logs.join(format!("default/shop/run-{second}/attempt-1.log")))
+            .expect("attempt log");
+    assert!(log.contains(r#""event":"done""#), "{log}");
+    assert!(log.contains(&format!(r#""run":"{second}""#)), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -2,7 +2,7 @@
 //! fault, delivery levels per stream, and HEAD moved by a fenced
 //! compare-and-swap that a zombie attempt cannot win.
 
-use orca_tests::sqlx;
+use orca_tests::sqlx::{self, Row};
 use orca_tests::*;
 use serde_json::{json, Value};
 
@@ -204,4 +204,140 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
         .await
         .expect("rewind to the start");
     assert_eq!(db.scalar_i64("SELECT head_epoch FROM orca.syncs").await, 0);
+}
+
+#[tokio::test]
+async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "SELECT orca.create_sync('shop', $1, $2, $3, '*/15 * * * *', 'at_least_once', 'etl', 1)",
+    )
+    .bind(pg())
+    .bind(json!({"type": "parquet", "url": "/var/tmp/out"}))
+    .bind(orders("append"))
+    .execute(&db.pool)
+    .await
+    .expect("sync");
+    // The schedule fires on UTC quarter hours, each fire one run named by
+    // its instant. Missed fires are not caught up (a run reads everything
+    // new anyway): the first tick makes one run, the next one the latest of
+    // 00:15 and 00:30, which waits for the running one (max_runs 1).
+    db.tick("2030-01-01 00:00:00Z").await;
+    let fires = db
+        .strings("SELECT fire_at::text || ' ' || partition FROM orca.fires('shop', 2, '2030-01-01 00:00Z')")
+        .await;
+    assert_eq!(
+        fires,
+        [
+            "2030-01-01 00:15:00+00 2030-01-01T00:15:00Z",
+            "2030-01-01 00:30:00+00 2030-01-01T00:30:00Z"
+        ]
+    );
+    db.tick("2030-01-01 00:31:00Z").await;
+    let runs = db
+        .strings("SELECT kind || ' ' || trigger || ' ' || status || ' ' || partitions[1] FROM orca.runs ORDER BY id")
+        .await;
+    assert_eq!(
+        runs,
+        [
+            "sync schedule running 2030-01-01T00:00:00Z",
+            "sync schedule queued 2030-01-01T00:30:00Z"
+        ]
+    );
+
+    // Leased to a runner of the sync's pool, as command sync.
+    let lease = sqlx::query("SELECT * FROM orca.claim('r1', 'etl', 5)")
+        .fetch_all(&db.pool)
+        .await
+        .expect("claim");
+    assert_eq!(lease.len(), 1, "one attempt at a time");
+    let command: String = lease[0].get("command");
+    let pipeline: String = lease[0].get("pipeline");
+    assert_eq!((command.as_str(), pipeline.as_str()), ("sync", "shop"));
+    let token: uuid::Uuid = lease[0].get("lease");
+    let status: String = sqlx::query_scalar("SELECT orca.finish($1, false, 'exit code 1: boom')")
+        .bind(token)
+        .fetch_one(&db.pool)
+        .await
+        .expect("finish");
+    assert_eq!(status, "running", "retried once (run_retries 1)");
+    let lease = sqlx::query("SELECT * FROM orca.claim('r1', 'etl', 5)")
+        .fetch_all(&db.pool)
+        .await
+        .expect("claim");
+    let token: uuid::Uuid = lease[0].get("lease");
+    let status: String = sqlx::query_scalar("SELECT orca.finish($1, true)")
+        .bind(token)
+        .fetch_one(&db.pool)
+        .await
+        .expect("finish");
+    assert_eq!(status, "succeeded");
+    assert_eq!(
+        db.strings("SELECT status FROM orca.runs ORDER BY id").await,
+        ["succeeded", "running"],
+        "the queued fire started when the slot freed"
+    );
+
+    // A manual run is 'now'; cancelling works as for any run.
+    let id: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    sqlx::query("SELECT orca.cancel($1)")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .expect("cancel");
+    for (sql, code, needle) in [
+        (
+            "SELECT orca.run('shop', '2024-01')",
+            "OR021",
+            "the only partition is 'now'",
+        ),
+        (
+            "SELECT orca.backfill('shop', '@all')",
+            "OR021",
+            "no partitions to backfill",
+        ),
+    ] {
+        let (c, msg) = expect_error(&db.pool, sql).await;
+        assert_eq!(c, code, "{sql}: {msg}");
+        assert!(msg.contains(needle), "{msg}");
+    }
+    // A sync's name cannot become a pipeline's, nor a pipeline's a sync's.
+    match sqlx::query("SELECT orca.register($1)")
+        .bind(lake_manifest("shop"))
+        .execute(&db.pool)
+        .await
+    {
+        Err(sqlx::Error::Database(d)) => {
+            assert_eq!(d.code().as_deref(), Some("OR065"));
+            assert!(d.message().contains("belongs to a sync"), "{}", d.message());
+        }
+        other => panic!("register of a sync's name: {other:?}"),
+    }
+
+    db.register(&lake_manifest("lake")).await;
+    let err = create(
+        &db,
+        &pg(),
+        &json!({"type": "parquet", "url": "/x"}),
+        &orders("append"),
+        "at_least_once",
+    )
+    .await;
+    assert!(err.is_ok(), "redefining shop is fine: {err:?}");
+    let (code, msg) = expect_error(
+        &db.pool,
+        "SELECT orca.create_sync('lake', '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \
+         '{\"type\": \"parquet\", \"url\": \"/out\"}', '[{\"name\": \"events\", \"pattern\": \"*.jsonl\"}]')",
+    )
+    .await;
+    assert_eq!(code, "OR065");
+    assert!(msg.contains("belongs to a pipeline"), "{msg}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.syncs WHERE name = 'lake'")
+            .await,
+        0
+    );
 }

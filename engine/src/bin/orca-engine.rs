@@ -24,8 +24,14 @@ enum Command {
     /// Runs one attempt of a sync: claim, recover, then epochs until the
     /// source has no more rows.
     Sync {
-        /// The sync's name (orca.create_sync).
+        /// The sync's name (orca.create_sync); a runner passes it as
+        /// ORCA_PIPELINE.
+        #[arg(env = "ORCA_PIPELINE")]
         name: String,
+        /// The lease of the run's attempt, when a runner started this one (it
+        /// heartbeats the lease and reports the exit status).
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: Option<String>,
         /// The control plane: the database with the orca extension.
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
@@ -51,6 +57,7 @@ fn main() -> ExitCode {
             org,
             store,
             batch_rows,
+            lease: _,
         } => {
             let opts = Options {
                 database_url,
