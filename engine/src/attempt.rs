@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -161,12 +161,12 @@ fn spawn_reader(
             let result = (|| -> Result<(), EngineError> {
                 let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
                 let input = client.copy_out(query.as_str())?;
-                let mut r = CopyReader::new(input, t.columns.clone()).map_err(|source| {
-                    EngineError::Copy {
+                let mut r = CopyReader::new(input, t.columns.clone())
+                    .map_err(|source| EngineError::Copy {
                         stream: stream.clone(),
                         source,
-                    }
-                })?;
+                    })?
+                    .with_ids(&stream, &t.key);
                 loop {
                     let more = r.read_row().map_err(|source| EngineError::Copy {
                         stream: stream.clone(),
@@ -174,16 +174,15 @@ fn spawn_reader(
                     })?;
                     if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
                         let rows = r.pending();
+                        let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
+                            stream: stream.clone(),
+                            reason: "no record ids".into(),
+                        })?;
                         let arrays = r.take();
-                        let positions = t.positions(&arrays)?;
-                        let ids: StringArray = positions
-                            .iter()
-                            .map(|p| Some(crate::normalize::record_id(&stream, &p.join("\u{1f}"))))
-                            .collect();
-                        let last = positions.last().cloned().unwrap_or_default();
+                        let last = t.position_at(&arrays, rows - 1)?;
                         let msg = Msg::Chunk {
                             arrays,
-                            ids: Arc::new(ids),
+                            ids,
                             last,
                             rows,
                         };

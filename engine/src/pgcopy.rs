@@ -298,6 +298,47 @@ pub fn numeric(v: &[u8], scale: i8) -> Result<i128, String> {
     Ok(if sign == 0x4000 { -n } else { n })
 }
 
+/// FNV-1a over bytes, from a running state.
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// `_orca_id` from a row's key fields as they arrive: a 128-bit hash (two
+/// FNV-1a lanes) of the stream name and the key columns' binary values in
+/// column order, so a record read again gets the same id without its values
+/// ever being formatted.
+struct RowIds {
+    seeds: (u64, u64),
+    is_key: Vec<bool>,
+    cur: (u64, u64),
+    text: String,
+    builder: StringBuilder,
+}
+
+impl RowIds {
+    fn start(&mut self) {
+        self.cur = self.seeds;
+    }
+
+    fn field(&mut self, v: Option<&[u8]>) {
+        // The length first, so that ("ab", "c") and ("a", "bc") differ.
+        let len = v.map_or(-1i32, |v| v.len() as i32).to_be_bytes();
+        self.cur.0 = fnv(fnv(self.cur.0, &len), v.unwrap_or_default());
+        self.cur.1 = fnv(fnv(self.cur.1, &len), v.unwrap_or_default());
+    }
+
+    fn finish_row(&mut self) {
+        use std::fmt::Write;
+        self.text.clear();
+        let _ = write!(self.text, "{:016x}{:016x}", self.cur.0, self.cur.1);
+        self.builder.append_value(&self.text);
+    }
+}
+
 /// Reads rows of a binary COPY stream into batches of columns.
 pub struct CopyReader<R> {
     input: R,
@@ -306,6 +347,7 @@ pub struct CopyReader<R> {
     rows: usize,
     buf: Vec<u8>,
     done: bool,
+    ids: Option<RowIds>,
     /// Bytes read so far, for throughput figures.
     pub bytes: u64,
 }
@@ -328,8 +370,40 @@ impl<R: Read> CopyReader<R> {
             rows: 0,
             buf: Vec::new(),
             done: false,
+            ids: None,
             bytes: 19 + u64::from(ext),
         })
+    }
+
+    /// Also computes each row's `_orca_id` from the stream's name and the
+    /// values of these columns (the source's key).
+    pub fn with_ids(mut self, stream: &str, key: &[usize]) -> Self {
+        let mut is_key = vec![false; self.columns.len()];
+        for &k in key {
+            if let Some(x) = is_key.get_mut(k) {
+                *x = true;
+            }
+        }
+        let name = stream.as_bytes();
+        self.ids = Some(RowIds {
+            seeds: (
+                fnv(fnv(0xcbf2_9ce4_8422_2325, name), &[0]),
+                fnv(fnv(0x6c62_272e_07bb_0142, name), &[0]),
+            ),
+            is_key,
+            cur: (0, 0),
+            text: String::with_capacity(32),
+            builder: StringBuilder::new(),
+        });
+        self
+    }
+
+    /// The pending rows' `_orca_id`s (after [`Self::with_ids`]); call before
+    /// [`Self::take`].
+    pub fn take_ids(&mut self) -> Option<ArrayRef> {
+        self.ids
+            .as_mut()
+            .map(|ids| Arc::new(ids.builder.finish()) as ArrayRef)
     }
 
     /// Rows read into the pending batch.
@@ -356,24 +430,37 @@ impl<R: Read> CopyReader<R> {
                 want: self.columns.len(),
             });
         }
+        if let Some(ids) = &mut self.ids {
+            ids.start();
+        }
         for (i, b) in self.builders.iter_mut().enumerate() {
             let mut l = [0u8; 4];
             self.input.read_exact(&mut l)?;
             let len = i32::from_be_bytes(l);
             self.bytes += 4;
+            let key = self.ids.as_mut().filter(|ids| ids.is_key[i]);
             if len < 0 {
+                if let Some(ids) = key {
+                    ids.field(None);
+                }
                 b.null();
                 continue;
             }
             self.buf.resize(len as usize, 0);
             self.input.read_exact(&mut self.buf)?;
             self.bytes += len as u64;
+            if let Some(ids) = key {
+                ids.field(Some(&self.buf));
+            }
             let c = &self.columns[i];
             b.value(c.kind, &self.buf)
                 .map_err(|reason| CopyError::Value {
                     column: c.name.clone(),
                     reason,
                 })?;
+        }
+        if let Some(ids) = &mut self.ids {
+            ids.finish_row();
         }
         self.rows += 1;
         Ok(true)
@@ -499,6 +586,44 @@ mod tests {
             .expect("decimal");
         assert_eq!(price.value(0), 999, "9.99 at scale 2");
         assert_eq!(price.data_type(), &DataType::Decimal128(10, 2));
+    }
+
+    #[test]
+    fn ids_depend_on_the_stream_and_key_values_only() {
+        let cols = vec![
+            PgColumn {
+                name: "id".into(),
+                kind: PgKind::Int8,
+                nullable: false,
+            },
+            PgColumn {
+                name: "note".into(),
+                kind: PgKind::Text,
+                nullable: true,
+            },
+        ];
+        let row = |id: i64, note: &[u8]| vec![Some(id.to_be_bytes().to_vec()), Some(note.to_vec())];
+        let bytes = stream(&[row(1, b"a"), row(1, b"b"), row(2, b"a")]);
+        let ids_of = |name: &str| {
+            let mut r = CopyReader::new(&bytes[..], cols.clone())
+                .expect("header")
+                .with_ids(name, &[0]);
+            while r.read_row().expect("row") {}
+            let ids = r.take_ids().expect("ids");
+            let ids = ids.as_any().downcast_ref::<StringArray>().expect("str");
+            (0..ids.len())
+                .map(|i| ids.value(i).to_string())
+                .collect::<Vec<_>>()
+        };
+        let a = ids_of("orders");
+        assert_eq!(
+            a[0], a[1],
+            "same key, same id, whatever the other columns hold"
+        );
+        assert_ne!(a[0], a[2]);
+        assert_eq!(a[0].len(), 32);
+        assert_eq!(a, ids_of("orders"), "stable across reads");
+        assert_ne!(a[0], ids_of("users")[0], "the stream is part of the id");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef};
+use arrow_array::ArrayRef;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
 
@@ -219,18 +219,17 @@ impl PgTable {
         Ok(q)
     }
 
-    /// Formats the resume point of each row: its cursor and key values.
-    pub fn positions(&self, arrays: &[ArrayRef]) -> Result<Vec<Vec<String>>, SourceError> {
+    /// The resume point at a row: its cursor and key values, as text the
+    /// column's type reads back.
+    pub fn position_at(&self, arrays: &[ArrayRef], row: usize) -> Result<Vec<String>, SourceError> {
         let opts = FormatOptions::default().with_null("");
-        let fmts = self
-            .key
+        self.key
             .iter()
-            .map(|&i| ArrayFormatter::try_new(arrays[i].as_ref(), &opts))
-            .collect::<Result<Vec<_>, _>>()?;
-        let rows = arrays.first().map_or(0, |a| a.len());
-        Ok((0..rows)
-            .map(|r| fmts.iter().map(|f| f.value(r).to_string()).collect())
-            .collect())
+            .map(|&i| {
+                let f = ArrayFormatter::try_new(arrays[i].as_ref(), &opts)?;
+                Ok(f.value(row).to_string())
+            })
+            .collect()
     }
 }
 
