@@ -17,6 +17,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::dest::Dest;
+use crate::files::{FileChunk, FileReader, FilesError, Format};
+use crate::normalize::{ColType, Raw, StreamSchema};
 use crate::parquet_dest::{self, DestError};
 use crate::pgcopy::{CopyError, CopyReader};
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
@@ -61,6 +63,8 @@ pub enum EngineError {
     Protocol(#[from] ProtocolError),
     #[error("building a batch: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
+    #[error(transparent)]
+    Files(#[from] FilesError),
 }
 
 /// What an attempt needs to know.
@@ -90,6 +94,8 @@ pub struct Outcome {
     pub source_bytes: u64,
     /// Bytes of Parquet staged.
     pub staged_bytes: u64,
+    /// Records set aside under `_quarantine/`.
+    pub quarantined: u64,
 }
 
 /// The attempt's log: JSON lines, kept under `_logs/` next to the checkpoint
@@ -123,23 +129,86 @@ impl Log {
 }
 
 enum Msg {
+    /// Typed columns from a source that declares its types.
     Chunk {
         arrays: Vec<ArrayRef>,
         ids: ArrayRef,
         last: Vec<String>,
         rows: usize,
     },
+    /// Raw records (or lines that are not records) to normalize.
+    Raw(FileChunk),
     End {
         bytes: u64,
     },
 }
 
+/// What a stream's rows become columns by.
+enum Shape {
+    /// The source table's own types.
+    Table(PgTable),
+    /// Inferred from the records and only ever widened.
+    Inferred(StreamSchema),
+}
+
 struct Reader {
     name: String,
-    table: PgTable,
+    shape: Shape,
     rx: Receiver<Result<Msg, EngineError>>,
     handle: Option<JoinHandle<()>>,
     done: bool,
+}
+
+/// A chunk of one stream at a barrier, before it is staged.
+enum Taken {
+    Typed {
+        schema: Arc<arrow_schema::Schema>,
+        arrays: Vec<ArrayRef>,
+        ids: ArrayRef,
+        rows: usize,
+    },
+    Raw(Vec<Result<Raw, (Raw, String)>>),
+}
+
+fn spawn_file_reader(
+    url: String,
+    format: Format,
+    name: String,
+    pattern: String,
+    after: Option<Vec<String>>,
+    batch_rows: usize,
+) -> Result<Reader, EngineError> {
+    let (tx, rx) = sync_channel(1);
+    let stream = name.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("read-{name}"))
+        .spawn(move || {
+            let result = (|| -> Result<(), EngineError> {
+                let store = Store::open_existing(&url)?;
+                let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
+                while let Some(chunk) = r.next_chunk(batch_rows)? {
+                    if tx.send(Ok(Msg::Raw(chunk))).is_err() {
+                        return Ok(());
+                    }
+                }
+                let _ = tx.send(Ok(Msg::End { bytes: 0 }));
+                Ok(())
+            })();
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Reader {
+            stream: name.clone(),
+            reason: format!("starting its thread: {e}"),
+        })?;
+    Ok(Reader {
+        name,
+        shape: Shape::Inferred(StreamSchema::default()),
+        rx,
+        handle: Some(handle),
+        done: false,
+    })
 }
 
 fn spawn_reader(
@@ -206,7 +275,7 @@ fn spawn_reader(
         })?;
     Ok(Reader {
         name,
-        table,
+        shape: Shape::Table(table),
         rx,
         handle: Some(handle),
         done: false,
@@ -490,11 +559,6 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     let source = def.get("source").cloned().unwrap_or(Value::Null);
     let destination = def.get("destination").cloned().unwrap_or(Value::Null);
     let source_type = str_of(&source, "type")?;
-    if source_type != "postgres" {
-        return Err(EngineError::NotBuilt(format!(
-            "the {source_type} source's data path"
-        )));
-    }
     // The delivery levels again, as this build of the rules sees the
     // definition: a definition stored by an older control plane, or one whose
     // rules changed, must still hold before anything moves.
@@ -509,20 +573,51 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             .unwrap_or("exactly_once"),
     )
     .map_err(|e| EngineError::Definition(e.to_string()))?;
-    let specs = stream_specs(&def)?;
     let batch_rows = opts
         .batch_rows
         .or(batch_rows_of(&source)?)
         .unwrap_or(DEFAULT_BATCH_ROWS);
-    // The source's tables first: a missing table or column stops the
-    // attempt before anything is written.
     let url = str_of(&source, "url")?;
-    let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
-    let tables = specs
-        .iter()
-        .map(|spec| pgsource::describe(&mut probe, spec))
-        .collect::<Result<Vec<_>, _>>()?;
-    drop(probe);
+    let source = match source_type.as_str() {
+        "postgres" => {
+            // The source's tables first: a missing table or column stops
+            // the attempt before anything is written.
+            let specs = stream_specs(&def)?;
+            let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+            let tables = specs
+                .iter()
+                .map(|spec| pgsource::describe(&mut probe, spec))
+                .collect::<Result<Vec<_>, _>>()?;
+            Source::Tables(tables)
+        }
+        "files" => {
+            let format = Format::parse(&str_of(&source, "format")?).ok_or_else(|| {
+                EngineError::Definition(format!("source.format of {source} is not jsonl or csv"))
+            })?;
+            let streams = def
+                .get("streams")
+                .and_then(Value::as_array)
+                .ok_or_else(|| EngineError::Definition("no streams".into()))?
+                .iter()
+                .map(|s| Ok((str_of(s, "name")?, str_of(s, "pattern")?)))
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            Source::Files { format, streams }
+        }
+        other => {
+            return Err(EngineError::NotBuilt(format!(
+                "the {other} source's data path"
+            )))
+        }
+    };
+    let tables: &[PgTable] = match &source {
+        Source::Tables(t) => t,
+        Source::Files { .. } => &[],
+    };
+    if matches!(source, Source::Files { .. }) && str_of(&destination, "type")? == "iceberg" {
+        return Err(EngineError::NotBuilt(
+            "the files source into Iceberg (its tables would need schema evolution)".into(),
+        ));
+    }
     let layout = Layout::new(&opts.org, &opts.sync);
     let store = Store::open(&opts.store_url)?;
     let dest = Dest::open(
@@ -530,7 +625,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         &opts.database_url,
         &opts.org,
         &opts.sync,
-        &tables,
+        tables,
     )?;
     let mut a = Attempt {
         log: Log {
@@ -544,7 +639,10 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         dest,
         layout,
         generation,
-        streams: specs.iter().map(|s| s.name.clone()).collect(),
+        streams: match &source {
+            Source::Tables(t) => t.iter().map(|t| t.spec.name.clone()).collect(),
+            Source::Files { streams, .. } => streams.iter().map(|s| s.0.clone()).collect(),
+        },
     };
     a.log.event(
         "claimed",
@@ -563,7 +661,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             },
             other => other.into(),
         })?;
-    let result = stream_epochs(&mut a, &url, tables, batch_rows, head_epoch, head_record);
+    let result = stream_epochs(&mut a, &url, source, batch_rows, head_epoch, head_record);
     if let Err(e) = &result {
         a.log.event("failed", json!({"error": e.to_string()}));
     }
@@ -571,10 +669,20 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     result
 }
 
+/// Where the streams come from.
+enum Source {
+    Tables(Vec<PgTable>),
+    Files {
+        format: Format,
+        /// (stream, pattern)
+        streams: Vec<(String, String)>,
+    },
+}
+
 fn stream_epochs(
     a: &mut Attempt,
     url: &str,
-    tables: Vec<PgTable>,
+    source: Source,
     batch_rows: usize,
     head_epoch: u64,
     head_record: Option<String>,
@@ -594,11 +702,36 @@ fn stream_epochs(
         .ok()
         .and_then(|v| v.parse().ok());
     let mut readers = Vec::new();
-    for table in tables {
-        let after = states
-            .get(&table.spec.name)
-            .and_then(|s| s.position.clone());
-        readers.push(spawn_reader(url.to_string(), table, after, batch_rows)?);
+    let after = |name: &str| states.get(name).and_then(|s| s.position.clone());
+    match source {
+        Source::Tables(tables) => {
+            for table in tables {
+                let from = after(&table.spec.name);
+                readers.push(spawn_reader(url.to_string(), table, from, batch_rows)?);
+            }
+        }
+        Source::Files { format, streams } => {
+            for (name, pattern) in streams {
+                let from = after(&name);
+                let mut r =
+                    spawn_file_reader(url.to_string(), format, name, pattern, from, batch_rows)?;
+                // The schema inferred so far: it only ever widens.
+                let cols = states
+                    .get(&r.name)
+                    .map(|s| {
+                        s.schema
+                            .iter()
+                            .filter(|(n, _)| !n.starts_with("_orca_"))
+                            .filter_map(|(n, t)| {
+                                ColType::from_arrow_name(t).map(|t| (n.clone(), t))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                r.shape = Shape::Inferred(StreamSchema::inferred(cols));
+                readers.push(r);
+            }
+        }
     }
 
     let mut out = Outcome {
@@ -620,7 +753,24 @@ fn stream_epochs(
                     ids,
                     last,
                     rows,
-                })) => chunks.push((r.name.clone(), r.table.clone(), arrays, ids, last, rows)),
+                })) => {
+                    let Shape::Table(table) = &r.shape else {
+                        return Err(EngineError::Reader {
+                            stream: r.name.clone(),
+                            reason: "typed rows from an untyped stream".into(),
+                        });
+                    };
+                    let taken = Taken::Typed {
+                        schema: pgsource::destination_schema(table),
+                        arrays,
+                        ids,
+                        rows,
+                    };
+                    chunks.push((r.name.clone(), taken, last));
+                }
+                Ok(Ok(Msg::Raw(chunk))) => {
+                    chunks.push((r.name.clone(), Taken::Raw(chunk.records), chunk.last))
+                }
                 Ok(Ok(Msg::End { bytes })) => {
                     r.done = true;
                     out.source_bytes += bytes;
@@ -639,19 +789,78 @@ fn stream_epochs(
         }
         let positions: Positions = chunks
             .iter()
-            .map(|c| (c.0.clone(), c.4.join("\u{1f}")))
+            .map(|c| (c.0.clone(), c.2.join("\u{1f}")))
             .collect();
         let epoch = coord.request_barrier(positions);
         let synced_at = chrono::Utc::now().timestamp_micros();
         let mut staged = Vec::new();
-        for (name, table, mut arrays, ids, last, rows) in chunks {
-            let seq: Int64Array = (0..rows as i64)
-                .map(|i| ((epoch as i64) << 32) | i)
-                .collect();
-            let at = TimestampMicrosecondArray::from(vec![synced_at; rows]).with_timezone("UTC");
-            arrays.extend([ids, Arc::new(seq) as ArrayRef, Arc::new(at) as ArrayRef]);
-            let schema = pgsource::destination_schema(&table);
-            let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+        let mut quarantined = Vec::new();
+        for (name, taken, last) in chunks {
+            let batch = match taken {
+                Taken::Typed {
+                    schema,
+                    mut arrays,
+                    ids,
+                    rows,
+                } => {
+                    let seq: Int64Array = (0..rows as i64)
+                        .map(|i| ((epoch as i64) << 32) | i)
+                        .collect();
+                    let at =
+                        TimestampMicrosecondArray::from(vec![synced_at; rows]).with_timezone("UTC");
+                    arrays.extend([ids, Arc::new(seq) as ArrayRef, Arc::new(at) as ArrayRef]);
+                    RecordBatch::try_new(schema, arrays)?
+                }
+                Taken::Raw(records) => {
+                    let Some(Shape::Inferred(schema)) = readers
+                        .iter_mut()
+                        .find(|r| r.name == name)
+                        .map(|r| &mut r.shape)
+                    else {
+                        return Err(EngineError::Reader {
+                            stream: name,
+                            reason: "records from a typed stream".into(),
+                        });
+                    };
+                    let mut good = Vec::with_capacity(records.len());
+                    let mut bad = Vec::new();
+                    for (i, r) in records.into_iter().enumerate() {
+                        let seq = ((epoch as i64) << 32) | i as i64;
+                        match r {
+                            Ok(mut raw) => {
+                                raw.seq = seq;
+                                good.push(raw);
+                            }
+                            Err((raw, reason)) => bad.push((raw.position, raw.record, reason)),
+                        }
+                    }
+                    let (batch, set_aside) =
+                        crate::normalize::normalize(&name, schema, &good, synced_at)?;
+                    bad.extend(
+                        set_aside
+                            .into_iter()
+                            .map(|q| (q.position, q.record, q.reason)),
+                    );
+                    if !bad.is_empty() {
+                        let path = a.layout.quarantine(epoch, a.generation, &name);
+                        let mut body = String::new();
+                        for (position, record, reason) in &bad {
+                            body.push_str(
+                                &json!({"stream": name, "position": position,
+                                        "reason": reason, "record": record})
+                                .to_string(),
+                            );
+                            body.push('\n');
+                        }
+                        a.store.put(&path, Bytes::from(body))?;
+                        out.quarantined += bad.len() as u64;
+                        quarantined.push(path);
+                    }
+                    batch
+                }
+            };
+            let schema = batch.schema();
+            let rows = batch.num_rows();
             let data = parquet_dest::encode(&batch)?;
             let path = a.layout.staged(epoch, a.generation, &name, 0);
             let bytes = data.len() as u64;
@@ -679,7 +888,7 @@ fn stream_epochs(
             previous: previous.clone(),
             streams: states.clone(),
             committables: vec![LaneCommittable { lane: 0, staged }],
-            quarantined: Vec::new(),
+            quarantined,
             written_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         };
         let payload = serde_json::to_string(&record.committables).unwrap_or_default();

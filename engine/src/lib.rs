@@ -7,6 +7,7 @@
 
 pub mod attempt;
 pub mod dest;
+pub mod files;
 pub mod frame;
 pub mod normalize;
 pub mod parquet_dest;

@@ -46,6 +46,17 @@ impl ColType {
         }
     }
 
+    /// The type an Arrow type name (as records keep schemas) stands for.
+    pub fn from_arrow_name(name: &str) -> Option<ColType> {
+        Some(match name {
+            "Boolean" => Self::Bool,
+            "Int64" => Self::Int64,
+            "Float64" => Self::Float64,
+            "Utf8" => Self::String,
+            _ => return None,
+        })
+    }
+
     /// The type a JSON value asks for; `None` for null.
     fn of(v: &Value) -> Option<ColType> {
         match v {
@@ -89,6 +100,14 @@ impl StreamSchema {
         StreamSchema {
             columns: declared.iter().map(|(n, t)| (n.clone(), *t)).collect(),
             declared,
+        }
+    }
+
+    /// A schema inferred before (from a checkpoint record), to widen on.
+    pub fn inferred(columns: Vec<(String, ColType)>) -> Self {
+        StreamSchema {
+            columns,
+            declared: BTreeMap::new(),
         }
     }
 

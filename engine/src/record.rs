@@ -72,6 +72,13 @@ impl Layout {
         )
     }
 
+    pub fn quarantine(&self, epoch: u64, generation: i32, stream: &str) -> String {
+        format!(
+            "{}/_quarantine/{epoch:010}-g{generation}/{stream}.jsonl",
+            self.root
+        )
+    }
+
     pub fn log(&self, generation: i32) -> String {
         format!("{}/_logs/g{generation:06}.jsonl", self.root)
     }

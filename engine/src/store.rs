@@ -40,7 +40,17 @@ pub struct Store {
 }
 
 impl Store {
+    /// Opens a store to write to; a local directory is made if missing.
     pub fn open(url: &str) -> Result<Store, StoreError> {
+        Self::open_with(url, true)
+    }
+
+    /// Opens a store to read from; a local directory must exist.
+    pub fn open_existing(url: &str) -> Result<Store, StoreError> {
+        Self::open_with(url, false)
+    }
+
+    fn open_with(url: &str, create: bool) -> Result<Store, StoreError> {
         let bad = |reason: String| StoreError::Url {
             url: url.to_string(),
             reason,
@@ -66,7 +76,11 @@ impl Store {
                         "a local store needs an absolute path (or s3://bucket/prefix)".into(),
                     ));
                 }
-                std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
+                if create {
+                    std::fs::create_dir_all(dir).map_err(|e| bad(e.to_string()))?;
+                } else if !std::path::Path::new(dir).is_dir() {
+                    return Err(bad("no such directory".into()));
+                }
                 let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
                 (Arc::new(fs), Path::default())
             };

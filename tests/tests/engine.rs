@@ -312,7 +312,7 @@ async fn a_newer_claim_fences_a_running_attempt_which_stops_without_committing()
 }
 
 #[tokio::test]
-async fn a_missing_table_or_an_unbuilt_connector_is_a_clear_error_and_moves_nothing() {
+async fn a_missing_table_or_directory_or_an_unbuilt_connector_is_a_clear_error_and_moves_nothing() {
     let db = TestDb::new().await;
     let dir = scratch("bad");
     let (out, store) = (dir.join("out"), dir.join("store"));
@@ -329,8 +329,9 @@ async fn a_missing_table_or_an_unbuilt_connector_is_a_clear_error_and_moves_noth
         .iter()
         .all(|p| !p.to_string_lossy().ends_with(".parquet")));
 
+    let missing = dir.join("nowhere");
     sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "files", "url": "/nowhere", "format": "jsonl"}))
+        .bind(json!({"type": "files", "url": missing.to_string_lossy(), "format": "jsonl"}))
         .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
         .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
         .execute(&db.pool)
@@ -340,7 +341,31 @@ async fn a_missing_table_or_an_unbuilt_connector_is_a_clear_error_and_moves_noth
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr)
-            .contains("the files source's data path is not built yet"),
+            .contains(&format!("store {}: no such directory", missing.display())),
+        "{}",
+        text(&o)
+    );
+    assert!(!missing.exists(), "a source directory is not made");
+
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "id",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    sqlx::raw_sql("CREATE TABLE public.orders (id bigint PRIMARY KEY)")
+        .execute(&db.pool)
+        .await
+        .expect("table");
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("the postgres destination's data path is not built yet"),
         "{}",
         text(&o)
     );
@@ -678,5 +703,151 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
             .expect("attempt log");
     assert!(log.contains(r#""event":"done""#), "{log}");
     assert!(log.contains(&format!(r#""run":"{second}""#)), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn all_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+async fn define_files(db: &TestDb, input: &Path, format: &str, pattern: &str, out: &Path) {
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": format}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "events", "pattern": pattern}]))
+        .execute(&db.pool)
+        .await
+        .expect("an exactly-once sync of files");
+}
+
+#[tokio::test]
+async fn json_lines_sync_exactly_once_widening_their_schema_and_quarantining_bad_lines() {
+    let db = TestDb::new().await;
+    let dir = scratch("jsonl");
+    let (input, out, store) = (dir.join("in"), dir.join("out"), dir.join("store"));
+    std::fs::create_dir_all(input.join("events")).expect("input dir");
+    let mut day1: String = (1..=10_000)
+        .map(|i| format!("{{\"id\": {i}, \"amount\": {i}, \"name\": \"n{i}\"}}\n"))
+        .collect();
+    day1.push_str("not json at all\n[1, 2]\n{\"id\": 0, \"_orca_id\": \"forged\"}\n");
+    let mut day2: String = (10_001..=20_000)
+        .map(|i| format!("{{\"id\": {i}, \"amount\": {i}.5}}\n"))
+        .collect();
+    day2.push_str("{\"id\": 20001, \"extra\": true}\n");
+    std::fs::write(input.join("events/2024-01-01.jsonl"), day1).expect("day 1");
+    std::fs::write(input.join("events/2024-01-02.jsonl"), day2).expect("day 2");
+    std::fs::write(input.join("events/notes.txt"), "not a stream file").expect("other file");
+    define_files(&db, &input, "jsonl", "events/*.jsonl", &out).await;
+
+    // A crash at the commit point of epoch 2, then an attempt to the end.
+    let o = engine(&db, &store, 3_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "2")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = engine(&db, &store, 3_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 2 to events, then resume");
+
+    let batches = published(&out, "events");
+    let (n, ids, orca_ids, sum) = tally(&batches);
+    assert_eq!(
+        (n, ids, orca_ids),
+        (20_001, 20_001, 20_001),
+        "every good line once"
+    );
+    assert_eq!(sum, 20_001 * 20_002 / 2);
+    // The schema only widened: amount was int64, became float64; extra joined.
+    let last = batches.last().expect("a batch");
+    let amount = last
+        .schema()
+        .field_with_name("amount")
+        .expect("amount")
+        .data_type()
+        .clone();
+    assert_eq!(amount, arrow_schema::DataType::Float64);
+    assert!(last.schema().field_with_name("extra").is_ok());
+    assert!(
+        last.schema().field_with_name("name").is_ok(),
+        "never dropped"
+    );
+
+    // The three bad lines, set aside once each with a reason.
+    let q: Vec<Value> = all_files(&store.join("default/shop/_quarantine"), "jsonl")
+        .iter()
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .expect("quarantine file")
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let reasons: Vec<&str> = q.iter().filter_map(|r| r["reason"].as_str()).collect();
+    assert_eq!(reasons.len(), 3, "{q:?}");
+    assert!(reasons[0].starts_with("not JSON"), "{reasons:?}");
+    assert!(reasons[1].contains("must be an object"), "{reasons:?}");
+    assert!(reasons[2].contains("reserved prefix"), "{reasons:?}");
+    assert!(q[0]["position"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("events/2024-01-01.jsonl@")));
+
+    // A new file: the next attempt reads only it.
+    std::fs::write(
+        input.join("events/2024-01-03.jsonl"),
+        "{\"id\": 20002}\n{\"id\": 20003}\n",
+    )
+    .expect("day 3");
+    let o = engine(&db, &store, 3_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 2, "{outcome}");
+    assert_eq!(tally(&published(&out, "events")).1, 20_003);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn csv_files_resume_after_a_sigkill_by_file_and_offset() {
+    let db = TestDb::new().await;
+    let dir = scratch("csv");
+    let (input, out, store) = (dir.join("in"), dir.join("out"), dir.join("store"));
+    std::fs::create_dir_all(&input).expect("input dir");
+    for f in 0..4 {
+        let body: String = std::iter::once("id,city,note\n".to_string())
+            .chain((0..50_000).map(|i| {
+                let id = f * 50_000 + i + 1;
+                format!("{id},\"city, {}\",\n", id % 7)
+            }))
+            .collect();
+        std::fs::write(input.join(format!("part-{f}.csv")), body).expect("csv");
+    }
+    define_files(&db, &input, "csv", "part-*.csv", &out).await;
+    let first = kill_at(&db, engine(&db, &store, 5_000).spawn().expect("engine"), 3).await;
+    assert!(first < 40, "killed mid-sync at epoch {first}");
+    let o = engine(&db, &store, 5_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+
+    let batches = published(&out, "events");
+    let mut ids = HashSet::new();
+    let mut rows = 0;
+    for b in &batches {
+        let id = column::<StringArray>(b, "id");
+        let city = column::<StringArray>(b, "city");
+        let note = column::<StringArray>(b, "note");
+        for i in 0..b.num_rows() {
+            ids.insert(id.value(i).to_string());
+            assert!(city.value(i).starts_with("city, "));
+            assert!(note.is_null(i), "an empty field is null");
+        }
+        rows += b.num_rows();
+    }
+    assert_eq!((rows, ids.len()), (200_000, 200_000), "every row once");
+    assert_eq!(head(&db).await.0, 40);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -79,6 +79,7 @@ fn main() -> ExitCode {
                             "rows": o.rows,
                             "source_bytes": o.source_bytes,
                             "staged_bytes": o.staged_bytes,
+                            "quarantined": o.quarantined,
                         })
                     );
                     ExitCode::SUCCESS
