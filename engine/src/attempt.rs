@@ -626,6 +626,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         &opts.org,
         &opts.sync,
         tables,
+        &def,
     )?;
     let mut a = Attempt {
         log: Log {

@@ -11,13 +11,20 @@ use orca::sync_tables::{EpochCommit, SyncTables};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
+use std::collections::HashMap;
+
 use crate::parquet_dest::{DestError, ParquetDest};
+use crate::pg_dest::{PgDest, StreamMode};
 use crate::pgsource::{self, PgTable};
 use crate::record::Staged;
 use crate::store::Store;
 
 pub enum Dest {
     Parquet(ParquetDest),
+    Postgres {
+        pg: PgDest,
+        modes: HashMap<String, StreamMode>,
+    },
     Iceberg {
         tables: SyncTables,
         namespace: String,
@@ -38,6 +45,7 @@ impl Dest {
         org: &str,
         sync: &str,
         streams: &[PgTable],
+        definition: &Value,
     ) -> Result<Dest, DestError> {
         let opt = |k: &str| {
             destination
@@ -50,6 +58,39 @@ impl Dest {
             "parquet" => Ok(Dest::Parquet(ParquetDest {
                 store: Store::open(&opt("url")?)?,
             })),
+            "postgres" => {
+                let schema = destination
+                    .get("schema")
+                    .and_then(Value::as_str)
+                    .unwrap_or("public");
+                let modes = definition
+                    .get("streams")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| {
+                        let name = s.get("name")?.as_str()?.to_string();
+                        let mode = StreamMode {
+                            merge: s.get("mode").and_then(Value::as_str) == Some("merge"),
+                            primary_key: s
+                                .get("primary_key")
+                                .and_then(Value::as_array)
+                                .map(|a| {
+                                    a.iter()
+                                        .filter_map(Value::as_str)
+                                        .map(str::to_string)
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        };
+                        Some((name, mode))
+                    })
+                    .collect();
+                Ok(Dest::Postgres {
+                    pg: PgDest::open(&opt("url")?, schema, sync)?,
+                    modes,
+                })
+            }
             "iceberg" => {
                 let tables = SyncTables::open(database_url, org).map_err(iceberg)?;
                 let namespace = opt("namespace")?;
@@ -71,9 +112,10 @@ impl Dest {
         }
     }
 
-    pub fn raise_fence(&self, generation: i32, streams: &[String]) -> Result<(), DestError> {
+    pub fn raise_fence(&mut self, generation: i32, streams: &[String]) -> Result<(), DestError> {
         match self {
             Dest::Parquet(p) => p.raise_fence(generation),
+            Dest::Postgres { pg, .. } => pg.raise_fence(generation),
             Dest::Iceberg {
                 tables,
                 namespace,
@@ -97,9 +139,10 @@ impl Dest {
     }
 
     /// The last epoch applied to a stream.
-    pub fn marker(&self, stream: &str) -> Result<u64, DestError> {
+    pub fn marker(&mut self, stream: &str) -> Result<u64, DestError> {
         match self {
             Dest::Parquet(p) => p.marker(stream),
+            Dest::Postgres { pg, .. } => pg.marker(stream),
             Dest::Iceberg {
                 tables,
                 namespace,
@@ -112,7 +155,7 @@ impl Dest {
 
     /// Makes a stream's epoch visible, idempotently.
     pub fn apply(
-        &self,
+        &mut self,
         staging: &Store,
         generation: i32,
         epoch: u64,
@@ -121,6 +164,19 @@ impl Dest {
     ) -> Result<(), DestError> {
         match self {
             Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged),
+            Dest::Postgres { pg, modes } => {
+                // The marker moves even for an epoch in which the stream
+                // read nothing: it costs one row in the same transaction.
+                let batches = match staged {
+                    Some(s) => read_staged(staging, s)?,
+                    None => Vec::new(),
+                };
+                let mode = modes.get(stream).cloned().unwrap_or(StreamMode {
+                    merge: false,
+                    primary_key: Vec::new(),
+                });
+                pg.apply(generation, epoch, stream, &batches, &mode)
+            }
             Dest::Iceberg {
                 tables,
                 namespace,
@@ -131,12 +187,7 @@ impl Dest {
                 let Some(s) = staged else {
                     return Ok(());
                 };
-                let data: Bytes = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
-                    path: staging.url_of(&s.path),
-                })?;
-                let batches = ParquetRecordBatchReaderBuilder::try_new(data)?
-                    .build()?
-                    .collect::<Result<Vec<_>, _>>()?;
+                let batches = read_staged(staging, s)?;
                 match tables
                     .append_epoch(
                         &format!("{namespace}.{stream}"),
@@ -157,4 +208,14 @@ impl Dest {
             }
         }
     }
+}
+
+/// The batches of a staged Parquet file.
+fn read_staged(staging: &Store, s: &Staged) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
+    let data: Bytes = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
+        path: staging.url_of(&s.path),
+    })?;
+    Ok(ParquetRecordBatchReaderBuilder::try_new(data)?
+        .build()?
+        .collect::<Result<Vec<_>, _>>()?)
 }

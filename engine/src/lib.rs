@@ -11,6 +11,7 @@ pub mod files;
 pub mod frame;
 pub mod normalize;
 pub mod parquet_dest;
+pub mod pg_dest;
 pub mod pgcopy;
 pub mod pgsource;
 pub mod protocol;

@@ -32,6 +32,8 @@ pub enum DestError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error("iceberg destination: {0}")]
     Iceberg(String),
+    #[error("postgres destination: {0}")]
+    Postgres(String),
     #[error("destination: {0}")]
     Definition(String),
     #[error("{0} is not built yet")]
