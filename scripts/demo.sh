@@ -33,8 +33,8 @@ fi
 
 "$ORCA_ROOT/scripts/setup.sh"
 say "building the runner, the orca CLI and the example pipelines"
-cargo build --release -q -p orca-runner -p orca-cli -p example-lake -p example-weather \
-    -p example-onthisday -p example-labels
+cargo build --release -q -p orca-runner -p orca-cli -p orca-engine -p example-lake \
+    -p example-weather -p example-onthisday -p example-labels
 BIN="$CARGO_TARGET_DIR/release"
 cluster_start
 
@@ -64,6 +64,10 @@ export ORCA_EXAMPLE_DATA="$ORCA_ROOT/examples/data"
 export ORCA_WAREHOUSE
 ORCA_WAREHOUSE="$(dirname "$ORCA_PGDIR")/warehouse"
 rm -rf "$ORCA_WAREHOUSE"
+# Syncs' checkpoints, staged epochs and logs (the runner's orca-engine reads it).
+export ORCA_STORE
+ORCA_STORE="$(dirname "$ORCA_PGDIR")/store"
+rm -rf "$ORCA_STORE"
 say "starting a runner (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
 mkdir -p "$LOGS" "$ORCA_WAREHOUSE"
 "${PSQL[@]}" -d orca -qc "SET client_min_messages = warning" \
@@ -108,6 +112,41 @@ t = SqlCatalog("default", uri=url, warehouse="file://" + wh).load_table("lake.la
 for row in sorted(t.scan().to_arrow().to_pylist(), key=lambda r: r["origin"]):
     print("  ", row)
 PY
+
+say "a sync: table demo_orders mirrored into raw.orders (merge by id), run by the runner's orca-engine"
+"${PSQL[@]}" -d orca -q <<SQL
+SET client_min_messages = warning;
+DROP SCHEMA IF EXISTS raw CASCADE;
+DROP TABLE IF EXISTS demo_orders;
+CREATE TABLE demo_orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL,
+                          customer text, total numeric(10,2));
+INSERT INTO demo_orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 minute',
+                               'customer ' || (g % 97), g / 10.0
+FROM generate_series(1, 50000) g;
+SELECT orca.create_sync('orders_mirror',
+    jsonb_build_object('type', 'postgres', 'url', '$DATABASE_URL', 'batch_rows', 10000),
+    jsonb_build_object('type', 'postgres', 'url', '$DATABASE_URL', 'schema', 'raw'),
+    '[{"name": "orders", "table": "public.demo_orders", "cursor": "updated_at",
+       "primary_key": ["id"], "mode": "merge"}]',
+    delivery => 'effectively_once');
+SQL
+sync_run() {
+    local id
+    id=$("${PSQL[@]}" -d orca -Atqc "SELECT orca.run('orders_mirror', 'now')")
+    for ((i = 0; i < 240; i++)); do
+        [ "$("${PSQL[@]}" -d orca -Atqc "SELECT status FROM orca.runs WHERE id = $id")" = succeeded ] && return 0
+        sleep 0.25
+    done
+    tail -30 "$LOGS/runner.out" >&2
+    die "sync run $id did not succeed within 60 s"
+}
+sync_run
+"${PSQL[@]}" -d orca -Atqc "UPDATE demo_orders SET total = total + 1, updated_at = now() WHERE id <= 100"
+sync_run
+"$BIN/orca" runs --pipeline orders_mirror
+"${PSQL[@]}" -d orca -c "SELECT count(*) AS rows, sum(total) AS total FROM raw.orders" \
+    -c "SELECT count(*) AS rows, sum(total) AS total FROM demo_orders" \
+    -c "SELECT sync, stream, epoch, generation FROM raw._orca_markers"
 
 say "waiting for onthisday's schedule (* * * * *) to fire: the background worker ticks every second"
 for ((i = 0; i < 180; i++)); do

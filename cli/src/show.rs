@@ -30,7 +30,7 @@ pub fn runs(
             "SELECT run, pipeline, version, partitions, trigger, status, attempts, created_at,
                     started_at, finished_at, steps_succeeded, steps_total, error
              FROM orca.run_overview
-             WHERE kind = 'pipeline'
+             WHERE kind IN ('pipeline', 'sync')
                AND ($1::text IS NULL OR pipeline = $1) AND ($2::text IS NULL OR status = $2)
              ORDER BY run DESC LIMIT $3",
             &[&pipeline, &status, &limit],
