@@ -551,9 +551,12 @@ BEGIN
             FOR UPDATE SKIP LOCKED)
         RETURNING q.attempt_id AS id
     ), leased AS (
+        -- leased_at is the clock, not the transaction's start: this statement
+        -- may see an attempt that a finish committed after this transaction
+        -- began, and must not look leased before the run ahead of it ended.
         UPDATE orca.attempts a
         SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
-            leased_at = now(), heartbeat_at = now(), deadline = now() + v_ttl
+            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
         FROM picked WHERE a.id = picked.id AND a.status = 'pending'
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
     ), live AS (

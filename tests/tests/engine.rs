@@ -1017,3 +1017,71 @@ async fn files_into_postgres_widen_the_table_as_the_stream_widens() {
     assert_eq!(rows, ["1 5 -", "2 6 -", "3 7.5 new"]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The store and the parquet destination in object storage (moto's S3
+/// server: an S3 API emulator, since no real S3 is reachable here).
+#[tokio::test]
+async fn checkpoints_staging_and_parquet_files_live_in_s3() {
+    let db = TestDb::new().await;
+    let rows = 30_000i64;
+    make_source(&db, rows).await;
+    let s3 = orca_tests::s3::S3Server::start("orca");
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "parquet", "url": "s3://orca/out"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let run = |crash: Option<&str>| {
+        let mut c = Command::new(bin("orca-engine"));
+        c.args([
+            "sync",
+            "shop",
+            "--batch-rows",
+            "10000",
+            "--store",
+            "s3://orca/store",
+        ])
+        .env("DATABASE_URL", db.url())
+        .envs(s3.env());
+        if let Some(epoch) = crash {
+            c.env("ORCA_ENGINE_CRASH_AFTER_HEAD", epoch);
+        }
+        c.output().expect("engine")
+    };
+    let o = run(Some("2"));
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = run(None);
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 2 to orders, then resume");
+
+    let parts: Vec<String> = s3
+        .keys("orca", "out/orders/")
+        .into_iter()
+        .filter(|k| k.ends_with(".parquet"))
+        .collect();
+    assert_eq!(
+        parts,
+        (1..=3)
+            .map(|e| format!("out/orders/part-{e:010}.parquet"))
+            .collect::<Vec<_>>()
+    );
+    let checkpoints = s3.keys("orca", "store/default/shop/_checkpoints/");
+    assert_eq!(checkpoints.len(), 3, "{checkpoints:?}");
+    assert!(s3.keys("orca", "store/default/shop/_staging/").is_empty());
+    // Every row once, read back from the bucket by another client.
+    let counted = s3.boto(
+        "import io, pyarrow.parquet as pq\n\
+         ids = set(); n = 0\n\
+         for k in ['out/orders/part-%010d.parquet' % e for e in (1, 2, 3)]:\n    \
+             t = pq.read_table(io.BytesIO(s.get_object(Bucket='orca', Key=k)['Body'].read()))\n    \
+             n += t.num_rows; ids.update(t.column('id').to_pylist())\n\
+         print(n, len(ids))",
+    );
+    assert_eq!(counted.trim(), format!("{rows} {rows}"));
+}
