@@ -156,7 +156,8 @@ CREATE TABLE orca.runs (
     -- runs its request asks for.
     -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
     kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync')),
-    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
+    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}; a sync
+    -- backfill's: {"mode": "full"}.
     request     jsonb,
     -- The keys task that queued this run.
     parent_run  bigint,
@@ -1749,13 +1750,25 @@ DECLARE
     v_parts text[];
     v_ids bigint[];
     v_active text[];
+    v_sync_run bigint;
 BEGIN
     p := orca._pipeline(v_org, backfill.pipeline);
     IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
-        RAISE EXCEPTION '''%'' is a sync: it has no partitions to backfill; each run reads from its checkpoint up to now',
-                        p.name
-            USING ERRCODE = 'OR021',
-                  HINT = format('SELECT orca.run(%L, ''now'') queues a run now', p.name);
+        IF backfill.partitions IS DISTINCT FROM '@all' THEN
+            RAISE EXCEPTION '''%'' is a sync: it backfills ''@all'' (every stream read again from its start), got %',
+                            p.name, quote_nullable(backfill.partitions)
+                USING ERRCODE = 'OR021',
+                      HINT = format('SELECT orca.run(%L, ''now'') queues a run from the checkpoint', p.name);
+        END IF;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               kind, request)
+        SELECT v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+               'backfill', v.run_retries, 'sync', '{"mode": "full"}'
+        FROM orca.pipeline_versions v WHERE v.id = p.current_version
+        RETURNING id INTO v_sync_run;
+        PERFORM orca._runs_created(v_org, p.id, ARRAY[v_sync_run]);
+        RETURN NEXT v_sync_run;
+        RETURN;
     END IF;
     IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
         v_parts := orca._key_names(p, backfill.partitions);
@@ -1800,7 +1813,9 @@ COMMENT ON FUNCTION orca.backfill(text, text) IS
 'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
 'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of keys_per_run, or ''@all'', '
 'which returns the id of a keys task (a run of kind keys): it reads the keys dataset and '
-'queues runs of keys_per_run for every key that is not done (runs.parent_run names it).';
+'queues runs of keys_per_run for every key that is not done (runs.parent_run names it). '
+'A sync (orca.create_sync) takes ''@all'': one run that reads every stream again from its '
+'start (a merge converges, an append with _orca_id skipping adds only what it lacks).';
 
 CREATE FUNCTION orca.cancel(run bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -3006,25 +3021,43 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION orca.claim_sync(sync text) RETURNS jsonb
+CREATE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_org bigint := orca.current_org_id();
-    s orca.syncs := orca._sync(v_org, claim_sync.sync);
+    s orca.syncs;
+    a orca.attempts;
+    r orca.runs;
 BEGIN
+    -- A run's attempt says which run it is: its lease must be live and of
+    -- this sync (locks run, then attempt, then the sync, as finish does).
+    IF claim_sync.lease IS NOT NULL THEN
+        a := orca._leased_attempt(v_org, claim_sync.lease);
+        SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+        IF r.kind <> 'sync'
+           OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) <> claim_sync.sync THEN
+            RAISE EXCEPTION 'lease % is an attempt of run %, not of sync ''%''',
+                            claim_sync.lease, r.id, claim_sync.sync
+                USING ERRCODE = 'OR050';
+        END IF;
+    END IF;
+    s := orca._sync(v_org, claim_sync.sync);
     UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
-    PERFORM orca._event(v_org, 'sync.claimed', NULL, NULL, NULL,
+    PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
         jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
     RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
                               'epoch', s.head_epoch, 'record', s.head_record,
-                              'definition', s.definition);
+                              'definition', s.definition, 'run', r.id,
+                              'request', coalesce(r.request, '{}'::jsonb));
 END
 $$;
-COMMENT ON FUNCTION orca.claim_sync(text) IS
+COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
 'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
-'generation, the HEAD epoch and record to recover from, and the definition.';
+'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
+'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
+'({"mode": "full"} for a backfill: read everything again).';
 
 CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text)
 RETURNS void
@@ -3323,7 +3356,7 @@ GRANT EXECUTE ON FUNCTION
     orca.report_snapshots(uuid, jsonb),
     orca.keys_context(uuid),
     orca.report_keys(uuid, bigint, bigint, text[]),
-    orca.claim_sync(text),
+    orca.claim_sync(text, uuid),
     orca.advance_head(text, integer, bigint, text),
     orca.rewind_head(text, integer, bigint, text),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),

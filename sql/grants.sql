@@ -44,7 +44,7 @@ GRANT EXECUTE ON FUNCTION
     orca.report_snapshots(uuid, jsonb),
     orca.keys_context(uuid),
     orca.report_keys(uuid, bigint, bigint, text[]),
-    orca.claim_sync(text),
+    orca.claim_sync(text, uuid),
     orca.advance_head(text, integer, bigint, text),
     orca.rewind_head(text, integer, bigint, text),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),

@@ -145,7 +145,8 @@ CREATE TABLE orca.runs (
     -- runs its request asks for.
     -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
     kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync')),
-    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}.
+    -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}; a sync
+    -- backfill's: {"mode": "full"}.
     request     jsonb,
     -- The keys task that queued this run.
     parent_run  bigint,

@@ -78,6 +78,8 @@ pub struct Options {
     pub store_url: String,
     /// Overrides the source's `batch_rows`.
     pub batch_rows: Option<usize>,
+    /// The lease of the run's attempt, when a runner started this one.
+    pub lease: Option<String>,
 }
 
 /// What an attempt did.
@@ -550,8 +552,12 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
     control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
     let claim: Value = control
-        .query_one("SELECT orca.claim_sync($1)", &[&opts.sync])?
+        .query_one(
+            "SELECT orca.claim_sync($1, $2::text::uuid)",
+            &[&opts.sync, &opts.lease],
+        )?
         .get(0);
+    let full = claim["request"]["mode"] == "full";
     let generation = claim["generation"].as_i64().unwrap_or(0) as i32;
     let head_epoch = claim["epoch"].as_u64().unwrap_or(0);
     let head_record = claim["record"].as_str().map(str::to_string);
@@ -662,7 +668,15 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             },
             other => other.into(),
         })?;
-    let result = stream_epochs(&mut a, &url, source, batch_rows, head_epoch, head_record);
+    let result = stream_epochs(
+        &mut a,
+        &url,
+        source,
+        batch_rows,
+        head_epoch,
+        head_record,
+        full,
+    );
     if let Err(e) = &result {
         a.log.event("failed", json!({"error": e.to_string()}));
     }
@@ -687,6 +701,7 @@ fn stream_epochs(
     batch_rows: usize,
     head_epoch: u64,
     head_record: Option<String>,
+    full: bool,
 ) -> Result<Outcome, EngineError> {
     let Recovered {
         said,
@@ -694,6 +709,13 @@ fn stream_epochs(
         mut states,
         record: mut previous,
     } = a.recover(head_epoch, head_record)?;
+    if full {
+        // A backfill: every stream from its start, in epochs after HEAD.
+        for st in states.values_mut() {
+            st.position = None;
+        }
+        a.log.event("full", json!({"streams": a.streams}));
+    }
     // Whatever is still staged now belongs to epochs that are applied or
     // that will be read again: none of it is needed.
     for f in a.store.list(&format!("{}/_staging", a.layout.root))? {

@@ -1085,3 +1085,65 @@ async fn checkpoints_staging_and_parquet_files_live_in_s3() {
     );
     assert_eq!(counted.trim(), format!("{rows} {rows}"));
 }
+
+/// A backfill of a sync reads every stream again from its start: a merge
+/// repairs a destination that drifted, where a run from the checkpoint
+/// reads nothing new.
+#[tokio::test]
+async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
+    let db = TestDb::new().await;
+    let rows = 20_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("backfill");
+    let (store, logs) = (dir.join("store"), dir.join("logs"));
+    define_pg(&db, "merge", "effectively_once").await;
+    let engine_bin = bin("orca-engine");
+    let store_s = store.to_string_lossy().into_owned();
+    let runner = orca_tests::procs::Runner::start(
+        &db.url(),
+        "r1",
+        1,
+        &logs,
+        &[
+            ("ORCA_STORE", store_s.as_str()),
+            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+        ],
+    );
+    let now = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT orca.run('shop', 'now')")
+                .fetch_one(&pool)
+                .await
+                .expect("run now")
+        }
+    };
+    let r = now(&db).await;
+    wait_run(&db, r, "succeeded", &runner).await;
+    assert_eq!(differences(&db).await, 0);
+
+    sqlx::raw_sql(
+        "DELETE FROM raw.orders WHERE id % 10 = 0;
+         UPDATE raw.orders SET amount = -1 WHERE id % 7 = 0;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("drift");
+    let drift = differences(&db).await;
+    assert!(drift > 4000, "{drift}");
+    let r = now(&db).await;
+    wait_run(&db, r, "succeeded", &runner).await;
+    assert_eq!(differences(&db).await, drift, "nothing new to read");
+
+    let b: i64 = sqlx::query_scalar("SELECT orca.backfill('shop', '@all')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("backfill");
+    wait_run(&db, b, "succeeded", &runner).await;
+    assert_eq!(differences(&db).await, 0, "repaired");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM raw.orders").await, rows);
+    let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{b}/attempt-1.log")))
+        .expect("attempt log");
+    assert!(log.contains(r#""event":"full""#), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

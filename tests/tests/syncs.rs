@@ -295,9 +295,9 @@ async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
             "the only partition is 'now'",
         ),
         (
-            "SELECT orca.backfill('shop', '@all')",
+            "SELECT orca.backfill('shop', '2024-01')",
             "OR021",
-            "no partitions to backfill",
+            "it backfills '@all'",
         ),
     ] {
         let (c, msg) = expect_error(&db.pool, sql).await;
@@ -339,5 +339,64 @@ async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
         db.scalar_i64("SELECT count(*) FROM orca.syncs WHERE name = 'lake'")
             .await,
         0
+    );
+}
+
+#[tokio::test]
+async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
+    let db = TestDb::new().await;
+    create(
+        &db,
+        &pg(),
+        &json!({"type": "parquet", "url": "/var/tmp/out"}),
+        &orders("append"),
+        "at_least_once",
+    )
+    .await
+    .expect("sync");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT orca.backfill('shop', '@all')")
+        .fetch_all(&db.pool)
+        .await
+        .expect("backfill");
+    assert_eq!(ids.len(), 1);
+    let run = db
+        .strings("SELECT kind || ' ' || trigger || ' ' || request::text FROM orca.runs")
+        .await;
+    assert_eq!(run, [r#"sync backfill {"mode": "full"}"#]);
+    let leases = claim(&db.pool, "r1", 1).await;
+    assert_eq!(leases.len(), 1);
+    let claimed: Value = sqlx::query_scalar("SELECT orca.claim_sync('shop', $1)")
+        .bind(leases[0].lease)
+        .fetch_one(&db.pool)
+        .await
+        .expect("claim with the lease");
+    assert_eq!(claimed["run"], ids[0]);
+    assert_eq!(claimed["request"], json!({"mode": "full"}));
+    // A lease that is not live, or of another sync, claims nothing.
+    let (code, _) = expect_error(
+        &db.pool,
+        "SELECT orca.claim_sync('shop', '00000000-0000-0000-0000-000000000000')",
+    )
+    .await;
+    assert!(code.starts_with("OR01"), "{code}");
+    sqlx::query("SELECT orca.create_sync('other', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(pg())
+        .bind(json!({"type": "parquet", "url": "/var/tmp/out"}))
+        .bind(orders("append"))
+        .execute(&db.pool)
+        .await
+        .expect("another sync");
+    let (code, msg) = expect_error(
+        &db.pool,
+        &format!("SELECT orca.claim_sync('other', '{}')", leases[0].lease),
+    )
+    .await;
+    assert_eq!(code, "OR050");
+    assert!(msg.contains("not of sync 'other'"), "{msg}");
+    assert_eq!(
+        db.scalar_i64("SELECT generation::bigint FROM orca.syncs WHERE name = 'other'")
+            .await,
+        0,
+        "nothing claimed"
     );
 }

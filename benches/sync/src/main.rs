@@ -119,6 +119,7 @@ fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
         batch_rows: std::env::var("BATCH_ROWS")
             .ok()
             .and_then(|s| s.parse().ok()),
+        lease: None,
     };
     let started = Instant::now();
     let o = attempt::run(&opts)?;

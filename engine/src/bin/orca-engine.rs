@@ -57,7 +57,7 @@ fn main() -> ExitCode {
             org,
             store,
             batch_rows,
-            lease: _,
+            lease,
         } => {
             let opts = Options {
                 database_url,
@@ -65,6 +65,7 @@ fn main() -> ExitCode {
                 sync: name,
                 store_url: store,
                 batch_rows,
+                lease,
             };
             match attempt::run(&opts) {
                 Ok(o) => {
