@@ -98,6 +98,8 @@ pub struct Outcome {
     pub staged_bytes: u64,
     /// Records set aside under `_quarantine/`.
     pub quarantined: u64,
+    /// Cells held under `_held/` (the destination got null).
+    pub held: u64,
 }
 
 /// The attempt's log: JSON lines, kept under `_logs/` next to the checkpoint
@@ -818,6 +820,7 @@ fn stream_epochs(
         let synced_at = chrono::Utc::now().timestamp_micros();
         let mut staged = Vec::new();
         let mut quarantined = Vec::new();
+        let mut held_files = Vec::new();
         for (name, taken, last) in chunks {
             let batch = match taken {
                 Taken::Typed {
@@ -882,6 +885,22 @@ fn stream_epochs(
                     batch
                 }
             };
+            let (batch, held) = a.dest.hold(batch)?;
+            if !held.is_empty() {
+                let path = a.layout.held(epoch, a.generation, &name);
+                let mut body = String::new();
+                for h in &held {
+                    body.push_str(
+                        &json!({"stream": name, "_orca_id": h.orca_id, "column": h.column,
+                                          "value": h.value, "reason": h.reason})
+                        .to_string(),
+                    );
+                    body.push('\n');
+                }
+                a.store.put(&path, Bytes::from(body))?;
+                out.held += held.len() as u64;
+                held_files.push(path);
+            }
             let schema = batch.schema();
             let rows = batch.num_rows();
             let data = parquet_dest::encode(&batch)?;
@@ -912,6 +931,7 @@ fn stream_epochs(
             streams: states.clone(),
             committables: vec![LaneCommittable { lane: 0, staged }],
             quarantined,
+            held: held_files,
             written_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         };
         let payload = serde_json::to_string(&record.committables).unwrap_or_default();

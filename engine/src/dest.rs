@@ -138,6 +138,18 @@ impl Dest {
         }
     }
 
+    /// Sets aside the cells of a batch this destination cannot take (as
+    /// null), returning them to be held under `_held/`.
+    pub fn hold(
+        &self,
+        batch: arrow_array::RecordBatch,
+    ) -> Result<(arrow_array::RecordBatch, Vec<crate::pg_dest::Held>), DestError> {
+        match self {
+            Dest::Postgres { .. } => crate::pg_dest::hold(batch),
+            Dest::Parquet(_) | Dest::Iceberg { .. } => Ok((batch, Vec::new())),
+        }
+    }
+
     /// The last epoch applied to a stream.
     pub fn marker(&mut self, stream: &str) -> Result<u64, DestError> {
         match self {

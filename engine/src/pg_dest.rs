@@ -183,6 +183,66 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
     Ok(out)
 }
 
+/// A cell the destination cannot take, kept for a later release.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Held {
+    pub column: String,
+    pub orca_id: String,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+/// Postgres text cannot hold NUL: such cells are loaded as null and held.
+pub fn hold(batch: RecordBatch) -> Result<(RecordBatch, Vec<Held>), DestError> {
+    use arrow_array::builder::StringBuilder;
+    let schema = batch.schema();
+    let ids = batch
+        .column_by_name("_orca_id")
+        .map(|c| c.as_string::<i32>().clone());
+    let mut held = Vec::new();
+    let mut columns = batch.columns().to_vec();
+    for (i, f) in schema.fields().iter().enumerate() {
+        if f.data_type() != &DataType::Utf8 || f.name().starts_with("_orca_") {
+            continue;
+        }
+        let col = batch.column(i).as_string::<i32>();
+        if !col.iter().flatten().any(|v| v.contains('\0')) {
+            continue;
+        }
+        if !f.is_nullable() {
+            return Err(DestError::Definition(format!(
+                "column {} holds NUL characters Postgres cannot store, and cannot be null",
+                f.name()
+            )));
+        }
+        let mut b = StringBuilder::with_capacity(col.len(), col.value_data().len());
+        for (row, v) in col.iter().enumerate() {
+            match v {
+                Some(v) if v.contains('\0') => {
+                    held.push(Held {
+                        column: f.name().clone(),
+                        orca_id: ids
+                            .as_ref()
+                            .map(|ids| ids.value(row).to_string())
+                            .unwrap_or_default(),
+                        value: v.to_string(),
+                        reason: "Postgres text cannot hold NUL (\\u0000)",
+                    });
+                    b.append_null();
+                }
+                other => b.append_option(other),
+            }
+        }
+        columns[i] = std::sync::Arc::new(b.finish());
+    }
+    if held.is_empty() {
+        return Ok((batch, held));
+    }
+    let batch = RecordBatch::try_new(schema, columns)
+        .map_err(|e| DestError::Definition(format!("holding cells: {e}")))?;
+    Ok((batch, held))
+}
+
 pub struct PgDest {
     pub client: postgres::Client,
     pub schema: String,

@@ -46,6 +46,9 @@ pub struct Record {
     pub committables: Vec<LaneCommittable>,
     /// Quarantined record files written in this epoch.
     pub quarantined: Vec<String>,
+    /// Files of cells the destination could not take, held for a release.
+    #[serde(default)]
+    pub held: Vec<String>,
     pub written_at: String,
 }
 
@@ -68,6 +71,13 @@ impl Layout {
     pub fn staged(&self, epoch: u64, generation: i32, stream: &str, lane: usize) -> String {
         format!(
             "{}/_staging/{epoch:010}-g{generation}/{stream}-lane{lane}.parquet",
+            self.root
+        )
+    }
+
+    pub fn held(&self, epoch: u64, generation: i32, stream: &str) -> String {
+        format!(
+            "{}/_held/{epoch:010}-g{generation}/{stream}.jsonl",
             self.root
         )
     }
@@ -121,6 +131,7 @@ mod tests {
                 }],
             }],
             quarantined: vec![],
+            held: vec![],
             written_at: "2026-11-29T00:00:00Z".into(),
         };
         let text = serde_json::to_string(&r).expect("json");

@@ -1147,3 +1147,50 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     assert!(log.contains(r#""event":"full""#), "{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
+    let db = TestDb::new().await;
+    let dir = scratch("held");
+    let (input, store) = (dir.join("in"), dir.join("store"));
+    std::fs::create_dir_all(&input).expect("input dir");
+    std::fs::write(
+        input.join("a.jsonl"),
+        "{\"id\": 1, \"note\": \"fine\"}\n{\"id\": 2, \"note\": \"nul\\u0000inside\"}\n",
+    )
+    .expect("a");
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("sync");
+    let o = engine(&db, &store, 100).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["held"], 1, "{outcome}");
+    let rows = db
+        .strings("SELECT id || ' ' || coalesce(note, '(null)') FROM raw.events ORDER BY id")
+        .await;
+    assert_eq!(rows, ["1 fine", "2 (null)"]);
+    let held: Vec<Value> = all_files(&store.join("default/shop/_held"), "jsonl")
+        .iter()
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .expect("held file")
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0]["column"], "note");
+    assert_eq!(held[0]["value"], "nul\u{0}inside");
+    let id: String = sqlx::query_scalar("SELECT _orca_id FROM raw.events WHERE id = 2")
+        .fetch_one(&db.pool)
+        .await
+        .expect("id");
+    assert_eq!(held[0]["_orca_id"], id, "the held value names its record");
+    let _ = std::fs::remove_dir_all(dir);
+}

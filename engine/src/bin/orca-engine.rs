@@ -81,6 +81,7 @@ fn main() -> ExitCode {
                             "source_bytes": o.source_bytes,
                             "staged_bytes": o.staged_bytes,
                             "quarantined": o.quarantined,
+                            "held": o.held,
                         })
                     );
                     ExitCode::SUCCESS
