@@ -250,7 +250,18 @@ pub fn check(
             )
         })?;
         let primary_key = strings(obj.get("primary_key"), &format!("{at}.primary_key"))?;
-        let mut norm = json!({"name": sname, "mode": mode.name(), "primary_key": primary_key});
+        let policy = obj
+            .get("schema_policy")
+            .and_then(Value::as_str)
+            .unwrap_or("evolve");
+        if !matches!(policy, "evolve" | "freeze" | "discard") {
+            return Err(bad(
+                format!("{at}.schema_policy"),
+                format!("'{policy}' is not a schema policy (evolve, freeze, discard)"),
+            ));
+        }
+        let mut norm = json!({"name": sname, "mode": mode.name(), "primary_key": primary_key,
+                              "schema_policy": policy});
         match src.name {
             "postgres" => {
                 let table = obj.get("table").and_then(Value::as_str).ok_or_else(|| {
@@ -471,6 +482,37 @@ mod tests {
         )
         .expect_err("name");
         assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn schema_policies_are_named_and_default_to_evolve() {
+        let files = json!({"type": "files", "url": "/in", "format": "jsonl"});
+        let out = json!({"type": "parquet", "url": "/out"});
+        let def = check(
+            "s",
+            &files,
+            &out,
+            &json!([{"name": "a", "pattern": "*.jsonl"},
+                    {"name": "b", "pattern": "*.jsonl", "schema_policy": "freeze"}]),
+            None,
+            "exactly_once",
+        )
+        .expect("valid");
+        assert_eq!(def["streams"][0]["schema_policy"], "evolve");
+        assert_eq!(def["streams"][1]["schema_policy"], "freeze");
+        let e = check(
+            "s",
+            &files,
+            &out,
+            &json!([{"name": "a", "pattern": "*.jsonl", "schema_policy": "lax"}]),
+            None,
+            "exactly_once",
+        )
+        .expect_err("unknown policy");
+        assert!(
+            e.to_string().contains("'lax' is not a schema policy"),
+            "{e}"
+        );
     }
 
     #[test]

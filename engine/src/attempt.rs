@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::dest::Dest;
 use crate::files::{FileChunk, FileReader, FilesError, Format};
-use crate::normalize::{ColType, Raw, StreamSchema};
+use crate::normalize::{ColType, Policy, Raw, StreamSchema};
 use crate::parquet_dest::{self, DestError};
 use crate::pgcopy::{CopyError, CopyReader};
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
@@ -316,6 +316,11 @@ fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
                             .collect()
                     })
                     .unwrap_or_default(),
+                schema_policy: s
+                    .get("schema_policy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("evolve")
+                    .to_string(),
             })
         })
         .collect()
@@ -607,7 +612,14 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
                 .and_then(Value::as_array)
                 .ok_or_else(|| EngineError::Definition("no streams".into()))?
                 .iter()
-                .map(|s| Ok((str_of(s, "name")?, str_of(s, "pattern")?)))
+                .map(|s| {
+                    let policy = s
+                        .get("schema_policy")
+                        .and_then(Value::as_str)
+                        .and_then(Policy::parse)
+                        .unwrap_or_default();
+                    Ok((str_of(s, "name")?, str_of(s, "pattern")?, policy))
+                })
                 .collect::<Result<Vec<_>, EngineError>>()?;
             Source::Files { format, streams }
         }
@@ -691,8 +703,8 @@ enum Source {
     Tables(Vec<PgTable>),
     Files {
         format: Format,
-        /// (stream, pattern)
-        streams: Vec<(String, String)>,
+        /// (stream, pattern, schema policy)
+        streams: Vec<(String, String, Policy)>,
     },
 }
 
@@ -732,11 +744,16 @@ fn stream_epochs(
         Source::Tables(tables) => {
             for table in tables {
                 let from = after(&table.spec.name);
+                let recorded = states
+                    .get(&table.spec.name)
+                    .map(|s| s.schema.clone())
+                    .unwrap_or_default();
+                let table = table.under_policy(&recorded)?;
                 readers.push(spawn_reader(url.to_string(), table, from, batch_rows)?);
             }
         }
         Source::Files { format, streams } => {
-            for (name, pattern) in streams {
+            for (name, pattern, policy) in streams {
                 let from = after(&name);
                 let mut r =
                     spawn_file_reader(url.to_string(), format, name, pattern, from, batch_rows)?;
@@ -753,7 +770,7 @@ fn stream_epochs(
                             .collect()
                     })
                     .unwrap_or_default();
-                r.shape = Shape::Inferred(StreamSchema::inferred(cols));
+                r.shape = Shape::Inferred(StreamSchema::inferred(cols).with_policy(policy));
                 readers.push(r);
             }
         }

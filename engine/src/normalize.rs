@@ -86,12 +86,38 @@ pub struct Raw {
     pub record: Value,
 }
 
+/// What a stream does when records no longer fit its schema.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// New columns join, types widen.
+    #[default]
+    Evolve,
+    /// Once the stream has a schema, a record with a new column or a value
+    /// that would widen a column is quarantined.
+    Freeze,
+    /// New columns are dropped from the records; a value that would widen a
+    /// column is quarantined.
+    Discard,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "evolve" => Some(Policy::Evolve),
+            "freeze" => Some(Policy::Freeze),
+            "discard" => Some(Policy::Discard),
+            _ => None,
+        }
+    }
+}
+
 /// A stream's schema as far as it has seen: its columns in first-seen order.
 #[derive(Debug, Clone, Default)]
 pub struct StreamSchema {
     columns: Vec<(String, ColType)>,
     /// Types the source declared; values are coerced to them.
     declared: BTreeMap<String, ColType>,
+    policy: Policy,
 }
 
 impl StreamSchema {
@@ -100,6 +126,7 @@ impl StreamSchema {
         StreamSchema {
             columns: declared.iter().map(|(n, t)| (n.clone(), *t)).collect(),
             declared,
+            policy: Policy::Evolve,
         }
     }
 
@@ -108,7 +135,14 @@ impl StreamSchema {
         StreamSchema {
             columns,
             declared: BTreeMap::new(),
+            policy: Policy::Evolve,
         }
+    }
+
+    /// The same schema under another policy.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     pub fn columns(&self) -> &[(String, ColType)] {
@@ -231,6 +265,33 @@ pub fn normalize(
                 });
                 continue 'rows;
             }
+            if schema.policy != Policy::Evolve && !schema.columns.is_empty() {
+                let have = schema.columns.iter().find(|(n, _)| n == k).map(|(_, t)| *t);
+                match (have, ColType::of(v)) {
+                    (None, _) if schema.policy == Policy::Discard => continue,
+                    (None, _) => {
+                        quarantined.push(Quarantined {
+                            position: raw.position.clone(),
+                            record: raw.record.clone(),
+                            reason: format!("column {k} is not in the stream's frozen schema"),
+                        });
+                        continue 'rows;
+                    }
+                    (Some(t), Some(vt)) if t.widen(vt) != t => {
+                        quarantined.push(Quarantined {
+                            position: raw.position.clone(),
+                            record: raw.record.clone(),
+                            reason: format!(
+                                "column {k}: {v} does not fit its {} type under schema policy {:?}",
+                                t.arrow(),
+                                schema.policy
+                            ),
+                        });
+                        continue 'rows;
+                    }
+                    _ => {}
+                }
+            }
             let v = match schema.declared.get(k) {
                 Some(t) => match coerce(v, *t) {
                     Ok(c) => c,
@@ -321,6 +382,46 @@ fn kind(v: &Value) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn frozen_and_discarding_schemas_quarantine_what_does_not_fit() {
+        use super::*;
+        let raw = |p: &str, v: Value| Raw {
+            position: p.into(),
+            seq: 0,
+            record: v,
+        };
+        let first = [raw("1", serde_json::json!({"id": 1, "name": "a"}))];
+        let later = [
+            raw(
+                "2",
+                serde_json::json!({"id": 2, "name": "b", "extra": true}),
+            ),
+            raw("3", serde_json::json!({"id": 3.5, "name": "c"})),
+            raw("4", serde_json::json!({"id": 4})),
+        ];
+        let mut frozen = StreamSchema::default().with_policy(Policy::Freeze);
+        normalize("s", &mut frozen, &first, 0).expect("first");
+        let (b, q) = normalize("s", &mut frozen, &later, 0).expect("later");
+        assert_eq!(b.num_rows(), 1, "only the record that fits");
+        assert!(q[0]
+            .reason
+            .contains("column extra is not in the stream's frozen schema"));
+        assert!(
+            q[1].reason
+                .contains("column id: 3.5 does not fit its Int64 type"),
+            "{}",
+            q[1].reason
+        );
+        assert_eq!(frozen.columns().len(), 2);
+
+        let mut discard = StreamSchema::default().with_policy(Policy::Discard);
+        normalize("s", &mut discard, &first, 0).expect("first");
+        let (b, q) = normalize("s", &mut discard, &later, 0).expect("later");
+        assert_eq!(b.num_rows(), 2, "extra dropped, the record kept");
+        assert_eq!(q.len(), 1);
+        assert_eq!(discard.columns().len(), 2, "no extra column");
+    }
+
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Float64Type, Int64Type};
     use serde_json::json;

@@ -37,6 +37,17 @@ pub enum SourceError {
         table: String,
         columns: String,
     },
+    #[error(
+        "stream {stream}: source table {table} changed (new columns: [{added}], gone: [{missing}]) \
+         and the stream's schema policy is {policy}"
+    )]
+    SchemaChanged {
+        stream: String,
+        table: String,
+        policy: String,
+        added: String,
+        missing: String,
+    },
     #[error("resume point {position:?} has {got} values, stream {stream} keys on {want}")]
     BadPosition {
         stream: String,
@@ -55,6 +66,10 @@ pub struct StreamSpec {
     pub table: String,
     pub cursor: String,
     pub primary_key: Vec<String>,
+    /// What happens when the table's columns change: `evolve` (new columns
+    /// join), `freeze` (the attempt stops with an error), `discard` (new
+    /// columns are not read).
+    pub schema_policy: String,
 }
 
 /// What the source table looks like, and how to read it.
@@ -170,6 +185,58 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
 }
 
 impl PgTable {
+    /// Applies the stream's schema policy against the columns it delivered
+    /// before (`recorded`, from the checkpoint record; empty the first time).
+    pub fn under_policy(mut self, recorded: &[(String, String)]) -> Result<PgTable, SourceError> {
+        let recorded: Vec<&str> = recorded
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !n.starts_with("_orca_"))
+            .collect();
+        if recorded.is_empty() || self.spec.schema_policy == "evolve" {
+            return Ok(self);
+        }
+        let now: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        let added: Vec<&str> = now
+            .iter()
+            .filter(|c| !recorded.contains(c))
+            .copied()
+            .collect();
+        let missing: Vec<&str> = recorded
+            .iter()
+            .filter(|c| !now.contains(c))
+            .copied()
+            .collect();
+        if !missing.is_empty() || (self.spec.schema_policy == "freeze" && !added.is_empty()) {
+            return Err(SourceError::SchemaChanged {
+                stream: self.spec.name.clone(),
+                table: self.spec.table.clone(),
+                policy: self.spec.schema_policy.clone(),
+                added: added.join(", "),
+                missing: missing.join(", "),
+            });
+        }
+        // discard: read only the columns delivered before.
+        let keep: Vec<bool> = self
+            .columns
+            .iter()
+            .map(|c| recorded.contains(&c.name.as_str()))
+            .collect();
+        let old_key: Vec<String> = self
+            .key
+            .iter()
+            .map(|&i| self.columns[i].name.clone())
+            .collect();
+        self.columns = pick(self.columns, &keep);
+        self.sql_types = pick(self.sql_types, &keep);
+        self.as_text = pick(self.as_text, &keep);
+        self.key = old_key
+            .iter()
+            .filter_map(|k| self.columns.iter().position(|c| &c.name == k))
+            .collect();
+        Ok(self)
+    }
+
     /// The Arrow schema of the source's columns.
     pub fn schema(&self) -> Schema {
         Schema::new(self.columns.iter().map(PgColumn::field).collect::<Vec<_>>())
@@ -233,6 +300,15 @@ impl PgTable {
     }
 }
 
+/// The items whose flag is set.
+fn pick<T>(v: Vec<T>, keep: &[bool]) -> Vec<T> {
+    v.into_iter()
+        .zip(keep)
+        .filter(|(_, k)| **k)
+        .map(|(x, _)| x)
+        .collect()
+}
+
 /// The metadata columns every destination row carries.
 pub fn metadata_fields() -> Vec<arrow_schema::Field> {
     use arrow_schema::{DataType, Field, TimeUnit};
@@ -266,6 +342,7 @@ mod tests {
                 table: "public.orders".into(),
                 cursor: "updated_at".into(),
                 primary_key: vec!["id".into()],
+                schema_policy: "evolve".into(),
             },
             columns: vec![
                 PgColumn {

@@ -1194,3 +1194,83 @@ async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
     assert_eq!(held[0]["_orca_id"], id, "the held value names its record");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+async fn define_with_policy(db: &TestDb, out: &Path, policy: &str) {
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"], "schema_policy": policy}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+}
+
+#[tokio::test]
+async fn schema_policies_freeze_or_discard_what_a_source_adds() {
+    let db = TestDb::new().await;
+    make_source(&db, 1_000).await;
+    let dir = scratch("policy");
+    let (out, store, input) = (dir.join("out"), dir.join("store"), dir.join("in"));
+    define_with_policy(&db, &out, "freeze").await;
+    let o = engine(&db, &store, 500).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The table gains a column: a frozen stream stops before reading.
+    sqlx::raw_sql(
+        "ALTER TABLE public.orders ADD COLUMN region text DEFAULT 'eu';
+         INSERT INTO public.orders (id, updated_at) VALUES (1001, '2030-01-01');",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a new column");
+    let o = engine(&db, &store, 500).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(
+            "stream orders: source table public.orders changed (new columns: [region], gone: []) \
+             and the stream's schema policy is freeze"
+        ),
+        "{}",
+        text(&o)
+    );
+    // discard: the new column is not read; the new row is.
+    define_with_policy(&db, &out, "discard").await;
+    let o = engine(&db, &store, 500).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let batches = published(&out, "orders");
+    assert_eq!(tally(&batches).0, 1_001);
+    assert!(batches
+        .iter()
+        .all(|b| b.schema().field_with_name("region").is_err()));
+
+    // Files: a frozen stream quarantines records that would change it (a
+    // sync of its own: redefining one keeps its HEAD).
+    let db = TestDb::new().await;
+    std::fs::create_dir_all(&input).expect("input");
+    std::fs::write(input.join("a.jsonl"), "{\"id\": 1, \"name\": \"a\"}\n").expect("a");
+    std::fs::write(
+        input.join("b.jsonl"),
+        "{\"id\": 2, \"name\": \"b\", \"extra\": 1}\n{\"id\": 3.5}\n{\"id\": 4}\n",
+    )
+    .expect("b");
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": dir.join("out2").to_string_lossy()}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl", "schema_policy": "freeze"}]))
+        .execute(&db.pool)
+        .await
+        .expect("files sync");
+    let o = engine(&db, &dir.join("store2"), 1)
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(
+        (outcome["rows"].as_i64(), outcome["quarantined"].as_i64()),
+        (Some(2), Some(2))
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
