@@ -579,6 +579,22 @@ async fn delivery_levels_are_checked_again_before_an_attempt() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A runner whose sync attempts run this build's orca-engine on `store`.
+fn sync_runner(db: &TestDb, store: &Path, logs: &Path) -> orca_tests::procs::Runner {
+    let engine_bin = bin("orca-engine");
+    let store_s = store.to_string_lossy().into_owned();
+    orca_tests::procs::Runner::start(
+        &db.url(),
+        "r1",
+        1,
+        logs,
+        &[
+            ("ORCA_STORE", store_s.as_str()),
+            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+        ],
+    )
+}
+
 async fn run_status(db: &TestDb, run: i64) -> String {
     sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
         .bind(run)
@@ -631,18 +647,7 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
     .execute(&db.pool)
     .await
     .expect("lease seconds");
-    let engine_bin = bin("orca-engine");
-    let store_s = store.to_string_lossy().into_owned();
-    let runner = orca_tests::procs::Runner::start(
-        &db.url(),
-        "r1",
-        2,
-        &logs,
-        &[
-            ("ORCA_STORE", store_s.as_str()),
-            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-        ],
-    );
+    let runner = sync_runner(&db, &store, &logs);
 
     let first: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
         .fetch_one(&db.pool)
@@ -774,16 +779,7 @@ async fn json_lines_sync_exactly_once_widening_their_schema_and_quarantining_bad
     );
 
     // The three bad lines, set aside once each with a reason.
-    let q: Vec<Value> = all_files(&store.join("default/shop/_quarantine"), "jsonl")
-        .iter()
-        .flat_map(|p| {
-            std::fs::read_to_string(p)
-                .expect("quarantine file")
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let q = jsonl_records(&store.join("default/shop/_quarantine"));
     let reasons: Vec<&str> = q.iter().filter_map(|r| r["reason"].as_str()).collect();
     assert_eq!(reasons.len(), 3, "{q:?}");
     assert!(reasons[0].starts_with("not JSON"), "{reasons:?}");
@@ -974,6 +970,31 @@ async fn an_append_into_postgres_is_exactly_once_through_a_crash_at_the_commit_p
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// An exactly-once sync of the JSON lines under `input` into `raw.events`.
+async fn files_into_raw(db: &TestDb, input: &Path) {
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("files into Postgres, exactly once");
+}
+
+/// Every JSON line of the `.jsonl` files under a folder, in file order.
+fn jsonl_records(dir: &Path) -> Vec<Value> {
+    all_files(dir, "jsonl")
+        .iter()
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .expect("JSON lines file")
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn files_into_postgres_widen_the_table_as_the_stream_widens() {
     let db = TestDb::new().await;
@@ -990,13 +1011,7 @@ async fn files_into_postgres_widen_the_table_as_the_stream_widens() {
         "{\"id\": 3, \"amount\": 7.5, \"tag\": \"new\"}\n",
     )
     .expect("b");
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
-        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
-        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
-        .execute(&db.pool)
-        .await
-        .expect("files into Postgres, exactly once");
+    files_into_raw(&db, &input).await;
     // One record per epoch: the table is made from the first and widened
     // by the later ones.
     let o = engine(&db, &store, 1).output().expect("engine");
@@ -1097,18 +1112,7 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     let dir = scratch("backfill");
     let (store, logs) = (dir.join("store"), dir.join("logs"));
     define_pg(&db, "merge", "effectively_once").await;
-    let engine_bin = bin("orca-engine");
-    let store_s = store.to_string_lossy().into_owned();
-    let runner = orca_tests::procs::Runner::start(
-        &db.url(),
-        "r1",
-        1,
-        &logs,
-        &[
-            ("ORCA_STORE", store_s.as_str()),
-            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-        ],
-    );
+    let runner = sync_runner(&db, &store, &logs);
     let now = |db: &TestDb| {
         let pool = db.pool.clone();
         async move {
@@ -1159,13 +1163,7 @@ async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
         "{\"id\": 1, \"note\": \"fine\"}\n{\"id\": 2, \"note\": \"nul\\u0000inside\"}\n",
     )
     .expect("a");
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
-        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
-        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
-        .execute(&db.pool)
-        .await
-        .expect("sync");
+    files_into_raw(&db, &input).await;
     let o = engine(&db, &store, 100).output().expect("engine");
     assert!(o.status.success(), "{}", text(&o));
     let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
@@ -1174,16 +1172,7 @@ async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
         .strings("SELECT id || ' ' || coalesce(note, '(null)') FROM raw.events ORDER BY id")
         .await;
     assert_eq!(rows, ["1 fine", "2 (null)"]);
-    let held: Vec<Value> = all_files(&store.join("default/shop/_held"), "jsonl")
-        .iter()
-        .flat_map(|p| {
-            std::fs::read_to_string(p)
-                .expect("held file")
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let held = jsonl_records(&store.join("default/shop/_held"));
     assert_eq!(held.len(), 1);
     assert_eq!(held[0]["column"], "note");
     assert_eq!(held[0]["value"], "nul\u{0}inside");
