@@ -142,7 +142,9 @@ sync_run() {
 }
 sync_run
 "${PSQL[@]}" -d orca -Atqc "UPDATE demo_orders SET total = total + 1, updated_at = now() WHERE id <= 100"
-sync_run
+say "orca sync orders_mirror (reads the 100 updated rows)"
+"$BIN/orca" sync orders_mirror
+"$BIN/orca" syncs
 "$BIN/orca" runs --pipeline orders_mirror
 "${PSQL[@]}" -d orca -c "SELECT count(*) AS rows, sum(total) AS total FROM raw.orders" \
     -c "SELECT count(*) AS rows, sum(total) AS total FROM demo_orders" \

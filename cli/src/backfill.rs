@@ -47,7 +47,8 @@ fn counts(c: &mut Client, ids: &[i64]) -> anyhow::Result<Counts> {
     for row in c
         .query(
             "SELECT status, count(*) FROM orca.runs \
-             WHERE (id = ANY($1) AND kind = 'pipeline') OR parent_run = ANY($1) GROUP BY status",
+             WHERE (id = ANY($1) AND kind IN ('pipeline', 'sync')) OR parent_run = ANY($1) \
+             GROUP BY status",
             &[&ids],
         )
         .map_err(explain)?
@@ -152,11 +153,17 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
     if !tasks.is_empty() && wait_for_keys(c, &tasks, pipeline)? == 0 && tasks.len() == ids.len() {
         return Ok(0);
     }
+    follow(c, &ids, pipeline)
+}
+
+/// Follows runs (and the runs their keys tasks queued) until every one has
+/// finished; 1 when any did not succeed.
+pub fn follow(c: &mut Client, ids: &[i64], pipeline: &str) -> anyhow::Result<i32> {
     let tty = std::io::stdout().is_terminal();
     let started = Instant::now();
     let mut last = None;
     loop {
-        let k = counts(c, &ids)?;
+        let k = counts(c, ids)?;
         let total = k.done() + k.running + k.queued;
         if last != Some(k) {
             if tty {

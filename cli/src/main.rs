@@ -6,6 +6,7 @@ mod db;
 mod locate;
 mod register;
 mod show;
+mod syncs;
 
 use std::path::PathBuf;
 
@@ -74,6 +75,19 @@ enum Cmd {
         #[arg(long)]
         refresh: bool,
     },
+    /// List the syncs: delivery, HEAD, generation and their last run.
+    Syncs,
+    /// Queue a run of a sync (from its checkpoint; --backfill: everything
+    /// again from the start) and follow it until it finishes.
+    Sync {
+        name: String,
+        /// Read every stream again from its start (orca.backfill '@all').
+        #[arg(long)]
+        backfill: bool,
+        /// Queue and return at once instead of following the run.
+        #[arg(long)]
+        detach: bool,
+    },
     /// Cancel a queued or running run.
     Cancel { id: i64 },
     /// Queue a failed or cancelled run again.
@@ -109,6 +123,12 @@ fn main() {
                 not_done,
                 refresh,
             } => show::keys(&mut c, &pipeline, not_done, refresh),
+            Cmd::Syncs => syncs::list(&mut c),
+            Cmd::Sync {
+                name,
+                backfill,
+                detach,
+            } => syncs::run(&mut c, &name, backfill, detach),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Locate { .. } => Ok(0),

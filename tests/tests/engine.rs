@@ -1139,12 +1139,39 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     wait_run(&db, r, "succeeded", &runner).await;
     assert_eq!(differences(&db).await, drift, "nothing new to read");
 
-    let b: i64 = sqlx::query_scalar("SELECT orca.backfill('shop', '@all')")
+    // From the command line: queue the backfill and follow it to its end.
+    let o = Command::new(bin("orca"))
+        .args(["sync", "shop", "--backfill"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca sync");
+    assert!(o.status.success(), "{}\n{}", text(&o), runner.output());
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("(every stream again from its start)"),
+        "{said}"
+    );
+    assert!(said.contains("1/1 done: 1 succeeded"), "{said}");
+    assert!(said.contains("sync shop: HEAD at epoch"), "{said}");
+    let b: i64 = sqlx::query_scalar("SELECT max(id) FROM orca.runs WHERE trigger = 'backfill'")
         .fetch_one(&db.pool)
         .await
-        .expect("backfill");
-    wait_run(&db, b, "succeeded", &runner).await;
+        .expect("the backfill run");
+    assert_eq!(run_status(&db, b).await, "succeeded");
     assert_eq!(differences(&db).await, 0, "repaired");
+    let o = Command::new(bin("orca"))
+        .arg("syncs")
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca syncs");
+    let listed = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        listed.lines().any(|l| l.starts_with("shop ")
+            && l.contains("effectively_once")
+            && l.contains("postgres -> postgres")
+            && l.ends_with(&format!("{b} succeeded"))),
+        "{listed}"
+    );
     assert_eq!(db.scalar_i64("SELECT count(*) FROM raw.orders").await, rows);
     let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{b}/attempt-1.log")))
         .expect("attempt log");
