@@ -41,7 +41,10 @@ fn prepare(rows: i64) -> Result<String> {
     }
     let url = admin_url("orca_bench_sync");
     let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
-    c.batch_execute("CREATE EXTENSION IF NOT EXISTS orca")?;
+    // The installed extension's own objects, whatever an earlier run left.
+    c.batch_execute(
+        "SET client_min_messages = warning; DROP EXTENSION IF EXISTS orca CASCADE; CREATE EXTENSION orca",
+    )?;
     let table_exists = c
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?
         .get::<_, bool>(0);
