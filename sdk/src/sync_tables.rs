@@ -4,7 +4,8 @@
 //! the stream marker: `orca.sync` (the sync), `orca.sync.stream`,
 //! `orca.sync.epoch` = N and `orca.sync.generation`. The marker makes the
 //! commit idempotent (an epoch at or below the table's marker is applied
-//! already), and the fence, table property `orca.sync.<sync>.fence`, which
+//! already; the same commit also sets table property `orca.sync.<sync>.epoch`,
+//! so the marker outlives snapshot expiry), and the fence, table property `orca.sync.<sync>.fence`, which
 //! each attempt raises to its generation before it recovers, refuses a
 //! commit from an older attempt.
 
@@ -36,6 +37,12 @@ pub struct SyncTables {
 
 fn fence_key(sync: &str) -> String {
     format!("orca.sync.{sync}.fence")
+}
+
+/// The table property that keeps the last epoch of a sync, written in the
+/// same commit as the epoch's snapshot: it outlives snapshot expiry.
+fn epoch_key(sync: &str) -> String {
+    format!("orca.sync.{sync}.epoch")
 }
 
 impl SyncTables {
@@ -128,11 +135,15 @@ impl SyncTables {
         ]);
         let committed = self.t.rt.block_on(async {
             let tx = Transaction::new(&table.inner);
-            let action = tx
+            let append = tx
                 .fast_append()
                 .add_data_files(files)
                 .set_snapshot_properties(props);
-            action.apply(tx)?.commit(&self.t.catalog).await
+            let tx = append.apply(tx)?;
+            let marker = tx
+                .update_table_properties()
+                .set(epoch_key(sync), epoch.to_string());
+            marker.apply(tx)?.commit(&self.t.catalog).await
         })?;
         let snapshot = committed
             .metadata()
@@ -144,7 +155,14 @@ impl SyncTables {
 }
 
 fn marker_of(table: &Table, sync: &str) -> u64 {
-    table
+    let kept: u64 = table
+        .inner
+        .metadata()
+        .properties()
+        .get(&epoch_key(sync))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let seen = table
         .inner
         .metadata()
         .snapshots()
@@ -155,7 +173,8 @@ fn marker_of(table: &Table, sync: &str) -> u64 {
                 .flatten()
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    kept.max(seen)
 }
 
 fn fence_of(table: &Table, sync: &str) -> i32 {

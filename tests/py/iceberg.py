@@ -60,6 +60,7 @@ def main():
             "sum": pc.sum(col).as_py(),
             "snapshots": [dict(s.summary.additional_properties) if s.summary else {}
                           for s in t.snapshots()],
+            "properties": dict(t.properties),
         }
         print(json.dumps(out, default=str))
     elif cmd in ("append", "create"):

@@ -502,6 +502,13 @@ async fn a_million_rows_land_in_iceberg_exactly_once_across_two_sigkills() {
         .collect();
     epochs.sort_unstable();
     assert_eq!(epochs, (1..=expected_epochs).collect::<Vec<_>>());
+    // The marker and the fence as table properties, which snapshot expiry
+    // does not take away.
+    assert_eq!(
+        stats["properties"]["orca.sync.shop.epoch"],
+        expected_epochs.to_string()
+    );
+    assert_eq!(stats["properties"]["orca.sync.shop.fence"], "3");
     let columns: Vec<&str> = stats["schema"]
         .as_array()
         .expect("schema")
