@@ -53,10 +53,28 @@ pub struct FileReader {
     /// The stream's files in name order, from the resume point's file on.
     files: Vec<String>,
     next_file: usize,
-    /// The file being read, its bytes, the offset of the next record, and
-    /// (for CSV) its header.
-    current: Option<(String, Bytes, usize, Vec<String>)>,
+    /// The file being read, a window of it, where the next record starts.
+    current: Option<Open>,
+    /// How many bytes a read fetches at least.
+    window: usize,
 }
+
+/// A file being read through a window of its bytes: files are read in
+/// ranges, never whole, so their size does not matter.
+struct Open {
+    file: String,
+    size: usize,
+    /// Bytes `base..base + data.len()` of the file.
+    data: Bytes,
+    base: usize,
+    /// Where the next record starts (absolute).
+    offset: usize,
+    /// A CSV file's header.
+    header: Vec<String>,
+}
+
+/// Bytes fetched per read unless a record needs more.
+pub const WINDOW: usize = 8 << 20;
 
 /// What a chunk read: raw records (or the reason a line is not a record)
 /// and the resume point after the last of them.
@@ -95,6 +113,7 @@ impl FileReader {
             files: Vec::new(),
             next_file: 0,
             current: None,
+            window: WINDOW,
         };
         match after {
             None => reader.files = files,
@@ -110,17 +129,46 @@ impl FileReader {
         Ok(reader)
     }
 
+    /// Reads windows of at least `window` bytes (tests use small ones).
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.window = window.max(1);
+        self
+    }
+
+    fn fetch(
+        &self,
+        file: &str,
+        start: usize,
+        len: usize,
+        size: usize,
+    ) -> Result<Bytes, FilesError> {
+        let end = (start + len).min(size);
+        if start >= end {
+            return Ok(Bytes::new());
+        }
+        Ok(self.store.get_range(file, start as u64, end as u64)?)
+    }
+
     fn open_file(&mut self, file: &str, offset: usize) -> Result<(), FilesError> {
-        let data = self.store.get(file)?.ok_or_else(|| FilesError::Vanished {
+        let size = self.store.size(file)?.ok_or_else(|| FilesError::Vanished {
             file: file.to_string(),
-        })?;
+        })? as usize;
         let (header, start) = match self.format {
             Format::Jsonl => (Vec::new(), 0),
             Format::Csv => {
+                // The header is the first record: read a window that holds it.
+                let mut len = self.window;
+                let head = loop {
+                    let head = self.fetch(file, 0, len, size)?;
+                    if head.contains(&b'\n') || head.len() >= size {
+                        break head;
+                    }
+                    len *= 2;
+                };
                 let mut r = csv::ReaderBuilder::new()
                     .has_headers(false)
                     .flexible(true)
-                    .from_reader(&data[..]);
+                    .from_reader(&head[..]);
                 let mut rec = csv::ByteRecord::new();
                 let got = r
                     .read_byte_record(&mut rec)
@@ -138,7 +186,15 @@ impl FileReader {
                 (header, r.position().byte() as usize)
             }
         };
-        self.current = Some((file.to_string(), data, offset.max(start), header));
+        let offset = offset.max(start);
+        self.current = Some(Open {
+            file: file.to_string(),
+            size,
+            data: self.fetch(file, offset, self.window, size)?,
+            base: offset,
+            offset,
+            header,
+        });
         Ok(())
     }
 
@@ -154,18 +210,47 @@ impl FileReader {
                 self.next_file += 1;
                 self.open_file(&file, 0)?;
             }
-            let Some((file, data, offset, header)) = self.current.as_mut() else {
+            let Some(o) = self.current.as_mut() else {
                 break;
             };
             let want = max - records.len();
-            let end = match self.format {
-                Format::Jsonl => read_jsonl(file, data, *offset, want, &mut records),
-                Format::Csv => read_csv(file, data, *offset, header, want, &mut records),
+            let rel = o.offset - o.base;
+            let complete = o.base + o.data.len() >= o.size;
+            let window = &o.data[rel..];
+            let used = match self.format {
+                Format::Jsonl => {
+                    read_jsonl(&o.file, window, o.offset, complete, want, &mut records)
+                }
+                Format::Csv => read_csv(
+                    &o.file,
+                    window,
+                    o.offset,
+                    complete,
+                    &o.header,
+                    want,
+                    &mut records,
+                ),
             };
-            *offset = end;
-            last = vec![file.clone(), end.to_string()];
-            if end >= data.len() {
+            o.offset += used;
+            last = vec![o.file.clone(), o.offset.to_string()];
+            if o.offset >= o.size {
                 self.current = None;
+            } else if records.len() < max {
+                // The window ran out before a whole record: read on from
+                // where the next one starts, twice as far if a single record
+                // did not fit.
+                let len = if used == 0 {
+                    (o.data.len() - rel).max(1) * 2
+                } else {
+                    0
+                }
+                .max(self.window);
+                let (file, offset, size) = (o.file.clone(), o.offset, o.size);
+                let data = self.fetch(&file, offset, len, size)?;
+                if let Some(o) = self.current.as_mut() {
+                    o.data = data;
+                    o.base = offset;
+                }
             }
         }
         Ok((!records.is_empty()).then_some(FileChunk { records, last }))
@@ -180,24 +265,31 @@ fn raw(file: &str, offset: usize, record: Value) -> Raw {
     }
 }
 
-/// Reads JSON lines from `offset`; returns the offset after the last line read.
+/// Reads whole JSON lines from a window starting at file offset `at0`
+/// (`complete`: the window reaches the end of the file); returns the bytes
+/// used.
 fn read_jsonl(
     file: &str,
     data: &[u8],
-    mut offset: usize,
+    at0: usize,
+    complete: bool,
     want: usize,
     out: &mut Vec<Result<Raw, (Raw, String)>>,
 ) -> usize {
     let mut taken = 0;
-    while offset < data.len() && taken < want {
-        let rest = &data[offset..];
-        let len = rest
-            .iter()
-            .position(|b| *b == b'\n')
-            .map_or(rest.len(), |p| p + 1);
+    let mut used = 0;
+    while used < data.len() && taken < want {
+        let rest = &data[used..];
+        let len = match rest.iter().position(|b| *b == b'\n') {
+            Some(p) => p + 1,
+            // The last line of the file may lack its newline; anywhere else
+            // the rest of the line is in the next window.
+            None if complete => rest.len(),
+            None => break,
+        };
         let line = &rest[..len];
-        let at = offset;
-        offset += len;
+        let at = at0 + used;
+        used += len;
         let text = String::from_utf8_lossy(line);
         let text = text.trim();
         if text.is_empty() {
@@ -212,15 +304,18 @@ fn read_jsonl(
             ))),
         }
     }
-    offset
+    used
 }
 
-/// Reads CSV records from `offset` with the file's header; values are
-/// strings (a CSV declares no types) and empty fields are null.
+/// Reads whole CSV records, with the file's header, from a window starting
+/// at file offset `at0` (`complete`: the window reaches the end of the file);
+/// returns the bytes used. Values are strings (a CSV declares no types) and
+/// empty fields are null.
 fn read_csv(
     file: &str,
     data: &[u8],
-    offset: usize,
+    at0: usize,
+    complete: bool,
     header: &[String],
     want: usize,
     out: &mut Vec<Result<Raw, (Raw, String)>>,
@@ -228,19 +323,27 @@ fn read_csv(
     let mut r = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .from_reader(&data[offset..]);
+        .from_reader(data);
     let mut rec = csv::ByteRecord::new();
     let mut taken = 0;
-    let mut end = offset;
+    let mut used = 0;
     while taken < want {
-        let at = offset + r.position().byte() as usize;
+        let at = at0 + used;
         match r.read_byte_record(&mut rec) {
             Ok(false) => {
-                end = data.len();
+                if complete {
+                    used = data.len();
+                }
                 break;
             }
             Ok(true) => {
-                end = offset + r.position().byte() as usize;
+                let after = r.position().byte() as usize;
+                // A record that reaches the window's end may go on in the
+                // next one: read it again from there.
+                if !complete && after >= data.len() {
+                    break;
+                }
+                used = after;
                 taken += 1;
                 if rec.len() != header.len() {
                     let text: Vec<String> = rec
@@ -264,9 +367,10 @@ fn read_csv(
                 }
                 out.push(Ok(raw(file, at, Value::Object(obj))));
             }
+            Err(_) if !complete => break,
             Err(e) => {
                 // The CSV reader cannot go on past a broken record.
-                end = data.len();
+                used = data.len();
                 out.push(Err((
                     raw(file, at, Value::Null),
                     format!("unreadable CSV from here to the end of the file: {e}"),
@@ -275,7 +379,7 @@ fn read_csv(
             }
         }
     }
-    end
+    used
 }
 
 #[cfg(test)]
@@ -336,6 +440,45 @@ mod tests {
         .expect("open");
         let c = r.next_chunk(10).expect("read").expect("chunk");
         assert_eq!(positions(&c).len(), 3, "x=2, the bad line, x=3");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn tiny_windows_read_the_same_records_as_whole_files() {
+        let jsonl: String = (0..200)
+            .map(|i| format!("{{\"id\": {i}, \"pad\": \"{}\"}}\n", "x".repeat(i % 37)))
+            .collect();
+        let csv: String = std::iter::once("id,text\n".to_string())
+            .chain((0..200).map(|i| format!("{i},\"a, {}\nb\"\n", "y".repeat(i % 29))))
+            .collect();
+        let (store, dir) = store_with(&[("w/a.jsonl", &jsonl), ("w/b.csv", &csv)]);
+        let dir_s = dir.to_str().expect("utf-8").to_string();
+        for (format, pattern) in [(Format::Jsonl, "w/*.jsonl"), (Format::Csv, "w/*.csv")] {
+            let read = |window: usize| {
+                let store = Store::open(&dir_s).expect("store");
+                let mut r = FileReader::open(store, format, "s", pattern, None)
+                    .expect("open")
+                    .with_window(window);
+                let mut all = Vec::new();
+                while let Some(c) = r.next_chunk(7).expect("read") {
+                    all.extend(c.records.into_iter().map(|r| match r {
+                        Ok(raw) => (raw.position, raw.record),
+                        Err((raw, why)) => (raw.position, Value::String(why)),
+                    }));
+                }
+                all
+            };
+            let whole = read(1 << 20);
+            assert_eq!(whole.len(), 200, "{format:?}");
+            for window in [1, 5, 16, 100] {
+                assert_eq!(
+                    read(window),
+                    whole,
+                    "{format:?} through windows of {window} bytes"
+                );
+            }
+        }
+        drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
 

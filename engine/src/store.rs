@@ -151,6 +151,24 @@ impl Store {
         })
     }
 
+    /// An object's size; `None` when there is none.
+    pub fn size(&self, rel: &str) -> Result<Option<u64>, StoreError> {
+        let p = self.path(rel);
+        match self.rt.block_on(self.os.head(&p)) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Self::err("looking up", &p)(e)),
+        }
+    }
+
+    /// Bytes `start..end` of an object.
+    pub fn get_range(&self, rel: &str, start: u64, end: u64) -> Result<Bytes, StoreError> {
+        let p = self.path(rel);
+        self.rt
+            .block_on(self.os.get_range(&p, start..end))
+            .map_err(Self::err("reading", &p))
+    }
+
     pub fn exists(&self, rel: &str) -> Result<bool, StoreError> {
         let p = self.path(rel);
         match self.rt.block_on(self.os.head(&p)) {
