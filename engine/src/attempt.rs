@@ -3,26 +3,27 @@
 //! every stream from its resume point in epochs until the source has no more
 //! rows, committing each epoch through the protocol's coordinator.
 //!
-//! Built so far: the Postgres source and the parquet destination. Each
-//! stream is read by its own thread and connection (binary COPY into Arrow);
-//! the attempt's thread stages, records and commits.
+//! Each stream is read by its own thread (`readers`): a Postgres table over
+//! its own connection (binary COPY into Arrow), or files through the object
+//! store (raw records, normalized here). The attempt's thread holds cells the
+//! destination cannot take, stages, records, moves HEAD and commits, one
+//! epoch after the other.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::dest::Dest;
-use crate::files::{FileChunk, FileReader, FilesError, Format};
+use crate::files::{FilesError, Format};
 use crate::normalize::{ColType, Policy, Raw, StreamSchema};
 use crate::parquet_dest::{self, DestError};
-use crate::pgcopy::{CopyError, CopyReader};
+use crate::pgcopy::CopyError;
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
 use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
+use crate::readers::{spawn_file_reader, spawn_reader, Msg, Shape};
 use crate::record::{LaneCommittable, Layout, Record, Staged, StreamState};
 use crate::recovery::{self, HeadState, Recovery, RecoveryError};
 use crate::store::{Store, StoreError};
@@ -132,37 +133,6 @@ impl Log {
     }
 }
 
-enum Msg {
-    /// Typed columns from a source that declares its types.
-    Chunk {
-        arrays: Vec<ArrayRef>,
-        ids: ArrayRef,
-        last: Vec<String>,
-        rows: usize,
-    },
-    /// Raw records (or lines that are not records) to normalize.
-    Raw(FileChunk),
-    End {
-        bytes: u64,
-    },
-}
-
-/// What a stream's rows become columns by.
-enum Shape {
-    /// The source table's own types.
-    Table(PgTable),
-    /// Inferred from the records and only ever widened.
-    Inferred(StreamSchema),
-}
-
-struct Reader {
-    name: String,
-    shape: Shape,
-    rx: Receiver<Result<Msg, EngineError>>,
-    handle: Option<JoinHandle<()>>,
-    done: bool,
-}
-
 /// A chunk of one stream at a barrier, before it is staged.
 enum Taken {
     Typed {
@@ -172,118 +142,6 @@ enum Taken {
         rows: usize,
     },
     Raw(Vec<Result<Raw, (Raw, String)>>),
-}
-
-fn spawn_file_reader(
-    url: String,
-    format: Format,
-    name: String,
-    pattern: String,
-    after: Option<Vec<String>>,
-    batch_rows: usize,
-) -> Result<Reader, EngineError> {
-    let (tx, rx) = sync_channel(1);
-    let stream = name.clone();
-    let handle = std::thread::Builder::new()
-        .name(format!("read-{name}"))
-        .spawn(move || {
-            let result = (|| -> Result<(), EngineError> {
-                let store = Store::open_existing(&url)?;
-                let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
-                while let Some(chunk) = r.next_chunk(batch_rows)? {
-                    if tx.send(Ok(Msg::Raw(chunk))).is_err() {
-                        return Ok(());
-                    }
-                }
-                let _ = tx.send(Ok(Msg::End { bytes: 0 }));
-                Ok(())
-            })();
-            if let Err(e) = result {
-                let _ = tx.send(Err(e));
-            }
-        })
-        .map_err(|e| EngineError::Reader {
-            stream: name.clone(),
-            reason: format!("starting its thread: {e}"),
-        })?;
-    Ok(Reader {
-        name,
-        shape: Shape::Inferred(StreamSchema::default()),
-        rx,
-        handle: Some(handle),
-        done: false,
-    })
-}
-
-fn spawn_reader(
-    url: String,
-    table: PgTable,
-    after: Option<Vec<String>>,
-    batch_rows: usize,
-) -> Result<Reader, EngineError> {
-    let query = table.copy_query(after.as_deref())?;
-    // Two chunks in flight: the reader decodes the next one while the attempt
-    // stages this one.
-    let (tx, rx) = sync_channel(1);
-    let t = table.clone();
-    let name = table.spec.name.clone();
-    let handle = std::thread::Builder::new()
-        .name(format!("read-{name}"))
-        .spawn(move || {
-            let stream = t.spec.name.clone();
-            let result = (|| -> Result<(), EngineError> {
-                let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
-                let input = client.copy_out(query.as_str())?;
-                let mut r = CopyReader::new(input, t.columns.clone())
-                    .map_err(|source| EngineError::Copy {
-                        stream: stream.clone(),
-                        source,
-                    })?
-                    .with_ids(&stream, &t.key);
-                loop {
-                    let more = r.read_row().map_err(|source| EngineError::Copy {
-                        stream: stream.clone(),
-                        source,
-                    })?;
-                    if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
-                        let rows = r.pending();
-                        let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
-                            stream: stream.clone(),
-                            reason: "no record ids".into(),
-                        })?;
-                        let arrays = r.take();
-                        let last = t.position_at(&arrays, rows - 1)?;
-                        let msg = Msg::Chunk {
-                            arrays,
-                            ids,
-                            last,
-                            rows,
-                        };
-                        if tx.send(Ok(msg)).is_err() {
-                            return Ok(());
-                        }
-                    }
-                    if !more {
-                        let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
-                        return Ok(());
-                    }
-                }
-            })();
-            if let Err(e) = result {
-                let _ = tx.send(Err(e));
-            }
-        })
-        .map_err(|e| EngineError::Reader {
-            stream: name.clone(),
-            reason: format!("starting its thread: {e}"),
-        })?;
-    Ok(Reader {
-        name,
-        shape: Shape::Table(table),
-        rx,
-        handle: Some(handle),
-        done: false,
-    })
 }
 
 fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {

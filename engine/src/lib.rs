@@ -1,9 +1,12 @@
-//! The engine of a sync. For now the frames of its data edges ([`frame`])
-//! and its commit protocol's decisions, as pure code tested without storage: when an epoch may commit, what commits next,
-//! which positions the source may acknowledge, and what an attempt does with
-//! the epoch HEAD names when it starts. The I/O around them (barriers on the
-//! data edges, the checkpoint records in object storage, `orca.advance_head`,
-//! the destinations) is not built yet.
+//! The engine of a sync (`orca-engine`). [`attempt`] runs one attempt end
+//! to end; around it: the stream readers (a Postgres table as binary COPY
+//! decoded by [`pgcopy`] and [`pgsource`]; files by [`files`], normalized by
+//! [`normalize`]), the checkpoint log and staging in object storage
+//! ([`store`], [`record`]), the destinations ([`dest`]: [`parquet_dest`],
+//! Iceberg through the SDK, [`pg_dest`]), and the commit protocol's decisions
+//! as pure code tested without storage ([`protocol`], [`recovery`]). [`frame`]
+//! and [`route`] are the data-edge frames and the writer-lane routing, built
+//! and tested but not used by the attempt yet (one lane, no sockets).
 
 pub mod attempt;
 pub mod dest;
@@ -15,6 +18,7 @@ pub mod pg_dest;
 pub mod pgcopy;
 pub mod pgsource;
 pub mod protocol;
+mod readers;
 pub mod record;
 pub mod recovery;
 pub mod route;

@@ -1,0 +1,161 @@
+//! The stream readers of an attempt: one thread per stream that cuts the
+//! stream into chunks of `batch_rows` (each chunk's end is a resume point, so
+//! barrier N sits after a stream's N-th chunk) and hands them over through a
+//! channel of one, so a reader decodes the next chunk while the attempt
+//! stages this one.
+
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+
+use arrow_array::ArrayRef;
+
+use crate::attempt::EngineError;
+use crate::files::{FileChunk, FileReader, Format};
+use crate::normalize::StreamSchema;
+use crate::pgcopy::CopyReader;
+use crate::pgsource::PgTable;
+use crate::store::Store;
+
+pub(crate) enum Msg {
+    /// Typed columns from a source that declares its types.
+    Chunk {
+        arrays: Vec<ArrayRef>,
+        ids: ArrayRef,
+        last: Vec<String>,
+        rows: usize,
+    },
+    /// Raw records (or lines that are not records) to normalize.
+    Raw(FileChunk),
+    End {
+        bytes: u64,
+    },
+}
+
+/// What a stream's rows become columns by.
+pub(crate) enum Shape {
+    /// The source table's own types.
+    Table(PgTable),
+    /// Inferred from the records and only ever widened.
+    Inferred(StreamSchema),
+}
+
+pub(crate) struct Reader {
+    pub name: String,
+    pub shape: Shape,
+    pub rx: Receiver<Result<Msg, EngineError>>,
+    pub handle: Option<JoinHandle<()>>,
+    /// The stream's end came through.
+    pub done: bool,
+}
+
+pub(crate) fn spawn_file_reader(
+    url: String,
+    format: Format,
+    name: String,
+    pattern: String,
+    after: Option<Vec<String>>,
+    batch_rows: usize,
+) -> Result<Reader, EngineError> {
+    let (tx, rx) = sync_channel(1);
+    let stream = name.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("read-{name}"))
+        .spawn(move || {
+            let result = (|| -> Result<(), EngineError> {
+                let store = Store::open_existing(&url)?;
+                let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
+                while let Some(chunk) = r.next_chunk(batch_rows)? {
+                    if tx.send(Ok(Msg::Raw(chunk))).is_err() {
+                        return Ok(());
+                    }
+                }
+                let _ = tx.send(Ok(Msg::End { bytes: 0 }));
+                Ok(())
+            })();
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Reader {
+            stream: name.clone(),
+            reason: format!("starting its thread: {e}"),
+        })?;
+    Ok(Reader {
+        name,
+        shape: Shape::Inferred(StreamSchema::default()),
+        rx,
+        handle: Some(handle),
+        done: false,
+    })
+}
+
+pub(crate) fn spawn_reader(
+    url: String,
+    table: PgTable,
+    after: Option<Vec<String>>,
+    batch_rows: usize,
+) -> Result<Reader, EngineError> {
+    let query = table.copy_query(after.as_deref())?;
+    // Two chunks in flight: the reader decodes the next one while the attempt
+    // stages this one.
+    let (tx, rx) = sync_channel(1);
+    let t = table.clone();
+    let name = table.spec.name.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("read-{name}"))
+        .spawn(move || {
+            let stream = t.spec.name.clone();
+            let result = (|| -> Result<(), EngineError> {
+                let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+                let input = client.copy_out(query.as_str())?;
+                let mut r = CopyReader::new(input, t.columns.clone())
+                    .map_err(|source| EngineError::Copy {
+                        stream: stream.clone(),
+                        source,
+                    })?
+                    .with_ids(&stream, &t.key);
+                loop {
+                    let more = r.read_row().map_err(|source| EngineError::Copy {
+                        stream: stream.clone(),
+                        source,
+                    })?;
+                    if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
+                        let rows = r.pending();
+                        let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
+                            stream: stream.clone(),
+                            reason: "no record ids".into(),
+                        })?;
+                        let arrays = r.take();
+                        let last = t.position_at(&arrays, rows - 1)?;
+                        let msg = Msg::Chunk {
+                            arrays,
+                            ids,
+                            last,
+                            rows,
+                        };
+                        if tx.send(Ok(msg)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    if !more {
+                        let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
+                        return Ok(());
+                    }
+                }
+            })();
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Reader {
+            stream: name.clone(),
+            reason: format!("starting its thread: {e}"),
+        })?;
+    Ok(Reader {
+        name,
+        shape: Shape::Table(table),
+        rx,
+        handle: Some(handle),
+        done: false,
+    })
+}
