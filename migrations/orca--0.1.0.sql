@@ -3240,6 +3240,39 @@ LEFT JOIN orca.schedules s ON s.pipeline_id = p.id;
 COMMENT ON VIEW orca.pipeline_overview IS
 'One row per pipeline: its current version, schedule and how many runs are queued or running.';
 
+CREATE VIEW orca.sync_overview WITH (security_invoker = true) AS
+SELECT sy.id                                        AS sync_id,
+       o.name                                       AS org,
+       sy.name                                      AS sync,
+       sy.delivery,
+       sy.definition->'source'->>'type'             AS source,
+       sy.definition->'destination'->>'type'        AS destination,
+       jsonb_array_length(sy.definition->'streams') AS streams,
+       sy.definition->>'schedule'                   AS schedule,
+       v.pool,
+       sy.generation,
+       sy.head_epoch,
+       sy.head_at,
+       last.id                                      AS last_run,
+       last.status                                  AS last_status,
+       last.trigger                                 AS last_trigger,
+       last.finished_at                             AS last_finished_at,
+       last.error                                   AS last_error,
+       (SELECT count(*) FROM orca.runs r WHERE r.pipeline_id = p.id AND r.status = 'queued')  AS queued,
+       (SELECT count(*) FROM orca.runs r WHERE r.pipeline_id = p.id AND r.status = 'running') AS running
+FROM orca.syncs sy
+JOIN orca.orgs o ON o.id = sy.org_id
+LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name
+LEFT JOIN orca.pipeline_versions v ON v.id = p.current_version
+LEFT JOIN LATERAL (
+    SELECT r.id, r.status, r.trigger, r.finished_at, r.error FROM orca.runs r
+    WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+    ORDER BY r.id DESC LIMIT 1
+) last ON true;
+COMMENT ON VIEW orca.sync_overview IS
+'One row per sync: delivery, source and destination, schedule and pool, the checkpoint log''s '
+'HEAD (generation, epoch, when it moved), its last run and how many are queued or running.';
+
 CREATE VIEW orca.event_log WITH (security_invoker = true) AS
 SELECT e.id, e.at, o.name AS org, e.kind, p.name AS pipeline, e.run_id AS run,
        e.attempt_id AS attempt, e.data
@@ -3260,7 +3293,8 @@ COMMENT ON TABLE orca.schedules IS
 COMMENT ON TABLE orca.runs IS
 'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
 'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
-'polls) or keys (a keyed pipeline''s keys task; parent_run of the runs it queued).';
+'polls), keys (a keyed pipeline''s keys task; parent_run of the runs it queued) or sync (a run '
+'of a sync, request {"mode": "full"} for a backfill).';
 COMMENT ON TABLE orca.step_states IS
 'The state of each (step, partition) of a run; a gather step''s partition is ''*''.';
 COMMENT ON TABLE orca.attempts IS

@@ -372,6 +372,20 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
         .expect("claim with the lease");
     assert_eq!(claimed["run"], ids[0]);
     assert_eq!(claimed["request"], json!({"mode": "full"}));
+    let overview = db
+        .strings(
+            "SELECT concat_ws(' ', sync, source, destination, streams, pool, generation,
+                              head_epoch, last_run, last_status, last_trigger, running)
+             FROM orca.sync_overview",
+        )
+        .await;
+    assert_eq!(
+        overview,
+        [format!(
+            "shop postgres parquet 1 default 1 0 {} running backfill 1",
+            ids[0]
+        )]
+    );
     // A lease that is not live, or of another sync, claims nothing.
     let (code, _) = expect_error(
         &db.pool,
