@@ -3021,6 +3021,19 @@ BEGIN
 END
 $$;
 
+-- The fence: only the attempt of the sync's current generation moves HEAD.
+CREATE FUNCTION orca._owned(s orca.syncs, p_generation integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_generation <> s.generation THEN
+        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
+                        p_generation, s.name, s.generation
+            USING ERRCODE = 'OR070',
+                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -3074,12 +3087,7 @@ BEGIN
             quote_nullable(advance_head.record)
             USING ERRCODE = 'OR050';
     END IF;
-    IF advance_head.generation <> s.generation THEN
-        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
-                        advance_head.generation, s.name, s.generation
-            USING ERRCODE = 'OR070',
-                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
-    END IF;
+    PERFORM orca._owned(s, advance_head.generation);
     IF advance_head.epoch <> s.head_epoch + 1 THEN
         RAISE EXCEPTION 'epoch % does not follow HEAD epoch % of sync ''%''',
                         advance_head.epoch, s.head_epoch, s.name
@@ -3114,12 +3122,7 @@ BEGIN
             quote_nullable(rewind_head.record)
             USING ERRCODE = 'OR050';
     END IF;
-    IF rewind_head.generation <> s.generation THEN
-        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
-                        rewind_head.generation, s.name, s.generation
-            USING ERRCODE = 'OR070',
-                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
-    END IF;
+    PERFORM orca._owned(s, rewind_head.generation);
     IF rewind_head.epoch <> s.head_epoch - 1 THEN
         RAISE EXCEPTION 'cannot rewind sync ''%'' to epoch %: HEAD is at epoch %, and only its own epoch can be lost',
                         s.name, rewind_head.epoch, s.head_epoch

@@ -9,7 +9,7 @@
 //! destination cannot take, stages, records, moves HEAD and commits, one
 //! epoch after the other.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
@@ -151,6 +151,19 @@ fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {
         .ok_or_else(|| EngineError::Definition(format!("'{key}' is missing in {v}")))
 }
 
+/// A list of strings in a definition's object (empty when absent).
+pub(crate) fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The streams of a definition, for the Postgres source.
 fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
     let streams = def
@@ -164,16 +177,7 @@ fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
                 name: str_of(s, "name")?,
                 table: str_of(s, "table")?,
                 cursor: str_of(s, "cursor")?,
-                primary_key: s
-                    .get("primary_key")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                primary_key: strings(s, "primary_key"),
                 schema_policy: s
                     .get("schema_policy")
                     .and_then(Value::as_str)
@@ -291,25 +295,17 @@ impl Attempt {
             });
         };
         let record = self.read_record(&path)?;
+        // Only streams that read something in HEAD's epoch have anything of
+        // it to make visible (the epoch before was committed before this one
+        // was recorded).
+        let staged: BTreeSet<&str> = record
+            .committables
+            .iter()
+            .flat_map(|c| c.staged.iter().map(|f| f.stream.as_str()))
+            .collect();
         let mut markers = BTreeMap::new();
-        for s in record.streams.keys() {
-            let staged = record
-                .committables
-                .iter()
-                .flat_map(|c| c.staged.iter())
-                .any(|f| &f.stream == s);
-            // A stream that read nothing in HEAD's epoch has nothing of it
-            // to make visible: the epoch is as good as applied for it (the
-            // one before was committed before this one was recorded).
-            let marker = self.dest.marker(s)?;
-            markers.insert(
-                s.clone(),
-                if staged {
-                    marker
-                } else {
-                    marker.max(head_epoch)
-                },
-            );
+        for s in &staged {
+            markers.insert(s.to_string(), self.dest.marker(s)?);
         }
         let mut available = true;
         for f in record.committables.iter().flat_map(|c| c.staged.iter()) {
@@ -317,7 +313,7 @@ impl Attempt {
         }
         let decision = recovery::decide(&HeadState {
             epoch: head_epoch,
-            streams: record.streams.keys().cloned().collect(),
+            streams: staged.iter().map(|s| s.to_string()).collect(),
             markers,
             committables_available: available,
         })?;

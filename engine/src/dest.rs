@@ -72,16 +72,7 @@ impl Dest {
                         let name = s.get("name")?.as_str()?.to_string();
                         let mode = StreamMode {
                             merge: s.get("mode").and_then(Value::as_str) == Some("merge"),
-                            primary_key: s
-                                .get("primary_key")
-                                .and_then(Value::as_array)
-                                .map(|a| {
-                                    a.iter()
-                                        .filter_map(Value::as_str)
-                                        .map(str::to_string)
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
+                            primary_key: crate::attempt::strings(s, "primary_key"),
                         };
                         Some((name, mode))
                     })

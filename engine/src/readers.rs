@@ -4,7 +4,7 @@
 //! channel of one, so a reader decodes the next chunk while the attempt
 //! stages this one.
 
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 use arrow_array::ArrayRef;
@@ -48,6 +48,39 @@ pub(crate) struct Reader {
     pub done: bool,
 }
 
+/// Where a reader sends its chunks.
+type Sender = SyncSender<Result<Msg, EngineError>>;
+
+/// Starts a stream's reader thread: `read` sends chunks until the stream
+/// ends (or the attempt stops listening); an error it returns goes down the
+/// same channel. One chunk waits in the channel while the next is read.
+fn spawn(
+    name: String,
+    shape: Shape,
+    read: impl FnOnce(&Sender) -> Result<(), EngineError> + Send + 'static,
+) -> Result<Reader, EngineError> {
+    let (tx, rx) = sync_channel(1);
+    let handle = std::thread::Builder::new()
+        .name(format!("read-{name}"))
+        .spawn(move || {
+            if let Err(e) = read(&tx) {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| EngineError::Reader {
+            stream: name.clone(),
+            reason: format!("starting its thread: {e}"),
+        })?;
+    Ok(Reader {
+        name,
+        shape,
+        rx,
+        handle: Some(handle),
+        done: false,
+    })
+}
+
+/// Reads a files stream as raw records, from its resume point.
 pub(crate) fn spawn_file_reader(
     url: String,
     format: Format,
@@ -56,39 +89,22 @@ pub(crate) fn spawn_file_reader(
     after: Option<Vec<String>>,
     batch_rows: usize,
 ) -> Result<Reader, EngineError> {
-    let (tx, rx) = sync_channel(1);
     let stream = name.clone();
-    let handle = std::thread::Builder::new()
-        .name(format!("read-{name}"))
-        .spawn(move || {
-            let result = (|| -> Result<(), EngineError> {
-                let store = Store::open_existing(&url)?;
-                let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
-                while let Some(chunk) = r.next_chunk(batch_rows)? {
-                    if tx.send(Ok(Msg::Raw(chunk))).is_err() {
-                        return Ok(());
-                    }
-                }
-                let _ = tx.send(Ok(Msg::End { bytes: 0 }));
-                Ok(())
-            })();
-            if let Err(e) = result {
-                let _ = tx.send(Err(e));
+    spawn(name, Shape::Inferred(StreamSchema::default()), move |tx| {
+        let store = Store::open_existing(&url)?;
+        let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
+        while let Some(chunk) = r.next_chunk(batch_rows)? {
+            if tx.send(Ok(Msg::Raw(chunk))).is_err() {
+                return Ok(());
             }
-        })
-        .map_err(|e| EngineError::Reader {
-            stream: name.clone(),
-            reason: format!("starting its thread: {e}"),
-        })?;
-    Ok(Reader {
-        name,
-        shape: Shape::Inferred(StreamSchema::default()),
-        rx,
-        handle: Some(handle),
-        done: false,
+        }
+        let _ = tx.send(Ok(Msg::End { bytes: 0 }));
+        Ok(())
     })
 }
 
+/// Reads a table over a connection of its own, as binary COPY into Arrow,
+/// from its resume point.
 pub(crate) fn spawn_reader(
     url: String,
     table: PgTable,
@@ -96,66 +112,42 @@ pub(crate) fn spawn_reader(
     batch_rows: usize,
 ) -> Result<Reader, EngineError> {
     let query = table.copy_query(after.as_deref())?;
-    // Two chunks in flight: the reader decodes the next one while the attempt
-    // stages this one.
-    let (tx, rx) = sync_channel(1);
     let t = table.clone();
-    let name = table.spec.name.clone();
-    let handle = std::thread::Builder::new()
-        .name(format!("read-{name}"))
-        .spawn(move || {
-            let stream = t.spec.name.clone();
-            let result = (|| -> Result<(), EngineError> {
-                let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
-                let input = client.copy_out(query.as_str())?;
-                let mut r = CopyReader::new(input, t.columns.clone())
-                    .map_err(|source| EngineError::Copy {
-                        stream: stream.clone(),
-                        source,
-                    })?
-                    .with_ids(&stream, &t.key);
-                loop {
-                    let more = r.read_row().map_err(|source| EngineError::Copy {
-                        stream: stream.clone(),
-                        source,
-                    })?;
-                    if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
-                        let rows = r.pending();
-                        let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
-                            stream: stream.clone(),
-                            reason: "no record ids".into(),
-                        })?;
-                        let arrays = r.take();
-                        let last = t.position_at(&arrays, rows - 1)?;
-                        let msg = Msg::Chunk {
-                            arrays,
-                            ids,
-                            last,
-                            rows,
-                        };
-                        if tx.send(Ok(msg)).is_err() {
-                            return Ok(());
-                        }
-                    }
-                    if !more {
-                        let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
-                        return Ok(());
-                    }
+    let stream = table.spec.name.clone();
+    spawn(stream.clone(), Shape::Table(table), move |tx| {
+        let copy = |source| EngineError::Copy {
+            stream: stream.clone(),
+            source,
+        };
+        let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+        let input = client.copy_out(query.as_str())?;
+        let mut r = CopyReader::new(input, t.columns.clone())
+            .map_err(copy)?
+            .with_ids(&stream, &t.key);
+        loop {
+            let more = r.read_row().map_err(copy)?;
+            if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
+                let rows = r.pending();
+                let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
+                    stream: stream.clone(),
+                    reason: "no record ids".into(),
+                })?;
+                let arrays = r.take();
+                let last = t.position_at(&arrays, rows - 1)?;
+                let msg = Msg::Chunk {
+                    arrays,
+                    ids,
+                    last,
+                    rows,
+                };
+                if tx.send(Ok(msg)).is_err() {
+                    return Ok(());
                 }
-            })();
-            if let Err(e) = result {
-                let _ = tx.send(Err(e));
             }
-        })
-        .map_err(|e| EngineError::Reader {
-            stream: name.clone(),
-            reason: format!("starting its thread: {e}"),
-        })?;
-    Ok(Reader {
-        name,
-        shape: Shape::Table(table),
-        rx,
-        handle: Some(handle),
-        done: false,
+            if !more {
+                let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
+                return Ok(());
+            }
+        }
     })
 }
