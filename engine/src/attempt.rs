@@ -16,6 +16,7 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use crate::control::{Control, Phase};
 use crate::dest::Dest;
 use crate::files::{FilesError, Format};
 use crate::normalize::{ColType, Policy, Raw, StreamSchema};
@@ -66,6 +67,11 @@ pub enum EngineError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error(transparent)]
     Files(#[from] FilesError),
+    #[error("control channel at {path}: {source}")]
+    Channel {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// What an attempt needs to know.
@@ -81,6 +87,8 @@ pub struct Options {
     pub batch_rows: Option<usize>,
     /// The lease of the run's attempt, when a runner started this one.
     pub lease: Option<String>,
+    /// Where to listen for the control channel (`control`), if anywhere.
+    pub control: Option<std::path::PathBuf>,
 }
 
 /// What an attempt did.
@@ -101,6 +109,9 @@ pub struct Outcome {
     pub quarantined: u64,
     /// Cells held under `_held/` (the destination got null).
     pub held: u64,
+    /// The attempt stopped on a `stop` request, at a resume point, before the
+    /// source ran out of rows.
+    pub stopped: bool,
 }
 
 /// The attempt's log: JSON lines, kept under `_logs/` next to the checkpoint
@@ -236,9 +247,22 @@ struct Attempt {
     generation: i32,
     log: Log,
     streams: Vec<String>,
+    /// The control channel, when a runner asked for one.
+    channel: Option<Control>,
 }
 
 impl Attempt {
+    /// Tells the control channel, if there is one, how the attempt goes.
+    fn report(&self, f: impl FnOnce(&mut crate::control::Status)) {
+        if let Some(c) = &self.channel {
+            c.update(f);
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.channel.as_ref().is_some_and(Control::stop_requested)
+    }
+
     fn read_record(&self, path: &str) -> Result<Record, EngineError> {
         let bytes = self.store.get(path)?.ok_or_else(|| EngineError::NoRecord {
             path: self.store.url_of(path),
@@ -410,6 +434,19 @@ fn schema_pairs(schema: &arrow_schema::Schema) -> Vec<(String, String)> {
 
 /// Runs one attempt of a sync until its source has no more rows.
 pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
+    // Listen first, so that the runner can ask how the attempt goes from its
+    // first moment on.
+    let channel = match &opts.control {
+        Some(path) => {
+            Some(
+                Control::listen(path, &opts.sync).map_err(|source| EngineError::Channel {
+                    path: path.display().to_string(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
     control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
     let claim: Value = control
@@ -423,6 +460,13 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     let head_epoch = claim["epoch"].as_u64().unwrap_or(0);
     let head_record = claim["record"].as_str().map(str::to_string);
     let def = claim["definition"].clone();
+    if let Some(c) = &channel {
+        c.update(|s| {
+            s.phase = Phase::Recovering;
+            s.generation = generation;
+            s.head = head_epoch;
+        });
+    }
     let source = def.get("source").cloned().unwrap_or(Value::Null);
     let destination = def.get("destination").cloned().unwrap_or(Value::Null);
     let source_type = str_of(&source, "type")?;
@@ -518,6 +562,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             Source::Tables(t) => t.iter().map(|t| t.spec.name.clone()).collect(),
             Source::Files { streams, .. } => streams.iter().map(|s| s.0.clone()).collect(),
         },
+        channel,
     };
     a.log.event(
         "claimed",
@@ -545,8 +590,21 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         head_record,
         full,
     );
-    if let Err(e) = &result {
-        a.log.event("failed", json!({"error": e.to_string()}));
+    match &result {
+        Err(e) => {
+            a.log.event("failed", json!({"error": e.to_string()}));
+            a.report(|s| {
+                s.phase = Phase::Failed;
+                s.error = Some(e.to_string());
+            });
+        }
+        Ok(o) => a.report(|s| {
+            s.phase = if o.stopped {
+                Phase::Stopped
+            } else {
+                Phase::Done
+            }
+        }),
     }
     a.log.flush(&a.store)?;
     result
@@ -639,7 +697,19 @@ fn stream_epochs(
     };
     let mut coord = Coordinator::new(1, head_epoch);
     let mut pending: BTreeMap<u64, Record> = BTreeMap::new();
+    a.report(|s| {
+        s.phase = Phase::Streaming;
+        s.head = head_epoch;
+        s.committed = head_epoch;
+    });
     loop {
+        // Every epoch before this point is committed: a resume point.
+        if a.stop_requested() {
+            out.stopped = true;
+            a.log
+                .event("stopped", json!({"epoch": coord.last_committed()}));
+            break;
+        }
         // Barrier N sits after each stream's next chunk: a resume point.
         let mut chunks = Vec::new();
         for r in readers.iter_mut().filter(|r| !r.done) {
@@ -826,6 +896,7 @@ fn stream_epochs(
                     }
                     previous = Some(path);
                     out.to_epoch = epoch;
+                    a.report(|s| s.head = epoch);
                     actions.extend(coord.head_moved(epoch)?);
                 }
                 Action::Commit { epoch } => {
@@ -834,6 +905,20 @@ fn stream_epochs(
                         .ok_or(ProtocolError::UnknownEpoch { epoch })?;
                     let streams = a.streams.clone();
                     a.apply(&record, &streams)?;
+                    let rows = out.rows;
+                    a.report(|s| {
+                        s.committed = epoch;
+                        s.rows = rows;
+                        for (name, st) in &record.streams {
+                            let e = s.streams.entry(name.clone()).or_default();
+                            e.position.clone_from(&st.position);
+                        }
+                        for staged in record.committables.iter().flat_map(|c| &c.staged) {
+                            if let Some(e) = s.streams.get_mut(&staged.stream) {
+                                e.rows += staged.rows;
+                            }
+                        }
+                    });
                     actions.extend(coord.committed(epoch)?);
                 }
                 // A table source has nothing to acknowledge upstream.
@@ -842,14 +927,21 @@ fn stream_epochs(
         }
         a.log.flush(&a.store)?;
     }
-    for r in &mut readers {
-        if let Some(h) = r.handle.take() {
-            let _ = h.join();
+    if out.stopped {
+        // A reader still going fails at its next send once its channel is
+        // gone, and ends with the process; nothing waits for it.
+        drop(readers);
+    } else {
+        for r in &mut readers {
+            if let Some(h) = r.handle.take() {
+                let _ = h.join();
+            }
         }
     }
     a.log.event(
         "done",
-        json!({"epoch": out.to_epoch, "rows": out.rows, "source_bytes": out.source_bytes}),
+        json!({"epoch": out.to_epoch, "rows": out.rows, "source_bytes": out.source_bytes,
+               "stopped": out.stopped}),
     );
     Ok(out)
 }

@@ -4,11 +4,13 @@
 //! [`normalize`]), the checkpoint log and staging in object storage
 //! ([`store`], [`record`]), the destinations ([`dest`]: [`parquet_dest`],
 //! Iceberg through the SDK, [`pg_dest`]), and the commit protocol's decisions
-//! as pure code tested without storage ([`protocol`], [`recovery`]). [`frame`]
-//! and [`route`] are the data-edge frames and the writer-lane routing, built
-//! and tested but not used by the attempt yet (one lane, no sockets).
+//! as pure code tested without storage ([`protocol`], [`recovery`]), and
+//! the control channel a runner talks to ([`control`]). [`frame`] and
+//! [`route`] are the data-edge frames and the writer-lane routing, built and
+//! tested but not used by the attempt yet (one lane, no data edges).
 
 pub mod attempt;
+pub mod control;
 pub mod dest;
 pub mod files;
 pub mod frame;

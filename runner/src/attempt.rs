@@ -12,6 +12,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use crate::control::{self, ControlError, Lease};
+use crate::engine;
 
 /// What the runner shares with every attempt it runs.
 pub struct Shared {
@@ -20,6 +21,8 @@ pub struct Shared {
     pub logs: PathBuf,
     /// What runs a sync's attempts (`orca-engine`).
     pub engine: PathBuf,
+    /// Where the engines' control sockets go (one per sync attempt).
+    pub sockets: PathBuf,
 }
 
 /// How an attempt ended, from the runner's point of view.
@@ -50,6 +53,9 @@ impl std::fmt::Display for Outcome {
 const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
 /// How many times a transient database error is retried when reporting.
 const REPORT_TRIES: u32 = 5;
+/// How long an engine asked to stop may take to finish its epoch in flight
+/// before it is killed (killing it is safe too: the next attempt recovers).
+const ENGINE_STOP_GRACE: Duration = Duration::from_secs(15);
 
 fn log_path(root: &Path, l: &Lease) -> PathBuf {
     root.join(&l.org)
@@ -81,16 +87,24 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
-fn spawn_child(shared: &Shared, l: &Lease, log: &Path) -> std::io::Result<Child> {
+fn spawn_child(
+    shared: &Shared,
+    l: &Lease,
+    log: &Path,
+    socket: Option<&Path>,
+) -> std::io::Result<Child> {
     // A sync's attempts run this runner's engine, not a binary of the sync's.
     let program = if l.command == "sync" {
         shared.engine.clone()
     } else {
         PathBuf::from(&l.binary_path)
     };
-    Command::new(program)
-        .arg(&l.command)
-        .arg("--lease")
+    let mut cmd = Command::new(program);
+    cmd.arg(&l.command);
+    if let Some(s) = socket {
+        cmd.arg("--control").arg(s);
+    }
+    cmd.arg("--lease")
         .arg(l.lease.to_string())
         .env("DATABASE_URL", &shared.database_url)
         .env("ORCA_ORG", &l.org)
@@ -129,9 +143,54 @@ async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> 
     ))
 }
 
-async fn stop_child(child: &mut Child) {
+/// Stops a child: an engine is asked over its control channel to finish
+/// the epoch in flight and exit, and killed if it does not within
+/// [`ENGINE_STOP_GRACE`]; anything else is killed.
+async fn stop_child(child: &mut Child, socket: Option<&Path>, prefix: &str) {
+    if let Some(s) = socket {
+        match engine::call(s, "stop").await {
+            Ok(_) => match tokio::time::timeout(ENGINE_STOP_GRACE, child.wait()).await {
+                Ok(_) => {
+                    println!("{prefix} the engine stopped at a resume point");
+                    return;
+                }
+                Err(_) => println!(
+                    "{prefix} the engine did not stop within {ENGINE_STOP_GRACE:?}; killing it"
+                ),
+            },
+            Err(e) => println!("{prefix} could not ask the engine to stop ({e}); killing it"),
+        }
+    }
     let _ = child.start_kill();
     let _ = child.wait().await;
+}
+
+/// The engine's progress, written to the attempt's log and our stdout when
+/// it committed another epoch since the last look.
+async fn engine_progress(
+    socket: &Path,
+    seen: &mut Option<u64>,
+    prefix: &str,
+    file: &tokio::sync::Mutex<tokio::fs::File>,
+) {
+    // Not listening yet, or gone: the next heartbeat looks again.
+    let Ok(status) = engine::call(socket, "status").await else {
+        return;
+    };
+    let committed = status["committed"].as_u64();
+    if committed.is_none() || committed == *seen || status["phase"] != "streaming" {
+        return;
+    }
+    *seen = committed;
+    let line = format!(
+        "runner: engine at epoch {} (committed), {} rows this attempt",
+        committed.unwrap_or(0),
+        status["rows"].as_u64().unwrap_or(0)
+    );
+    println!("{prefix} {line}");
+    let mut f = file.lock().await;
+    let _ = f.write_all(line.as_bytes()).await;
+    let _ = f.write_all(b"\n").await;
 }
 
 /// Runs the attempt to its end. `release` turning true asks it to stop the
@@ -149,7 +208,10 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
-    let mut child = match spawn_child(&shared, &l, &log) {
+    let socket =
+        (l.command == "sync").then(|| shared.sockets.join(format!("attempt-{}.sock", l.attempt)));
+    let socket = socket.as_deref();
+    let mut child = match spawn_child(&shared, &l, &log, socket) {
         Ok(c) => c,
         Err(e) => {
             let program = if l.command == "sync" {
@@ -177,21 +239,27 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let mut deadline = l.deadline;
     let mut beat = tokio::time::interval((ttl / 3).max(HEARTBEAT_MIN));
     beat.tick().await;
+    let mut seen = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
             _ = beat.tick() => match control::heartbeat(&shared.db, l.lease).await {
-                Ok(d) => deadline = d,
+                Ok(d) => {
+                    deadline = d;
+                    if let Some(s) = socket {
+                        engine_progress(s, &mut seen, &prefix, &file).await;
+                    }
+                }
                 Err(ControlError::Fenced { message, .. }) => {
                     println!("{prefix} stopping: {message}");
-                    stop_child(&mut child).await;
+                    stop_child(&mut child, socket, &prefix).await;
                     return Outcome::Fenced(message);
                 }
                 Err(ControlError::Db(e)) => {
                     eprintln!("{prefix} heartbeat failed: {e}");
                     if chrono::Utc::now() > deadline {
-                        // Someone else may hold the attempt by now.
-                        stop_child(&mut child).await;
+                        // Someone else may hold the attempt by now: no grace.
+                        stop_child(&mut child, None, &prefix).await;
                         return Outcome::Fenced("the lease lapsed while the control plane was unreachable".into());
                     }
                 }
@@ -199,7 +267,7 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             changed = release.changed() => {
                 if changed.is_err() || *release.borrow() {
                     println!("{prefix} runner stopping: handing the attempt back");
-                    stop_child(&mut child).await;
+                    stop_child(&mut child, socket, &prefix).await;
                     return match control::release(&shared.db, l.lease, "its runner stopped").await {
                         Ok(()) => Outcome::Released,
                         Err(e) => Outcome::Unreported(e.to_string()),

@@ -6,6 +6,7 @@
 
 mod attempt;
 mod control;
+mod engine;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -123,11 +124,15 @@ async fn main() -> anyhow::Result<()> {
         args.logs.display()
     );
 
+    // Socket paths are short (108 bytes at most), so not under the logs.
+    let sockets = std::env::temp_dir().join(format!("orca-runner-{}", std::process::id()));
+    std::fs::create_dir_all(&sockets).with_context(|| format!("creating {}", sockets.display()))?;
     let shared = Arc::new(attempt::Shared {
         db: db.clone(),
         database_url: args.database_url.clone(),
         logs: args.logs.clone(),
         engine: args.engine.clone().unwrap_or_else(default_engine),
+        sockets: sockets.clone(),
     });
     let (release_tx, release_rx) = watch::channel(false);
     let mut running: JoinSet<attempt::Outcome> = JoinSet::new();
@@ -209,6 +214,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&sockets);
     println!("orca-runner {name}: stopped");
     Ok(())
 }

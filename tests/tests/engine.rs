@@ -694,6 +694,37 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
         "cancelled mid-sync, at epoch {stopped_at}"
     );
     assert_eq!(run_status(&db, first).await, "cancelled");
+    // Asked, not killed: the engine finished its epoch in flight and exited.
+    let t0 = Instant::now();
+    let first_log = loop {
+        let log =
+            std::fs::read_to_string(logs.join(format!("default/shop/run-{first}/attempt-1.log")))
+                .unwrap_or_default();
+        if log.contains(r#""event":"done""#) || t0.elapsed() > Duration::from_secs(30) {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        first_log.contains(r#""event":"stopped""#) && first_log.contains(r#""stopped":true"#),
+        "the runner asked the engine to stop: {first_log}\n{}",
+        runner.output()
+    );
+    assert!(
+        runner
+            .output()
+            .contains("the engine stopped at a resume point"),
+        "{}",
+        runner.output()
+    );
+    // The runner follows the engine's progress on the control channel.
+    assert!(first_log.contains("runner: engine at epoch"), "{first_log}");
+    let (n, _, _, _) = tally(&published(&out, "orders"));
+    assert_eq!(
+        n,
+        (stopped_at * 2_000) as usize,
+        "all HEAD names is visible"
+    );
 
     let second: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
         .fetch_one(&db.pool)
@@ -710,6 +741,201 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
             .expect("attempt log");
     assert!(log.contains(r#""event":"done""#), "{log}");
     assert!(log.contains(&format!(r#""run":"{second}""#)), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A runner shutting down (SIGTERM, then its 5 s grace) asks its engine to
+/// stop: the epoch in flight commits, the attempt is handed back, and what
+/// HEAD names is all visible.
+#[tokio::test]
+async fn a_runner_shutting_down_stops_its_engine_at_a_resume_point_and_hands_the_run_back() {
+    let db = TestDb::new().await;
+    make_source(&db, 400_000).await;
+    let dir = scratch("runner-term");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 500}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                  "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let mut runner = sync_runner(&db, &store, &logs);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    let t0 = Instant::now();
+    while head(&db).await.0 < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the sync made no progress\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = runner.terminate().expect("runner exit status");
+    assert!(status.success(), "{}", runner.output());
+    let output = runner.output();
+    assert!(
+        output.contains("the engine stopped at a resume point") && output.contains("handed back"),
+        "{output}"
+    );
+    let stopped_at = head(&db).await.0;
+    assert!(
+        (3..800).contains(&stopped_at),
+        "stopped mid-sync at epoch {stopped_at}\n{output}"
+    );
+    let (n, ids, _, _) = tally(&published(&out, "orders"));
+    assert_eq!(
+        (n, ids),
+        ((stopped_at * 500) as usize, (stopped_at * 500) as usize)
+    );
+    let attempts: Vec<String> = sqlx::query_scalar(
+        "SELECT number || ' ' || status FROM orca.attempts WHERE run_id = $1 ORDER BY number",
+    )
+    .bind(run)
+    .fetch_all(&db.pool)
+    .await
+    .expect("attempts");
+    assert_eq!(attempts[0], "1 released", "{attempts:?}");
+    let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{run}/attempt-1.log")))
+        .expect("attempt log");
+    assert!(log.contains(r#""stopped":true"#), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One request on an engine's control channel; the answer's JSON.
+fn control_call(socket: &Path, request: &str) -> Value {
+    use std::io::{BufRead, Write};
+    let mut conn = std::os::unix::net::UnixStream::connect(socket).expect("connect to the engine");
+    writeln!(conn, "{request}").expect("send");
+    let mut line = String::new();
+    std::io::BufReader::new(conn)
+        .read_line(&mut line)
+        .expect("answer");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+/// The control channel: hello, status while the engine streams, a clear
+/// error for a bad request, and a stop that ends the attempt at a resume
+/// point with its epoch committed; the next attempt has nothing to recover
+/// and every row lands once.
+#[tokio::test]
+async fn the_control_channel_reports_progress_and_a_stop_ends_the_attempt_at_a_resume_point() {
+    let db = TestDb::new().await;
+    let rows = 120_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("control");
+    let (out, store, socket) = (dir.join("out"), dir.join("store"), dir.join("e.sock"));
+    define(&db, &out).await;
+    let mut child = engine(&db, &store, 2_000)
+        .arg("--control")
+        .arg(&socket)
+        .spawn()
+        .expect("engine");
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no control socket");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let hello = control_call(&socket, r#"{"id": 1, "method": "hello"}"#);
+    assert_eq!(hello["ok"], true, "{hello}");
+    assert_eq!(hello["result"]["protocol"], 1, "{hello}");
+    assert_eq!(hello["result"]["sync"], "shop", "{hello}");
+    assert_eq!(hello["result"]["pid"], child.id(), "{hello}");
+
+    let status = loop {
+        let s = control_call(&socket, r#"{"id": 2, "method": "status"}"#);
+        if s["result"]["committed"].as_u64().unwrap_or(0) >= 3 {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no progress on the control channel: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let st = &status["result"];
+    assert_eq!(st["phase"], "streaming", "{status}");
+    assert_eq!(st["generation"], 1, "{status}");
+    assert!(st["head"].as_u64() >= st["committed"].as_u64(), "{status}");
+    let committed = st["committed"].as_u64().unwrap_or(0);
+    assert_eq!(
+        st["streams"]["orders"]["rows"].as_u64(),
+        Some(committed * 2_000),
+        "{status}"
+    );
+    assert!(st["rows"].as_u64() >= Some(committed * 2_000), "{status}");
+
+    let bad = control_call(&socket, r#"{"id": 3, "method": "rewind"}"#);
+    assert_eq!(
+        (bad["ok"].clone(), bad["id"].clone()),
+        (json!(false), json!(3)),
+        "{bad}"
+    );
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"rewind\""),
+        "{bad}"
+    );
+    let bad = control_call(&socket, "stop please");
+    assert!(
+        bad["error"].as_str().unwrap_or_default().contains("JSON"),
+        "{bad}"
+    );
+
+    let stop = control_call(&socket, r#"{"id": 4, "method": "stop"}"#);
+    assert_eq!(stop["result"]["stopping"], true, "{stop}");
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("engine status") {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "the engine did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let o = child.wait_with_output().expect("engine output");
+    assert!(status.success(), "a stop is a clean exit: {}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["stopped"], true, "{outcome}");
+    let stopped_at = outcome["to_epoch"].as_i64().unwrap_or(0);
+    assert!(
+        (committed as i64..60).contains(&stopped_at),
+        "stopped mid-sync at {stopped_at}: {outcome}"
+    );
+    assert_eq!(head(&db).await.0, stopped_at, "HEAD is where it stopped");
+    assert!(!socket.exists(), "the engine removes its socket");
+    // Everything HEAD names is visible: the stop waited for the commit.
+    let (n, ids, _, _) = tally(&published(&out, "orders"));
+    assert_eq!(
+        (n, ids),
+        ((stopped_at * 2_000) as usize, (stopped_at * 2_000) as usize)
+    );
+    let log = log_of(&store, 1);
+    assert!(log.contains(r#""event":"stopped""#), "{log}");
+
+    let o = engine(&db, &store, 2_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(
+        outcome["recovery"],
+        format!("resume from epoch {stopped_at}"),
+        "nothing to recover: {outcome}"
+    );
+    assert_eq!(outcome["stopped"], false, "{outcome}");
+    assert_eq!(outcome["to_epoch"], 60, "{outcome}");
+    let (n, ids, _, sum) = tally(&published(&out, "orders"));
+    assert_eq!((n, ids), (rows as usize, rows as usize), "exactly once");
+    assert_eq!(sum, rows * (rows + 1) / 2);
     let _ = std::fs::remove_dir_all(dir);
 }
 

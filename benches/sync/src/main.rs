@@ -123,6 +123,7 @@ fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
             .ok()
             .and_then(|s| s.parse().ok()),
         lease: None,
+        control: None,
     };
     let started = Instant::now();
     let o = attempt::run(&opts)?;

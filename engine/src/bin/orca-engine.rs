@@ -3,8 +3,9 @@
 //! ```text
 //! orca-engine sync shop --store /var/lib/orca/store
 //! ```
-//! Exit status 0 when the source had no more rows and every epoch committed,
-//! 3 when a newer attempt fenced this one (it stopped without committing),
+//! Exit status 0 when the source had no more rows and every epoch committed
+//! (or a `stop` on the control channel ended it at a resume point: the
+//! outcome says `"stopped": true`), 3 when a newer attempt fenced this one (it stopped without committing),
 //! 1 on any other error. The outcome is printed as one JSON object.
 
 use std::process::ExitCode;
@@ -45,6 +46,10 @@ enum Command {
         /// 100000).
         #[arg(long)]
         batch_rows: Option<usize>,
+        /// Listen on this Unix socket for the control channel (hello, status,
+        /// stop; docs/syncs.md, "The control channel"); a runner passes one per attempt.
+        #[arg(long, env = "ORCA_ENGINE_CONTROL")]
+        control: Option<std::path::PathBuf>,
     },
 }
 
@@ -58,6 +63,7 @@ fn main() -> ExitCode {
             store,
             batch_rows,
             lease,
+            control,
         } => {
             let opts = Options {
                 database_url,
@@ -66,6 +72,7 @@ fn main() -> ExitCode {
                 store_url: store,
                 batch_rows,
                 lease,
+                control,
             };
             match attempt::run(&opts) {
                 Ok(o) => {
@@ -82,6 +89,7 @@ fn main() -> ExitCode {
                             "staged_bytes": o.staged_bytes,
                             "quarantined": o.quarantined,
                             "held": o.held,
+                            "stopped": o.stopped,
                         })
                     );
                     ExitCode::SUCCESS
