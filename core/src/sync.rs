@@ -36,19 +36,22 @@ const DESTINATIONS: &[Connector] = &[
     Connector {
         name: "parquet",
         required: &["url"],
-        optional: &[],
+        optional: &["lanes"],
     },
     Connector {
         name: "iceberg",
         required: &["namespace"],
-        optional: &[],
+        optional: &["lanes"],
     },
     Connector {
         name: "postgres",
         required: &["url"],
-        optional: &["schema"],
+        optional: &["schema", "lanes"],
     },
 ];
+
+/// The most writer lanes a destination may ask for.
+pub const MAX_LANES: u64 = 64;
 
 fn bad(field: impl Into<String>, reason: impl Into<String>) -> Error {
     Error::BadSync {
@@ -188,6 +191,14 @@ pub fn check(
             return Err(bad(
                 "source.format",
                 format!("'{format}' is not a format (jsonl or csv)"),
+            ));
+        }
+    }
+    if let Some(l) = dst_opts.get("lanes") {
+        if !l.as_u64().is_some_and(|n| (1..=MAX_LANES).contains(&n)) {
+            return Err(bad(
+                "destination.lanes",
+                format!("must be a number of writer lanes from 1 to {MAX_LANES}, got {l}"),
             ));
         }
     }
@@ -362,6 +373,39 @@ mod tests {
     fn orders(mode: &str) -> Value {
         json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
                 "primary_key": ["id"], "mode": mode}])
+    }
+
+    #[test]
+    fn writer_lanes_are_a_destination_option_from_1_to_64() {
+        for lanes in [1, 4, 64] {
+            let dst = json!({"type": "parquet", "url": "/tmp/out", "lanes": lanes});
+            check(
+                "shop",
+                &pg(),
+                &dst,
+                &orders("append"),
+                None,
+                "at_least_once",
+            )
+            .expect("ok");
+        }
+        for bad_lanes in [json!(0), json!(65), json!("2"), json!(1.5)] {
+            let dst = json!({"type": "parquet", "url": "/tmp/out", "lanes": bad_lanes});
+            let e = check(
+                "shop",
+                &pg(),
+                &dst,
+                &orders("append"),
+                None,
+                "at_least_once",
+            )
+            .expect_err("refused")
+            .to_string();
+            assert!(
+                e.contains("destination.lanes") && e.contains(&bad_lanes.to_string()),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError
 use crate::readers::{spawn_file_reader, spawn_reader, Msg, Shape};
 use crate::record::{LaneCommittable, Layout, Record, Staged, StreamState};
 use crate::recovery::{self, HeadState, Recovery, RecoveryError};
+use crate::route::{LaneInput, Router};
 use crate::store::{Store, StoreError};
 
 /// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
@@ -85,6 +86,8 @@ pub struct Options {
     pub store_url: String,
     /// Overrides the source's `batch_rows`.
     pub batch_rows: Option<usize>,
+    /// Overrides the destination's `lanes` (writer lanes, default 1).
+    pub lanes: Option<usize>,
     /// The lease of the run's attempt, when a runner started this one.
     pub lease: Option<String>,
     /// Where to listen for the control channel (`control`), if anywhere.
@@ -282,9 +285,9 @@ impl Attempt {
             .flat_map(|c| c.staged.iter())
             .collect();
         for s in streams {
-            let file = staged.iter().copied().find(|f| &f.stream == s);
+            let files: Vec<&Staged> = staged.iter().copied().filter(|f| &f.stream == s).collect();
             self.dest
-                .apply(&self.store, self.generation, record.epoch, s, file)
+                .apply(&self.store, self.generation, record.epoch, s, &files)
                 .map_err(|e| match e {
                     DestError::Fenced { .. } => EngineError::Fenced {
                         sync: self.opts.sync.clone(),
@@ -581,11 +584,19 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             },
             other => other.into(),
         })?;
+    let lanes = opts
+        .lanes
+        .or(destination
+            .get("lanes")
+            .and_then(Value::as_u64)
+            .and_then(|n| usize::try_from(n).ok()))
+        .unwrap_or(1)
+        .clamp(1, orca_core::sync::MAX_LANES as usize);
     let result = stream_epochs(
         &mut a,
         &url,
         source,
-        batch_rows,
+        Cut { batch_rows, lanes },
         head_epoch,
         head_record,
         full,
@@ -620,11 +631,40 @@ enum Source {
     },
 }
 
+/// How an attempt cuts its work: rows per stream per epoch, writer lanes.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    batch_rows: usize,
+    lanes: usize,
+}
+
+/// Each lane's part encoded as Parquet, the lanes on threads of their own.
+fn encode_lanes(parts: &[(usize, RecordBatch)]) -> Result<Vec<Bytes>, EngineError> {
+    if let [(_, only)] = parts {
+        return Ok(vec![parquet_dest::encode(only)?]);
+    }
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> = parts
+            .iter()
+            .map(|(_, b)| scope.spawn(move || parquet_dest::encode(b)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| match j.join() {
+                Ok(r) => r.map_err(EngineError::from),
+                Err(_) => Err(EngineError::Reader {
+                    stream: "(writer lane)".into(),
+                    reason: "a writer lane's encoder panicked".into(),
+                }),
+            })
+            .collect()
+    })
+}
+
 fn stream_epochs(
     a: &mut Attempt,
     url: &str,
     source: Source,
-    batch_rows: usize,
+    Cut { batch_rows, lanes }: Cut,
     head_epoch: u64,
     head_record: Option<String>,
     full: bool,
@@ -651,10 +691,17 @@ fn stream_epochs(
         .ok()
         .and_then(|v| v.parse().ok());
     let mut readers = Vec::new();
+    // A key's rows all go to one lane: the table's primary key, or for
+    // files (no key) the record's `_orca_id`.
+    let mut routers: BTreeMap<String, Router> = BTreeMap::new();
     let after = |name: &str| states.get(name).and_then(|s| s.position.clone());
     match source {
         Source::Tables(tables) => {
             for table in tables {
+                routers.insert(
+                    table.spec.name.clone(),
+                    Router::new(lanes, table.spec.primary_key.clone()),
+                );
                 let from = after(&table.spec.name);
                 let recorded = states
                     .get(&table.spec.name)
@@ -666,6 +713,7 @@ fn stream_epochs(
         }
         Source::Files { format, streams } => {
             for (name, pattern, policy) in streams {
+                routers.insert(name.clone(), Router::new(lanes, Vec::new()));
                 let from = after(&name);
                 let mut r =
                     spawn_file_reader(url.to_string(), format, name, pattern, from, batch_rows)?;
@@ -695,7 +743,7 @@ fn stream_epochs(
         to_epoch: head_epoch,
         ..Outcome::default()
     };
-    let mut coord = Coordinator::new(1, head_epoch);
+    let mut coord = Coordinator::new(lanes, head_epoch);
     let mut pending: BTreeMap<u64, Record> = BTreeMap::new();
     a.report(|s| {
         s.phase = Phase::Streaming;
@@ -759,7 +807,7 @@ fn stream_epochs(
             .collect();
         let epoch = coord.request_barrier(positions);
         let synced_at = chrono::Utc::now().timestamp_micros();
-        let mut staged = Vec::new();
+        let mut staged: Vec<Vec<Staged>> = vec![Vec::new(); lanes];
         let mut quarantined = Vec::new();
         let mut held_files = Vec::new();
         for (name, taken, last) in chunks {
@@ -844,22 +892,38 @@ fn stream_epochs(
             }
             let schema = batch.schema();
             let rows = batch.num_rows();
-            let data = parquet_dest::encode(&batch)?;
-            let path = a.layout.staged(epoch, a.generation, &name, 0);
-            let bytes = data.len() as u64;
-            a.store.put(&path, data)?;
+            // Each writer lane stages its key groups' rows; the lanes encode
+            // at the same time.
+            let parts = match routers.get(&name) {
+                Some(router) if lanes > 1 => router
+                    .route(&batch)?
+                    .into_iter()
+                    .filter_map(|(lane, input)| match input {
+                        LaneInput::Rows(b) => Some((lane, b)),
+                        LaneInput::Barrier { .. } => None,
+                    })
+                    .collect(),
+                _ => vec![(0, batch)],
+            };
+            let encoded = encode_lanes(&parts)?;
+            for ((lane, part), data) in parts.iter().zip(encoded) {
+                let path = a.layout.staged(epoch, a.generation, &name, *lane);
+                let bytes = data.len() as u64;
+                a.store.put(&path, data)?;
+                out.staged_bytes += bytes;
+                staged[*lane].push(Staged {
+                    stream: name.clone(),
+                    path,
+                    rows: part.num_rows() as u64,
+                    bytes,
+                    lane: *lane,
+                });
+            }
             out.rows += rows as u64;
-            out.staged_bytes += bytes;
             let st = states.entry(name.clone()).or_default();
             st.position = Some(last);
             st.rows += rows as u64;
             st.schema = schema_pairs(&schema);
-            staged.push(Staged {
-                stream: name,
-                path,
-                rows: rows as u64,
-                bytes,
-            });
         }
         for s in &a.streams {
             states.entry(s.clone()).or_default();
@@ -870,16 +934,29 @@ fn stream_epochs(
             generation: a.generation,
             previous: previous.clone(),
             streams: states.clone(),
-            committables: vec![LaneCommittable { lane: 0, staged }],
+            committables: staged
+                .into_iter()
+                .enumerate()
+                .map(|(lane, staged)| LaneCommittable { lane, staged })
+                .collect(),
             quarantined,
             held: held_files,
             written_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         };
-        let payload = serde_json::to_string(&record.committables).unwrap_or_default();
+        // Every lane crossed barrier N with its files staged: each
+        // pre-commits, and the record is written once the last one has.
+        let mut actions: VecDeque<Action> = VecDeque::new();
+        for c in &record.committables {
+            let payload = serde_json::to_string(c).unwrap_or_default();
+            actions.extend(coord.pre_committed(
+                epoch,
+                Committable {
+                    lane: c.lane,
+                    payload,
+                },
+            )?);
+        }
         pending.insert(epoch, record);
-        let mut actions: VecDeque<Action> = coord
-            .pre_committed(epoch, Committable { lane: 0, payload })?
-            .into();
         while let Some(action) = actions.pop_front() {
             match action {
                 Action::WriteRecord { epoch, .. } => {

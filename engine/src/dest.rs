@@ -163,17 +163,14 @@ impl Dest {
         generation: i32,
         epoch: u64,
         stream: &str,
-        staged: Option<&Staged>,
+        staged: &[&Staged],
     ) -> Result<(), DestError> {
         match self {
             Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged),
             Dest::Postgres { pg, modes } => {
                 // The marker moves even for an epoch in which the stream
                 // read nothing: it costs one row in the same transaction.
-                let batches = match staged {
-                    Some(s) => read_staged(staging, s)?,
-                    None => Vec::new(),
-                };
+                let batches = read_all(staging, staged)?;
                 let mode = modes.get(stream).cloned().unwrap_or(StreamMode {
                     merge: false,
                     primary_key: Vec::new(),
@@ -187,10 +184,10 @@ impl Dest {
             } => {
                 // An epoch in which the stream read nothing has nothing to
                 // make visible; its marker stays where it is.
-                let Some(s) = staged else {
+                if staged.is_empty() {
                     return Ok(());
-                };
-                let batches = read_staged(staging, s)?;
+                }
+                let batches = read_all(staging, staged)?;
                 match tables
                     .append_epoch(
                         &format!("{namespace}.{stream}"),
@@ -211,6 +208,18 @@ impl Dest {
             }
         }
     }
+}
+
+/// The batches of a stream's staged files, lane after lane.
+fn read_all(
+    staging: &Store,
+    staged: &[&Staged],
+) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
+    let mut out = Vec::new();
+    for s in staged {
+        out.extend(read_staged(staging, s)?);
+    }
+    Ok(out)
 }
 
 /// The batches of a staged Parquet file.

@@ -1,7 +1,8 @@
 //! The parquet destination: staged Parquet files published per epoch.
 //!
-//! Lane 0 commits epoch N of a stream by copying its staged file to
-//! `{stream}/part-{N}.parquet` and then writing the stream marker
+//! Lane 0 commits epoch N of a stream by copying its staged files to
+//! `{stream}/part-{N}.parquet` (writer lane 0's; lane k's to
+//! `part-{N}-{k}.parquet`) and then writing the stream marker
 //! `{stream}/_orca_epoch` = N. Both are idempotent, so a commit retried, or
 //! applied again by the next attempt's recovery, changes nothing. The fence
 //! `_orca_fence` holds the newest generation that recovered; a commit from an
@@ -89,7 +90,7 @@ impl ParquetDest {
         Ok(())
     }
 
-    /// Makes a stream's epoch visible: its staged file (if it read any
+    /// Makes a stream's epoch visible: its staged files (none if it read no
     /// rows), then its marker.
     pub fn apply(
         &self,
@@ -97,7 +98,7 @@ impl ParquetDest {
         generation: i32,
         epoch: u64,
         stream: &str,
-        staged: Option<&Staged>,
+        staged: &[&Staged],
     ) -> Result<(), DestError> {
         let fence: i32 = self.number(FENCE)?.unwrap_or(0);
         if fence > generation {
@@ -109,12 +110,15 @@ impl ParquetDest {
         if self.marker(stream)? >= epoch {
             return Ok(());
         }
-        if let Some(s) = staged {
+        for s in staged {
             let data = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
                 path: staging.url_of(&s.path),
             })?;
-            self.store
-                .put(&format!("{stream}/part-{epoch:010}.parquet"), data)?;
+            let name = match s.lane {
+                0 => format!("{stream}/part-{epoch:010}.parquet"),
+                lane => format!("{stream}/part-{epoch:010}-{lane}.parquet"),
+            };
+            self.store.put(&name, data)?;
         }
         self.store.put(
             &format!("{stream}/_orca_epoch"),

@@ -26,6 +26,9 @@ pub struct Staged {
     pub path: String,
     pub rows: u64,
     pub bytes: u64,
+    /// The writer lane that staged it (records before lanes had one: 0).
+    #[serde(default)]
+    pub lane: usize,
 }
 
 /// One lane's committable.
@@ -127,6 +130,7 @@ mod tests {
                     stream: "orders".into(),
                     path: l.staged(7, 2, "orders", 0),
                     rows: 10,
+                    lane: 0,
                     bytes: 1234,
                 }],
             }],

@@ -85,6 +85,14 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
             "OR063",
             "'twice'",
         ),
+        (
+            pg(),
+            json!({"type": "parquet", "url": "/var/tmp/out", "lanes": 0}),
+            orders("append"),
+            "at_least_once",
+            "OR063",
+            "destination.lanes",
+        ),
     ] {
         let (c, m) = create(&db, &source, &destination, &streams, delivery)
             .await

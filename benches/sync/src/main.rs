@@ -122,6 +122,7 @@ fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
         batch_rows: std::env::var("BATCH_ROWS")
             .ok()
             .and_then(|s| s.parse().ok()),
+        lanes: std::env::var("LANES").ok().and_then(|s| s.parse().ok()),
         lease: None,
         control: None,
     };

@@ -46,6 +46,10 @@ enum Command {
         /// 100000).
         #[arg(long)]
         batch_rows: Option<usize>,
+        /// Writer lanes (default: the destination's `lanes`, else 1): each
+        /// stages its key groups' rows, encoding at the same time.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+        lanes: Option<u16>,
         /// Listen on this Unix socket for the control channel (hello, status,
         /// stop; docs/syncs.md, "The control channel"); a runner passes one per attempt.
         #[arg(long, env = "ORCA_ENGINE_CONTROL")]
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
             org,
             store,
             batch_rows,
+            lanes,
             lease,
             control,
         } => {
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
                 sync: name,
                 store_url: store,
                 batch_rows,
+                lanes: lanes.map(usize::from),
                 lease,
                 control,
             };
