@@ -99,17 +99,40 @@ async fn make_source(db: &TestDb, rows: i64) {
     .expect("source table");
 }
 
-async fn define(db: &TestDb, out: &Path) {
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                  "primary_key": ["id"]}]),
-        )
+/// Defines the sync `shop`: the stream `orders` of public.orders (cursor
+/// updated_at, key id, and the fields in `stream`, such as its mode) from
+/// `source` into `destination`.
+async fn define_orders(
+    db: &TestDb,
+    source: Value,
+    destination: Value,
+    stream: Value,
+    delivery: &str,
+) {
+    let mut orders = json!({"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                            "primary_key": ["id"]});
+    if let (Some(o), Some(extra)) = (orders.as_object_mut(), stream.as_object()) {
+        o.extend(extra.clone());
+    }
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, $4)")
+        .bind(source)
+        .bind(destination)
+        .bind(json!([orders]))
+        .bind(delivery)
         .execute(&db.pool)
         .await
         .expect("create_sync");
+}
+
+async fn define(db: &TestDb, out: &Path) {
+    define_orders(
+        db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
 }
 
 /// Every batch of every published Parquet file of a stream.
@@ -635,16 +658,14 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
     make_source(&db, rows).await;
     let dir = scratch("runner");
     let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 2000}))
-        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                  "primary_key": ["id"]}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url(), "batch_rows": 2000}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
     // Short leases: heartbeats every ~300 ms, so a cancel stops the engine
     // within a few epochs.
     sqlx::raw_sql(&format!(
@@ -785,16 +806,14 @@ async fn writer_lanes_split_rows_by_key_and_stay_exactly_once_across_a_sigkill()
     make_source(&db, rows).await;
     let dir = scratch("lanes");
     let (out, store) = (dir.join("out"), dir.join("store"));
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "parquet", "url": out.to_string_lossy(), "lanes": 4}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                  "primary_key": ["id"]}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy(), "lanes": 4}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
     kill_at(&db, engine(&db, &store, 5_000).spawn().expect("engine"), 3).await;
     let o = engine(&db, &store, 5_000).output().expect("engine");
     assert!(o.status.success(), "{}", text(&o));
@@ -846,16 +865,14 @@ async fn writer_lanes_split_rows_by_key_and_stay_exactly_once_across_a_sigkill()
     let db = TestDb::new().await;
     make_source(&db, 30_000).await;
     let store = scratch("lanes-pg");
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'effectively_once')")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw", "lanes": 3}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                      "primary_key": ["id"], "mode": "merge"}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("a sync into Postgres");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "postgres", "url": db.url(), "schema": "raw", "lanes": 3}),
+        json!({"mode": "merge"}),
+        "effectively_once",
+    )
+    .await;
     kill_at(&db, engine(&db, &store, 2_000).spawn().expect("engine"), 2).await;
     sqlx::query(
         "UPDATE public.orders SET customer = 'changed', updated_at = '2030-01-01' WHERE id % 7 = 0",
@@ -878,16 +895,14 @@ async fn a_runner_shutting_down_stops_its_engine_at_a_resume_point_and_hands_the
     make_source(&db, 400_000).await;
     let dir = scratch("runner-term");
     let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 500}))
-        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                  "primary_key": ["id"]}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url(), "batch_rows": 500}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
     let mut runner = sync_runner(&db, &store, &logs);
     let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
         .fetch_one(&db.pool)
@@ -1202,17 +1217,14 @@ async fn csv_files_resume_after_a_sigkill_by_file_and_offset() {
 }
 
 async fn define_pg(db: &TestDb, mode: &str, delivery: &str) {
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, $4)")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                      "primary_key": ["id"], "mode": mode}]),
-        )
-        .bind(delivery)
-        .execute(&db.pool)
-        .await
-        .expect("a sync into Postgres");
+    define_orders(
+        db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "postgres", "url": db.url(), "schema": "raw"}),
+        json!({"mode": mode}),
+        delivery,
+    )
+    .await;
 }
 
 /// Rows of raw.orders that differ from public.orders (either side missing,
@@ -1399,16 +1411,14 @@ async fn checkpoints_staging_and_parquet_files_live_in_s3() {
     let rows = 30_000i64;
     make_source(&db, rows).await;
     let s3 = orca_tests::s3::S3Server::start("orca");
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "parquet", "url": "s3://orca/out"}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                      "primary_key": ["id"]}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": "s3://orca/out"}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
     let run = |crash: Option<&str>| {
         let mut c = Command::new(bin("orca-engine"));
         c.args([
@@ -1573,16 +1583,14 @@ async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
 }
 
 async fn define_with_policy(db: &TestDb, out: &Path, policy: &str) {
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
-        .bind(json!({"type": "postgres", "url": db.url()}))
-        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                      "primary_key": ["id"], "schema_policy": policy}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_orders(
+        db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({"schema_policy": policy}),
+        "at_least_once",
+    )
+    .await;
 }
 
 #[tokio::test]
