@@ -326,6 +326,13 @@ pub fn check(
                 "the parquet destination writes files and cannot merge; use append",
             ));
         }
+        if mode == WriteMode::Overwrite && dst.name == "iceberg" {
+            return Err(bad(
+                format!("{at}.mode"),
+                "overwrite into the iceberg destination is not built yet; use append or \
+                 merge, or a postgres or parquet destination",
+            ));
+        }
         if mode == WriteMode::Merge && primary_key.is_empty() {
             return Err(bad(
                 format!("{at}.primary_key"),
@@ -423,7 +430,40 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(v["streams"][0]["delivery"], "effectively_once");
+        let e = check(
+            "shop",
+            &pg(),
+            &ice,
+            &orders("overwrite"),
+            None,
+            "at_least_once",
+        )
+        .expect_err("not built for iceberg");
+        assert_eq!(e.sqlstate(), "OR063");
+        assert!(e.to_string().contains("overwrite into the iceberg"), "{e}");
         let dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw", "schema": "raw"});
+        let v = check(
+            "shop",
+            &pg(),
+            &dst,
+            &orders("merge"),
+            None,
+            "effectively_once",
+        )
+        .expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "effectively_once");
+        // A refresh from a superset source lands once where rows are
+        // skipped by _orca_id.
+        let v = check(
+            "shop",
+            &pg(),
+            &dst,
+            &orders("overwrite"),
+            None,
+            "exactly_once",
+        )
+        .expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
         let v = check(
             "shop",
             &pg(),

@@ -25,7 +25,7 @@ use crate::pgcopy::CopyError;
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
 use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
 use crate::readers::{spawn_file_reader, spawn_reader, Msg, Shape};
-use crate::record::{LaneCommittable, Layout, Record, Staged, StreamState};
+use crate::record::{LaneCommittable, Layout, Record, Refresh, Staged, StreamState};
 use crate::recovery::{self, HeadState, Recovery, RecoveryError};
 use crate::route::{LaneInput, Router};
 use crate::store::{Store, StoreError};
@@ -250,6 +250,8 @@ struct Attempt {
     generation: i32,
     log: Log,
     streams: Vec<String>,
+    /// The streams written with `overwrite`: each attempt refreshes them.
+    overwrite: BTreeSet<String>,
     /// The control channel, when a runner asked for one.
     channel: Option<Control>,
 }
@@ -286,8 +288,16 @@ impl Attempt {
             .collect();
         for s in streams {
             let files: Vec<&Staged> = staged.iter().copied().filter(|f| &f.stream == s).collect();
+            let refresh = record.refresh.get(s).copied();
             self.dest
-                .apply(&self.store, self.generation, record.epoch, s, &files)
+                .apply(
+                    &self.store,
+                    self.generation,
+                    record.epoch,
+                    s,
+                    &files,
+                    refresh,
+                )
                 .map_err(|e| match e {
                     DestError::Fenced { .. } => EngineError::Fenced {
                         sync: self.opts.sync.clone(),
@@ -322,13 +332,14 @@ impl Attempt {
             });
         };
         let record = self.read_record(&path)?;
-        // Only streams that read something in HEAD's epoch have anything of
-        // it to make visible (the epoch before was committed before this one
-        // was recorded).
+        // Only streams that read something in HEAD's epoch, or whose refresh
+        // begins or ends in it, have anything of it to make visible (the
+        // epoch before was committed before this one was recorded).
         let staged: BTreeSet<&str> = record
             .committables
             .iter()
             .flat_map(|c| c.staged.iter().map(|f| f.stream.as_str()))
+            .chain(record.refresh.keys().map(String::as_str))
             .collect();
         let mut markers = BTreeMap::new();
         for s in &staged {
@@ -565,6 +576,14 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             Source::Tables(t) => t.iter().map(|t| t.spec.name.clone()).collect(),
             Source::Files { streams, .. } => streams.iter().map(|s| s.0.clone()).collect(),
         },
+        overwrite: def
+            .get("streams")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|s| s.get("mode").and_then(Value::as_str) == Some("overwrite"))
+            .filter_map(|s| s.get("name").and_then(Value::as_str).map(str::to_string))
+            .collect(),
         channel,
     };
     a.log.event(
@@ -682,6 +701,24 @@ fn stream_epochs(
         }
         a.log.event("full", json!({"streams": a.streams}));
     }
+    // An `overwrite` stream whose last refresh finished (or that never
+    // began one) reads its source again from the start into a fresh shadow;
+    // one cut short by a crash or a stop goes on where it was.
+    let mut begins = BTreeSet::new();
+    for name in &a.overwrite {
+        let st = states.entry(name.clone()).or_default();
+        if full || st.refreshed || st.position.is_none() {
+            st.position = None;
+            st.refreshed = false;
+            begins.insert(name.clone());
+        }
+    }
+    if !a.overwrite.is_empty() {
+        a.log.event(
+            "refresh",
+            json!({"begins": begins, "continues": a.overwrite.difference(&begins).collect::<Vec<_>>()}),
+        );
+    }
     // Whatever is still staged now belongs to epochs that are applied or
     // that will be read again: none of it is needed.
     for f in a.store.list(&format!("{}/_staging", a.layout.root))? {
@@ -760,6 +797,9 @@ fn stream_epochs(
         }
         // Barrier N sits after each stream's next chunk: a resume point.
         let mut chunks = Vec::new();
+        // `overwrite` streams whose source ran out: their refresh ends with
+        // this epoch.
+        let mut ended = Vec::new();
         for r in readers.iter_mut().filter(|r| !r.done) {
             match r.rx.recv() {
                 Ok(Ok(Msg::Chunk {
@@ -788,6 +828,9 @@ fn stream_epochs(
                 Ok(Ok(Msg::End { bytes })) => {
                     r.done = true;
                     out.source_bytes += bytes;
+                    if a.overwrite.contains(&r.name) {
+                        ended.push(r.name.clone());
+                    }
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
@@ -798,7 +841,7 @@ fn stream_epochs(
                 }
             }
         }
-        if chunks.is_empty() {
+        if chunks.is_empty() && ended.is_empty() {
             break;
         }
         let positions: Positions = chunks
@@ -928,6 +971,20 @@ fn stream_epochs(
         for s in &a.streams {
             states.entry(s.clone()).or_default();
         }
+        let mut refresh = BTreeMap::new();
+        for name in &a.overwrite {
+            let ends = ended.contains(name);
+            if ends || staged.iter().flatten().any(|f| &f.stream == name) || begins.contains(name) {
+                let step = Refresh {
+                    begins: begins.remove(name),
+                    ends,
+                };
+                if ends {
+                    states.entry(name.clone()).or_default().refreshed = true;
+                }
+                refresh.insert(name.clone(), step);
+            }
+        }
         let record = Record {
             sync: a.opts.sync.clone(),
             epoch,
@@ -941,6 +998,7 @@ fn stream_epochs(
                 .collect(),
             quarantined,
             held: held_files,
+            refresh,
             written_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         };
         // Every lane crossed barrier N with its files staged: each

@@ -7,7 +7,7 @@
 //!   (`orca::sync_tables`).
 
 use bytes::Bytes;
-use orca::sync_tables::{EpochCommit, SyncTables};
+use orca::sync_tables::{EpochAt, EpochCommit, SyncTables};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use crate::parquet_dest::{DestError, ParquetDest};
 use crate::pg_dest::{PgDest, StreamMode};
 use crate::pgsource::{self, PgTable};
-use crate::record::Staged;
+use crate::record::{Refresh, Staged};
 use crate::store::Store;
 
 pub enum Dest {
@@ -29,6 +29,8 @@ pub enum Dest {
         tables: SyncTables,
         namespace: String,
         sync: String,
+        /// The primary key of each stream written with `merge`.
+        merge_keys: HashMap<String, Vec<String>>,
     },
 }
 
@@ -72,6 +74,7 @@ impl Dest {
                         let name = s.get("name")?.as_str()?.to_string();
                         let mode = StreamMode {
                             merge: s.get("mode").and_then(Value::as_str) == Some("merge"),
+                            overwrite: s.get("mode").and_then(Value::as_str) == Some("overwrite"),
                             primary_key: crate::attempt::strings(s, "primary_key"),
                         };
                         Some((name, mode))
@@ -91,10 +94,22 @@ impl Dest {
                         .ensure(&dataset, &pgsource::destination_schema(t))
                         .map_err(iceberg)?;
                 }
+                let merge_keys = definition
+                    .get("streams")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s.get("mode").and_then(Value::as_str) == Some("merge"))
+                    .filter_map(|s| {
+                        let name = s.get("name")?.as_str()?.to_string();
+                        Some((name, crate::attempt::strings(s, "primary_key")))
+                    })
+                    .collect();
                 Ok(Dest::Iceberg {
                     tables,
                     namespace,
                     sync: sync.to_string(),
+                    merge_keys,
                 })
             }
             other => Err(DestError::NotBuilt(format!(
@@ -111,6 +126,7 @@ impl Dest {
                 tables,
                 namespace,
                 sync,
+                ..
             } => {
                 for s in streams {
                     let dataset = format!("{namespace}.{s}");
@@ -150,13 +166,16 @@ impl Dest {
                 tables,
                 namespace,
                 sync,
+                ..
             } => tables
                 .marker(&format!("{namespace}.{stream}"), sync)
                 .map_err(iceberg),
         }
     }
 
-    /// Makes a stream's epoch visible, idempotently.
+    /// Makes a stream's epoch visible, idempotently; for a stream being
+    /// refreshed (`overwrite`), into its shadow, which replaces the stream's
+    /// rows at the refresh's last epoch.
     pub fn apply(
         &mut self,
         staging: &Store,
@@ -164,41 +183,49 @@ impl Dest {
         epoch: u64,
         stream: &str,
         staged: &[&Staged],
+        refresh: Option<Refresh>,
     ) -> Result<(), DestError> {
         match self {
-            Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged),
+            Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged, refresh),
             Dest::Postgres { pg, modes } => {
                 // The marker moves even for an epoch in which the stream
                 // read nothing: it costs one row in the same transaction.
                 let batches = read_all(staging, staged)?;
                 let mode = modes.get(stream).cloned().unwrap_or(StreamMode {
                     merge: false,
+                    overwrite: false,
                     primary_key: Vec::new(),
                 });
-                pg.apply(generation, epoch, stream, &batches, &mode)
+                pg.apply(generation, epoch, stream, &batches, &mode, refresh)
             }
             Dest::Iceberg {
                 tables,
                 namespace,
                 sync,
+                merge_keys,
             } => {
+                if refresh.is_some() {
+                    return Err(DestError::NotBuilt(format!(
+                        "overwriting Iceberg table {namespace}.{stream}"
+                    )));
+                }
                 // An epoch in which the stream read nothing has nothing to
                 // make visible; its marker stays where it is.
                 if staged.is_empty() {
                     return Ok(());
                 }
                 let batches = read_all(staging, staged)?;
-                match tables
-                    .append_epoch(
-                        &format!("{namespace}.{stream}"),
-                        sync,
-                        stream,
-                        generation,
-                        epoch,
-                        batches,
-                    )
-                    .map_err(iceberg)?
-                {
+                let dataset = format!("{namespace}.{stream}");
+                let at = EpochAt {
+                    dataset: &dataset,
+                    sync,
+                    stream,
+                    generation,
+                    epoch,
+                };
+                let key = merge_keys.get(stream).map(Vec::as_slice);
+                let done = tables.apply_epoch(&at, batches, key);
+                match done.map_err(iceberg)? {
                     EpochCommit::Fenced { fence } => Err(DestError::Fenced {
                         fence,
                         mine: generation,

@@ -1,13 +1,14 @@
 //! The engine of a sync (`orca-engine`). [`attempt`] runs one attempt end
 //! to end; around it: the stream readers (a Postgres table as binary COPY
 //! decoded by [`pgcopy`] and [`pgsource`]; files by [`files`], normalized by
-//! [`normalize`]), the checkpoint log and staging in object storage
-//! ([`store`], [`record`]), the destinations ([`dest`]: [`parquet_dest`],
-//! Iceberg through the SDK, [`pg_dest`]), and the commit protocol's decisions
-//! as pure code tested without storage ([`protocol`], [`recovery`]), and
-//! the control channel a runner talks to ([`control`]). [`frame`] and
-//! [`route`] are the data-edge frames and the writer-lane routing, built and
-//! tested but not used by the attempt yet (one lane, no data edges).
+//! [`normalize`]), the writer lanes' routing by key group ([`route`]), the
+//! checkpoint log and staging in object storage ([`store`], [`record`]), the
+//! destinations ([`dest`]: [`parquet_dest`], Iceberg through the SDK,
+//! [`pg_dest`]), the commit protocol's decisions as pure code tested without
+//! storage ([`protocol`], [`recovery`]), the control channel a runner talks
+//! to ([`control`]), and [`release`] of held cells. [`frame`] is the
+//! data-edge frame format, built and tested but not used yet (no data edges:
+//! the engine hosts its connectors).
 
 pub mod attempt;
 pub mod control;
@@ -23,5 +24,6 @@ pub mod protocol;
 mod readers;
 pub mod record;
 pub mod recovery;
+pub mod release;
 pub mod route;
 pub mod store;

@@ -14,7 +14,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use crate::record::Staged;
+use crate::record::{Refresh, Staged};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,10 @@ impl ParquetDest {
     }
 
     /// Makes a stream's epoch visible: its staged files (none if it read no
-    /// rows), then its marker.
+    /// rows), then its marker. A stream being refreshed publishes into
+    /// `{stream}/_refresh/` (hidden from dataset readers by its `_`) instead;
+    /// the refresh's last epoch moves those files in and deletes the parts
+    /// of the refresh before.
     pub fn apply(
         &self,
         staging: &Store,
@@ -99,6 +102,7 @@ impl ParquetDest {
         epoch: u64,
         stream: &str,
         staged: &[&Staged],
+        refresh: Option<Refresh>,
     ) -> Result<(), DestError> {
         let fence: i32 = self.number(FENCE)?.unwrap_or(0);
         if fence > generation {
@@ -110,20 +114,69 @@ impl ParquetDest {
         if self.marker(stream)? >= epoch {
             return Ok(());
         }
+        let shadow = format!("{stream}/_refresh");
+        let dir = match refresh {
+            Some(_) => shadow.as_str(),
+            None => stream,
+        };
+        if refresh.is_some_and(|r| r.begins) {
+            // Whatever a refresh before left is not part of this one.
+            for f in self.store.list(&shadow)? {
+                self.store.delete(&f)?;
+            }
+        }
         for s in staged {
             let data = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
                 path: staging.url_of(&s.path),
             })?;
             let name = match s.lane {
-                0 => format!("{stream}/part-{epoch:010}.parquet"),
-                lane => format!("{stream}/part-{epoch:010}-{lane}.parquet"),
+                0 => format!("{dir}/part-{epoch:010}.parquet"),
+                lane => format!("{dir}/part-{epoch:010}-{lane}.parquet"),
             };
             self.store.put(&name, data)?;
         }
+        let fresh = match refresh {
+            Some(r) if r.ends => self.swap_in(stream, &shadow)?,
+            _ => Vec::new(),
+        };
         self.store.put(
             &format!("{stream}/_orca_epoch"),
             Bytes::from(epoch.to_string()),
         )?;
+        // Only once the marker says the refresh is in: until then a retry
+        // needs the shadow's files.
+        for f in fresh {
+            self.store.delete(&f)?;
+        }
         Ok(())
+    }
+
+    /// Puts a finished refresh's files in place of the stream's parts;
+    /// returns the shadow's files, to delete once the marker moved. Every
+    /// step can be done again.
+    fn swap_in(&self, stream: &str, shadow: &str) -> Result<Vec<String>, DestError> {
+        let fresh = self.store.list(shadow)?;
+        let mut names = std::collections::BTreeSet::new();
+        for f in &fresh {
+            let Some(name) = f.rsplit('/').next() else {
+                continue;
+            };
+            let data = self.store.get(f)?.ok_or_else(|| DestError::StagedGone {
+                path: self.store.url_of(f),
+            })?;
+            self.store.put(&format!("{stream}/{name}"), data)?;
+            names.insert(name.to_string());
+        }
+        let prefix = format!("{stream}/");
+        for f in self.store.list(stream)? {
+            let Some(name) = f.strip_prefix(&prefix) else {
+                continue;
+            };
+            let part = name.starts_with("part-") && name.ends_with(".parquet");
+            if part && !name.contains('/') && !names.contains(name) {
+                self.store.delete(&f)?;
+            }
+        }
+        Ok(fresh)
     }
 }

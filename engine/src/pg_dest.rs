@@ -7,7 +7,11 @@
 //!   holds already (a unique index), so a replayed record lands once;
 //! - `merge`: rows are upserted by the stream's primary key, and a row only
 //!   replaces one with a lower `_orca_seq`, so a replay of older versions
-//!   changes nothing.
+//!   changes nothing;
+//! - `overwrite`: each refresh loads its epochs into a shadow table
+//!   `{schema}._orca_refresh_{stream}` (appended as above), and its last
+//!   epoch replaces the table's rows with the shadow's in the transaction
+//!   that moves the marker: readers see the old rows or the new, never half.
 //!
 //! Tables are `{schema}.{stream}`, made from the batch's columns on first use
 //! and widened (new columns added, a column's type changed to the wider one)
@@ -25,6 +29,7 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, TimeUnit};
 
 use crate::parquet_dest::DestError;
+use crate::record::Refresh;
 
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
 const PG_EPOCH_DAYS: i32 = 10_957;
@@ -257,6 +262,7 @@ fn pg(e: postgres::Error) -> DestError {
 #[derive(Debug, Clone)]
 pub struct StreamMode {
     pub merge: bool,
+    pub overwrite: bool,
     pub primary_key: Vec<String>,
 }
 
@@ -394,6 +400,46 @@ impl PgDest {
         Ok(())
     }
 
+    /// Replaces the table's rows with a finished refresh's (none when the
+    /// refresh read nothing), and drops the shadow.
+    fn swap_in(
+        tx: &mut postgres::Transaction<'_>,
+        table: &str,
+        shadow: &str,
+    ) -> Result<(), DestError> {
+        let exists = |tx: &mut postgres::Transaction<'_>, t: &str| -> Result<bool, DestError> {
+            tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&t])
+                .map(|r| r.get(0))
+                .map_err(pg)
+        };
+        if !exists(tx, table)? {
+            return Ok(());
+        }
+        // DELETE rather than TRUNCATE: readers that started before keep
+        // seeing the old rows, as MVCC promises.
+        tx.batch_execute(&format!("DELETE FROM {table}"))
+            .map_err(pg)?;
+        if exists(tx, shadow)? {
+            let cols: Vec<String> = tx
+                .query(
+                    "SELECT quote_ident(attname) FROM pg_attribute
+                     WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped
+                     ORDER BY attnum",
+                    &[&shadow],
+                )
+                .map_err(pg)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let list = cols.join(", ");
+            tx.batch_execute(&format!(
+                "INSERT INTO {table} ({list}) SELECT {list} FROM {shadow}; DROP TABLE {shadow}"
+            ))
+            .map_err(pg)?;
+        }
+        Ok(())
+    }
+
     /// Loads a stream's epoch and moves its marker, in one transaction;
     /// nothing when the marker shows the epoch applied.
     pub fn apply(
@@ -403,6 +449,7 @@ impl PgDest {
         stream: &str,
         batches: &[RecordBatch],
         mode: &StreamMode,
+        refresh: Option<Refresh>,
     ) -> Result<(), DestError> {
         let s = quote_ident(&self.schema);
         let schema_name = self.schema.clone();
@@ -435,10 +482,24 @@ impl PgDest {
         if marker.unwrap_or(0) as u64 >= epoch {
             return Ok(());
         }
+        let shadow = format!("_orca_refresh_{stream}");
+        let qshadow = format!("{s}.{}", quote_ident(&shadow));
+        let target = match refresh {
+            Some(_) => shadow.as_str(),
+            None => stream,
+        };
+        if refresh.is_some_and(|r| r.begins) {
+            tx.batch_execute(&format!("DROP TABLE IF EXISTS {qshadow}"))
+                .map_err(pg)?;
+        }
         if let Some(first) = batches.first() {
             let bschema = first.schema();
-            Self::fit_table(&mut tx, &schema_name, stream, &bschema, mode)?;
-            let qt = format!("{s}.{}", quote_ident(stream));
+            Self::fit_table(&mut tx, &schema_name, target, &bschema, mode)?;
+            if refresh.is_some() {
+                // The table gets every column the swap will copy.
+                Self::fit_table(&mut tx, &schema_name, stream, &bschema, mode)?;
+            }
+            let qt = format!("{s}.{}", quote_ident(target));
             let cols: Vec<String> = bschema
                 .fields()
                 .iter()
@@ -500,6 +561,9 @@ impl PgDest {
                 )
             };
             tx.batch_execute(&load).map_err(pg)?;
+        }
+        if refresh.is_some_and(|r| r.ends) {
+            Self::swap_in(&mut tx, &format!("{s}.{}", quote_ident(stream)), &qshadow)?;
         }
         tx.execute(
             &format!(

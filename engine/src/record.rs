@@ -16,6 +16,19 @@ pub struct StreamState {
     pub rows: u64,
     /// The stream's destination schema, as `name: type` pairs.
     pub schema: Vec<(String, String)>,
+    /// An `overwrite` stream's last refresh read the whole source and
+    /// replaced the destination's rows: the next attempt begins another.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refreshed: bool,
+}
+
+/// What an epoch does to an `overwrite` stream's refresh: the first epoch
+/// of a refresh empties its shadow, the last one (after the source ran out)
+/// replaces the destination's rows with the shadow's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refresh {
+    pub begins: bool,
+    pub ends: bool,
 }
 
 /// A staged file: what lane 0 makes visible when it commits the epoch.
@@ -52,6 +65,9 @@ pub struct Record {
     /// Files of cells the destination could not take, held for a release.
     #[serde(default)]
     pub held: Vec<String>,
+    /// The refresh steps of the `overwrite` streams in this epoch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refresh: BTreeMap<String, Refresh>,
     pub written_at: String,
 }
 
@@ -120,6 +136,7 @@ mod tests {
                     position: Some(vec!["2024-01-01T00:00:00Z".into(), "17".into()]),
                     rows: 170,
                     schema: vec![("id".into(), "Int64".into())],
+                    refreshed: true,
                 },
             )]
             .into_iter()
@@ -136,9 +153,28 @@ mod tests {
             }],
             quarantined: vec![],
             held: vec![],
+            refresh: [(
+                "orders".to_string(),
+                Refresh {
+                    begins: false,
+                    ends: true,
+                },
+            )]
+            .into_iter()
+            .collect(),
             written_at: "2026-11-29T00:00:00Z".into(),
         };
         let text = serde_json::to_string(&r).expect("json");
         assert_eq!(serde_json::from_str::<Record>(&text).expect("parse"), r);
+        // A record written before refreshes existed reads as none.
+        let mut old: serde_json::Value = serde_json::from_str(&text).expect("json");
+        if let Some(o) = old.as_object_mut() {
+            o.remove("refresh");
+        }
+        if let Some(s) = old["streams"]["orders"].as_object_mut() {
+            s.remove("refreshed");
+        }
+        let old: Record = serde_json::from_value(old).expect("an older record");
+        assert!(old.refresh.is_empty() && !old.streams["orders"].refreshed);
     }
 }

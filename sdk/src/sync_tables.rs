@@ -7,11 +7,13 @@
 //! already; the same commit also sets table property `orca.sync.<sync>.epoch`,
 //! so the marker outlives snapshot expiry), and the fence, table property `orca.sync.<sync>.fence`, which
 //! each attempt raises to its generation before it recovers, refuses a
-//! commit from an older attempt.
+//! commit from an older attempt. A `merge` stream's epoch is merged
+//! copy-on-write: the files holding replaced rows are rewritten and the
+//! snapshot is an `overwrite` (through [`crate::rewrite`]).
 
 use std::collections::HashMap;
 
-use arrow_array::RecordBatch;
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::Schema as ArrowSchema;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::Catalog;
@@ -98,23 +100,27 @@ impl SyncTables {
         Ok(EpochCommit::Committed { snapshot: 0 })
     }
 
-    /// Appends a stream's epoch as one snapshot with its marker, unless the
-    /// table holds it already or the fence is newer than `generation`.
-    pub fn append_epoch(
+    /// Commits a stream's epoch as one snapshot with its marker, unless the
+    /// table holds it already or the fence is newer than the generation:
+    /// appended, or with `key`, merged by that key copy-on-write — the
+    /// newest version of each key in the epoch replaces the table's row of
+    /// that key when it has a higher `_orca_seq` (an older version delivered
+    /// again changes nothing), and the data files that held replaced rows
+    /// are written again without them. A merge reads every data file's rows
+    /// each epoch, so its cost grows with the table.
+    pub fn apply_epoch(
         &self,
-        dataset: &str,
-        sync: &str,
-        stream: &str,
-        generation: i32,
-        epoch: u64,
+        at: &EpochAt<'_>,
         batches: Vec<RecordBatch>,
+        key: Option<&[String]>,
     ) -> Result<EpochCommit> {
+        let dataset = at.dataset;
         let table = self.load(dataset)?;
-        let fence = fence_of(&table, sync);
-        if fence > generation {
+        let fence = fence_of(&table, at.sync);
+        if fence > at.generation {
             return Ok(EpochCommit::Fenced { fence });
         }
-        if marker_of(&table, sync) >= epoch {
+        if marker_of(&table, at.sync) >= at.epoch {
             return Ok(EpochCommit::AlreadyApplied);
         }
         let schema = table.arrow_schema()?;
@@ -122,17 +128,185 @@ impl SyncTables {
             .into_iter()
             .map(|b| fit(&schema, dataset, b))
             .collect::<Result<Vec<_>>>()?;
+        let (batches, removed) = match key {
+            None => (batches, Vec::new()),
+            Some(key) => self.merged(&table, dataset, &schema, batches, key)?,
+        };
+        let files = self.write(&table, at, batches)?;
+        self.commit_epoch(&table, at, files, removed)
+    }
+
+    /// What a merge writes (the epoch's surviving rows, and the rows kept
+    /// of the files it rewrites) and the files it removes.
+    fn merged(
+        &self,
+        table: &Table,
+        dataset: &str,
+        schema: &std::sync::Arc<ArrowSchema>,
+        batches: Vec<RecordBatch>,
+        key: &[String],
+    ) -> Result<(Vec<RecordBatch>, Vec<iceberg::spec::DataFile>)> {
+        let incoming = arrow_select::concat::concat_batches(schema, &batches)
+            .map_err(|e| format!("merging into {dataset}: {e}"))?;
+        // The newest version of each key in the epoch: (row, seq).
+        let keys_in = key_strings(&incoming, key, dataset)?;
+        let seq_in = seqs(&incoming, dataset)?;
+        let mut newest: HashMap<String, (usize, i64)> = HashMap::new();
+        for (row, k) in keys_in.into_iter().enumerate() {
+            let seq = seq_in.value(row);
+            match newest.get(&k) {
+                Some((_, s)) if *s >= seq => {}
+                _ => {
+                    newest.insert(k, (row, seq));
+                }
+            }
+        }
+        let mut removed = Vec::new();
+        let mut kept = Vec::new();
+        for file in self.live_files(table)? {
+            let mut drop_any = false;
+            let mut rows_of_file = Vec::new();
+            for b in self.read_file(table, &file, dataset, schema)? {
+                let keys = key_strings(&b, key, dataset)?;
+                let seq = seqs(&b, dataset)?;
+                let mut keep = Vec::with_capacity(b.num_rows());
+                for (row, k) in keys.iter().enumerate() {
+                    let replaced = match newest.get(k) {
+                        // The table holds a newer (or the same) version:
+                        // the epoch's is stale.
+                        Some((_, s)) if *s <= seq.value(row) => {
+                            newest.remove(k);
+                            false
+                        }
+                        Some(_) => true,
+                        None => false,
+                    };
+                    drop_any |= replaced;
+                    keep.push(!replaced);
+                }
+                rows_of_file.push((b, keep));
+            }
+            if drop_any {
+                removed.push(file);
+                for (b, keep) in rows_of_file {
+                    let mask = arrow_array::BooleanArray::from(keep);
+                    kept.push(
+                        arrow_select::filter::filter_record_batch(&b, &mask)
+                            .map_err(|e| format!("merging into {dataset}: {e}"))?,
+                    );
+                }
+            }
+        }
+        let mut rows: Vec<u32> = newest.values().map(|(r, _)| *r as u32).collect();
+        rows.sort_unstable();
+        let take = arrow_array::UInt32Array::from(rows);
+        let fresh = arrow_select::take::take_record_batch(&incoming, &take)
+            .map_err(|e| format!("merging into {dataset}: {e}"))?;
+        kept.push(fresh);
+        kept.retain(|b| b.num_rows() > 0);
+        Ok((kept, removed))
+    }
+
+    fn write(
+        &self,
+        table: &Table,
+        at: &EpochAt<'_>,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Vec<iceberg::spec::DataFile>> {
         let prefix = format!(
-            "orca-sync-{sync}-e{epoch}-g{generation}-{}",
+            "orca-sync-{}-e{}-g{}-{}",
+            at.sync,
+            at.epoch,
+            at.generation,
             uuid::Uuid::new_v4().simple()
         );
-        let files = tables::write_data_files(&self.t, &table, batches, prefix)?;
+        tables::write_data_files(&self.t, table, batches, prefix)
+    }
+
+    /// The data files of the table's current snapshot.
+    fn live_files(&self, table: &Table) -> Result<Vec<iceberg::spec::DataFile>> {
+        match table.inner.metadata().current_snapshot() {
+            Some(snapshot) => tables::live_data_files(&self.t, &table.inner, snapshot),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// A data file's rows, in the table's Arrow types.
+    fn read_file(
+        &self,
+        table: &Table,
+        file: &iceberg::spec::DataFile,
+        dataset: &str,
+        schema: &std::sync::Arc<ArrowSchema>,
+    ) -> Result<Vec<RecordBatch>> {
+        let io = table.inner.file_io();
+        let data = self
+            .t
+            .rt
+            .block_on(async { io.new_input(file.file_path())?.read().await })?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(data)
+            .and_then(|b| b.build())
+            .map_err(|e| format!("reading {} of {dataset}: {e}", file.file_path()))?;
+        reader
+            .map(|b| {
+                let b = b.map_err(|e| format!("reading {} of {dataset}: {e}", file.file_path()))?;
+                fit(schema, dataset, b)
+            })
+            .collect()
+    }
+
+    /// Commits data files added (and removed) as the epoch's snapshot, with
+    /// its marker in the summary and as a table property.
+    fn commit_epoch(
+        &self,
+        table: &Table,
+        at: &EpochAt<'_>,
+        files: Vec<iceberg::spec::DataFile>,
+        removed: Vec<iceberg::spec::DataFile>,
+    ) -> Result<EpochCommit> {
+        let EpochAt {
+            dataset,
+            sync,
+            stream,
+            generation,
+            epoch,
+        } = *at;
         let props = HashMap::from([
             ("orca.sync".to_string(), sync.to_string()),
             ("orca.sync.stream".to_string(), stream.to_string()),
             ("orca.sync.epoch".to_string(), epoch.to_string()),
             ("orca.sync.generation".to_string(), generation.to_string()),
         ]);
+        if !removed.is_empty() {
+            let fresh = self
+                .t
+                .rt
+                .block_on(self.t.catalog.load_table(&table.ident))
+                .map_err(|e| format!("table {dataset} cannot be loaded: {e}"))?;
+            let snapshot = crate::rewrite::commit(
+                &self.t,
+                &table.ident,
+                dataset,
+                fresh,
+                &crate::rewrite::Change {
+                    added: files,
+                    removed,
+                    op: iceberg::spec::Operation::Overwrite,
+                    props,
+                },
+            )?;
+            // The marker is in the snapshot's summary already; the property
+            // keeps it once that snapshot expires.
+            let table = self.load(dataset)?;
+            self.t.rt.block_on(async {
+                let tx = Transaction::new(&table.inner);
+                let marker = tx
+                    .update_table_properties()
+                    .set(epoch_key(sync), epoch.to_string());
+                marker.apply(tx)?.commit(&self.t.catalog).await
+            })?;
+            return Ok(EpochCommit::Committed { snapshot });
+        }
         let committed = self.t.rt.block_on(async {
             let tx = Transaction::new(&table.inner);
             let append = tx
@@ -152,6 +326,54 @@ impl SyncTables {
             .ok_or_else(|| format!("commit to {dataset} made no snapshot"))?;
         Ok(EpochCommit::Committed { snapshot })
     }
+}
+
+/// Which epoch of which stream goes into which table, by which attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochAt<'a> {
+    pub dataset: &'a str,
+    pub sync: &'a str,
+    pub stream: &'a str,
+    pub generation: i32,
+    pub epoch: u64,
+}
+
+/// Each row's key as one string (the key columns as text, joined by a
+/// separator no text key holds).
+fn key_strings(b: &RecordBatch, key: &[String], dataset: &str) -> Result<Vec<String>> {
+    let mut cols = Vec::with_capacity(key.len());
+    for k in key {
+        let c = b
+            .column_by_name(k)
+            .ok_or_else(|| format!("table {dataset} has no key column {k}"))?;
+        let text = arrow_cast::cast(c, &arrow_schema::DataType::Utf8)
+            .map_err(|e| format!("key column {k} of {dataset}: {e}"))?;
+        cols.push(text);
+    }
+    let mut out = Vec::with_capacity(b.num_rows());
+    for row in 0..b.num_rows() {
+        let mut k = String::new();
+        for c in &cols {
+            let c = c
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .ok_or_else(|| format!("a key column of {dataset} did not read as text"))?;
+            if c.is_null(row) {
+                k.push('\u{0}');
+            } else {
+                k.push_str(c.value(row));
+            }
+            k.push('\u{1f}');
+        }
+        out.push(k);
+    }
+    Ok(out)
+}
+
+fn seqs<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::Int64Array> {
+    b.column_by_name("_orca_seq")
+        .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>())
+        .ok_or_else(|| format!("table {dataset} has no bigint _orca_seq column").into())
 }
 
 fn marker_of(table: &Table, sync: &str) -> u64 {

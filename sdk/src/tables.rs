@@ -532,14 +532,23 @@ pub fn files(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<DataFile>> {
         return Ok(Vec::new());
     };
     let t = ctx.io.tables.get()?;
+    live_data_files(t, &fresh, &snapshot)
+}
+
+/// The data files a snapshot of a table holds.
+pub(crate) fn live_data_files(
+    t: &Tables,
+    table: &iceberg::table::Table,
+    snapshot: &iceberg::spec::SnapshotRef,
+) -> Result<Vec<DataFile>> {
     let files = t.rt.block_on(async {
-        let list = fresh.manifest_list_reader(&snapshot).load().await?;
+        let list = table.manifest_list_reader(snapshot).load().await?;
         let mut out = Vec::new();
         for mf in list.entries() {
             if mf.content != iceberg::spec::ManifestContentType::Data {
                 continue;
             }
-            let m = mf.load_manifest(fresh.file_io()).await?;
+            let m = mf.load_manifest(table.file_io()).await?;
             out.extend(
                 m.entries()
                     .iter()

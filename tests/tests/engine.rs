@@ -1659,3 +1659,322 @@ async fn schema_policies_freeze_or_discard_what_a_source_adds() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Whether the destination still has a refresh's shadow of raw.orders.
+async fn shadow_exists(db: &TestDb) -> bool {
+    db.scalar_i64("SELECT (to_regclass('raw._orca_refresh_orders') IS NOT NULL)::int::int8")
+        .await
+        == 1
+}
+
+#[tokio::test]
+async fn an_overwrite_into_postgres_replaces_the_rows_whole_and_a_crash_mid_refresh_shows_the_old_ones(
+) {
+    let db = TestDb::new().await;
+    make_source(&db, 25_000).await;
+    let dir = scratch("pgoverwrite");
+    let store = dir.join("store");
+    define_pg(&db, "overwrite", "exactly_once").await;
+
+    // Three epochs of rows, then one in which the source ran out: the
+    // refresh replaces the table's rows.
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(
+        (outcome["rows"].as_i64(), outcome["to_epoch"].as_i64()),
+        (Some(25_000), Some(4))
+    );
+    assert_eq!(differences(&db).await, 0);
+    assert!(!shadow_exists(&db).await, "the shadow goes with the swap");
+
+    // Rows deleted at the source: an append or a merge would keep them, a
+    // refresh does not. A crash after HEAD moved in the refresh's second
+    // epoch leaves the old rows visible, all of them.
+    sqlx::raw_sql(
+        "DELETE FROM public.orders WHERE id % 5 = 0;
+         UPDATE public.orders SET amount = amount + 1,
+                updated_at = '2031-01-01'::timestamptz + id * interval '1 ms'
+         WHERE id % 97 = 0;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source changes");
+    let o = engine(&db, &store, 10_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "6")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert_eq!(head(&db).await.0, 6);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
+        25_000
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders WHERE id % 5 = 0")
+            .await,
+        5_000,
+        "the old rows, untouched mid-refresh"
+    );
+    assert!(shadow_exists(&db).await);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw._orca_refresh_orders")
+            .await,
+        10_000,
+        "epoch 5 of the refresh is in its shadow"
+    );
+
+    // The next attempt applies epoch 6 into the shadow, goes on with the
+    // same refresh (it does not start over) and swaps.
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 6 to orders, then resume");
+    assert_eq!(outcome["rows"], 0, "{outcome}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
+        20_000
+    );
+    assert_eq!(
+        differences(&db).await,
+        0,
+        "the table is the source's rows now"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT _orca_id) FROM raw.orders")
+            .await,
+        20_000
+    );
+    assert!(!shadow_exists(&db).await);
+
+    // The refresh finished: the next attempt refreshes again from the start.
+    sqlx::raw_sql("DELETE FROM public.orders WHERE id <= 1000")
+        .execute(&db.pool)
+        .await
+        .expect("more deletes");
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 19_200, "{outcome}");
+    assert_eq!(differences(&db).await, 0);
+    let markers = db
+        .strings("SELECT stream || ' ' || epoch FROM raw._orca_markers WHERE sync = 'shop'")
+        .await;
+    assert_eq!(markers, ["orders 10"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn an_overwrite_into_parquet_publishes_each_refresh_in_place_of_the_one_before() {
+    let db = TestDb::new().await;
+    make_source(&db, 3_000).await;
+    let dir = scratch("pqoverwrite");
+    let (store, out) = (dir.join("store"), dir.join("out"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({"mode": "overwrite"}),
+        "at_least_once",
+    )
+    .await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        tally(&published(&out, "orders")),
+        (3_000, 3_000, 3_000, 4_501_500)
+    );
+
+    sqlx::raw_sql("DELETE FROM public.orders WHERE id > 2000")
+        .execute(&db.pool)
+        .await
+        .expect("deletes");
+    // Killed after HEAD moved in the refresh's first epoch: the files of the
+    // refresh before are what a reader sees.
+    let o = engine(&db, &store, 1_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "5")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert_eq!(
+        published(&out, "orders")
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum::<usize>(),
+        3_000
+    );
+
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        tally(&published(&out, "orders")),
+        (2_000, 2_000, 2_000, 2_001_000)
+    );
+    assert!(
+        all_files(&out.join("orders/_refresh"), "parquet").is_empty(),
+        "the shadow's files went with the swap"
+    );
+    let marker = std::fs::read_to_string(out.join("orders/_orca_epoch")).expect("marker");
+    assert_eq!(marker.trim(), head(&db).await.0.to_string());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn release(db: &TestDb, store: &Path, extra: &[&str]) -> Output {
+    Command::new(bin("orca-engine"))
+        .args(["release", "shop"])
+        .args(extra)
+        .arg("--store")
+        .arg(store)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca-engine release")
+}
+
+#[tokio::test]
+async fn held_cells_are_released_once_the_user_says_how_or_the_column_can_take_them() {
+    let db = TestDb::new().await;
+    let dir = scratch("release");
+    let (input, store) = (dir.join("in"), dir.join("store"));
+    std::fs::create_dir_all(&input).expect("input dir");
+    std::fs::write(
+        input.join("a.jsonl"),
+        "{\"id\": 1, \"note\": \"fine\"}\n{\"id\": 2, \"note\": \"nul\\u0000inside\"}\n\
+         {\"id\": 3, \"note\": \"x\\u0000y\"}\n",
+    )
+    .expect("a");
+    files_into_raw(&db, &input).await;
+    let o = engine(&db, &store, 100).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let notes = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT id || ' ' || coalesce(note, '(null)') FROM raw.events ORDER BY id",
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("notes")
+        }
+    };
+    assert_eq!(notes(&db).await, ["1 fine", "2 (null)", "3 (null)"]);
+
+    // A text column cannot take NUL as it is: the release says what to do
+    // and writes nothing.
+    let o = release(&db, &store, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("column raw.events.note is text") && err.contains("--nul strip"),
+        "{err}"
+    );
+    assert_eq!(notes(&db).await, ["1 fine", "2 (null)", "3 (null)"]);
+
+    // A cell someone fixed by hand is left alone.
+    sqlx::raw_sql("UPDATE raw.events SET note = 'by hand' WHERE id = 3")
+        .execute(&db.pool)
+        .await
+        .expect("a fix by hand");
+    let o = release(&db, &store, &["--nul", "strip"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let said: Value = serde_json::from_slice(&o.stdout).expect("release JSON");
+    assert_eq!(
+        (
+            &said["files"],
+            &said["cells"],
+            &said["released"],
+            &said["skipped"]
+        ),
+        (&json!(1), &json!(2), &json!(1), &json!(1)),
+        "{said}"
+    );
+    assert_eq!(notes(&db).await, ["1 fine", "2 nulinside", "3 by hand"]);
+    let again = release(&db, &store, &["--nul", "strip"]);
+    let said: Value = serde_json::from_slice(&again.stdout).expect("release JSON");
+    assert_eq!(
+        said["files"], 0,
+        "a released file is not read again: {said}"
+    );
+
+    // A column made bytea takes the value as it is, NUL and all.
+    std::fs::write(
+        input.join("b.jsonl"),
+        "{\"id\": 4, \"note\": \"z\\u0000z\"}\n",
+    )
+    .expect("b");
+    let o = engine(&db, &store, 100).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    sqlx::raw_sql(
+        "ALTER TABLE raw.events ALTER COLUMN note TYPE bytea USING convert_to(note, 'UTF8')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("note as bytea");
+    let o = release(&db, &store, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let said: Value = serde_json::from_slice(&o.stdout).expect("release JSON");
+    assert_eq!(said["released"], 1, "{said}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.events WHERE id = 4 AND note = '\\x7a007a'::bytea")
+            .await,
+        1
+    );
+    let bad = release(&db, &store, &["--nul", "drop"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("'drop' is not strip or replace=TEXT"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates() {
+    let db = TestDb::new().await;
+    let rows = 20_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("icemerge");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "iceberg", "namespace": "raw"}),
+        json!({"mode": "merge"}),
+        "effectively_once",
+    )
+    .await;
+    let run = || {
+        let mut c = engine(&db, &store, 5_000);
+        c.env("ORCA_WAREHOUSE", &wh);
+        c
+    };
+    kill_at(&db, run().spawn().expect("engine"), 2).await;
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let wh_s = wh.to_string_lossy();
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"], &stats["sum"]),
+        (&json!(rows), &json!(rows), &json!(rows * (rows + 1) / 2))
+    );
+
+    // Changed rows are read again as newer versions: each replaces its
+    // key's row, in the files that held them.
+    sqlx::raw_sql(
+        "UPDATE public.orders SET qty = qty + 1000,
+                updated_at = '2031-01-01'::timestamptz + id * interval '1 ms'
+         WHERE id % 50 = 0",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("updates");
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 400, "{outcome}");
+    let want = db
+        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
+        .await;
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "qty"]);
+    assert_eq!(stats["rows"], rows, "one row per key");
+    assert_eq!(stats["sum"], want, "every key at its newest version");
+    let ids = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(ids["distinct"], rows);
+    let _ = std::fs::remove_dir_all(dir);
+}

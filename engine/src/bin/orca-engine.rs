@@ -1,7 +1,8 @@
-//! `orca-engine`: runs one attempt of a sync.
+//! `orca-engine`: runs one attempt of a sync, or releases its held cells.
 //!
 //! ```text
 //! orca-engine sync shop --store /var/lib/orca/store
+//! orca-engine release shop --store /var/lib/orca/store --nul strip
 //! ```
 //! Exit status 0 when the source had no more rows and every epoch committed
 //! (or a `stop` on the control channel ended it at a resume point: the
@@ -12,6 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use orca_engine::attempt::{self, EngineError, Options};
+use orca_engine::release::{self, NulFix, ReleaseOptions};
 
 #[derive(Parser)]
 #[command(name = "orca-engine", about = "The data engine of Orca syncs")]
@@ -33,15 +35,8 @@ enum Command {
         /// heartbeats the lease and reports the exit status).
         #[arg(long, env = "ORCA_LEASE")]
         lease: Option<String>,
-        /// The control plane: the database with the orca extension.
-        #[arg(long, env = "DATABASE_URL")]
-        database_url: String,
-        #[arg(long, env = "ORCA_ORG", default_value = "default")]
-        org: String,
-        /// Where checkpoints, staged epochs and logs live: an absolute path
-        /// or s3://bucket/prefix.
-        #[arg(long, env = "ORCA_STORE")]
-        store: String,
+        #[command(flatten)]
+        at: Where,
         /// Rows per stream per epoch (default: the source's batch_rows, else
         /// 100000).
         #[arg(long)]
@@ -55,26 +50,84 @@ enum Command {
         #[arg(long, env = "ORCA_ENGINE_CONTROL")]
         control: Option<std::path::PathBuf>,
     },
+    /// Writes the cells the destination could not take (kept under
+    /// `_held/`) into their rows, where they are still null.
+    Release {
+        /// The sync's name.
+        name: String,
+        #[command(flatten)]
+        at: Where,
+        /// Only this stream's cells.
+        #[arg(long)]
+        stream: Option<String>,
+        /// How text holding NUL fits a text column: `strip`, or
+        /// `replace=TEXT` (a bytea column takes it as it is).
+        #[arg(long, value_parser = parse_nul)]
+        nul: Option<NulFix>,
+    },
+}
+
+/// Where a sync's control plane and store are.
+#[derive(clap::Args)]
+struct Where {
+    /// The control plane: the database with the orca extension.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    #[arg(long, env = "ORCA_ORG", default_value = "default")]
+    org: String,
+    /// Where checkpoints, staged epochs, held cells and logs live: an
+    /// absolute path or s3://bucket/prefix.
+    #[arg(long, env = "ORCA_STORE")]
+    store: String,
+}
+
+fn parse_nul(s: &str) -> Result<NulFix, String> {
+    NulFix::parse(s).ok_or_else(|| format!("'{s}' is not strip or replace=TEXT"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Release {
+            name,
+            at,
+            stream,
+            nul,
+        } => {
+            let opts = ReleaseOptions {
+                database_url: at.database_url,
+                org: at.org,
+                sync: name,
+                store_url: at.store,
+                stream,
+                nul,
+            };
+            match release::release(&opts) {
+                Ok(r) => {
+                    let mut v = serde_json::json!(r);
+                    v["sync"] = serde_json::json!(opts.sync);
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("orca-engine: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Sync {
             name,
-            database_url,
-            org,
-            store,
+            at,
             batch_rows,
             lanes,
             lease,
             control,
         } => {
             let opts = Options {
-                database_url,
-                org,
+                database_url: at.database_url,
+                org: at.org,
                 sync: name,
-                store_url: store,
+                store_url: at.store,
                 batch_rows,
                 lanes: lanes.map(usize::from),
                 lease,
