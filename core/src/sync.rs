@@ -326,13 +326,6 @@ pub fn check(
                 "the parquet destination writes files and cannot merge; use append",
             ));
         }
-        if mode == WriteMode::Overwrite && dst.name == "iceberg" {
-            return Err(bad(
-                format!("{at}.mode"),
-                "overwrite into the iceberg destination is not built yet; use append or \
-                 merge, or a postgres or parquet destination",
-            ));
-        }
         if mode == WriteMode::Merge && primary_key.is_empty() {
             return Err(bad(
                 format!("{at}.primary_key"),
@@ -430,17 +423,16 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(v["streams"][0]["delivery"], "effectively_once");
-        let e = check(
+        let v = check(
             "shop",
             &pg(),
             &ice,
             &orders("overwrite"),
             None,
-            "at_least_once",
+            "exactly_once",
         )
-        .expect_err("not built for iceberg");
-        assert_eq!(e.sqlstate(), "OR063");
-        assert!(e.to_string().contains("overwrite into the iceberg"), "{e}");
+        .expect("ok");
+        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
         let dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw", "schema": "raw"});
         let v = check(
             "shop",

@@ -288,16 +288,12 @@ impl Attempt {
             .collect();
         for s in streams {
             let files: Vec<&Staged> = staged.iter().copied().filter(|f| &f.stream == s).collect();
-            let refresh = record.refresh.get(s).copied();
+            let how = crate::dest::How {
+                refresh: record.refresh.get(s).copied(),
+                skip_known: record.streams.get(s).is_some_and(|st| st.rereading),
+            };
             self.dest
-                .apply(
-                    &self.store,
-                    self.generation,
-                    record.epoch,
-                    s,
-                    &files,
-                    refresh,
-                )
+                .apply(&self.store, self.generation, record.epoch, s, &files, how)
                 .map_err(|e| match e {
                     DestError::Fenced { .. } => EngineError::Fenced {
                         sync: self.opts.sync.clone(),
@@ -696,8 +692,10 @@ fn stream_epochs(
     } = a.recover(head_epoch, head_record)?;
     if full {
         // A backfill: every stream from its start, in epochs after HEAD.
-        for st in states.values_mut() {
+        for s in &a.streams {
+            let st = states.entry(s.clone()).or_default();
             st.position = None;
+            st.rereading = true;
         }
         a.log.event("full", json!({"streams": a.streams}));
     }
@@ -828,7 +826,10 @@ fn stream_epochs(
                 Ok(Ok(Msg::End { bytes })) => {
                     r.done = true;
                     out.source_bytes += bytes;
-                    if a.overwrite.contains(&r.name) {
+                    // A refresh ends, or a backfill's read again: an epoch
+                    // says so even when no other stream read anything.
+                    let rereading = states.get(&r.name).is_some_and(|s| s.rereading);
+                    if a.overwrite.contains(&r.name) || rereading {
                         ended.push(r.name.clone());
                     }
                 }
@@ -970,6 +971,9 @@ fn stream_epochs(
         }
         for s in &a.streams {
             states.entry(s.clone()).or_default();
+        }
+        for name in &ended {
+            states.entry(name.clone()).or_default().rereading = false;
         }
         let mut refresh = BTreeMap::new();
         for name in &a.overwrite {

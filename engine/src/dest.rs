@@ -7,7 +7,7 @@
 //!   (`orca::sync_tables`).
 
 use bytes::Bytes;
-use orca::sync_tables::{EpochAt, EpochCommit, SyncTables};
+use orca::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
@@ -18,6 +18,16 @@ use crate::pg_dest::{PgDest, StreamMode};
 use crate::pgsource::{self, PgTable};
 use crate::record::{Refresh, Staged};
 use crate::store::Store;
+
+/// How an epoch of a stream is applied.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct How {
+    /// The stream is being refreshed (`overwrite`).
+    pub refresh: Option<Refresh>,
+    /// Rows the destination holds already (by `_orca_id`) are skipped: the
+    /// epoch is part of a backfill reading the stream again.
+    pub skip_known: bool,
+}
 
 pub enum Dest {
     Parquet(ParquetDest),
@@ -31,6 +41,9 @@ pub enum Dest {
         sync: String,
         /// The primary key of each stream written with `merge`.
         merge_keys: HashMap<String, Vec<String>>,
+        /// The sync's folder in its store (`{org}/{sync}`): a refresh keeps
+        /// its epochs' files under `_refresh/{stream}/` there until it ends.
+        root: String,
     },
 }
 
@@ -110,6 +123,7 @@ impl Dest {
                     namespace,
                     sync: sync.to_string(),
                     merge_keys,
+                    root: crate::record::Layout::new(org, sync).root,
                 })
             }
             other => Err(DestError::NotBuilt(format!(
@@ -183,8 +197,9 @@ impl Dest {
         epoch: u64,
         stream: &str,
         staged: &[&Staged],
-        refresh: Option<Refresh>,
+        how: How,
     ) -> Result<(), DestError> {
+        let refresh = how.refresh;
         match self {
             Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged, refresh),
             Dest::Postgres { pg, modes } => {
@@ -203,18 +218,8 @@ impl Dest {
                 namespace,
                 sync,
                 merge_keys,
+                root,
             } => {
-                if refresh.is_some() {
-                    return Err(DestError::NotBuilt(format!(
-                        "overwriting Iceberg table {namespace}.{stream}"
-                    )));
-                }
-                // An epoch in which the stream read nothing has nothing to
-                // make visible; its marker stays where it is.
-                if staged.is_empty() {
-                    return Ok(());
-                }
-                let batches = read_all(staging, staged)?;
                 let dataset = format!("{namespace}.{stream}");
                 let at = EpochAt {
                     dataset: &dataset,
@@ -223,18 +228,79 @@ impl Dest {
                     generation,
                     epoch,
                 };
-                let key = merge_keys.get(stream).map(Vec::as_slice);
-                let done = tables.apply_epoch(&at, batches, key);
-                match done.map_err(iceberg)? {
-                    EpochCommit::Fenced { fence } => Err(DestError::Fenced {
-                        fence,
-                        mine: generation,
-                    }),
-                    EpochCommit::Committed { .. } | EpochCommit::AlreadyApplied => Ok(()),
+                if let Some(r) = refresh {
+                    let shadow = format!("{root}/_refresh/{stream}");
+                    return refresh_iceberg(tables, staging, &shadow, &at, staged, r);
                 }
+                // An epoch in which the stream read nothing has nothing to
+                // make visible; its marker stays where it is.
+                if staged.is_empty() {
+                    return Ok(());
+                }
+                let batches = read_all(staging, staged)?;
+                let write = match merge_keys.get(stream) {
+                    Some(key) => Write::Merge(key),
+                    None if how.skip_known => Write::AppendNew,
+                    None => Write::Append,
+                };
+                committed(tables.apply_epoch(&at, batches, write), generation)
             }
         }
     }
+}
+
+fn committed(done: orca::Result<EpochCommit>, generation: i32) -> Result<(), DestError> {
+    match done.map_err(iceberg)? {
+        EpochCommit::Fenced { fence } => Err(DestError::Fenced {
+            fence,
+            mine: generation,
+        }),
+        EpochCommit::Committed { .. } | EpochCommit::AlreadyApplied => Ok(()),
+    }
+}
+
+/// An epoch of a stream refreshed into Iceberg: its staged files are kept in
+/// the sync's store under `shadow` (the first epoch of a refresh empties it)
+/// and the table's marker moves; the refresh's last epoch replaces every
+/// data file of the table with the shadow's rows in one `overwrite` snapshot
+/// carrying the marker, then lets the shadow go.
+fn refresh_iceberg(
+    tables: &SyncTables,
+    store: &Store,
+    shadow: &str,
+    at: &EpochAt<'_>,
+    staged: &[&Staged],
+    r: Refresh,
+) -> Result<(), DestError> {
+    if tables.marker(at.dataset, at.sync).map_err(iceberg)? >= at.epoch {
+        return Ok(());
+    }
+    if r.begins {
+        for f in store.list(shadow)? {
+            store.delete(&f)?;
+        }
+    }
+    for s in staged {
+        let data = store.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
+            path: store.url_of(&s.path),
+        })?;
+        store.put(
+            &format!("{shadow}/part-{:010}-{}.parquet", at.epoch, s.lane),
+            data,
+        )?;
+    }
+    if !r.ends {
+        return committed(tables.mark_epoch(at), at.generation);
+    }
+    let files = store.list(shadow)?;
+    let parts = files
+        .iter()
+        .map(|f| read_parquet(store, f).map_err(|e| orca::Error::from(e.to_string())));
+    committed(tables.replace_epoch(at, parts), at.generation)?;
+    for f in &files {
+        store.delete(f)?;
+    }
+    Ok(())
 }
 
 /// The batches of a stream's staged files, lane after lane.
@@ -251,8 +317,13 @@ fn read_all(
 
 /// The batches of a staged Parquet file.
 fn read_staged(staging: &Store, s: &Staged) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
-    let data: Bytes = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
-        path: staging.url_of(&s.path),
+    read_parquet(staging, &s.path)
+}
+
+/// The batches of a Parquet file in a store.
+fn read_parquet(store: &Store, path: &str) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
+    let data: Bytes = store.get(path)?.ok_or_else(|| DestError::StagedGone {
+        path: store.url_of(path),
     })?;
     Ok(ParquetRecordBatchReaderBuilder::try_new(data)?
         .build()?

@@ -20,6 +20,11 @@ pub struct StreamState {
     /// replaced the destination's rows: the next attempt begins another.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refreshed: bool,
+    /// A backfill is reading the stream again from its start and has not
+    /// reached the end: a destination that can skip rows by `_orca_id`
+    /// skips the ones it holds (Postgres always does, Iceberg then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rereading: bool,
 }
 
 /// What an epoch does to an `overwrite` stream's refresh: the first epoch
@@ -137,6 +142,7 @@ mod tests {
                     rows: 170,
                     schema: vec![("id".into(), "Int64".into())],
                     refreshed: true,
+                    rereading: false,
                 },
             )]
             .into_iter()

@@ -101,39 +101,135 @@ impl SyncTables {
     }
 
     /// Commits a stream's epoch as one snapshot with its marker, unless the
-    /// table holds it already or the fence is newer than the generation:
-    /// appended, or with `key`, merged by that key copy-on-write — the
-    /// newest version of each key in the epoch replaces the table's row of
-    /// that key when it has a higher `_orca_seq` (an older version delivered
-    /// again changes nothing), and the data files that held replaced rows
-    /// are written again without them. A merge reads every data file's rows
-    /// each epoch, so its cost grows with the table.
+    /// table holds it already or the fence is newer than the generation,
+    /// written as [`Write`] says.
     pub fn apply_epoch(
         &self,
         at: &EpochAt<'_>,
         batches: Vec<RecordBatch>,
-        key: Option<&[String]>,
+        write: Write<'_>,
     ) -> Result<EpochCommit> {
         let dataset = at.dataset;
         let table = self.load(dataset)?;
-        let fence = fence_of(&table, at.sync);
-        if fence > at.generation {
-            return Ok(EpochCommit::Fenced { fence });
-        }
-        if marker_of(&table, at.sync) >= at.epoch {
-            return Ok(EpochCommit::AlreadyApplied);
+        if let Some(done) = settled(&table, at) {
+            return Ok(done);
         }
         let schema = table.arrow_schema()?;
         let batches = batches
             .into_iter()
             .map(|b| fit(&schema, dataset, b))
             .collect::<Result<Vec<_>>>()?;
-        let (batches, removed) = match key {
-            None => (batches, Vec::new()),
-            Some(key) => self.merged(&table, dataset, &schema, batches, key)?,
+        let (batches, removed) = match write {
+            Write::Append => (batches, Vec::new()),
+            Write::AppendNew => (self.unknown(&table, dataset, batches)?, Vec::new()),
+            Write::Merge(key) => self.merged(&table, dataset, &schema, batches, key)?,
         };
         let files = self.write(&table, at, batches)?;
         self.commit_epoch(&table, at, files, removed)
+    }
+
+    /// Moves the table's marker to the epoch without a snapshot (an epoch
+    /// of a refresh, whose rows wait in the sync's store).
+    pub fn mark_epoch(&self, at: &EpochAt<'_>) -> Result<EpochCommit> {
+        let table = self.load(at.dataset)?;
+        if let Some(done) = settled(&table, at) {
+            return Ok(done);
+        }
+        self.t.rt.block_on(async {
+            let tx = Transaction::new(&table.inner);
+            let marker = tx
+                .update_table_properties()
+                .set(epoch_key(at.sync), at.epoch.to_string());
+            marker.apply(tx)?.commit(&self.t.catalog).await
+        })?;
+        Ok(EpochCommit::Committed { snapshot: 0 })
+    }
+
+    /// Replaces every data file of the table with the rows of `parts` (a
+    /// refresh's last epoch), as one snapshot with the epoch's marker.
+    pub fn replace_epoch<I>(&self, at: &EpochAt<'_>, parts: I) -> Result<EpochCommit>
+    where
+        I: IntoIterator<Item = Result<Vec<RecordBatch>>>,
+    {
+        let table = self.load(at.dataset)?;
+        if let Some(done) = settled(&table, at) {
+            return Ok(done);
+        }
+        let schema = table.arrow_schema()?;
+        let mut files = Vec::new();
+        // One part at a time: the refresh never has to fit in memory.
+        for part in parts {
+            let part = part?
+                .into_iter()
+                .map(|b| fit(&schema, at.dataset, b))
+                .collect::<Result<Vec<_>>>()?;
+            if !part.is_empty() {
+                files.extend(self.write(&table, at, part)?);
+            }
+        }
+        let removed = self.live_files(&table)?;
+        if files.is_empty() && removed.is_empty() {
+            return self.mark_epoch(at);
+        }
+        self.commit_epoch(&table, at, files, removed)
+    }
+
+    /// The rows whose `_orca_id` the table does not hold.
+    fn unknown(
+        &self,
+        table: &Table,
+        dataset: &str,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Vec<RecordBatch>> {
+        let mut known = std::collections::HashSet::new();
+        for file in self.live_files(table)? {
+            for b in self.read_columns(table, &file, dataset, &["_orca_id"])? {
+                let ids = orca_ids(&b, dataset)?;
+                known.extend(ids.iter().flatten().map(str::to_string));
+            }
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches {
+            let ids = orca_ids(&b, dataset)?;
+            let keep: arrow_array::BooleanArray = ids
+                .iter()
+                .map(|id| Some(!id.is_some_and(|id| known.contains(id))))
+                .collect();
+            out.push(
+                arrow_select::filter::filter_record_batch(&b, &keep)
+                    .map_err(|e| format!("appending to {dataset}: {e}"))?,
+            );
+        }
+        out.retain(|b| b.num_rows() > 0);
+        Ok(out)
+    }
+
+    /// Some columns of a data file, as stored.
+    fn read_columns(
+        &self,
+        table: &Table,
+        file: &iceberg::spec::DataFile,
+        dataset: &str,
+        columns: &[&str],
+    ) -> Result<Vec<RecordBatch>> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let io = table.inner.file_io();
+        let data = self
+            .t
+            .rt
+            .block_on(async { io.new_input(file.file_path())?.read().await })?;
+        let what =
+            |e: &dyn std::fmt::Display| format!("reading {} of {dataset}: {e}", file.file_path());
+        let builder = ParquetRecordBatchReaderBuilder::try_new(data).map_err(|e| what(&e))?;
+        let mask = parquet::arrow::ProjectionMask::columns(
+            builder.parquet_schema(),
+            columns.iter().copied(),
+        );
+        let reader = builder
+            .with_projection(mask)
+            .build()
+            .map_err(|e| what(&e))?;
+        reader.map(|b| b.map_err(|e| what(&e).into())).collect()
     }
 
     /// What a merge writes (the epoch's surviving rows, and the rows kept
@@ -328,6 +424,23 @@ impl SyncTables {
     }
 }
 
+/// How an epoch's rows go into the table.
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    Append,
+    /// Append the rows whose `_orca_id` the table does not hold (a
+    /// backfill reading the stream again): every data file's `_orca_id`
+    /// column is read first.
+    AppendNew,
+    /// Merge by this key, copy-on-write: the newest version of each key in
+    /// the epoch replaces the table's row of that key when it has a higher
+    /// `_orca_seq` (an older version delivered again changes nothing), and
+    /// the data files that held replaced rows are written again without
+    /// them. Every data file is read each epoch, so its cost grows with the
+    /// table.
+    Merge(&'a [String]),
+}
+
 /// Which epoch of which stream goes into which table, by which attempt.
 #[derive(Debug, Clone, Copy)]
 pub struct EpochAt<'a> {
@@ -370,10 +483,26 @@ fn key_strings(b: &RecordBatch, key: &[String], dataset: &str) -> Result<Vec<Str
     Ok(out)
 }
 
+fn orca_ids<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::StringArray> {
+    b.column_by_name("_orca_id")
+        .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
+        .ok_or_else(|| format!("table {dataset} has no text _orca_id column").into())
+}
+
 fn seqs<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::Int64Array> {
     b.column_by_name("_orca_seq")
         .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>())
         .ok_or_else(|| format!("table {dataset} has no bigint _orca_seq column").into())
+}
+
+/// `Fenced` when a newer attempt raised the fence, `AlreadyApplied` when
+/// the table holds the epoch; `None` when the epoch may be committed.
+fn settled(table: &Table, at: &EpochAt<'_>) -> Option<EpochCommit> {
+    let fence = fence_of(table, at.sync);
+    if fence > at.generation {
+        return Some(EpochCommit::Fenced { fence });
+    }
+    (marker_of(table, at.sync) >= at.epoch).then_some(EpochCommit::AlreadyApplied)
 }
 
 fn marker_of(table: &Table, sync: &str) -> u64 {

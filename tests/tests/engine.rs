@@ -36,6 +36,13 @@ fn engine(db: &TestDb, store: &Path, batch_rows: usize) -> Command {
     c
 }
 
+/// The engine, with the Iceberg warehouse at `wh`.
+fn into_iceberg(db: &TestDb, store: &Path, batch_rows: usize, wh: &Path) -> Command {
+    let mut c = engine(db, store, batch_rows);
+    c.env("ORCA_WAREHOUSE", wh);
+    c
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
@@ -491,11 +498,7 @@ async fn a_million_rows_land_in_iceberg_exactly_once_across_two_sigkills() {
         .execute(&db.pool)
         .await
         .expect("an exactly-once sync into Iceberg");
-    let run = || {
-        let mut c = engine(&db, &store, batch);
-        c.env("ORCA_WAREHOUSE", &wh);
-        c
-    };
+    let run = || into_iceberg(&db, &store, batch, &wh);
     let first = kill_at(&db, run().spawn().expect("engine"), 3).await;
     let second = kill_at(&db, run().spawn().expect("engine"), first + 5).await;
     assert!(second > first);
@@ -1939,11 +1942,7 @@ async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates
         "effectively_once",
     )
     .await;
-    let run = || {
-        let mut c = engine(&db, &store, 5_000);
-        c.env("ORCA_WAREHOUSE", &wh);
-        c
-    };
+    let run = || into_iceberg(&db, &store, 5_000, &wh);
     kill_at(&db, run().spawn().expect("engine"), 2).await;
     let o = run().output().expect("engine");
     assert!(o.status.success(), "{}", text(&o));
@@ -1976,5 +1975,128 @@ async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates
     assert_eq!(stats["sum"], want, "every key at its newest version");
     let ids = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
     assert_eq!(ids["distinct"], rows);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_backfill_into_iceberg_skips_the_rows_the_table_holds() {
+    let db = TestDb::new().await;
+    make_source(&db, 20_000).await;
+    let dir = scratch("icebackfill");
+    let (wh, store, logs) = (dir.join("wh"), dir.join("store"), dir.join("logs"));
+    // A Postgres table appended into Iceberg is exactly once by the third
+    // rule: the destination skips rows by _orca_id when they come again.
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url(), "batch_rows": 5000}),
+        json!({"type": "iceberg", "namespace": "raw"}),
+        json!({}),
+        "exactly_once",
+    )
+    .await;
+    let (engine_bin, store_s, wh_s) = (
+        bin("orca-engine"),
+        store.to_string_lossy().into_owned(),
+        wh.to_string_lossy().into_owned(),
+    );
+    let runner = orca_tests::procs::Runner::start(
+        &db.url(),
+        "r1",
+        1,
+        &logs,
+        &[
+            ("ORCA_STORE", store_s.as_str()),
+            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+            ("ORCA_WAREHOUSE", wh_s.as_str()),
+        ],
+    );
+    let r: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    wait_run(&db, r, "succeeded", &runner).await;
+    sqlx::raw_sql(
+        "INSERT INTO public.orders (id, updated_at, qty)
+         SELECT g, '2031-01-01'::timestamptz + g * interval '1 ms', 1 FROM generate_series(20001, 20500) g",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("new rows");
+    let b: i64 = sqlx::query_scalar("SELECT orca.backfill('shop', '@all')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("backfill");
+    wait_run(&db, b, "succeeded", &runner).await;
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"]),
+        (&json!(20_500), &json!(20_500)),
+        "every row once after reading the table again"
+    );
+    let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{b}/attempt-1.log")))
+        .expect("attempt log");
+    assert!(log.contains(r#""event":"full""#), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn an_overwrite_into_iceberg_swaps_each_refresh_in_as_one_snapshot() {
+    let db = TestDb::new().await;
+    make_source(&db, 3_000).await;
+    let dir = scratch("iceoverwrite");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "iceberg", "namespace": "raw"}),
+        json!({"mode": "overwrite"}),
+        "exactly_once",
+    )
+    .await;
+    let run = || into_iceberg(&db, &store, 1_000, &wh);
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let wh_s = wh.to_string_lossy();
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["sum"]),
+        (&json!(3_000), &json!(4_501_500))
+    );
+
+    sqlx::raw_sql("DELETE FROM public.orders WHERE id > 2000")
+        .execute(&db.pool)
+        .await
+        .expect("deletes");
+    // Killed after HEAD moved in the refresh's second epoch: readers still
+    // see the refresh before, whole.
+    let o = run()
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "6")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(stats["rows"], 3_000);
+
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 6 to orders, then resume");
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"], &stats["sum"]),
+        (&json!(2_000), &json!(2_000), &json!(2_001_000)),
+        "the table is the source's rows now"
+    );
+    let mut epochs: Vec<&str> = stats["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter_map(|s| s["orca.sync.epoch"].as_str())
+        .collect();
+    epochs.sort_unstable();
+    // One snapshot per refresh: its last epoch (4, then 7).
+    assert_eq!(epochs, ["4", "7"], "{stats}");
+    assert_eq!(stats["properties"]["orca.sync.shop.epoch"], "7");
+    assert!(all_files(&store.join("default/shop/_refresh"), "parquet").is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -93,14 +93,6 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
             "OR063",
             "destination.lanes",
         ),
-        (
-            pg(),
-            iceberg.clone(),
-            orders("overwrite"),
-            "at_least_once",
-            "OR063",
-            "overwrite into the iceberg destination is not built yet",
-        ),
     ] {
         let (c, m) = create(&db, &source, &destination, &streams, delivery)
             .await
