@@ -541,11 +541,6 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         Source::Tables(t) => t,
         Source::Files { .. } => &[],
     };
-    if matches!(source, Source::Files { .. }) && str_of(&destination, "type")? == "iceberg" {
-        return Err(EngineError::NotBuilt(
-            "the files source into Iceberg (its tables would need schema evolution)".into(),
-        ));
-    }
     let layout = Layout::new(&opts.org, &opts.sync);
     let store = Store::open(&opts.store_url)?;
     let dest = Dest::open(
@@ -918,7 +913,7 @@ fn stream_epochs(
                     batch
                 }
             };
-            let (batch, held) = a.dest.hold(batch)?;
+            let (batch, held) = a.dest.hold(&name, batch)?;
             if !held.is_empty() {
                 let path = a.layout.held(epoch, a.generation, &name);
                 let mut body = String::new();

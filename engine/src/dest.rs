@@ -161,13 +161,25 @@ impl Dest {
 
     /// Sets aside the cells of a batch this destination cannot take (as
     /// null), returning them to be held under `_held/`.
+    /// An Iceberg table is first made to take the stream's columns (made,
+    /// or given the new ones), then holds the cells its narrower columns
+    /// cannot take.
     pub fn hold(
         &self,
+        stream: &str,
         batch: arrow_array::RecordBatch,
     ) -> Result<(arrow_array::RecordBatch, Vec<crate::pg_dest::Held>), DestError> {
         match self {
             Dest::Postgres { .. } => crate::pg_dest::hold(batch),
-            Dest::Parquet(_) | Dest::Iceberg { .. } => Ok((batch, Vec::new())),
+            Dest::Parquet(_) => Ok((batch, Vec::new())),
+            Dest::Iceberg {
+                tables, namespace, ..
+            } => {
+                let have = tables
+                    .fit_columns(&format!("{namespace}.{stream}"), &batch.schema())
+                    .map_err(iceberg)?;
+                hold_narrower(batch, &have)
+            }
         }
     }
 
@@ -301,6 +313,66 @@ fn refresh_iceberg(
         store.delete(f)?;
     }
     Ok(())
+}
+
+/// Sets aside (as null) the cells of columns that are narrower in the
+/// table than in the stream (Iceberg cannot widen long to double, or
+/// anything to string) and do not convert to the table's type and back
+/// unchanged: 2.5 into a long column is held, 3.0 goes in as 3.
+fn hold_narrower(
+    batch: arrow_array::RecordBatch,
+    table: &arrow_schema::Schema,
+) -> Result<(arrow_array::RecordBatch, Vec<crate::pg_dest::Held>), DestError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    let text = |a: &arrow_array::ArrayRef| {
+        arrow_cast::cast(a, &arrow_schema::DataType::Utf8).map_err(DestError::from)
+    };
+    let ids = batch
+        .column_by_name("_orca_id")
+        .map(|c| c.as_string::<i32>().clone());
+    let mut columns = batch.columns().to_vec();
+    let mut held = Vec::new();
+    for (i, f) in batch.schema().fields().iter().enumerate() {
+        let Ok(t) = table.field_with_name(f.name()) else {
+            continue;
+        };
+        if t.data_type() == f.data_type() {
+            continue;
+        }
+        let c = batch.column(i);
+        let there = arrow_cast::cast(c, t.data_type())?;
+        let back = text(&arrow_cast::cast(&there, f.data_type())?)?;
+        let (back, orig) = (back.as_string::<i32>(), text(c)?);
+        let orig = orig.as_string::<i32>();
+        let lost: arrow_array::BooleanArray = (0..c.len())
+            .map(|row| {
+                Some(c.is_valid(row) && (there.is_null(row) || back.value(row) != orig.value(row)))
+            })
+            .collect();
+        if lost.true_count() == 0 {
+            continue;
+        }
+        for row in (0..c.len()).filter(|r| lost.value(*r)) {
+            held.push(crate::pg_dest::Held {
+                column: f.name().clone(),
+                orca_id: ids
+                    .as_ref()
+                    .map(|ids| ids.value(row).to_string())
+                    .unwrap_or_default(),
+                value: orig.value(row).to_string(),
+                reason: "the Iceberg table's column is narrower than the stream's and cannot be widened so",
+            });
+        }
+        columns[i] = arrow_select::nullif::nullif(c, &lost)?;
+    }
+    if held.is_empty() {
+        return Ok((batch, held));
+    }
+    Ok((
+        arrow_array::RecordBatch::try_new(batch.schema(), columns)?,
+        held,
+    ))
 }
 
 /// The batches of a stream's staged files, lane after lane.

@@ -141,7 +141,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, EngineError> {
     let dest = def.get("destination").cloned().unwrap_or(Value::Null);
     if dest.get("type").and_then(Value::as_str) != Some("postgres") {
         return Err(definition(&format!(
-            "sync '{}' writes to {}: only the postgres destination holds cells",
+            "sync '{}' writes to {}: releasing held cells is built for the postgres destination only",
             opts.sync,
             dest.get("type")
                 .and_then(Value::as_str)

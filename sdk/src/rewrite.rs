@@ -329,7 +329,7 @@ fn new_snapshot_id(table: &IcebergTable) -> i64 {
 
 /// Points the catalog at the new metadata if nobody else moved it since the
 /// table was loaded. Returns whether it did.
-async fn swap(
+pub(crate) async fn swap(
     t: &Tables,
     ident: &TableIdent,
     table: &IcebergTable,

@@ -74,14 +74,32 @@ impl SyncTables {
         Ok(Table::new(dataset, id, inner))
     }
 
-    /// The last epoch of `sync` the table holds (0: none).
+    fn exists(&self, dataset: &str) -> Result<bool> {
+        let id = tables::ident(dataset)?;
+        Ok(self
+            .t
+            .rt
+            .block_on(self.t.catalog.table_exists(&id))
+            .map_err(|e| format!("table {dataset}: {e}"))?)
+    }
+
+    /// The last epoch of `sync` the table holds (0: none, or no table yet:
+    /// a stream whose columns are inferred makes it at its first epoch).
     pub fn marker(&self, dataset: &str, sync: &str) -> Result<u64> {
+        if !self.exists(dataset)? {
+            return Ok(0);
+        }
         Ok(marker_of(&self.load(dataset)?, sync))
     }
 
     /// Raises the table's fence for `sync` to `generation`; `Fenced` when a
     /// newer generation raised it already.
     pub fn raise_fence(&self, dataset: &str, sync: &str, generation: i32) -> Result<EpochCommit> {
+        // A table not made yet holds no epoch to protect; the attempt that
+        // makes it commits only after moving HEAD, which fences zombies.
+        if !self.exists(dataset)? {
+            return Ok(EpochCommit::AlreadyApplied);
+        }
         let table = self.load(dataset)?;
         let fence = fence_of(&table, sync);
         if fence > generation {
@@ -126,6 +144,81 @@ impl SyncTables {
         };
         let files = self.write(&table, at, batches)?;
         self.commit_epoch(&table, at, files, removed)
+    }
+
+    /// Makes the table take a stream's columns and returns its schema: the
+    /// table is created with them if it does not exist, and columns the
+    /// stream gained are added to it (optional, with new field ids) in a
+    /// schema change swapped in like any commit. Existing columns keep their
+    /// type: a value that does not fit one is the caller's to hold.
+    pub fn fit_columns(
+        &self,
+        dataset: &str,
+        want: &ArrowSchema,
+    ) -> Result<std::sync::Arc<ArrowSchema>> {
+        if !self.exists(dataset)? {
+            return tables::create_or_load(&self.t, dataset, want)?.arrow_schema();
+        }
+        for _ in 0..10 {
+            let table = self.load(dataset)?;
+            let have = table.arrow_schema()?;
+            let new: Vec<&arrow_schema::FieldRef> = want
+                .fields()
+                .iter()
+                .filter(|f| have.field_with_name(f.name()).is_err())
+                .collect();
+            if new.is_empty() {
+                return Ok(have);
+            }
+            let meta = table.inner.metadata();
+            let mut next_id = meta.last_column_id();
+            let mut fields: Vec<iceberg::spec::NestedFieldRef> =
+                meta.current_schema().as_struct().fields().to_vec();
+            for f in new {
+                next_id += 1;
+                let ty = iceberg::arrow::arrow_type_to_type(f.data_type())
+                    .map_err(|e| format!("column {} of {dataset}: {e}", f.name()))?;
+                fields.push(std::sync::Arc::new(iceberg::spec::NestedField::optional(
+                    next_id,
+                    f.name(),
+                    ty,
+                )));
+            }
+            let schema = iceberg::spec::Schema::builder()
+                .with_fields(fields)
+                .build()
+                .map_err(|e| format!("the new schema of {dataset}: {e}"))?;
+            let old = table
+                .inner
+                .metadata_location_result()
+                .map_err(|e| format!("table {dataset}: {e}"))?;
+            let next = <iceberg::MetadataLocation as std::str::FromStr>::from_str(old)
+                .map_err(|e| format!("table {dataset}: {e}"))?
+                .with_next_version();
+            let metadata = meta
+                .clone()
+                .into_builder(Some(old.to_string()))
+                .add_current_schema(schema)
+                .and_then(|b| b.build())
+                .map_err(|e| format!("the new schema of {dataset}: {e}"))?
+                .metadata;
+            let io = table.inner.file_io();
+            self.t
+                .rt
+                .block_on(metadata.write_to(io, &next))
+                .map_err(|e| format!("writing the new schema of {dataset}: {e}"))?;
+            // Lost the swap to another commit: look again at what it left.
+            self.t.rt.block_on(crate::rewrite::swap(
+                &self.t,
+                &table.ident,
+                &table.inner,
+                &next,
+            ))?;
+        }
+        Err(
+            format!("table {dataset}: 10 concurrent commits won the race to change its schema")
+                .into(),
+        )
     }
 
     /// Moves the table's marker to the epoch without a snapshot (an epoch

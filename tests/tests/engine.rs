@@ -342,7 +342,7 @@ async fn a_newer_claim_fences_a_running_attempt_which_stops_without_committing()
 }
 
 #[tokio::test]
-async fn a_missing_table_or_directory_or_an_unbuilt_connector_is_a_clear_error_and_moves_nothing() {
+async fn a_missing_table_or_directory_is_a_clear_error_and_moves_nothing() {
     let db = TestDb::new().await;
     let dir = scratch("bad");
     let (out, store) = (dir.join("out"), dir.join("store"));
@@ -377,23 +377,6 @@ async fn a_missing_table_or_directory_or_an_unbuilt_connector_is_a_clear_error_a
     );
     assert!(!missing.exists(), "a source directory is not made");
 
-    std::fs::create_dir_all(&missing).expect("input dir");
-    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
-        .bind(json!({"type": "files", "url": missing.to_string_lossy(), "format": "jsonl"}))
-        .bind(json!({"type": "iceberg", "namespace": "raw"}))
-        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
-    let o = engine(&db, &store, 1_000).output().expect("engine");
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains(
-            "the files source into Iceberg (its tables would need schema evolution) is not built yet"
-        ),
-        "{}",
-        text(&o)
-    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -2098,5 +2081,86 @@ async fn an_overwrite_into_iceberg_swaps_each_refresh_in_as_one_snapshot() {
     assert_eq!(epochs, ["4", "7"], "{stats}");
     assert_eq!(stats["properties"]["orca.sync.shop.epoch"], "7");
     assert!(all_files(&store.join("default/shop/_refresh"), "parquet").is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn json_lines_into_iceberg_add_columns_to_the_table_and_hold_what_it_cannot_widen() {
+    let db = TestDb::new().await;
+    let dir = scratch("filesice");
+    let (input, store, wh) = (dir.join("in"), dir.join("store"), dir.join("wh"));
+    std::fs::create_dir_all(&input).expect("input dir");
+    std::fs::write(
+        input.join("a.jsonl"),
+        "{\"id\": 1, \"name\": \"a\", \"amount\": 1}\n{\"id\": 2, \"name\": \"b\", \"amount\": 2}\n",
+    )
+    .expect("a");
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "jsonl"}))
+        .bind(json!({"type": "iceberg", "namespace": "raw"}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("files into Iceberg, exactly once");
+    let o = into_iceberg(&db, &store, 100, &wh)
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let wh_s = wh.to_string_lossy();
+    let t = pyiceberg(&["read", &db.url(), &wh_s, "raw.events"]);
+    assert_eq!(t["rows"].as_array().map(Vec::len), Some(2), "{t}");
+    let types: Vec<(String, String)> = t["schema"]
+        .as_array()
+        .expect("schema")
+        .iter()
+        .map(|f| {
+            (
+                f[0].as_str().unwrap_or("").to_string(),
+                f[1].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        types.contains(&("amount".into(), "long".into())),
+        "{types:?}"
+    );
+
+    // A new column joins the table; a value the stream widened to double
+    // does not fit the table's long column: 3.0 goes in as 3, 2.5 is held.
+    std::fs::write(
+        input.join("b.jsonl"),
+        "{\"id\": 3, \"name\": \"c\", \"amount\": 2.5, \"region\": \"eu\"}\n{\"id\": 4, \"amount\": 3.0}\n",
+    )
+    .expect("b");
+    let o = into_iceberg(&db, &store, 100, &wh)
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["held"], 1, "{outcome}");
+    let t = pyiceberg(&["read", &db.url(), &wh_s, "raw.events"]);
+    let mut rows: Vec<String> = t["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| format!("{} {} {} {}", r["id"], r["name"], r["amount"], r["region"]))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            "1 \"a\" 1 null",
+            "2 \"b\" 2 null",
+            "3 \"c\" null \"eu\"",
+            "4 null 3 null"
+        ],
+        "{t}"
+    );
+    let held = jsonl_records(&store.join("default/shop/_held"));
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (&held[0]["column"], &held[0]["value"]),
+        (&json!("amount"), &json!("2.5"))
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
