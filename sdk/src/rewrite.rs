@@ -69,13 +69,14 @@ pub(crate) fn check(
     }
 }
 
-/// A commit that removes files: what it adds and removes, as which
-/// operation, with which summary properties.
+/// A commit: what it adds and removes, as which operation, with which
+/// summary properties and table properties (set in the same metadata).
 pub(crate) struct Change {
     pub added: Vec<DataFile>,
     pub removed: Vec<DataFile>,
     pub op: Operation,
     pub props: HashMap<String, String>,
+    pub table_props: HashMap<String, String>,
 }
 
 /// Commits the change to the table and returns the new snapshot's id.
@@ -86,11 +87,32 @@ pub(crate) fn commit(
     fresh: IcebergTable,
     change: &Change,
 ) -> Result<i64, SdkError> {
+    match commit_if(t, ident, dataset, fresh, change, |_| None::<()>)? {
+        Ok(id) => Ok(id),
+        Err(()) => Err(err(dataset, "stopped by its own check")),
+    }
+}
+
+/// Commits the change unless `stop`, asked about the table before each try
+/// (the first and every one after losing the swap to another commit), says
+/// why not: then `Ok(Err(why))` and nothing is committed. The swap is a
+/// compare-and-swap on the state `stop` saw, so nothing can slip in between.
+pub(crate) fn commit_if<T>(
+    t: &Tables,
+    ident: &TableIdent,
+    dataset: &str,
+    fresh: IcebergTable,
+    change: &Change,
+    stop: impl Fn(&IcebergTable) -> Option<T>,
+) -> Result<Result<i64, T>, SdkError> {
     let mut table = fresh;
     for _ in 0..CONFLICT_RETRIES {
+        if let Some(why) = stop(&table) {
+            return Ok(Err(why));
+        }
         let (id, metadata_location) = t.rt.block_on(stage(&table, dataset, change))?;
         if t.rt.block_on(swap(t, ident, &table, &metadata_location))? {
-            return Ok(id);
+            return Ok(Ok(id));
         }
         table =
             t.rt.block_on(t.catalog.load_table(ident))
@@ -120,9 +142,14 @@ async fn stage(
             ),
         ));
     }
-    let current = meta
-        .current_snapshot()
-        .ok_or_else(|| err(dataset, "the table has no snapshot, so no file to remove"))?;
+    // An append into a table without a snapshot has no manifests to keep.
+    let current = meta.current_snapshot();
+    if current.is_none() && !removed.is_empty() {
+        return Err(err(
+            dataset,
+            "the table has no snapshot, so no file to remove",
+        ));
+    }
     let io = table.file_io();
     let snapshot_id = new_snapshot_id(table);
     let sequence = meta.next_sequence_number();
@@ -146,12 +173,18 @@ async fn stage(
     let to_remove: HashSet<&str> = removed.iter().map(DataFile::file_path).collect();
     let mut found: HashSet<String> = HashSet::new();
     let mut manifests: Vec<ManifestFile> = Vec::new();
-    let list = table
-        .manifest_list_reader(current)
-        .load()
-        .await
-        .map_err(|e| err(dataset, e))?;
-    for mf in list.consume_entries() {
+    let kept = match current {
+        Some(current) => table
+            .manifest_list_reader(current)
+            .load()
+            .await
+            .map_err(|e| err(dataset, e))?
+            .consume_entries()
+            .into_iter()
+            .collect(),
+        None => Vec::new(),
+    };
+    for mf in kept {
         if mf.content != ManifestContentType::Data {
             manifests.push(mf);
             continue;
@@ -190,7 +223,7 @@ async fn stage(
             format!(
                 "file {} is not in the current snapshot {} (another commit removed it?)",
                 missing.file_path(),
-                current.snapshot_id()
+                current.map(|c| c.snapshot_id()).unwrap_or_default()
             ),
         ));
     }
@@ -213,7 +246,7 @@ async fn stage(
     let mut list_writer = ManifestListWriter::v2(
         out.writer().await.map_err(|e| err(dataset, e))?,
         snapshot_id,
-        Some(current.snapshot_id()),
+        current.map(|c| c.snapshot_id()),
         sequence,
     );
     list_writer
@@ -224,7 +257,7 @@ async fn stage(
     let snapshot = Snapshot::builder()
         .with_manifest_list(list_path)
         .with_snapshot_id(snapshot_id)
-        .with_parent_snapshot_id(Some(current.snapshot_id()))
+        .with_parent_snapshot_id(current.map(|c| c.snapshot_id()))
         .with_sequence_number(sequence)
         .with_summary(summary(table, change))
         .with_schema_id(meta.current_schema_id())
@@ -240,6 +273,13 @@ async fn stage(
         .clone()
         .into_builder(Some(old.to_string()))
         .set_branch_snapshot(snapshot, "main")
+        .and_then(|b| {
+            if change.table_props.is_empty() {
+                Ok(b)
+            } else {
+                b.set_properties(change.table_props.clone())
+            }
+        })
         .and_then(|b| b.build())
         .map_err(|e| err(dataset, e))?
         .metadata;

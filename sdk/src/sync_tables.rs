@@ -89,7 +89,7 @@ impl SyncTables {
         if !self.exists(dataset)? {
             return Ok(0);
         }
-        Ok(marker_of(&self.load(dataset)?, sync))
+        Ok(marker_of(&self.load(dataset)?.inner, sync))
     }
 
     /// Raises the table's fence for `sync` to `generation`; `Fenced` when a
@@ -101,7 +101,7 @@ impl SyncTables {
             return Ok(EpochCommit::AlreadyApplied);
         }
         let table = self.load(dataset)?;
-        let fence = fence_of(&table, sync);
+        let fence = fence_of(&table.inner, sync);
         if fence > generation {
             return Ok(EpochCommit::Fenced { fence });
         }
@@ -466,53 +466,35 @@ impl SyncTables {
             ("orca.sync.epoch".to_string(), epoch.to_string()),
             ("orca.sync.generation".to_string(), generation.to_string()),
         ]);
-        if !removed.is_empty() {
-            let fresh = self
-                .t
-                .rt
-                .block_on(self.t.catalog.load_table(&table.ident))
-                .map_err(|e| format!("table {dataset} cannot be loaded: {e}"))?;
-            let snapshot = crate::rewrite::commit(
-                &self.t,
-                &table.ident,
-                dataset,
-                fresh,
-                &crate::rewrite::Change {
-                    added: files,
-                    removed,
-                    op: iceberg::spec::Operation::Overwrite,
-                    props,
-                },
-            )?;
-            // The marker is in the snapshot's summary already; the property
-            // keeps it once that snapshot expires.
-            let table = self.load(dataset)?;
-            self.t.rt.block_on(async {
-                let tx = Transaction::new(&table.inner);
-                let marker = tx
-                    .update_table_properties()
-                    .set(epoch_key(sync), epoch.to_string());
-                marker.apply(tx)?.commit(&self.t.catalog).await
-            })?;
-            return Ok(EpochCommit::Committed { snapshot });
-        }
-        let committed = self.t.rt.block_on(async {
-            let tx = Transaction::new(&table.inner);
-            let append = tx
-                .fast_append()
-                .add_data_files(files)
-                .set_snapshot_properties(props);
-            let tx = append.apply(tx)?;
-            let marker = tx
-                .update_table_properties()
-                .set(epoch_key(sync), epoch.to_string());
-            marker.apply(tx)?.commit(&self.t.catalog).await
-        })?;
-        let snapshot = committed
-            .metadata()
-            .current_snapshot()
-            .map(|s| s.snapshot_id())
-            .ok_or_else(|| format!("commit to {dataset} made no snapshot"))?;
+        let op = if removed.is_empty() {
+            iceberg::spec::Operation::Append
+        } else {
+            iceberg::spec::Operation::Overwrite
+        };
+        let change = crate::rewrite::Change {
+            added: files,
+            removed,
+            op,
+            props,
+            // The marker also as a table property, in the same metadata: it
+            // outlives the snapshot's expiry.
+            table_props: HashMap::from([(epoch_key(sync), epoch.to_string())]),
+        };
+        // The fence and the marker are looked at again on every try, against
+        // the very state the compare-and-swap replaces: a newer attempt that
+        // raised the fence, or applied this epoch, since the first look wins.
+        let done = crate::rewrite::commit_if(
+            &self.t,
+            &table.ident,
+            dataset,
+            table.inner.clone(),
+            &change,
+            |now| settled_inner(now, at),
+        )?;
+        let snapshot = match done {
+            Ok(snapshot) => snapshot,
+            Err(settled) => return Ok(settled),
+        };
         Ok(EpochCommit::Committed { snapshot })
     }
 }
@@ -591,6 +573,10 @@ fn seqs<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::Int64A
 /// `Fenced` when a newer attempt raised the fence, `AlreadyApplied` when
 /// the table holds the epoch; `None` when the epoch may be committed.
 fn settled(table: &Table, at: &EpochAt<'_>) -> Option<EpochCommit> {
+    settled_inner(&table.inner, at)
+}
+
+fn settled_inner(table: &iceberg::table::Table, at: &EpochAt<'_>) -> Option<EpochCommit> {
     let fence = fence_of(table, at.sync);
     if fence > at.generation {
         return Some(EpochCommit::Fenced { fence });
@@ -598,16 +584,14 @@ fn settled(table: &Table, at: &EpochAt<'_>) -> Option<EpochCommit> {
     (marker_of(table, at.sync) >= at.epoch).then_some(EpochCommit::AlreadyApplied)
 }
 
-fn marker_of(table: &Table, sync: &str) -> u64 {
+fn marker_of(table: &iceberg::table::Table, sync: &str) -> u64 {
     let kept: u64 = table
-        .inner
         .metadata()
         .properties()
         .get(&epoch_key(sync))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let seen = table
-        .inner
         .metadata()
         .snapshots()
         .filter_map(|s| {
@@ -621,9 +605,8 @@ fn marker_of(table: &Table, sync: &str) -> u64 {
     kept.max(seen)
 }
 
-fn fence_of(table: &Table, sync: &str) -> i32 {
+fn fence_of(table: &iceberg::table::Table, sync: &str) -> i32 {
     table
-        .inner
         .metadata()
         .properties()
         .get(&fence_key(sync))

@@ -750,6 +750,7 @@ pub fn commit(
                 removed,
                 op,
                 props: properties(ctx, n),
+                table_props: HashMap::new(),
             },
         )?,
         (None, None) => {
