@@ -411,51 +411,23 @@ mod tests {
     #[test]
     fn a_postgres_table_into_iceberg_or_postgres_keeps_what_it_can() {
         let ice = json!({"type": "iceberg", "namespace": "raw"});
-        let v = check("shop", &pg(), &ice, &orders("append"), None, "exactly_once").expect("ok");
-        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
-        let v = check(
-            "shop",
-            &pg(),
-            &ice,
-            &orders("merge"),
-            None,
-            "effectively_once",
-        )
-        .expect("ok");
-        assert_eq!(v["streams"][0]["delivery"], "effectively_once");
-        let v = check(
-            "shop",
-            &pg(),
-            &ice,
-            &orders("overwrite"),
-            None,
-            "exactly_once",
-        )
-        .expect("ok");
-        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
         let dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw", "schema": "raw"});
-        let v = check(
-            "shop",
-            &pg(),
-            &dst,
-            &orders("merge"),
-            None,
-            "effectively_once",
-        )
-        .expect("ok");
-        assert_eq!(v["streams"][0]["delivery"], "effectively_once");
-        // A refresh from a superset source lands once where rows are
-        // skipped by _orca_id.
-        let v = check(
-            "shop",
-            &pg(),
-            &dst,
-            &orders("overwrite"),
-            None,
-            "exactly_once",
-        )
-        .expect("ok");
-        assert_eq!(v["streams"][0]["delivery"], "exactly_once");
+        // A merge is effectively once; an append or a refresh from a
+        // superset source lands once where rows are skipped by _orca_id.
+        for (destination, mode, level) in [
+            (&ice, "append", "exactly_once"),
+            (&ice, "merge", "effectively_once"),
+            (&ice, "overwrite", "exactly_once"),
+            (&dst, "merge", "effectively_once"),
+            (&dst, "overwrite", "exactly_once"),
+        ] {
+            let v = check("shop", &pg(), destination, &orders(mode), None, level)
+                .unwrap_or_else(|e| panic!("{mode} into {destination}: {e}"));
+            assert_eq!(
+                v["streams"][0]["delivery"], level,
+                "{mode} into {destination}"
+            );
+        }
         let v = check(
             "shop",
             &pg(),
