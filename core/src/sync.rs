@@ -60,6 +60,25 @@ fn bad(field: impl Into<String>, reason: impl Into<String>) -> Error {
     }
 }
 
+/// A lookback's length in seconds: a whole number and a unit (`90
+/// seconds`, `10 minutes`, `1 hour`, `2 days`).
+pub fn lookback_seconds(text: &str) -> Option<u64> {
+    let mut parts = text.split_whitespace();
+    let n: u64 = parts.next()?.parse().ok()?;
+    let unit = parts.next()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    let per = match unit.trim_end_matches('s') {
+        "second" => 1,
+        "minute" => 60,
+        "hour" => 3600,
+        "day" => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(per)
+}
+
 fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= NAME_MAX
@@ -305,6 +324,30 @@ pub fn check(
                 }
                 norm["table"] = table.into();
                 norm["cursor"] = cursor.into();
+                if let Some(back) = obj.get("lookback") {
+                    let text = back
+                        .as_str()
+                        .filter(|t| lookback_seconds(t).is_some())
+                        .ok_or_else(|| {
+                            bad(
+                                format!("{at}.lookback"),
+                                format!(
+                                    "{back} is not a lookback such as '10 minutes' (a number and \
+                                     second, minute, hour or day)"
+                                ),
+                            )
+                        })?;
+                    // Rows read again are harmless only where they land on
+                    // themselves: skipped by _orca_id, or merged by key.
+                    if dst.name == "iceberg" && mode != WriteMode::Merge {
+                        return Err(bad(
+                            format!("{at}.lookback"),
+                            "reads rows again, which an iceberg append or overwrite would hold \
+                             twice; use merge, or a postgres destination",
+                        ));
+                    }
+                    norm["lookback"] = text.into();
+                }
             }
             _ => {
                 let pattern = obj
@@ -406,6 +449,63 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_lookback_is_a_length_and_only_where_rows_read_again_land_on_themselves() {
+        assert_eq!(lookback_seconds("10 minutes"), Some(600));
+        assert_eq!(lookback_seconds("1 hour"), Some(3600));
+        assert_eq!(lookback_seconds("90 seconds"), Some(90));
+        for bad in ["10", "ten minutes", "5 weeks", "1 hour ago", ""] {
+            assert_eq!(lookback_seconds(bad), None, "{bad}");
+        }
+        let with = |mode: &str, lookback: Value| {
+            let mut s = orders(mode);
+            s[0]["lookback"] = lookback;
+            s
+        };
+        let dw = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw"});
+        let v = check(
+            "shop",
+            &pg(),
+            &dw,
+            &with("append", json!("10 minutes")),
+            None,
+            "exactly_once",
+        )
+        .expect("ok");
+        assert_eq!(v["streams"][0]["lookback"], "10 minutes");
+        let e = check(
+            "shop",
+            &pg(),
+            &dw,
+            &with("append", json!("soon")),
+            None,
+            "exactly_once",
+        )
+        .expect_err("bad lookback");
+        assert_eq!(e.sqlstate(), "OR063");
+        assert!(e.to_string().contains("streams[0].lookback"), "{e}");
+        let ice = json!({"type": "iceberg", "namespace": "raw"});
+        let e = check(
+            "shop",
+            &pg(),
+            &ice,
+            &with("append", json!("1 hour")),
+            None,
+            "exactly_once",
+        )
+        .expect_err("iceberg append");
+        assert!(e.to_string().contains("use merge"), "{e}");
+        check(
+            "shop",
+            &pg(),
+            &ice,
+            &with("merge", json!("1 hour")),
+            None,
+            "effectively_once",
+        )
+        .expect("a merge takes rows again");
     }
 
     #[test]

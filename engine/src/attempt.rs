@@ -197,6 +197,10 @@ fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
                     .and_then(Value::as_str)
                     .unwrap_or("evolve")
                     .to_string(),
+                lookback: s
+                    .get("lookback")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
             })
         })
         .collect()

@@ -29,6 +29,16 @@ pub enum SourceError {
         role: &'static str,
     },
     #[error(
+        "stream {stream}: a lookback needs a timestamp or date cursor, and {cursor} of {table} \
+         is {ty}"
+    )]
+    Lookback {
+        stream: String,
+        table: String,
+        cursor: String,
+        ty: String,
+    },
+    #[error(
         "stream {stream}: ({columns}) is neither the primary key nor a unique key of {table}; \
          the resume point needs a unique key, or rows sharing a cursor value are lost or read twice"
     )]
@@ -70,6 +80,10 @@ pub struct StreamSpec {
     /// join), `freeze` (the attempt stops with an error), `discard` (new
     /// columns are not read).
     pub schema_policy: String,
+    /// Read again, at each attempt's start, the rows whose cursor is this
+    /// much (a Postgres interval: `10 minutes`) before the resume point:
+    /// rows a long transaction committed late with an older cursor value.
+    pub lookback: Option<String>,
 }
 
 /// What the source table looks like, and how to read it.
@@ -174,6 +188,21 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
             table: spec.table.clone(),
             columns: spec.primary_key.join(", "),
         });
+    }
+    if spec.lookback.is_some() {
+        let ty: String = key
+            .first()
+            .and_then(|&i| sql_types.get(i))
+            .cloned()
+            .unwrap_or_default();
+        if !(ty.starts_with("timestamp") || ty == "date") {
+            return Err(SourceError::Lookback {
+                stream: spec.name.clone(),
+                table: spec.table.clone(),
+                cursor: spec.cursor.clone(),
+                ty,
+            });
+        }
     }
     Ok(PgTable {
         spec: spec.clone(),
@@ -280,7 +309,18 @@ impl PgTable {
                 .map(|(&i, v)| format!("{}::{}", quote_literal(v), self.sql_types[i]))
                 .collect::<Vec<_>>()
                 .join(", ");
-            q.push_str(&format!(" WHERE ({order}) > ({values})"));
+            match (&self.spec.lookback, self.key.first()) {
+                // From the cursor's value less the lookback: the rows after
+                // the resume point and those that committed late before it.
+                (Some(back), Some(&c)) => q.push_str(&format!(
+                    " WHERE {} >= {}::{} - {}::interval",
+                    quote_ident(&self.columns[c].name),
+                    quote_literal(&pos[0]),
+                    self.sql_types[c],
+                    quote_literal(back)
+                )),
+                _ => q.push_str(&format!(" WHERE ({order}) > ({values})")),
+            }
         }
         q.push_str(&format!(" ORDER BY {order}) TO STDOUT (FORMAT binary)"));
         Ok(q)
@@ -343,6 +383,7 @@ mod tests {
                 cursor: "updated_at".into(),
                 primary_key: vec!["id".into()],
                 schema_policy: "evolve".into(),
+                lookback: None,
             },
             columns: vec![
                 PgColumn {
@@ -384,6 +425,15 @@ mod tests {
             .expect("query");
         assert!(
             q.contains("WHERE (\"updated_at\", \"id\") > ('2024-01-01T00:00:00Z'::timestamp with time zone, 'it''s'::bigint)"),
+            "{q}"
+        );
+        let mut back = t.clone();
+        back.spec.lookback = Some("10 minutes".into());
+        let q = back
+            .copy_query(Some(&["2024-01-01T00:00:00Z".into(), "7".into()]))
+            .expect("query");
+        assert!(
+            q.contains("WHERE \"updated_at\" >= '2024-01-01T00:00:00Z'::timestamp with time zone - '10 minutes'::interval ORDER BY \"updated_at\", \"id\""),
             "{q}"
         );
         assert!(matches!(

@@ -2164,3 +2164,50 @@ async fn json_lines_into_iceberg_add_columns_to_the_table_and_hold_what_it_canno
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_lookback_reads_rows_a_long_transaction_committed_late_and_lands_each_once() {
+    let db = TestDb::new().await;
+    make_source(&db, 1_000).await;
+    let dir = scratch("lookback");
+    let store = dir.join("store");
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "postgres", "url": db.url(), "schema": "raw"}),
+        json!({"lookback": "1 hour"}),
+        "exactly_once",
+    )
+    .await;
+    let o = engine(&db, &store, 400).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
+        1_000
+    );
+
+    // A row whose cursor value is older than the resume point, as a
+    // transaction that began before the last read and committed after it
+    // leaves one: the tuple comparison alone would never read it.
+    sqlx::raw_sql(
+        "INSERT INTO public.orders (id, updated_at, qty)
+         VALUES (5000, '2024-01-01'::timestamptz + interval '100 seconds', 7)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a late row");
+    let o = engine(&db, &store, 400).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
+        1_001
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT _orca_id) FROM raw.orders")
+            .await,
+        1_001,
+        "the rows read again landed on themselves"
+    );
+    assert_eq!(differences(&db).await, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
