@@ -352,13 +352,15 @@ impl SyncTables {
         }
         let mut removed = Vec::new();
         let mut kept = Vec::new();
+        // The key and _orca_seq columns of every file first; only a file
+        // holding a replaced row is read whole and written again.
+        let mut wanted: Vec<&str> = key.iter().map(String::as_str).collect();
+        wanted.push("_orca_seq");
         for file in self.live_files(table)? {
-            let mut drop_any = false;
-            let mut rows_of_file = Vec::new();
-            for b in self.read_file(table, &file, dataset, schema)? {
+            let mut keep = Vec::new();
+            for b in self.read_columns(table, &file, dataset, &wanted)? {
                 let keys = key_strings(&b, key, dataset)?;
                 let seq = seqs(&b, dataset)?;
-                let mut keep = Vec::with_capacity(b.num_rows());
                 for (row, k) in keys.iter().enumerate() {
                     let replaced = match newest.get(k) {
                         // The table holds a newer (or the same) version:
@@ -370,21 +372,31 @@ impl SyncTables {
                         Some(_) => true,
                         None => false,
                     };
-                    drop_any |= replaced;
                     keep.push(!replaced);
                 }
-                rows_of_file.push((b, keep));
             }
-            if drop_any {
-                removed.push(file);
-                for (b, keep) in rows_of_file {
-                    let mask = arrow_array::BooleanArray::from(keep);
-                    kept.push(
-                        arrow_select::filter::filter_record_batch(&b, &mask)
-                            .map_err(|e| format!("merging into {dataset}: {e}"))?,
-                    );
-                }
+            if keep.iter().all(|k| *k) {
+                continue;
             }
+            let mut at = 0;
+            for b in self.read_file(table, &file, dataset, schema)? {
+                let end = (at + b.num_rows()).min(keep.len());
+                let mask = arrow_array::BooleanArray::from(keep[at..end].to_vec());
+                at = end;
+                kept.push(
+                    arrow_select::filter::filter_record_batch(&b, &mask)
+                        .map_err(|e| format!("merging into {dataset}: {e}"))?,
+                );
+            }
+            if at != keep.len() {
+                return Err(format!(
+                    "merging into {dataset}: {} read {at} rows whole and {} by column",
+                    file.file_path(),
+                    keep.len()
+                )
+                .into());
+            }
+            removed.push(file);
         }
         let mut rows: Vec<u32> = newest.values().map(|(r, _)| *r as u32).collect();
         rows.sort_unstable();
