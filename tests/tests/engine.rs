@@ -597,18 +597,24 @@ async fn delivery_levels_are_checked_again_before_an_attempt() {
 
 /// A runner whose sync attempts run this build's orca-engine on `store`.
 fn sync_runner(db: &TestDb, store: &Path, logs: &Path) -> orca_tests::procs::Runner {
+    sync_runner_with(db, store, logs, &[])
+}
+
+/// The same, with more environment for the engines (such as a warehouse).
+fn sync_runner_with(
+    db: &TestDb,
+    store: &Path,
+    logs: &Path,
+    extra: &[(&str, &str)],
+) -> orca_tests::procs::Runner {
     let engine_bin = bin("orca-engine");
     let store_s = store.to_string_lossy().into_owned();
-    orca_tests::procs::Runner::start(
-        &db.url(),
-        "r1",
-        1,
-        logs,
-        &[
-            ("ORCA_STORE", store_s.as_str()),
-            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-        ],
-    )
+    let mut env = vec![
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+    ];
+    env.extend_from_slice(extra);
+    orca_tests::procs::Runner::start(&db.url(), "r1", 1, logs, &env)
 }
 
 async fn run_status(db: &TestDb, run: i64) -> String {
@@ -1977,22 +1983,8 @@ async fn a_backfill_into_iceberg_skips_the_rows_the_table_holds() {
         "exactly_once",
     )
     .await;
-    let (engine_bin, store_s, wh_s) = (
-        bin("orca-engine"),
-        store.to_string_lossy().into_owned(),
-        wh.to_string_lossy().into_owned(),
-    );
-    let runner = orca_tests::procs::Runner::start(
-        &db.url(),
-        "r1",
-        1,
-        &logs,
-        &[
-            ("ORCA_STORE", store_s.as_str()),
-            ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-            ("ORCA_WAREHOUSE", wh_s.as_str()),
-        ],
-    );
+    let wh_s = wh.to_string_lossy().into_owned();
+    let runner = sync_runner_with(&db, &store, &logs, &[("ORCA_WAREHOUSE", wh_s.as_str())]);
     let r: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
         .fetch_one(&db.pool)
         .await
