@@ -5,11 +5,14 @@
 //!
 //! Each stream is read by its own thread (`readers`): a Postgres table over
 //! its own connection (binary COPY into Arrow), or files through the object
-//! store (raw records, normalized here). The attempt's thread holds cells the
+//! store (raw records, normalized here). Those threads run in the runner
+//! when one hosts the source ([`crate::pump`]), their chunks coming over the
+//! data edge ([`crate::edge`]), or here. The attempt's thread holds cells the
 //! destination cannot take, stages, records, moves HEAD and commits, one
 //! epoch after the other.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::Write as _;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
@@ -18,13 +21,15 @@ use serde_json::{json, Value};
 
 use crate::control::{Control, Phase};
 use crate::dest::Dest;
+use crate::edge::Edge;
 use crate::files::{FilesError, Format};
 use crate::normalize::{ColType, Policy, Raw, StreamSchema};
 use crate::parquet_dest::{self, DestError};
 use crate::pgcopy::CopyError;
 use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
 use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
-use crate::readers::{spawn_file_reader, spawn_reader, Msg, Shape};
+use crate::pump::{self, Plan, Start};
+use crate::readers::{Msg, Shape};
 use crate::record::{LaneCommittable, Layout, Record, Refresh, Staged, StreamState};
 use crate::recovery::{self, HeadState, Recovery, RecoveryError};
 use crate::route::{LaneInput, Router};
@@ -68,6 +73,8 @@ pub enum EngineError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error(transparent)]
     Files(#[from] FilesError),
+    #[error("data edge {path}: {reason}")]
+    Edge { path: String, reason: String },
     #[error("control channel at {path}: {source}")]
     Channel {
         path: String,
@@ -92,6 +99,10 @@ pub struct Options {
     pub lease: Option<String>,
     /// Where to listen for the control channel (`control`), if anywhere.
     pub control: Option<std::path::PathBuf>,
+    /// Where to listen for the runner's source pump (`edge`): the runner
+    /// reads the source and sends it over this data edge. Without one the
+    /// engine reads the source itself.
+    pub edge: Option<std::path::PathBuf>,
 }
 
 /// What an attempt did.
@@ -136,7 +147,9 @@ impl Log {
             l.extend(f);
         }
         let text = line.to_string();
-        eprintln!("{text}");
+        // Stderr is the runner's pipe: once a runner died it is broken, and
+        // the log must still reach the store (eprintln! would panic).
+        let _ = writeln!(std::io::stderr(), "{text}");
         self.lines.push(text);
     }
 
@@ -158,7 +171,7 @@ enum Taken {
     Raw(Vec<Result<Raw, (Raw, String)>>),
 }
 
-fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {
+pub(crate) fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {
     v.get(key)
         .and_then(Value::as_str)
         .map(str::to_string)
@@ -179,7 +192,7 @@ pub(crate) fn strings(v: &Value, key: &str) -> Vec<String> {
 }
 
 /// The streams of a definition, for the Postgres source.
-fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
+pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
     let streams = def
         .get("streams")
         .and_then(Value::as_array)
@@ -258,6 +271,9 @@ struct Attempt {
     overwrite: BTreeSet<String>,
     /// The control channel, when a runner asked for one.
     channel: Option<Control>,
+    /// The data edge the runner's source pump connects to, when a runner
+    /// hosts the source.
+    edge: Option<Edge>,
 }
 
 impl Attempt {
@@ -461,6 +477,13 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         }
         None => None,
     };
+    let edge = match &opts.edge {
+        Some(path) => Some(Edge::listen(path).map_err(|e| EngineError::Edge {
+            path: path.display().to_string(),
+            reason: format!("listening: {e}"),
+        })?),
+        None => None,
+    };
     let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
     control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
     let claim: Value = control
@@ -516,7 +539,9 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             Source::Tables(tables)
         }
         "files" => {
-            let format = Format::parse(&str_of(&source, "format")?).ok_or_else(|| {
+            // A format the readers do not know stops the attempt before
+            // anything moves, wherever the source is read.
+            Format::parse(&str_of(&source, "format")?).ok_or_else(|| {
                 EngineError::Definition(format!("source.format of {source} is not jsonl or csv"))
             })?;
             let streams = def
@@ -533,7 +558,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
                     Ok((str_of(s, "name")?, str_of(s, "pattern")?, policy))
                 })
                 .collect::<Result<Vec<_>, EngineError>>()?;
-            Source::Files { format, streams }
+            Source::Files { streams }
         }
         other => {
             return Err(EngineError::NotBuilt(format!(
@@ -580,6 +605,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             .filter_map(|s| s.get("name").and_then(Value::as_str).map(str::to_string))
             .collect(),
         channel,
+        edge,
     };
     a.log.event(
         "claimed",
@@ -608,9 +634,15 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         .clamp(1, orca_core::sync::MAX_LANES as usize);
     let result = stream_epochs(
         &mut a,
-        &url,
+        Plan {
+            sync: opts.sync.clone(),
+            source: def.get("source").cloned().unwrap_or(Value::Null),
+            streams: def.get("streams").cloned().unwrap_or(Value::Null),
+            batch_rows,
+            start: Vec::new(),
+        },
         source,
-        Cut { batch_rows, lanes },
+        lanes,
         head_epoch,
         head_record,
         full,
@@ -639,17 +671,9 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
 enum Source {
     Tables(Vec<PgTable>),
     Files {
-        format: Format,
         /// (stream, pattern, schema policy)
         streams: Vec<(String, String, Policy)>,
     },
-}
-
-/// How an attempt cuts its work: rows per stream per epoch, writer lanes.
-#[derive(Debug, Clone, Copy)]
-struct Cut {
-    batch_rows: usize,
-    lanes: usize,
 }
 
 /// Each lane's part encoded as Parquet, the lanes on threads of their own.
@@ -676,9 +700,9 @@ fn encode_lanes(parts: &[(usize, RecordBatch)]) -> Result<Vec<Bytes>, EngineErro
 
 fn stream_epochs(
     a: &mut Attempt,
-    url: &str,
+    mut plan: Plan,
     source: Source,
-    Cut { batch_rows, lanes }: Cut,
+    lanes: usize,
     head_epoch: u64,
     head_record: Option<String>,
     full: bool,
@@ -724,36 +748,52 @@ fn stream_epochs(
     let crash_after: Option<u64> = std::env::var("ORCA_ENGINE_CRASH_AFTER_HEAD")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut readers = Vec::new();
-    // A key's rows all go to one lane: the table's primary key, or for
-    // files (no key) the record's `_orca_id`.
+    // Every stream from its resume point: read by the runner's source pump
+    // over the data edge, or here.
+    plan.start = a
+        .streams
+        .iter()
+        .map(|name| Start {
+            name: name.clone(),
+            after: states.get(name).and_then(|s| s.position.clone()),
+            recorded: states
+                .get(name)
+                .map(|s| s.schema.clone())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let mut readers = match &a.edge {
+        Some(edge) => {
+            let r = edge.open(&plan, head_epoch + 1, || a.stop_requested())?;
+            a.log.event("edge", json!({"streams": plan.start.len()}));
+            r
+        }
+        None => pump::open_readers(&plan)?,
+    };
+    // What each stream's rows become columns by, and their lanes: a key's
+    // rows all go to one lane: the table's primary key, or for files (no
+    // key) the record's `_orca_id`.
     let mut routers: BTreeMap<String, Router> = BTreeMap::new();
-    let after = |name: &str| states.get(name).and_then(|s| s.position.clone());
     match source {
         Source::Tables(tables) => {
-            for table in tables {
+            for (r, table) in readers.iter_mut().zip(tables) {
                 routers.insert(
                     table.spec.name.clone(),
                     Router::new(lanes, table.spec.primary_key.clone()),
                 );
-                let from = after(&table.spec.name);
                 let recorded = states
                     .get(&table.spec.name)
                     .map(|s| s.schema.clone())
                     .unwrap_or_default();
-                let table = table.under_policy(&recorded)?;
-                readers.push(spawn_reader(url.to_string(), table, from, batch_rows)?);
+                r.shape = Shape::Table(table.under_policy(&recorded)?);
             }
         }
-        Source::Files { format, streams } => {
-            for (name, pattern, policy) in streams {
+        Source::Files { streams, .. } => {
+            for (r, (name, _, policy)) in readers.iter_mut().zip(streams) {
                 routers.insert(name.clone(), Router::new(lanes, Vec::new()));
-                let from = after(&name);
-                let mut r =
-                    spawn_file_reader(url.to_string(), format, name, pattern, from, batch_rows)?;
                 // The schema inferred so far: it only ever widens.
                 let cols = states
-                    .get(&r.name)
+                    .get(&name)
                     .map(|s| {
                         s.schema
                             .iter()
@@ -765,7 +805,6 @@ fn stream_epochs(
                     })
                     .unwrap_or_default();
                 r.shape = Shape::Inferred(StreamSchema::inferred(cols).with_policy(policy));
-                readers.push(r);
             }
         }
     }

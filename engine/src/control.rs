@@ -155,24 +155,30 @@ pub struct Control {
     stop: Arc<AtomicBool>,
 }
 
+/// Binds a Unix socket at `path`, a file the engine owns: one an engine
+/// that died left behind is replaced; anything else there is an error.
+pub(crate) fn bind_owned(path: &Path) -> std::io::Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it",
+                    path.display()
+                ),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+}
+
 impl Control {
     /// Listens on `path`, a socket file this engine owns: one left behind by
     /// an engine that died is replaced; anything else there is an error.
     pub fn listen(path: &Path, sync: &str) -> std::io::Result<Control> {
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if !meta.file_type().is_socket() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{} exists and is not a socket; not replacing it",
-                        path.display()
-                    ),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
+        let listener = bind_owned(path)?;
         let status = Arc::new(Mutex::new(Status {
             sync: sync.to_string(),
             ..Status::default()

@@ -76,10 +76,13 @@ struct Open {
 /// Bytes fetched per read unless a record needs more.
 pub const WINDOW: usize = 8 << 20;
 
+/// Records read, or lines that are not records with the reason.
+pub type RawRecords = Vec<Result<Raw, (Raw, String)>>;
+
 /// What a chunk read: raw records (or the reason a line is not a record)
 /// and the resume point after the last of them.
 pub struct FileChunk {
-    pub records: Vec<Result<Raw, (Raw, String)>>,
+    pub records: RawRecords,
     pub last: Vec<String>,
 }
 

@@ -10,16 +10,25 @@
 //!  +-----------------------------------------------------------------------+
 //! ```
 //!
-//! - kind 1, **batch**: the payload is an Arrow IPC stream (schema, one record
-//!   batch, end-of-stream marker) of rows of `stream`; `epoch` is the epoch the
-//!   rows belong to.
-//! - kind 2, **barrier**: no payload; every row of `stream` before it belongs to
-//!   epochs up to `epoch`, every row after it to later ones.
-//! - kind 3, **end**: no payload; `stream` has no more rows on this edge.
+//! - kind 1, **batch** (runner to engine): the payload is an Arrow IPC
+//!   stream (schema, one record batch, end-of-stream marker) of rows of
+//!   `stream`; `epoch` is the epoch the rows belong to.
+//! - kind 2, **barrier** (runner to engine): every row of `stream` before it
+//!   belongs to epochs up to `epoch`, every row after it to later ones; the
+//!   payload is the stream's resume point there, a JSON array of strings.
+//! - kind 3, **end** (runner to engine): `stream` has no more rows on this
+//!   edge; the payload is a JSON object (`{"bytes": N}`, what the source
+//!   read).
+//! - kind 4, **open** (engine to runner, the edge's first frame): the payload
+//!   is the JSON plan of what to read (`crate::pump::Plan`); `epoch` is the
+//!   first epoch the rows will belong to.
+//! - kind 5, **error** (runner to engine): reading `stream` failed
+//!   (`stream` 65535: the source as a whole); the payload is the reason, as
+//!   UTF-8 text.
 //!
 //! A reader refuses an unknown version or kind, a payload over
-//! [`MAX_PAYLOAD`], a payload on a barrier or end frame, and a batch whose IPC
-//! stream does not hold exactly one record batch.
+//! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch
+//! whose IPC stream does not hold exactly one record batch.
 
 use std::io::{Read, Write};
 
@@ -46,11 +55,26 @@ pub enum Frame {
     Barrier {
         stream: u16,
         epoch: u32,
+        /// The stream's resume point at the barrier.
+        position: Vec<String>,
     },
     End {
         stream: u16,
+        /// Bytes the source read for the stream.
+        bytes: u64,
+    },
+    Open {
+        first_epoch: u32,
+        plan: serde_json::Value,
+    },
+    Error {
+        stream: u16,
+        reason: String,
     },
 }
+
+/// The `stream` of an error frame about the source as a whole.
+pub const ANY_STREAM: u16 = u16::MAX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -62,8 +86,12 @@ pub enum FrameError {
     Kind(u8),
     #[error("frame payload of {0} bytes is over the limit of {MAX_PAYLOAD}")]
     TooLarge(u64),
-    #[error("a {kind} frame carries no payload, got {len} bytes")]
-    UnexpectedPayload { kind: &'static str, len: u32 },
+    #[error("the payload of a {kind} frame is not {expected}: {reason}")]
+    Payload {
+        kind: &'static str,
+        expected: &'static str,
+        reason: String,
+    },
     #[error("batch payload: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
     #[error("a batch frame holds exactly one record batch, got {0}")]
@@ -73,6 +101,8 @@ pub enum FrameError {
 const KIND_BATCH: u8 = 1;
 const KIND_BARRIER: u8 = 2;
 const KIND_END: u8 = 3;
+const KIND_OPEN: u8 = 4;
+const KIND_ERROR: u8 = 5;
 
 fn header(len: u32, kind: u8, stream: u16, epoch: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -82,6 +112,28 @@ fn header(len: u32, kind: u8, stream: u16, epoch: u32) -> [u8; HEADER_LEN] {
     h[6..8].copy_from_slice(&stream.to_le_bytes());
     h[8..12].copy_from_slice(&epoch.to_le_bytes());
     h
+}
+
+/// Writes a header and its payload.
+fn put(
+    w: &mut impl Write,
+    kind: u8,
+    stream: u16,
+    epoch: u32,
+    payload: &[u8],
+) -> Result<(), FrameError> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|l| *l <= MAX_PAYLOAD)
+        .ok_or(FrameError::TooLarge(payload.len() as u64))?;
+    w.write_all(&header(len, kind, stream, epoch))?;
+    w.write_all(payload)?;
+    Ok(())
+}
+
+fn json_bytes(v: &impl serde::Serialize) -> Vec<u8> {
+    // Serializing strings, numbers and JSON values cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
 }
 
 /// Writes one frame.
@@ -98,19 +150,23 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<(), FrameError> 
                 ipc.write(batch)?;
                 ipc.finish()?;
             }
-            let len = u32::try_from(payload.len())
-                .ok()
-                .filter(|l| *l <= MAX_PAYLOAD)
-                .ok_or(FrameError::TooLarge(payload.len() as u64))?;
-            w.write_all(&header(len, KIND_BATCH, *stream, *epoch))?;
-            w.write_all(&payload)?;
+            put(w, KIND_BATCH, *stream, *epoch, &payload)
         }
-        Frame::Barrier { stream, epoch } => {
-            w.write_all(&header(0, KIND_BARRIER, *stream, *epoch))?;
-        }
-        Frame::End { stream } => w.write_all(&header(0, KIND_END, *stream, 0))?,
+        Frame::Barrier {
+            stream,
+            epoch,
+            position,
+        } => put(w, KIND_BARRIER, *stream, *epoch, &json_bytes(position)),
+        Frame::End { stream, bytes } => put(
+            w,
+            KIND_END,
+            *stream,
+            0,
+            &json_bytes(&serde_json::json!({ "bytes": bytes })),
+        ),
+        Frame::Open { first_epoch, plan } => put(w, KIND_OPEN, 0, *first_epoch, &json_bytes(plan)),
+        Frame::Error { stream, reason } => put(w, KIND_ERROR, *stream, 0, reason.as_bytes()),
     }
-    Ok(())
 }
 
 /// The record batches of an IPC stream held in memory. The incremental
@@ -159,10 +215,15 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
     if len > MAX_PAYLOAD {
         return Err(FrameError::TooLarge(u64::from(len)));
     }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    let bad = |kind: &'static str, expected: &'static str, reason: String| FrameError::Payload {
+        kind,
+        expected,
+        reason,
+    };
     match kind {
         KIND_BATCH => {
-            let mut payload = vec![0u8; len as usize];
-            r.read_exact(&mut payload)?;
             let batches = decode_batches(payload)?;
             let [batch] = <[RecordBatch; 1]>::try_from(batches)
                 .map_err(|b| FrameError::BatchCount(b.len()))?;
@@ -172,16 +233,41 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
                 batch,
             }))
         }
-        KIND_BARRIER | KIND_END if len != 0 => Err(FrameError::UnexpectedPayload {
-            kind: if kind == KIND_BARRIER {
-                "barrier"
-            } else {
-                "end"
-            },
-            len,
-        }),
-        KIND_BARRIER => Ok(Some(Frame::Barrier { stream, epoch })),
-        KIND_END => Ok(Some(Frame::End { stream })),
+        KIND_BARRIER => {
+            let position = serde_json::from_slice(&payload).map_err(|e| {
+                bad(
+                    "barrier",
+                    "a resume point (a JSON array of strings)",
+                    e.to_string(),
+                )
+            })?;
+            Ok(Some(Frame::Barrier {
+                stream,
+                epoch,
+                position,
+            }))
+        }
+        KIND_END => {
+            let v: serde_json::Value = serde_json::from_slice(&payload)
+                .map_err(|e| bad("end", "a JSON object", e.to_string()))?;
+            let bytes = v["bytes"]
+                .as_u64()
+                .ok_or_else(|| bad("end", "{\"bytes\": N}", v.to_string()))?;
+            Ok(Some(Frame::End { stream, bytes }))
+        }
+        KIND_OPEN => {
+            let plan = serde_json::from_slice(&payload)
+                .map_err(|e| bad("open", "a JSON plan", e.to_string()))?;
+            Ok(Some(Frame::Open {
+                first_epoch: epoch,
+                plan,
+            }))
+        }
+        KIND_ERROR => {
+            let reason = String::from_utf8(payload)
+                .map_err(|e| bad("error", "UTF-8 text", e.to_string()))?;
+            Ok(Some(Frame::Error { stream, reason }))
+        }
         other => Err(FrameError::Kind(other)),
     }
 }
@@ -213,6 +299,10 @@ mod tests {
     #[test]
     fn frames_round_trip_in_order() {
         let frames = vec![
+            Frame::Open {
+                first_epoch: 4,
+                plan: serde_json::json!({"streams": [{"name": "orders"}]}),
+            },
             Frame::Batch {
                 stream: 3,
                 epoch: 7,
@@ -221,15 +311,21 @@ mod tests {
             Frame::Barrier {
                 stream: 3,
                 epoch: 7,
+                position: vec!["2024-01-02 00:00:00".into(), "17".into()],
             },
-            Frame::End { stream: 3 },
+            Frame::End {
+                stream: 3,
+                bytes: 4096,
+            },
+            Frame::Error {
+                stream: ANY_STREAM,
+                reason: "connection refused".into(),
+            },
         ];
         let mut edge = Vec::new();
         for f in &frames {
             write_frame(&mut edge, f).expect("write");
         }
-        // The barrier is a bare header: 12 bytes.
-        assert_eq!(&edge[edge.len() - 24..edge.len() - 12][4..6], &[2, 1]);
         let mut r = edge.as_slice();
         let mut back = Vec::new();
         while let Some(f) = read_frame(&mut r).expect("read") {
@@ -239,13 +335,36 @@ mod tests {
     }
 
     #[test]
+    fn the_header_is_laid_out_as_documented() {
+        let mut edge = Vec::new();
+        let position = vec!["a".to_string()];
+        write_frame(
+            &mut edge,
+            &Frame::Barrier {
+                stream: 0x0102,
+                epoch: 0x0304_0506,
+                position,
+            },
+        )
+        .expect("write");
+        let payload = br#"["a"]"#;
+        assert_eq!(edge.len(), HEADER_LEN + payload.len());
+        assert_eq!(&edge[0..4], &(payload.len() as u32).to_le_bytes());
+        assert_eq!(edge[4], KIND_BARRIER);
+        assert_eq!(edge[5], VERSION);
+        assert_eq!(&edge[6..8], &[0x02, 0x01]);
+        assert_eq!(&edge[8..12], &[0x06, 0x05, 0x04, 0x03]);
+        assert_eq!(&edge[12..], payload);
+    }
+
+    #[test]
     fn bad_frames_are_refused() {
         let mut edge = Vec::new();
         write_frame(
             &mut edge,
-            &Frame::Barrier {
+            &Frame::End {
                 stream: 1,
-                epoch: 2,
+                bytes: 0,
             },
         )
         .expect("write");
@@ -267,18 +386,28 @@ mod tests {
             read_frame(&mut big.as_slice()),
             Err(FrameError::TooLarge(_))
         ));
-        let mut with_payload = edge.clone();
-        with_payload[0] = 1;
-        with_payload.push(0);
+        let mut no_bytes = header(2, KIND_END, 1, 0).to_vec();
+        no_bytes.extend_from_slice(b"{}");
         assert!(matches!(
-            read_frame(&mut with_payload.as_slice()),
-            Err(FrameError::UnexpectedPayload {
+            read_frame(&mut no_bytes.as_slice()),
+            Err(FrameError::Payload { kind: "end", .. })
+        ));
+        let mut not_position = header(4, KIND_BARRIER, 1, 1).to_vec();
+        not_position.extend_from_slice(b"[1]x");
+        assert!(matches!(
+            read_frame(&mut not_position.as_slice()),
+            Err(FrameError::Payload {
                 kind: "barrier",
-                len: 1
+                ..
             })
         ));
         let cut = &edge[..5];
         assert!(matches!(read_frame(&mut &cut[..]), Err(FrameError::Io(_))));
+        let short = &edge[..edge.len() - 1];
+        assert!(matches!(
+            read_frame(&mut &short[..]),
+            Err(FrameError::Io(_))
+        ));
         let mut garbage = header(4, KIND_BATCH, 0, 0).to_vec();
         garbage.extend_from_slice(b"nope");
         assert!(matches!(

@@ -6,13 +6,14 @@
 //! destinations ([`dest`]: [`parquet_dest`], Iceberg through the SDK,
 //! [`pg_dest`]), the commit protocol's decisions as pure code tested without
 //! storage ([`protocol`], [`recovery`]), the control channel a runner talks
-//! to ([`control`]), and [`release`] of held cells. [`frame`] is the
-//! data-edge frame format, built and tested but not used yet (no data edges:
-//! the engine hosts its connectors).
+//! to ([`control`]), the data edge over which a runner's source pump
+//! ([`pump`]) sends what it reads to the engine ([`edge`], in [`frame`]s),
+//! and [`release`] of held cells.
 
 pub mod attempt;
 pub mod control;
 pub mod dest;
+pub mod edge;
 pub mod files;
 pub mod frame;
 pub mod normalize;
@@ -21,6 +22,7 @@ pub mod pg_dest;
 pub mod pgcopy;
 pub mod pgsource;
 pub mod protocol;
+pub mod pump;
 mod readers;
 pub mod record;
 pub mod recovery;

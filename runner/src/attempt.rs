@@ -1,8 +1,12 @@
 //! Runs one leased attempt: spawns the pipeline binary, streams its output to
-//! the attempt's log file, heartbeats the lease and reports the result.
+//! the attempt's log file, heartbeats the lease and reports the result. A
+//! sync's attempt runs the engine, and this runner hosts the sync's source:
+//! its source pump reads the source and sends it over the engine's data
+//! edge.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +18,8 @@ use tokio::sync::watch;
 use crate::control::{self, ControlError, Lease};
 use crate::engine;
 
+use orca_engine::pump::{self, PumpError, Pumped};
+
 /// What the runner shares with every attempt it runs.
 pub struct Shared {
     pub db: PgPool,
@@ -21,7 +27,8 @@ pub struct Shared {
     pub logs: PathBuf,
     /// What runs a sync's attempts (`orca-engine`).
     pub engine: PathBuf,
-    /// Where the engines' control sockets go (one per sync attempt).
+    /// Where the engines' control sockets and data edges go (one each per
+    /// sync attempt).
     pub sockets: PathBuf,
 }
 
@@ -56,6 +63,11 @@ const REPORT_TRIES: u32 = 5;
 /// How long an engine asked to stop may take to finish its epoch in flight
 /// before it is killed (killing it is safe too: the next attempt recovers).
 const ENGINE_STOP_GRACE: Duration = Duration::from_secs(15);
+/// How long the source pump waits for its engine's data edge.
+const EDGE_CONNECT_WAIT: Duration = Duration::from_secs(60);
+/// How long, once the engine exited, the runner waits for its source pump's
+/// last word.
+const PUMP_LAST_WORD: Duration = Duration::from_secs(2);
 
 fn log_path(root: &Path, l: &Lease) -> PathBuf {
     root.join(&l.org)
@@ -92,6 +104,7 @@ fn spawn_child(
     l: &Lease,
     log: &Path,
     socket: Option<&Path>,
+    edge: Option<&Path>,
 ) -> std::io::Result<Child> {
     // A sync's attempts run this runner's engine, not a binary of the sync's.
     let program = if l.command == "sync" {
@@ -103,6 +116,9 @@ fn spawn_child(
     cmd.arg(&l.command);
     if let Some(s) = socket {
         cmd.arg("--control").arg(s);
+    }
+    if let Some(e) = edge {
+        cmd.arg("--edge").arg(e);
     }
     cmd.arg("--lease")
         .arg(l.lease.to_string())
@@ -165,6 +181,43 @@ async fn stop_child(child: &mut Child, socket: Option<&Path>, prefix: &str) {
     let _ = child.wait().await;
 }
 
+/// Runs the source pump of a sync's attempt on a thread of its own (its
+/// readers block on the source), connecting to the engine's data edge once
+/// the engine listens. `gone` turns true when the engine exited.
+fn start_source_pump(
+    edge: PathBuf,
+    gone: Arc<AtomicBool>,
+) -> tokio::sync::oneshot::Receiver<Result<Pumped, PumpError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("source-pump".into())
+        .spawn(move || {
+            let done = pump::connect(&edge, EDGE_CONNECT_WAIT, &gone).and_then(pump::serve);
+            let _ = tx.send(done);
+        });
+    if let Err(e) = spawned {
+        eprintln!("orca-runner: cannot start the source pump: {e}");
+    }
+    rx
+}
+
+/// Sets a flag when dropped: the engine is gone, however the attempt ended.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Writes a line of the runner's own to the attempt's log and our stdout.
+async fn say(prefix: &str, file: &tokio::sync::Mutex<tokio::fs::File>, line: &str) {
+    println!("{prefix} {line}");
+    let mut f = file.lock().await;
+    let _ = f.write_all(line.as_bytes()).await;
+    let _ = f.write_all(b"\n").await;
+}
+
 /// The engine's progress, written to the attempt's log and our stdout when
 /// it committed another epoch since the last look.
 async fn engine_progress(
@@ -187,10 +240,7 @@ async fn engine_progress(
         committed.unwrap_or(0),
         status["rows"].as_u64().unwrap_or(0)
     );
-    println!("{prefix} {line}");
-    let mut f = file.lock().await;
-    let _ = f.write_all(line.as_bytes()).await;
-    let _ = f.write_all(b"\n").await;
+    say(prefix, file, &line).await;
 }
 
 /// Runs the attempt to its end. `release` turning true asks it to stop the
@@ -211,7 +261,9 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let socket =
         (l.command == "sync").then(|| shared.sockets.join(format!("attempt-{}.sock", l.attempt)));
     let socket = socket.as_deref();
-    let mut child = match spawn_child(&shared, &l, &log, socket) {
+    let edge =
+        (l.command == "sync").then(|| shared.sockets.join(format!("attempt-{}.edge", l.attempt)));
+    let mut child = match spawn_child(&shared, &l, &log, socket, edge.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             let program = if l.command == "sync" {
@@ -224,6 +276,8 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
+    let engine_gone = SetOnDrop(Arc::new(AtomicBool::new(false)));
+    let source_pump = edge.map(|e| start_source_pump(e, engine_gone.0.clone()));
     let last = Arc::new(Mutex::new(None));
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -278,6 +332,19 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     };
     for p in pumps {
         let _ = p.await;
+    }
+    drop(engine_gone);
+    if let Some(rx) = source_pump {
+        let line = match tokio::time::timeout(PUMP_LAST_WORD, rx).await {
+            Ok(Ok(Ok(p))) => format!(
+                "runner: source pump sent {} rows in {} chunks of {} streams",
+                p.rows, p.chunks, p.streams
+            ),
+            Ok(Ok(Err(e))) => format!("runner: source pump: {e}"),
+            Ok(Err(_)) => "runner: source pump: its thread ended without a word".into(),
+            Err(_) => "runner: source pump: still reading as the engine exited".into(),
+        };
+        say(&prefix, &file, &line).await;
     }
     match status {
         Ok(s) if s.success() => report(&shared, &l, true, None).await,

@@ -245,8 +245,12 @@ async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incremen
         .expect("checkpoints")
         .count();
     assert!(records >= 30, "{records} records");
+    // (A SIGKILL in the middle of a log's write can leave the store's
+    // temporary file beside it: only the logs count.)
     let logs = std::fs::read_dir(store.join("default/shop/_logs"))
         .expect("logs")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
         .count();
     assert_eq!(
         logs, 3,
@@ -754,6 +758,15 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
             .expect("attempt log");
     assert!(log.contains(r#""event":"done""#), "{log}");
     assert!(log.contains(&format!(r#""run":"{second}""#)), "{log}");
+    // The runner hosted the source: its pump read the rows after HEAD and
+    // sent them to the engine over the data edge.
+    assert!(log.contains(r#""event":"edge""#), "{log}");
+    let pumped = format!(
+        "runner: source pump sent {} rows in {} chunks of 1 streams",
+        rows - stopped_at * 2_000,
+        200 - stopped_at
+    );
+    assert!(log.contains(&pumped), "{pumped}\n{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -937,6 +950,77 @@ async fn a_runner_shutting_down_stops_its_engine_at_a_resume_point_and_hands_the
     let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{run}/attempt-1.log")))
         .expect("attempt log");
     assert!(log.contains(r#""stopped":true"#), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A runner that dies (SIGKILL, its engine left running) takes its source
+/// pump with it: the engine finds the data edge closed, fails the attempt
+/// with that reason and exits instead of going on unwatched; what HEAD names
+/// stays visible, nothing after it.
+#[tokio::test]
+async fn an_engine_whose_runner_died_stops_when_its_data_edge_closes() {
+    let db = TestDb::new().await;
+    make_source(&db, 400_000).await;
+    let dir = scratch("runner-dies");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url(), "batch_rows": 500}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({}),
+        "at_least_once",
+    )
+    .await;
+    let mut runner = sync_runner(&db, &store, &logs);
+    sqlx::query("SELECT orca.run('shop', 'now')")
+        .execute(&db.pool)
+        .await
+        .expect("run now");
+    let t0 = Instant::now();
+    while head(&db).await.0 < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the sync made no progress\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The runner alone: its engine lives on, orphaned.
+    let status = Command::new("kill")
+        .args(["-KILL", &runner.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let t0 = Instant::now();
+    let log = loop {
+        let log = log_of(&store, 1);
+        if log.contains(r#""event":"failed""#) {
+            break log;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the engine went on without its runner: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        log.contains("the runner's source pump closed the edge before the stream ended"),
+        "{log}"
+    );
+    let stopped_at = head(&db).await.0;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        head(&db).await.0,
+        stopped_at,
+        "HEAD stopped with the engine"
+    );
+    assert!(stopped_at < 800, "stopped mid-sync, at epoch {stopped_at}");
+    let (n, ids, _, _) = tally(&published(&out, "orders"));
+    assert_eq!(
+        (n, ids),
+        ((stopped_at * 500) as usize, (stopped_at * 500) as usize)
+    );
+    runner.kill();
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -5,7 +5,11 @@
 //! - raw `COPY table TO STDOUT (FORMAT binary)`, read and thrown away: the
 //!   ceiling, since every sync must at least get the bytes out;
 //! - orca-engine: one attempt of a sync (Postgres source, parquet
-//!   destination) with its checkpoints, staging and commits;
+//!   destination) with its checkpoints, staging and commits, the engine
+//!   reading the source itself (`orca-engine sync` without a runner);
+//! - orca-edge: the same with the source read by a source pump (as a runner
+//!   hosts it, here on a thread) and sent to the engine as frames over the
+//!   data edge, a Unix socket: how a runner runs a sync;
 //! - dlt (`DLT_PYTHON`, `DLT_SCRIPT`), if given: the same table with dlt's
 //!   pyarrow backend into its filesystem destination as Parquet.
 //!
@@ -13,10 +17,13 @@
 
 use std::io::Read;
 use std::process::Command;
-use std::time::Instant;
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use orca_engine::attempt::{self, Options};
+use orca_engine::pump;
 
 const TABLE: &str = "bench_rows";
 
@@ -103,8 +110,8 @@ fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
     Ok((rows as u64, secs, bytes))
 }
 
-fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
-    let name = format!("bench_{}", std::process::id());
+fn orca(url: &str, out: &std::path::Path, edge: bool) -> Result<(u64, f64)> {
+    let name = format!("bench_{}_{}", std::process::id(), u8::from(edge));
     let mut c = postgres::Client::connect(url, postgres::NoTls)?;
     let source = serde_json::json!({"type": "postgres", "url": url});
     let dest = serde_json::json!({"type": "parquet", "url": out.join("data").to_string_lossy()});
@@ -125,10 +132,26 @@ fn orca(url: &str, out: &std::path::Path) -> Result<(u64, f64)> {
         lanes: std::env::var("LANES").ok().and_then(|s| s.parse().ok()),
         lease: None,
         control: None,
+        edge: edge.then(|| out.join("edge.sock")),
     };
     let started = Instant::now();
+    let source_pump = opts.edge.clone().map(|path| {
+        std::thread::spawn(move || {
+            let gone = AtomicBool::new(false);
+            pump::connect(&path, Duration::from_secs(30), &gone).and_then(pump::serve)
+        })
+    });
     let o = attempt::run(&opts)?;
-    Ok((o.rows, started.elapsed().as_secs_f64()))
+    let secs = started.elapsed().as_secs_f64();
+    if let Some(p) = source_pump {
+        match p.join() {
+            Ok(Ok(p)) if p.rows == o.rows => {}
+            Ok(Ok(p)) => bail!("the pump sent {} rows, the engine took {}", p.rows, o.rows),
+            Ok(Err(e)) => bail!("source pump: {e}"),
+            Err(_) => bail!("the source pump panicked"),
+        }
+    }
+    Ok((o.rows, secs))
 }
 
 fn dlt(url: &str, out: &std::path::Path) -> Result<Option<(u64, f64, String)>> {
@@ -174,12 +197,16 @@ fn main() -> Result<()> {
         rows: copy_rows,
         seconds: copy_secs,
     }];
-    let (orca_rows, orca_secs) = orca(&url, &work.join("orca"))?;
-    figures.push(Figure {
-        name: "orca-engine",
-        rows: orca_rows,
-        seconds: orca_secs,
-    });
+    for (name, edge) in [("orca-engine", false), ("orca-edge", true)] {
+        let dir = work.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let (rows, seconds) = orca(&url, &dir, edge)?;
+        figures.push(Figure {
+            name,
+            rows,
+            seconds,
+        });
+    }
     let mut dlt_label = None;
     if let Some((r, s, label)) = dlt(&url, &work.join("dlt"))? {
         figures.push(Figure {
@@ -216,14 +243,19 @@ fn main() -> Result<()> {
             .find(|f| f.name == n)
             .map(|f| f.rows as f64 / f.seconds)
     };
-    if let (Some(o), Some(c)) = (rate("orca-engine"), rate("copy-binary")) {
-        println!(
-            "RATIO orca-engine / copy-binary = {:.2} (target >= 0.50)",
-            o / c
-        );
+    for orca in ["orca-engine", "orca-edge"] {
+        if let (Some(o), Some(c)) = (rate(orca), rate("copy-binary")) {
+            println!("RATIO {orca} / copy-binary = {:.2} (target >= 0.50)", o / c);
+        }
+        if let (Some(o), Some(d)) = (rate(orca), rate("dlt")) {
+            println!("RATIO {orca} / dlt = {:.2} (target >= 3)", o / d);
+        }
     }
-    if let (Some(o), Some(d)) = (rate("orca-engine"), rate("dlt")) {
-        println!("RATIO orca-engine / dlt = {:.2} (target >= 3)", o / d);
+    if let (Some(e), Some(o)) = (rate("orca-edge"), rate("orca-engine")) {
+        println!(
+            "RATIO orca-edge / orca-engine = {:.2} (the data edge's cost)",
+            e / o
+        );
     }
     let _ = std::fs::remove_dir_all(&work);
     Ok(())

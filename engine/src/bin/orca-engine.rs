@@ -49,6 +49,11 @@ enum Command {
         /// stop; docs/syncs.md, "The control channel"); a runner passes one per attempt.
         #[arg(long, env = "ORCA_ENGINE_CONTROL")]
         control: Option<std::path::PathBuf>,
+        /// Listen on this Unix socket for the runner's source pump, which
+        /// reads the source and sends it as frames (docs/syncs.md, "Data
+        /// edges"); without it the engine reads the source itself.
+        #[arg(long)]
+        edge: Option<std::path::PathBuf>,
     },
     /// Writes the cells the destination could not take (kept under
     /// `_held/`) into their rows, where they are still null.
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
             lanes,
             lease,
             control,
+            edge,
         } => {
             let opts = Options {
                 database_url: at.database_url,
@@ -132,6 +138,7 @@ fn main() -> ExitCode {
                 lanes: lanes.map(usize::from),
                 lease,
                 control,
+                edge,
             };
             match attempt::run(&opts) {
                 Ok(o) => {

@@ -1,0 +1,514 @@
+//! The engine's inbound data edge: a Unix socket the runner's source pump
+//! ([`crate::pump`]) connects to. The engine sends the open frame with its
+//! plan; one thread then reads the pump's frames and hands each stream's
+//! chunks to the attempt through a channel of one per stream, as its own
+//! readers would: the attempt cannot tell them apart.
+//!
+//! The thread checks the edge as it goes: a frame of a stream the plan does
+//! not have, of the wrong epoch, after the stream's end, or an edge that
+//! closes before every stream ended, fails the stream with a reason.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, RecordBatch};
+
+use crate::attempt::EngineError;
+use crate::files::FileChunk;
+use crate::frame::{read_frame, write_frame, Frame, ANY_STREAM};
+use crate::normalize::StreamSchema;
+use crate::pump::{raw_records, Plan, ORCA_ID};
+use crate::readers::{Msg, Reader, Shape};
+
+/// How long the engine waits for the runner's pump to connect.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
+
+/// A listening data edge.
+pub struct Edge {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Edge {
+    /// Listens on `path`, a socket file this engine owns (one an engine that
+    /// died left behind is replaced).
+    pub fn listen(path: &Path) -> std::io::Result<Edge> {
+        let listener = crate::control::bind_owned(path)?;
+        listener.set_nonblocking(true)?;
+        Ok(Edge {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn err(&self, reason: String) -> EngineError {
+        EngineError::Edge {
+            path: self.path.display().to_string(),
+            reason,
+        }
+    }
+
+    /// Waits for the pump, sends it the plan and returns a reader per
+    /// stream of the plan, fed from the edge. `stop` is asked while waiting.
+    pub(crate) fn open(
+        &self,
+        plan: &Plan,
+        first_epoch: u64,
+        stop: impl Fn() -> bool,
+    ) -> Result<Vec<Reader>, EngineError> {
+        let first = u32::try_from(first_epoch)
+            .map_err(|_| self.err(format!("epoch {first_epoch} does not fit a frame")))?;
+        let started = Instant::now();
+        let conn = loop {
+            match self.listener.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if started.elapsed() > CONNECT_WAIT || stop() {
+                        return Err(self.err(format!(
+                            "no source pump connected within {CONNECT_WAIT:?} (a runner \
+                             connects one; without a runner, leave out --edge and the \
+                             engine reads the source itself)"
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(self.err(format!("accepting the pump: {e}"))),
+            }
+        };
+        let io = |e: std::io::Error| self.err(e.to_string());
+        conn.set_nonblocking(false).map_err(io)?;
+        let mut out = BufWriter::new(conn.try_clone().map_err(io)?);
+        let open = Frame::Open {
+            first_epoch: first,
+            plan: serde_json::to_value(plan).map_err(|e| self.err(e.to_string()))?,
+        };
+        write_frame(&mut out, &open).map_err(|e| self.err(e.to_string()))?;
+        out.flush().map_err(io)?;
+
+        let mut senders = Vec::new();
+        let mut readers = Vec::new();
+        for s in &plan.start {
+            let (tx, rx) = sync_channel(1);
+            senders.push(tx);
+            readers.push(Reader {
+                name: s.name.clone(),
+                shape: Shape::Inferred(StreamSchema::default()),
+                rx,
+                handle: None,
+                done: false,
+            });
+        }
+        let demux = Demux {
+            names: plan.start.iter().map(|s| s.name.clone()).collect(),
+            typed: plan.typed(),
+            senders,
+            pending: vec![Vec::new(); plan.start.len()],
+            epochs: vec![first; plan.start.len()],
+            ended: vec![false; plan.start.len()],
+        };
+        let handle = std::thread::Builder::new()
+            .name("edge".into())
+            .spawn(move || demux.run(conn))
+            .map_err(|e| self.err(format!("starting its thread: {e}")))?;
+        if let Some(r) = readers.first_mut() {
+            r.handle = Some(handle);
+        }
+        Ok(readers)
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The edge's reading end: frames in, each stream's chunks out.
+struct Demux {
+    names: Vec<String>,
+    typed: bool,
+    senders: Vec<SyncSender<Result<Msg, EngineError>>>,
+    /// Each stream's batches since its last barrier.
+    pending: Vec<Vec<RecordBatch>>,
+    /// The epoch each stream's next chunk belongs to.
+    epochs: Vec<u32>,
+    ended: Vec<bool>,
+}
+
+/// The attempt stopped listening: nothing more to hand over.
+struct Gone;
+
+impl Demux {
+    fn run(mut self, conn: UnixStream) {
+        let mut input = BufReader::with_capacity(1 << 20, conn);
+        loop {
+            let frame = match read_frame(&mut input) {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    self.fail_open(
+                        "the runner's source pump closed the edge before the stream ended",
+                    );
+                    return;
+                }
+                Err(e) => {
+                    self.fail_open(&format!("the data edge failed: {e}"));
+                    return;
+                }
+            };
+            match self.take(frame) {
+                Ok(true) => {}
+                // Every stream ended, or the attempt is gone.
+                Ok(false) | Err(Gone) => return,
+            }
+        }
+    }
+
+    /// Fails every stream that has not ended, in order (the attempt takes
+    /// them in that order, so no send waits for ever).
+    fn fail_open(&self, reason: &str) {
+        for (i, tx) in self.senders.iter().enumerate() {
+            if !self.ended[i] {
+                let e = EngineError::Reader {
+                    stream: self.names[i].clone(),
+                    reason: reason.to_string(),
+                };
+                if tx.send(Err(e)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fail(&self, stream: usize, reason: String) -> Result<bool, Gone> {
+        let e = EngineError::Reader {
+            stream: self.names[stream].clone(),
+            reason,
+        };
+        let _ = self.senders[stream].send(Err(e));
+        Err(Gone)
+    }
+
+    /// Takes one frame; Ok(false) once every stream has ended.
+    fn take(&mut self, frame: Frame) -> Result<bool, Gone> {
+        let (stream, epoch) = match &frame {
+            Frame::Batch { stream, epoch, .. } | Frame::Barrier { stream, epoch, .. } => {
+                (*stream, Some(*epoch))
+            }
+            Frame::End { stream, .. } => (*stream, None),
+            Frame::Error { stream, reason } => {
+                let reason = format!("the runner's source: {reason}");
+                match usize::from(*stream) {
+                    i if i < self.names.len() => return self.fail(i, reason),
+                    _ if *stream == ANY_STREAM => {
+                        self.fail_open(&reason);
+                        return Err(Gone);
+                    }
+                    _ => {}
+                }
+                self.fail_open(&format!(
+                    "an error frame of unknown stream {stream}: {reason}"
+                ));
+                return Err(Gone);
+            }
+            Frame::Open { .. } => {
+                self.fail_open("the runner sent an open frame; only the engine opens an edge");
+                return Err(Gone);
+            }
+        };
+        let i = usize::from(stream);
+        if i >= self.names.len() {
+            self.fail_open(&format!(
+                "a frame of stream {stream}, which the plan does not have"
+            ));
+            return Err(Gone);
+        }
+        if self.ended[i] {
+            return self.fail(i, "a frame after the stream's end".into());
+        }
+        if let Some(e) = epoch.filter(|e| *e != self.epochs[i]) {
+            return self.fail(
+                i,
+                format!(
+                    "a frame of epoch {e} on the data edge where epoch {} was due",
+                    self.epochs[i]
+                ),
+            );
+        }
+        let msg = match frame {
+            Frame::Batch { batch, .. } => {
+                self.pending[i].push(batch);
+                return Ok(true);
+            }
+            Frame::Barrier { position, .. } => {
+                self.epochs[i] = self.epochs[i].saturating_add(1);
+                let batches = std::mem::take(&mut self.pending[i]);
+                match self.chunk(batches, position) {
+                    Ok(m) => m,
+                    Err(reason) => return self.fail(i, reason),
+                }
+            }
+            Frame::End { bytes, .. } => {
+                if !self.pending[i].is_empty() {
+                    return self.fail(i, "rows after the stream's last barrier".into());
+                }
+                self.ended[i] = true;
+                Msg::End { bytes }
+            }
+            Frame::Error { .. } | Frame::Open { .. } => return Err(Gone),
+        };
+        if self.senders[i].send(Ok(msg)).is_err() {
+            return Err(Gone);
+        }
+        Ok(!self.ended.iter().all(|e| *e))
+    }
+
+    /// A chunk from the batches before a barrier.
+    fn chunk(&self, batches: Vec<RecordBatch>, last: Vec<String>) -> Result<Msg, String> {
+        let Some(schema) = batches.first().map(|b| b.schema()) else {
+            return Err("a barrier with no batch before it".into());
+        };
+        let batch = arrow_select::concat::concat_batches(&schema, &batches)
+            .map_err(|e| format!("the batches before a barrier: {e}"))?;
+        if !self.typed {
+            return Ok(Msg::Raw(FileChunk {
+                records: raw_records(&batch)?,
+                last,
+            }));
+        }
+        let rows = batch.num_rows();
+        let mut arrays: Vec<ArrayRef> = batch.columns().to_vec();
+        let is_id = schema.fields().last().map(|f| f.name().as_str()) == Some(ORCA_ID);
+        let ids = arrays
+            .pop()
+            .filter(|_| is_id)
+            .ok_or_else(|| format!("a typed batch ends without its {ORCA_ID} column"))?;
+        Ok(Msg::Chunk {
+            arrays,
+            ids,
+            last,
+            rows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::pump::{self, Start};
+
+    /// A scratch folder of JSON lines files, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch() -> Scratch {
+        let dir = std::env::temp_dir().join(format!("orca-edge-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("orders")).expect("scratch dir");
+        std::fs::write(
+            dir.join("orders/2024-01.jsonl"),
+            "{\"id\": 1, \"amount\": 2.5}\n{\"id\": 2}\nnot json\n",
+        )
+        .expect("file");
+        std::fs::write(
+            dir.join("orders/2024-02.jsonl"),
+            "{\"id\": 3, \"note\": \"ünïcode\"}\n",
+        )
+        .expect("file");
+        Scratch(dir)
+    }
+
+    fn plan(dir: &Path, after: Option<Vec<String>>) -> Plan {
+        Plan {
+            sync: "mirror".into(),
+            source: json!({"type": "files", "format": "jsonl", "url": dir.display().to_string()}),
+            streams: json!([{"name": "orders", "pattern": "orders/*.jsonl"}]),
+            batch_rows: 2,
+            start: vec![Start {
+                name: "orders".into(),
+                after,
+                recorded: Vec::new(),
+            }],
+        }
+    }
+
+    /// What a reader hands the attempt, in a comparable form.
+    fn drain(readers: Vec<Reader>) -> Vec<Result<String, String>> {
+        let mut seen = Vec::new();
+        for r in readers {
+            loop {
+                let said = match r.rx.recv() {
+                    Ok(Ok(Msg::Raw(c))) => {
+                        let records: Vec<String> = c
+                            .records
+                            .iter()
+                            .map(|r| match r {
+                                Ok(raw) => format!("{} {}", raw.position, raw.record),
+                                Err((raw, why)) => {
+                                    format!("{} {} ({why})", raw.position, raw.record)
+                                }
+                            })
+                            .collect();
+                        Ok(format!("{} up to {:?}", records.join(" | "), c.last))
+                    }
+                    Ok(Ok(Msg::End { bytes })) => Ok(format!("end {bytes}")),
+                    Ok(Ok(Msg::Chunk { rows, .. })) => Ok(format!("{rows} typed rows")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("hung up".into()),
+                };
+                let last = !matches!(said, Ok(ref s) if !s.starts_with("end"));
+                seen.push(said);
+                if last {
+                    break;
+                }
+            }
+        }
+        seen
+    }
+
+    fn with_pump(dir: &Path, plan: &Plan, first_epoch: u64) -> Vec<Result<String, String>> {
+        let edge = Edge::listen(&dir.join("edge.sock")).expect("listen");
+        let path = dir.join("edge.sock");
+        let pump = std::thread::spawn(move || {
+            let gone = AtomicBool::new(false);
+            pump::connect(&path, Duration::from_secs(10), &gone).and_then(pump::serve)
+        });
+        let readers = edge.open(plan, first_epoch, || false).expect("open");
+        let seen = drain(readers);
+        let _ = pump.join();
+        seen
+    }
+
+    #[test]
+    fn the_edge_hands_over_what_the_engine_would_read_itself() {
+        let s = scratch();
+        for after in [
+            None,
+            Some(vec!["orders/2024-01.jsonl".to_string(), "35".to_string()]),
+        ] {
+            let p = plan(&s.0, after);
+            let here = drain(pump::open_readers(&p).expect("readers"));
+            let over_edge = with_pump(&s.0, &p, 7);
+            assert_eq!(over_edge, here);
+            assert!(here.iter().all(Result::is_ok), "{here:?}");
+        }
+        let all = drain(pump::open_readers(&plan(&s.0, None)).expect("readers"));
+        // Batches of two records, the line that is not JSON among them with
+        // its reason, then the stream's end.
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(
+            all[1].as_ref().is_ok_and(|c| c.contains("ünïcode")),
+            "{all:?}"
+        );
+        assert!(
+            all[0].as_ref().is_ok_and(|c| c.contains("\"amount\":2.5")),
+            "{all:?}"
+        );
+    }
+
+    #[test]
+    fn a_source_the_pump_cannot_read_fails_the_stream_with_its_reason() {
+        let s = scratch();
+        let mut p = plan(&s.0, None);
+        p.source["format"] = json!("xml");
+        let seen = with_pump(&s.0, &p, 1);
+        assert_eq!(seen.len(), 1);
+        let e = seen[0].as_ref().expect_err("an error");
+        assert!(
+            e.contains("the runner's source") && e.contains("xml"),
+            "{e}"
+        );
+    }
+
+    /// A hand-written pump that sends `frames` after the open frame.
+    fn fake_pump(dir: &Path, frames: Vec<Frame>) -> Vec<Result<String, String>> {
+        let path = dir.join("edge.sock");
+        let edge = Edge::listen(&path).expect("listen");
+        let pump = std::thread::spawn(move || {
+            let gone = AtomicBool::new(false);
+            let conn = pump::connect(&path, Duration::from_secs(10), &gone).expect("connect");
+            let mut input = BufReader::new(conn.try_clone().expect("clone"));
+            let open = read_frame(&mut input).expect("open frame");
+            assert!(matches!(open, Some(Frame::Open { first_epoch: 5, .. })));
+            let mut out = BufWriter::new(conn);
+            for f in &frames {
+                write_frame(&mut out, f).expect("write");
+            }
+            out.flush().expect("flush");
+        });
+        let readers = edge.open(&plan(dir, None), 5, || false).expect("open");
+        pump.join().expect("fake pump");
+        drain(readers)
+    }
+
+    /// A raw batch of one record.
+    fn raw(position: &str) -> RecordBatch {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(arrow_array::StringArray::from(vec![position])),
+            Arc::new(arrow_array::StringArray::from(vec!["{\"id\":1}"])),
+            Arc::new(arrow_array::StringArray::from(vec![None::<&str>])),
+        ];
+        RecordBatch::try_new(Arc::new(pump::raw_schema()), cols).expect("batch")
+    }
+
+    #[test]
+    fn a_broken_edge_fails_the_stream_and_names_what_broke() {
+        let s = scratch();
+        let batch = |epoch| Frame::Batch {
+            stream: 0,
+            epoch,
+            batch: raw("a:1"),
+        };
+        let barrier = |epoch| Frame::Barrier {
+            stream: 0,
+            epoch,
+            position: vec!["a".into(), "1".into()],
+        };
+        // The pump goes away after one epoch.
+        let seen = fake_pump(&s.0, vec![batch(5), barrier(5)]);
+        assert!(seen[0].is_ok(), "{seen:?}");
+        let e = seen[1].as_ref().expect_err("closed");
+        assert!(e.contains("closed the edge before the stream ended"), "{e}");
+        // A frame of an epoch that is not due.
+        let seen = fake_pump(&s.0, vec![batch(5), barrier(5), batch(9)]);
+        let e = seen[1].as_ref().expect_err("wrong epoch");
+        assert!(
+            e.contains("epoch 9") && e.contains("epoch 6 was due"),
+            "{e}"
+        );
+        // A stream the plan does not have.
+        let seen = fake_pump(
+            &s.0,
+            vec![Frame::End {
+                stream: 3,
+                bytes: 0,
+            }],
+        );
+        let e = seen[0].as_ref().expect_err("unknown stream");
+        assert!(e.contains("stream 3"), "{e}");
+        // Rows after the last barrier, then the end.
+        let seen = fake_pump(
+            &s.0,
+            vec![
+                batch(5),
+                Frame::End {
+                    stream: 0,
+                    bytes: 0,
+                },
+            ],
+        );
+        let e = seen[0].as_ref().expect_err("rows without a barrier");
+        assert!(e.contains("after the stream's last barrier"), "{e}");
+    }
+}

@@ -1,0 +1,356 @@
+//! The source pump: the runner's end of an engine's inbound data edge.
+//!
+//! A runner hosts the sync's source connector. The engine, once it has
+//! claimed the sync and recovered, sends an **open** frame with a [`Plan`]:
+//! the source, its streams and where each resumes. The pump starts one
+//! reader per stream and sends what they read as frames, a round of streams
+//! at a time in the plan's order (the order the engine takes them in): each
+//! chunk a **batch** and a **barrier** carrying the resume point after it,
+//! then an **end** per stream. A chunk of stream N is the stream's
+//! contribution to one epoch, so its frames carry the epoch it belongs to
+//! (the open frame's first epoch, plus how many chunks the stream sent
+//! before).
+//!
+//! A typed source (a Postgres table) sends its columns in the types it
+//! declares plus `_orca_id`; a files source sends raw records (`position`,
+//! `record` as JSON text, `error`: why a line is not a record), which the
+//! engine normalizes.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::attempt::{str_of, stream_specs, EngineError};
+use crate::files::{FileChunk, Format, RawRecords};
+use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
+use crate::normalize::Raw;
+use crate::pgsource;
+use crate::readers::{spawn_file_reader, spawn_reader, Msg, Reader, Shape};
+
+/// What the engine asks a pump to read.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Plan {
+    pub sync: String,
+    /// The definition's `source` (type, url, format, ...).
+    pub source: Value,
+    /// The definition's `streams`.
+    pub streams: Value,
+    /// Rows per stream per epoch.
+    pub batch_rows: usize,
+    /// The streams to read, in frame order (a frame's `stream` is an index
+    /// here).
+    pub start: Vec<Start>,
+}
+
+/// Where one stream resumes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Start {
+    pub name: String,
+    /// The resume point (None: from the stream's start).
+    pub after: Option<Vec<String>>,
+    /// The stream's schema as the checkpoint log recorded it, which a
+    /// `freeze` or `discard` schema policy keeps the source's columns to.
+    pub recorded: Vec<(String, String)>,
+}
+
+impl Plan {
+    /// The source sends typed columns (a Postgres table), not raw records.
+    pub fn typed(&self) -> bool {
+        self.source.get("type").and_then(Value::as_str) == Some("postgres")
+    }
+}
+
+/// Starts a reader thread per stream of the plan, reading the source
+/// itself. The engine reading without a runner does this too.
+pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, EngineError> {
+    let url = str_of(&plan.source, "url")?;
+    let definition = serde_json::json!({ "streams": plan.streams });
+    match str_of(&plan.source, "type")?.as_str() {
+        "postgres" => {
+            let specs = stream_specs(&definition)?;
+            let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+            plan.start
+                .iter()
+                .map(|s| {
+                    let spec = specs.iter().find(|p| p.name == s.name).ok_or_else(|| {
+                        EngineError::Definition(format!("stream {} is not defined", s.name))
+                    })?;
+                    let table = pgsource::describe(&mut probe, spec)?.under_policy(&s.recorded)?;
+                    spawn_reader(url.clone(), table, s.after.clone(), plan.batch_rows)
+                })
+                .collect()
+        }
+        "files" => {
+            let format = Format::parse(&str_of(&plan.source, "format")?).ok_or_else(|| {
+                EngineError::Definition(format!(
+                    "source.format of {} is not jsonl or csv",
+                    plan.source
+                ))
+            })?;
+            plan.start
+                .iter()
+                .map(|s| {
+                    let def = plan
+                        .streams
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|d| d.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
+                        .ok_or_else(|| {
+                            EngineError::Definition(format!("stream {} is not defined", s.name))
+                        })?;
+                    spawn_file_reader(
+                        url.clone(),
+                        format,
+                        s.name.clone(),
+                        str_of(def, "pattern")?,
+                        s.after.clone(),
+                        plan.batch_rows,
+                    )
+                })
+                .collect()
+        }
+        other => Err(EngineError::NotBuilt(format!(
+            "the {other} source's data path"
+        ))),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PumpError {
+    #[error("data edge {path}: no engine listening within {waited:?}: {source}")]
+    Connect {
+        path: String,
+        waited: Duration,
+        source: std::io::Error,
+    },
+    #[error("data edge: {0}")]
+    Frame(#[from] FrameError),
+    #[error("data edge: the engine's first frame is not an open frame")]
+    NoOpen,
+    #[error("data edge: the engine closed it before sending its plan (its log says why)")]
+    Closed,
+    #[error("data edge: the engine's plan: {0}")]
+    Plan(String),
+    #[error("source: {0}")]
+    Source(#[from] EngineError),
+}
+
+/// What a pump sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pumped {
+    pub streams: usize,
+    pub chunks: u64,
+    pub rows: u64,
+}
+
+/// Connects to the engine's data edge at `path`, trying again while the
+/// engine is starting, until `wait` passes or `give_up` turns true (the
+/// engine exited before listening).
+pub fn connect(path: &Path, wait: Duration, give_up: &AtomicBool) -> Result<UnixStream, PumpError> {
+    let started = Instant::now();
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e) if started.elapsed() >= wait || give_up.load(Ordering::Relaxed) => {
+                return Err(PumpError::Connect {
+                    path: path.display().to_string(),
+                    waited: started.elapsed(),
+                    source: e,
+                })
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Serves one engine over its data edge: reads its plan, reads the source
+/// and sends the streams' frames until every stream ended. A source error
+/// goes to the engine as an error frame before it is returned.
+pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
+    let mut input = BufReader::new(conn.try_clone().map_err(FrameError::Io)?);
+    let mut out = BufWriter::with_capacity(1 << 20, conn);
+    let (first_epoch, plan) = match read_frame(&mut input)? {
+        Some(Frame::Open { first_epoch, plan }) => (first_epoch, plan),
+        Some(_) => return Err(PumpError::NoOpen),
+        None => return Err(PumpError::Closed),
+    };
+    let plan: Plan = serde_json::from_value(plan).map_err(|e| PumpError::Plan(e.to_string()))?;
+    let mut readers = match open_readers(&plan) {
+        Ok(r) => r,
+        Err(e) => {
+            tell(&mut out, ANY_STREAM, &e);
+            return Err(e.into());
+        }
+    };
+    let mut epochs = vec![first_epoch; readers.len()];
+    let mut pumped = Pumped {
+        streams: readers.len(),
+        ..Pumped::default()
+    };
+    loop {
+        let mut open = false;
+        for (i, r) in readers.iter_mut().enumerate().filter(|(_, r)| !r.done) {
+            open = true;
+            let stream = u16::try_from(i).unwrap_or(ANY_STREAM);
+            let msg = match r.rx.recv() {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    tell(&mut out, stream, &e);
+                    return Err(e.into());
+                }
+                Err(_) => {
+                    let e = EngineError::Reader {
+                        stream: r.name.clone(),
+                        reason: "its reader stopped without saying why".into(),
+                    };
+                    tell(&mut out, stream, &e);
+                    return Err(e.into());
+                }
+            };
+            let (batch, position) = match msg {
+                Msg::Chunk {
+                    arrays, ids, last, ..
+                } => (typed_batch(r, arrays, ids)?, last),
+                Msg::Raw(chunk) => raw_batch(chunk)?,
+                Msg::End { bytes } => {
+                    r.done = true;
+                    write_frame(&mut out, &Frame::End { stream, bytes })?;
+                    continue;
+                }
+            };
+            pumped.chunks += 1;
+            pumped.rows += batch.num_rows() as u64;
+            let epoch = epochs[i];
+            write_frame(
+                &mut out,
+                &Frame::Batch {
+                    stream,
+                    epoch,
+                    batch,
+                },
+            )?;
+            write_frame(
+                &mut out,
+                &Frame::Barrier {
+                    stream,
+                    epoch,
+                    position,
+                },
+            )?;
+            epochs[i] = epoch.saturating_add(1);
+        }
+        // A round of streams is an epoch's worth: the engine can stage it.
+        out.flush().map_err(FrameError::Io)?;
+        if !open {
+            return Ok(pumped);
+        }
+    }
+}
+
+/// Tells the engine why the source failed, as far as the edge still works:
+/// the error is returned to the runner either way.
+fn tell(out: &mut BufWriter<UnixStream>, stream: u16, e: &EngineError) {
+    let _ = write_frame(
+        out,
+        &Frame::Error {
+            stream,
+            reason: e.to_string(),
+        },
+    );
+    let _ = out.flush();
+}
+
+/// A table chunk's columns under their names, and `_orca_id` last.
+fn typed_batch(r: &Reader, arrays: Vec<ArrayRef>, ids: ArrayRef) -> Result<RecordBatch, PumpError> {
+    let Shape::Table(table) = &r.shape else {
+        return Err(PumpError::Plan(format!(
+            "stream {} read typed rows without a table",
+            r.name
+        )));
+    };
+    let mut fields: Vec<Field> = table
+        .columns
+        .iter()
+        .zip(&arrays)
+        .map(|(c, a)| Field::new(&c.name, a.data_type().clone(), true))
+        .collect();
+    fields.push(Field::new(ORCA_ID, ids.data_type().clone(), false));
+    let mut columns = arrays;
+    columns.push(ids);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| PumpError::Frame(FrameError::Arrow(e)))
+}
+
+/// The `_orca_id` column of a typed batch on the edge.
+pub const ORCA_ID: &str = "_orca_id";
+
+/// The columns of a raw batch on the edge.
+pub fn raw_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("position", DataType::Utf8, false),
+        Field::new("record", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, true),
+    ])
+}
+
+/// A files chunk as a batch of raw records, and its resume point.
+fn raw_batch(chunk: FileChunk) -> Result<(RecordBatch, Vec<String>), PumpError> {
+    let n = chunk.records.len();
+    let (mut position, mut record, mut error) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for r in &chunk.records {
+        let (raw, why) = match r {
+            Ok(raw) => (raw, None),
+            Err((raw, why)) => (raw, Some(why.as_str())),
+        };
+        position.push(raw.position.as_str());
+        record.push(raw.record.to_string());
+        error.push(why);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(position)),
+        Arc::new(StringArray::from(record)),
+        Arc::new(StringArray::from(error)),
+    ];
+    let batch = RecordBatch::try_new(Arc::new(raw_schema()), columns)
+        .map_err(|e| PumpError::Frame(FrameError::Arrow(e)))?;
+    Ok((batch, chunk.last))
+}
+
+/// Raw records back from a batch on the edge.
+pub(crate) fn raw_records(batch: &RecordBatch) -> Result<RawRecords, String> {
+    let col = |name: &str| {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .ok_or_else(|| format!("a raw batch has no text column {name:?}"))
+    };
+    let (position, record, error) = (col("position")?, col("record")?, col("error")?);
+    (0..batch.num_rows())
+        .map(|i| {
+            let raw = Raw {
+                position: position.value(i).to_string(),
+                seq: 0,
+                record: serde_json::from_str(record.value(i))
+                    .map_err(|e| format!("record at {}: {e}", position.value(i)))?,
+            };
+            Ok(if error.is_null(i) {
+                Ok(raw)
+            } else {
+                Err((raw, error.value(i).to_string()))
+            })
+        })
+        .collect()
+}
