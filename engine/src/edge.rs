@@ -18,7 +18,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 
 use crate::attempt::EngineError;
 use crate::files::FileChunk;
-use crate::frame::{read_frame, write_frame, Frame, ANY_STREAM};
+use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::normalize::StreamSchema;
 use crate::pump::{raw_records, Plan, ORCA_ID};
 use crate::readers::{Msg, Reader, Shape};
@@ -150,6 +150,13 @@ impl Demux {
                 Ok(None) => {
                     self.fail_open(
                         "the runner's source pump closed the edge before the stream ended",
+                    );
+                    return;
+                }
+                Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    self.fail_open(
+                        "the runner's source pump closed the edge before the stream ended \
+                         (inside a frame)",
                     );
                     return;
                 }
