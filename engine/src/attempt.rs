@@ -73,6 +73,8 @@ pub enum EngineError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error(transparent)]
     Files(#[from] FilesError),
+    #[error("crashed on purpose {at:?} epoch {epoch} (a simulation's fault)")]
+    Crashed { at: CrashPoint, epoch: u64 },
     #[error("data edge {path}: {reason}")]
     Edge { path: String, reason: String },
     #[error("control channel at {path}: {source}")]
@@ -103,6 +105,30 @@ pub struct Options {
     /// reads the source and sends it over this data edge. Without one the
     /// engine reads the source itself.
     pub edge: Option<std::path::PathBuf>,
+    /// A fault to inject: the attempt stops dead at that point of that
+    /// epoch, without cleaning anything up, as a crash would (the
+    /// simulation's; None otherwise).
+    pub crash: Option<Crash>,
+}
+
+/// Where in an epoch an injected crash strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The epoch's files are staged; its record is not written.
+    Staged,
+    /// The record is in the store; HEAD has not moved to it.
+    Recorded,
+    /// HEAD moved (the commit point); lane 0 has not committed.
+    HeadMoved,
+    /// The destination applied the epoch; its staged files are still there.
+    Applied,
+}
+
+/// An injected crash: at `at` of epoch `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crash {
+    pub at: CrashPoint,
+    pub epoch: u64,
 }
 
 /// What an attempt did.
@@ -277,6 +303,14 @@ struct Attempt {
 }
 
 impl Attempt {
+    /// Stops dead here if the injected crash says so.
+    fn crash_point(&self, at: CrashPoint, epoch: u64) -> Result<(), EngineError> {
+        match self.opts.crash {
+            Some(c) if c.at == at && c.epoch == epoch => Err(EngineError::Crashed { at, epoch }),
+            _ => Ok(()),
+        }
+    }
+
     /// Tells the control channel, if there is one, how the attempt goes.
     fn report(&self, f: impl FnOnce(&mut crate::control::Status)) {
         if let Some(c) = &self.channel {
@@ -312,16 +346,32 @@ impl Attempt {
                 refresh: record.refresh.get(s).copied(),
                 skip_known: record.streams.get(s).is_some_and(|st| st.rereading),
             };
-            self.dest
-                .apply(&self.store, self.generation, record.epoch, s, &files, how)
-                .map_err(|e| match e {
-                    DestError::Fenced { .. } => EngineError::Fenced {
-                        sync: self.opts.sync.clone(),
-                        generation: self.generation,
-                    },
-                    other => other.into(),
-                })?;
+            let applied =
+                self.dest
+                    .apply(&self.store, self.generation, record.epoch, s, &files, how);
+            // An older attempt that moved HEAD before this one claimed may
+            // have been applying the same epoch meanwhile: it deletes the
+            // staged files once its marker is written, so files gone with the
+            // marker at the epoch mean the epoch is in.
+            let applied = match applied {
+                Err(DestError::StagedGone { .. }) if self.dest.marker(s)? >= record.epoch => {
+                    self.log.event(
+                        "epoch.applied_by_another",
+                        json!({"epoch": record.epoch, "stream": s}),
+                    );
+                    Ok(())
+                }
+                other => other,
+            };
+            applied.map_err(|e| match e {
+                DestError::Fenced { .. } => EngineError::Fenced {
+                    sync: self.opts.sync.clone(),
+                    generation: self.generation,
+                },
+                other => other.into(),
+            })?;
         }
+        self.crash_point(CrashPoint::Applied, record.epoch)?;
         for f in staged {
             self.store.delete(&f.path)?;
         }
@@ -431,6 +481,7 @@ impl Attempt {
             reason: e.to_string(),
         })?;
         self.store.create(&path, Bytes::from(body))?;
+        self.crash_point(CrashPoint::Recorded, record.epoch)?;
         let r = self.control.execute(
             "SELECT orca.advance_head($1, $2, $3, $4)",
             &[
@@ -647,6 +698,10 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         head_record,
         full,
     );
+    if let Err(EngineError::Crashed { .. }) = result {
+        // A crash leaves nothing behind: no last log line, no report.
+        return result;
+    }
     match &result {
         Err(e) => {
             a.log.event("failed", json!({"error": e.to_string()}));
@@ -1057,6 +1112,7 @@ fn stream_epochs(
             )?);
         }
         pending.insert(epoch, record);
+        a.crash_point(CrashPoint::Staged, epoch)?;
         while let Some(action) = actions.pop_front() {
             match action {
                 Action::WriteRecord { epoch, .. } => {
@@ -1065,6 +1121,7 @@ fn stream_epochs(
                         .ok_or(ProtocolError::UnknownEpoch { epoch })?;
                     let record = record.clone();
                     let path = a.write_record(&record)?;
+                    a.crash_point(CrashPoint::HeadMoved, epoch)?;
                     if crash_after == Some(epoch) {
                         // A test hook: die at the commit point, after HEAD
                         // moved and before lane 0 commits, as a crash would.

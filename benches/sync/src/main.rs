@@ -133,6 +133,7 @@ fn orca(url: &str, out: &std::path::Path, edge: bool) -> Result<(u64, f64)> {
         lease: None,
         control: None,
         edge: edge.then(|| out.join("edge.sock")),
+        crash: None,
     };
     let started = Instant::now();
     let source_pump = opts.edge.clone().map(|path| {

@@ -139,6 +139,7 @@ fn main() -> ExitCode {
                 lease,
                 control,
                 edge,
+                crash: None,
             };
             match attempt::run(&opts) {
                 Ok(o) => {

@@ -7,8 +7,12 @@
 //! step of the protocol, lost staged files and zombie attempts; the check is
 //! that every record lands exactly once.
 //!
-//! It does not run the engine process, sockets or real storage (none exist
-//! yet); it checks the protocol's decisions and their order.
+//! This part checks the protocol's decisions and their order, fast enough
+//! for tens of thousands of seeds; [`engine_sim`] runs the real engine's
+//! attempts (in process, over its data edge, with a real control plane and
+//! store) under seeded faults.
+
+pub mod engine_sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 
