@@ -407,13 +407,18 @@ impl Attempt {
             .flat_map(|c| c.staged.iter().map(|f| f.stream.as_str()))
             .chain(record.refresh.keys().map(String::as_str))
             .collect();
-        let mut markers = BTreeMap::new();
-        for s in &staged {
-            markers.insert(s.to_string(), self.dest.marker(s)?);
-        }
+        // The staged files first, the markers after: an older attempt that
+        // moved HEAD may be applying the epoch right now, and it writes the
+        // marker before it deletes the files, so files found gone mean the
+        // marker read next already says the epoch is in. (The other order
+        // took an epoch applied meanwhile for lost, and read it again.)
         let mut available = true;
         for f in record.committables.iter().flat_map(|c| c.staged.iter()) {
             available &= self.store.exists(&f.path)?;
+        }
+        let mut markers = BTreeMap::new();
+        for s in &staged {
+            markers.insert(s.to_string(), self.dest.marker(s)?);
         }
         let decision = recovery::decide(&HeadState {
             epoch: head_epoch,

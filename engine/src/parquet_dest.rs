@@ -139,6 +139,20 @@ impl ParquetDest {
             Some(r) if r.ends => self.swap_in(stream, &shadow)?,
             _ => Vec::new(),
         };
+        // Asked again just before the marker moves: a newer attempt may have
+        // claimed (and applied later epochs) while the files were copied, and
+        // the marker must not go back. The store has no compare-and-swap on
+        // a plain object, so this narrows the window rather than closing it.
+        let fence: i32 = self.number(FENCE)?.unwrap_or(0);
+        if fence > generation {
+            return Err(DestError::Fenced {
+                fence,
+                mine: generation,
+            });
+        }
+        if self.marker(stream)? >= epoch {
+            return Ok(());
+        }
         self.store.put(
             &format!("{stream}/_orca_epoch"),
             Bytes::from(epoch.to_string()),
