@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use orca_engine::attempt::{self, pg_text, Crash, CrashPoint, EngineError, Options, Outcome};
 use orca_engine::frame::{read_frame, write_frame, Frame};
 use orca_engine::pump;
@@ -75,6 +76,9 @@ impl Drop for ControlPlane {
 /// What a seed did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EngineOutcome {
+    /// Seeds that merged a table's changes (effectively once); the others
+    /// appended records (exactly once).
+    pub merges: u32,
     pub records: u64,
     pub attempts: u32,
     pub crashes: u32,
@@ -95,12 +99,78 @@ struct Misbehave {
     stall_before: Option<(u32, Sender<()>, Receiver<()>)>,
 }
 
-/// The fake source: records 1..=rows as JSON lines records `{"id": n}`,
-/// each at position `n`, in chunks of 1..=max_chunk; exact replay from the
-/// plan's resume point.
+/// What the fake source serves.
+#[derive(Clone)]
+enum Stream {
+    /// Records 1..=n as JSON lines records `{"id": n}` (a files source,
+    /// raw), record n at position `n`.
+    Records(u64),
+    /// A table's changes in cursor order: version i (from 0) sets row `id`
+    /// to `v` at cursor `at` = i + 1 (a Postgres table source, typed
+    /// columns `id`, `v`, `at`), at position `[at, id]`.
+    Changes(Arc<Vec<(i64, i64)>>),
+}
+
+impl Stream {
+    fn len(&self) -> u64 {
+        match self {
+            Stream::Records(n) => *n,
+            Stream::Changes(c) => c.len() as u64,
+        }
+    }
+
+    /// Items `from+1..=last` as a batch on the edge, and the resume point
+    /// after them.
+    fn chunk(&self, from: u64, last: u64) -> Result<(RecordBatch, Vec<String>), String> {
+        match self {
+            Stream::Records(_) => {
+                let ids: Vec<u64> = (from + 1..=last).collect();
+                let positions: Vec<String> = ids.iter().map(u64::to_string).collect();
+                let records: Vec<String> =
+                    ids.iter().map(|i| json!({"id": i}).to_string()).collect();
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(StringArray::from(positions)),
+                    Arc::new(StringArray::from(records)),
+                    Arc::new(StringArray::from(vec![None::<&str>; ids.len()])),
+                ];
+                let batch = RecordBatch::try_new(Arc::new(pump::raw_schema()), columns)
+                    .map_err(|e| e.to_string())?;
+                Ok((batch, vec![last.to_string()]))
+            }
+            Stream::Changes(c) => {
+                let part = &c[from as usize..last as usize];
+                let at: Vec<i64> = (from as i64 + 1..=last as i64).collect();
+                let ids: Vec<String> = part
+                    .iter()
+                    .zip(&at)
+                    .map(|((id, _), at)| format!("s:{at}:{id}"))
+                    .collect();
+                let schema = Schema::new(vec![
+                    Field::new("id", DataType::Int64, true),
+                    Field::new("v", DataType::Int64, true),
+                    Field::new("at", DataType::Int64, true),
+                    Field::new(pump::ORCA_ID, DataType::Utf8, false),
+                ]);
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from_iter_values(part.iter().map(|p| p.0))),
+                    Arc::new(Int64Array::from_iter_values(part.iter().map(|p| p.1))),
+                    Arc::new(Int64Array::from(at)),
+                    Arc::new(StringArray::from(ids)),
+                ];
+                let batch =
+                    RecordBatch::try_new(Arc::new(schema), columns).map_err(|e| e.to_string())?;
+                let last_id = part.last().map_or(0, |p| p.0);
+                Ok((batch, vec![last.to_string(), last_id.to_string()]))
+            }
+        }
+    }
+}
+
+/// The fake source: serves `stream` in chunks of 1..=max_chunk items;
+/// exact replay from the plan's resume point.
 fn fake_pump(
     edge: PathBuf,
-    rows: u64,
+    stream: Stream,
     max_chunk: u64,
     seed: u64,
     misbehave: Misbehave,
@@ -126,6 +196,7 @@ fn fake_pump(
         };
         let mut rng = Rng::new(seed);
         let mut k = 0u32;
+        let rows = stream.len();
         loop {
             if from >= rows {
                 let _ = write_frame(
@@ -159,16 +230,7 @@ fn fake_pump(
                 }
             }
             let last = (from + 1 + rng.below(max_chunk)).min(rows);
-            let ids: Vec<u64> = (from + 1..=last).collect();
-            let positions: Vec<String> = ids.iter().map(u64::to_string).collect();
-            let records: Vec<String> = ids.iter().map(|i| json!({"id": i}).to_string()).collect();
-            let columns: Vec<ArrayRef> = vec![
-                Arc::new(StringArray::from(positions)),
-                Arc::new(StringArray::from(records)),
-                Arc::new(StringArray::from(vec![None::<&str>; ids.len()])),
-            ];
-            let batch = RecordBatch::try_new(Arc::new(pump::raw_schema()), columns)
-                .map_err(|e| e.to_string())?;
+            let (batch, position) = stream.chunk(from, last)?;
             let epoch = first + k;
             let sent = write_frame(
                 &mut out,
@@ -184,7 +246,7 @@ fn fake_pump(
                     &Frame::Barrier {
                         stream: 0,
                         epoch,
-                        position: vec![last.to_string()],
+                        position,
                     },
                 )
             })
@@ -204,7 +266,7 @@ struct World<'a> {
     cp: &'a ControlPlane,
     dir: PathBuf,
     sync: String,
-    rows: u64,
+    stream: Stream,
     max_chunk: u64,
     lanes: usize,
     attempts: u32,
@@ -240,7 +302,7 @@ impl World<'_> {
         let edge = opts.edge.clone().unwrap_or_default();
         let pump = fake_pump(
             edge,
-            self.rows,
+            self.stream.clone(),
             self.max_chunk,
             seed ^ (u64::from(self.attempts) << 32),
             misbehave,
@@ -291,33 +353,72 @@ pub fn run(cp: &ControlPlane, seed: u64) -> Result<EngineOutcome, String> {
     let dir = std::env::temp_dir().join(format!("orca-sim-{}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let sync = format!("sim{seed}");
+    let mut c = postgres::Client::connect(&cp.url, postgres::NoTls).map_err(|e| e.to_string())?;
+    // Half the seeds append numbered records from files into Parquet
+    // (exactly once); the other half merge a table's changes into Postgres
+    // by primary key (effectively once: the final rows must be right).
+    let merge = rng.chance(50);
+    let (stream, source, destination, streams, delivery) = if merge {
+        let keys = 1 + rng.below(40) as i64;
+        let changes: Vec<(i64, i64)> = (0..1 + rng.below(240))
+            .map(|_| {
+                (
+                    1 + rng.below(keys as u64) as i64,
+                    rng.below(1_000_000) as i64,
+                )
+            })
+            .collect();
+        // The engine asks the source's catalog for the table's columns;
+        // the rows come from the fake source.
+        c.batch_execute(&format!(
+            "CREATE TABLE public.{sync}_src (id bigint PRIMARY KEY, v bigint NOT NULL, at bigint NOT NULL)"
+        ))
+        .map_err(|e| pg_text(&e))?;
+        (
+            Stream::Changes(Arc::new(changes)),
+            json!({"type": "postgres", "url": cp.url}),
+            json!({"type": "postgres", "url": cp.url, "schema": sync}),
+            json!([{"name": "s", "table": format!("public.{sync}_src"), "cursor": "at",
+                    "primary_key": ["id"], "mode": "merge"}]),
+            "effectively_once",
+        )
+    } else {
+        (
+            Stream::Records(1 + rng.below(240)),
+            json!({"type": "files", "format": "jsonl", "url": dir.join("in").display().to_string()}),
+            json!({"type": "parquet", "url": dir.join("out").display().to_string()}),
+            json!([{"name": "s", "pattern": "*.jsonl"}]),
+            "exactly_once",
+        )
+    };
     let mut w = World {
         cp,
-        sync: format!("sim{seed}"),
-        rows: 1 + rng.below(240),
+        sync,
+        stream,
         max_chunk: 1 + rng.below(60),
         lanes: 1 + rng.below(2) as usize,
         attempts: 0,
         trace: Vec::new(),
         dir,
     };
-    let mut c = postgres::Client::connect(&cp.url, postgres::NoTls).map_err(|e| e.to_string())?;
     c.execute(
-        "SELECT orca.create_sync($1, $2, $3, $4, NULL, 'exactly_once')",
-        &[
-            &w.sync,
-            &json!({"type": "files", "format": "jsonl", "url": w.dir.join("in").display().to_string()}),
-            &json!({"type": "parquet", "url": w.dir.join("out").display().to_string()}),
-            &json!([{"name": "s", "pattern": "*.jsonl"}]),
-        ],
+        "SELECT orca.create_sync($1, $2, $3, $4, NULL, $5)",
+        &[&w.sync, &source, &destination, &streams, &delivery],
     )
     .map_err(|e| pg_text(&e))?;
-    let (rows, max_chunk, lanes) = (w.rows, w.max_chunk, w.lanes);
+    let (items, max_chunk, lanes) = (w.stream.len(), w.max_chunk, w.lanes);
     w.say(format!(
-        "seed {seed}: {rows} records, chunks of 1..={max_chunk}, {lanes} lanes"
+        "seed {seed}: {items} {}, chunks of 1..={max_chunk}, {lanes} lanes",
+        if merge {
+            "changes merged into postgres"
+        } else {
+            "records into parquet"
+        }
     ));
     let mut out = EngineOutcome {
-        records: w.rows,
+        merges: u32::from(merge),
+        records: w.stream.len(),
         ..EngineOutcome::default()
     };
     for _ in 0..rng.below(5) {
@@ -452,13 +553,50 @@ pub fn run(cp: &ControlPlane, seed: u64) -> Result<EngineOutcome, String> {
         return Err(w.fail(format!("the clean attempt failed: {e}")));
     }
     out.attempts = w.attempts;
-    check(&w).map_err(|e| w.fail(e))?;
+    match &w.stream {
+        Stream::Records(n) => check(&w, *n),
+        Stream::Changes(changes) => check_merged(&mut c, &w.sync, changes),
+    }
+    .and_then(|()| nothing_staged(&w))
+    .map_err(|e| w.fail(e))?;
     let _ = std::fs::remove_dir_all(&w.dir);
     Ok(out)
 }
 
-/// Every record once in the published files, nothing staged.
-fn check(w: &World) -> Result<(), String> {
+/// The destination table holds exactly each key's last version.
+fn check_merged(
+    c: &mut postgres::Client,
+    sync: &str,
+    changes: &[(i64, i64)],
+) -> Result<(), String> {
+    let mut want = std::collections::BTreeMap::new();
+    for (at, (id, v)) in changes.iter().enumerate() {
+        want.insert(*id, (*v, at as i64 + 1));
+    }
+    let got: std::collections::BTreeMap<i64, (i64, i64)> = c
+        .query(&format!("SELECT id, v, at FROM {sync}.s ORDER BY id"), &[])
+        .map_err(|e| pg_text(&e))?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    if got != want {
+        let wrong: Vec<_> = want
+            .iter()
+            .filter(|(k, v)| got.get(k) != Some(v))
+            .take(5)
+            .map(|(k, v)| format!("id {k}: want {v:?}, got {:?}", got.get(k)))
+            .collect();
+        return Err(format!(
+            "the merged table holds {} rows for {} keys; {wrong:?}",
+            got.len(),
+            want.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Every record once in the published files.
+fn check(w: &World, rows: u64) -> Result<(), String> {
     let mut ids = Vec::new();
     let mut orca_ids = std::collections::HashSet::new();
     for f in files(&w.dir.join("out/s")) {
@@ -483,13 +621,13 @@ fn check(w: &World) -> Result<(), String> {
         }
     }
     ids.sort_unstable();
-    let want: Vec<i64> = (1..=w.rows as i64).collect();
+    let want: Vec<i64> = (1..=rows as i64).collect();
     if ids != want {
         let dup = ids.windows(2).find(|p| p[0] == p[1]).map(|p| p[0]);
         return Err(format!(
             "the destination holds {} rows for {} records (first duplicate: {dup:?})",
             ids.len(),
-            w.rows
+            rows
         ));
     }
     if orca_ids.len() != ids.len() {
@@ -499,11 +637,17 @@ fn check(w: &World) -> Result<(), String> {
             ids.len()
         ));
     }
-    let staged = files(&w.dir.join(format!("store/default/{}/_staging", w.sync)));
-    if !staged.is_empty() {
-        return Err(format!("staged files left: {staged:?}"));
-    }
     Ok(())
+}
+
+/// Nothing stays staged once the clean attempt ended.
+fn nothing_staged(w: &World) -> Result<(), String> {
+    let staged = files(&w.dir.join(format!("store/default/{}/_staging", w.sync)));
+    if staged.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("staged files left: {staged:?}"))
+    }
 }
 
 /// The Parquet files under a folder, recursively.

@@ -26,6 +26,7 @@ fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
     for seed in 0..seeds {
         match engine_sim::run(&cp, seed) {
             Ok(o) => {
+                total.merges += o.merges;
                 total.records += o.records;
                 total.attempts += o.attempts;
                 total.crashes += o.crashes;
@@ -41,6 +42,7 @@ fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
     if seeds >= 30 {
         assert!(
             total.crashes > 0
+                && total.merges > 0
                 && total.source_failures > 0
                 && total.zombies_fenced > 0
                 && total.rewinds > 0,
