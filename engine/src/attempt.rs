@@ -533,7 +533,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         }
         None => None,
     };
-    let edge = match &opts.edge {
+    let mut edge = match &opts.edge {
         Some(path) => Some(Edge::listen(path).map_err(|e| EngineError::Edge {
             path: path.display().to_string(),
             reason: format!("listening: {e}"),
@@ -585,13 +585,32 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
     let source = match source_type.as_str() {
         "postgres" => {
             // The source's tables first: a missing table or column stops
-            // the attempt before anything is written.
+            // the attempt before anything is written. A runner hosting the
+            // source looks them up for the engine.
             let specs = stream_specs(&def)?;
-            let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
-            let tables = specs
-                .iter()
-                .map(|spec| pgsource::describe(&mut probe, spec))
-                .collect::<Result<Vec<_>, _>>()?;
+            let tables = match edge.as_mut() {
+                Some(e) => {
+                    let asked = json!({"source": source, "streams": def.get("streams")});
+                    let tables = e.describe(asked, || {
+                        channel.as_ref().is_some_and(Control::stop_requested)
+                    })?;
+                    let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
+                    let want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+                    if names != want {
+                        return Err(EngineError::Definition(format!(
+                            "the runner described streams {names:?}, the definition has {want:?}"
+                        )));
+                    }
+                    tables
+                }
+                None => {
+                    let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+                    specs
+                        .iter()
+                        .map(|spec| pgsource::describe(&mut probe, spec))
+                        .collect::<Result<Vec<_>, _>>()?
+                }
+            };
             Source::Tables(tables)
         }
         "files" => {
@@ -822,9 +841,12 @@ fn stream_epochs(
                 .unwrap_or_default(),
         })
         .collect();
-    let mut readers = match &a.edge {
-        Some(edge) => {
-            let r = edge.open(&plan, head_epoch + 1, || a.stop_requested())?;
+    let mut readers = match a.edge.take() {
+        Some(mut edge) => {
+            let opened = edge.open(&plan, head_epoch + 1, || a.stop_requested());
+            // Kept for the attempt's life: dropping it removes the socket.
+            a.edge = Some(edge);
+            let r = opened?;
             a.log.event("edge", json!({"streams": plan.start.len()}));
             r
         }

@@ -20,16 +20,18 @@ use crate::attempt::EngineError;
 use crate::files::FileChunk;
 use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::normalize::StreamSchema;
+use crate::pgsource::PgTable;
 use crate::pump::{raw_records, Plan, ORCA_ID};
 use crate::readers::{Msg, Reader, Shape};
 
 /// How long the engine waits for the runner's pump to connect.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
 
-/// A listening data edge.
+/// A listening data edge, and the pump's connection once it came.
 pub struct Edge {
     listener: UnixListener,
     path: PathBuf,
+    conn: Option<UnixStream>,
 }
 
 impl Edge {
@@ -41,6 +43,7 @@ impl Edge {
         Ok(Edge {
             listener,
             path: path.to_path_buf(),
+            conn: None,
         })
     }
 
@@ -51,35 +54,89 @@ impl Edge {
         }
     }
 
-    /// Waits for the pump, sends it the plan and returns a reader per
-    /// stream of the plan, fed from the edge. `stop` is asked while waiting.
+    /// The pump's connection: waits for it the first time. `stop` is asked
+    /// while waiting.
+    fn conn(&mut self, stop: impl Fn() -> bool) -> Result<&UnixStream, EngineError> {
+        if self.conn.is_none() {
+            let started = Instant::now();
+            let conn = loop {
+                match self.listener.accept() {
+                    Ok((c, _)) => break c,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if started.elapsed() > CONNECT_WAIT || stop() {
+                            return Err(self.err(format!(
+                                "no source pump connected within {CONNECT_WAIT:?} (a runner \
+                                 connects one; without a runner, leave out --edge and the \
+                                 engine reads the source itself)"
+                            )));
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => return Err(self.err(format!("accepting the pump: {e}"))),
+                }
+            };
+            conn.set_nonblocking(false)
+                .map_err(|e| self.err(e.to_string()))?;
+            self.conn = Some(conn);
+        }
+        self.conn
+            .as_ref()
+            .ok_or_else(|| self.err("no connection".into()))
+    }
+
+    /// Asks the runner to look the streams' tables up in the source's
+    /// catalog (`{"source", "streams"}` of the definition): the engine
+    /// never connects to a source a runner hosts.
+    pub(crate) fn describe(
+        &mut self,
+        request: serde_json::Value,
+        stop: impl Fn() -> bool,
+    ) -> Result<Vec<PgTable>, EngineError> {
+        let conn = match self.conn(stop)?.try_clone() {
+            Ok(c) => c,
+            Err(e) => return Err(self.err(e.to_string())),
+        };
+        let mut input = BufReader::new(match conn.try_clone() {
+            Ok(c) => c,
+            Err(e) => return Err(self.err(e.to_string())),
+        });
+        let mut out = BufWriter::new(conn);
+        let answer = write_frame(&mut out, &Frame::Describe { request })
+            .and_then(|()| out.flush().map_err(Into::into))
+            .and_then(|()| read_frame(&mut input))
+            .map_err(|e| e.to_string());
+        match answer {
+            Ok(Some(Frame::Catalog { tables })) => serde_json::from_value(tables)
+                .map_err(|e| self.err(format!("the runner's catalog: {e}"))),
+            Ok(Some(Frame::Error { reason, .. })) => {
+                Err(self.err(format!("the runner's source: {reason}")))
+            }
+            Ok(Some(_)) => {
+                Err(self.err("the runner answered a describe with another frame".into()))
+            }
+            Ok(None) => Err(self.err(
+                "the runner's source pump closed the edge before answering a describe".into(),
+            )),
+            Err(e) => Err(self.err(format!("describing the source: {e}"))),
+        }
+    }
+
+    /// Waits for the pump if it has not come yet, sends it the plan and
+    /// returns a reader per stream of the plan, fed from the edge. `stop` is
+    /// asked while waiting.
     pub(crate) fn open(
-        &self,
+        &mut self,
         plan: &Plan,
         first_epoch: u64,
         stop: impl Fn() -> bool,
     ) -> Result<Vec<Reader>, EngineError> {
         let first = u32::try_from(first_epoch)
             .map_err(|_| self.err(format!("epoch {first_epoch} does not fit a frame")))?;
-        let started = Instant::now();
-        let conn = loop {
-            match self.listener.accept() {
-                Ok((c, _)) => break c,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if started.elapsed() > CONNECT_WAIT || stop() {
-                        return Err(self.err(format!(
-                            "no source pump connected within {CONNECT_WAIT:?} (a runner \
-                             connects one; without a runner, leave out --edge and the \
-                             engine reads the source itself)"
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => return Err(self.err(format!("accepting the pump: {e}"))),
-            }
+        let conn = match self.conn(stop)?.try_clone() {
+            Ok(c) => c,
+            Err(e) => return Err(self.err(e.to_string())),
         };
         let io = |e: std::io::Error| self.err(e.to_string());
-        conn.set_nonblocking(false).map_err(io)?;
         let mut out = BufWriter::new(conn.try_clone().map_err(io)?);
         let open = Frame::Open {
             first_epoch: first,
@@ -220,8 +277,10 @@ impl Demux {
                 ));
                 return Err(Gone);
             }
-            Frame::Open { .. } => {
-                self.fail_open("the runner sent an open frame; only the engine opens an edge");
+            Frame::Open { .. } | Frame::Describe { .. } | Frame::Catalog { .. } => {
+                self.fail_open(
+                    "the runner sent an open, describe or catalog frame while the streams flowed",
+                );
                 return Err(Gone);
             }
         };
@@ -264,7 +323,10 @@ impl Demux {
                 self.ended[i] = true;
                 Msg::End { bytes }
             }
-            Frame::Error { .. } | Frame::Open { .. } => return Err(Gone),
+            Frame::Error { .. }
+            | Frame::Open { .. }
+            | Frame::Describe { .. }
+            | Frame::Catalog { .. } => return Err(Gone),
         };
         if self.senders[i].send(Ok(msg)).is_err() {
             return Err(Gone);
@@ -385,7 +447,7 @@ mod tests {
     }
 
     fn with_pump(dir: &Path, plan: &Plan, first_epoch: u64) -> Vec<Result<String, String>> {
-        let edge = Edge::listen(&dir.join("edge.sock")).expect("listen");
+        let mut edge = Edge::listen(&dir.join("edge.sock")).expect("listen");
         let path = dir.join("edge.sock");
         let pump = std::thread::spawn(move || {
             let gone = AtomicBool::new(false);
@@ -441,7 +503,7 @@ mod tests {
     /// A hand-written pump that sends `frames` after the open frame.
     fn fake_pump(dir: &Path, frames: Vec<Frame>) -> Vec<Result<String, String>> {
         let path = dir.join("edge.sock");
-        let edge = Edge::listen(&path).expect("listen");
+        let mut edge = Edge::listen(&path).expect("listen");
         let pump = std::thread::spawn(move || {
             let gone = AtomicBool::new(false);
             let conn = pump::connect(&path, Duration::from_secs(10), &gone).expect("connect");
@@ -517,5 +579,77 @@ mod tests {
         );
         let e = seen[0].as_ref().expect_err("rows without a barrier");
         assert!(e.contains("after the stream's last barrier"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod describe_tests {
+    use std::sync::atomic::AtomicBool;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::pump;
+
+    /// A hand-written runner that answers one describe frame with `answer`.
+    fn ask(answer: Frame) -> Result<Vec<PgTable>, EngineError> {
+        let dir = std::env::temp_dir().join(format!("orca-describe-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("edge.sock");
+        let mut edge = Edge::listen(&path).expect("listen");
+        let runner = std::thread::spawn(move || {
+            let gone = AtomicBool::new(false);
+            let conn = pump::connect(&path, Duration::from_secs(10), &gone).expect("connect");
+            let mut input = BufReader::new(conn.try_clone().expect("clone"));
+            let asked = read_frame(&mut input).expect("describe frame");
+            assert!(
+                matches!(&asked, Some(Frame::Describe { request }) if request["streams"][0]["name"] == "orders"),
+                "{asked:?}"
+            );
+            let mut out = BufWriter::new(conn);
+            write_frame(&mut out, &answer).expect("answer");
+            out.flush().expect("flush");
+        });
+        let got = edge.describe(
+            json!({"source": {"type": "postgres"}, "streams": [{"name": "orders"}]}),
+            || false,
+        );
+        runner.join().expect("runner");
+        let _ = std::fs::remove_dir_all(dir);
+        got
+    }
+
+    #[test]
+    fn the_runner_describes_the_source_for_the_engine() {
+        let table = json!([{
+            "spec": {"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                     "primary_key": ["id"], "schema_policy": "evolve", "lookback": null},
+            "columns": [{"name": "id", "kind": "Int8", "nullable": false},
+                        {"name": "amount", "kind": {"Numeric": {"precision": 12, "scale": 2}},
+                         "nullable": true}],
+            "sql_types": ["bigint", "numeric(12,2)"],
+            "as_text": [false, false],
+            "key": [0]
+        }]);
+        let tables = ask(Frame::Catalog { tables: table }).expect("catalog");
+        assert_eq!(tables.len(), 1);
+        assert_eq!(tables[0].spec.table, "public.orders");
+        assert_eq!(tables[0].columns[1].name, "amount");
+
+        let e = ask(Frame::Error {
+            stream: crate::frame::ANY_STREAM,
+            reason: "relation \"public.orders\" does not exist".into(),
+        })
+        .expect_err("a source the runner cannot describe");
+        assert!(
+            e.to_string().contains("the runner's source: relation"),
+            "{e}"
+        );
+
+        let e = ask(Frame::Catalog {
+            tables: json!({"not": "tables"}),
+        })
+        .expect_err("a catalog that is not tables");
+        assert!(e.to_string().contains("the runner's catalog"), "{e}");
     }
 }

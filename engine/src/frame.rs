@@ -25,6 +25,11 @@
 //! - kind 5, **error** (runner to engine): reading `stream` failed
 //!   (`stream` 65535: the source as a whole); the payload is the reason, as
 //!   UTF-8 text.
+//! - kind 6, **describe** (engine to runner, before open): the payload is
+//!   JSON `{"source", "streams"}`: the runner looks the streams' tables up in
+//!   the source's catalog.
+//! - kind 7, **catalog** (runner to engine): the answer, a JSON array of the
+//!   tables (`crate::pgsource::PgTable`), in the streams' order.
 //!
 //! A reader refuses an unknown version or kind, a payload over
 //! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch
@@ -71,6 +76,12 @@ pub enum Frame {
         stream: u16,
         reason: String,
     },
+    Describe {
+        request: serde_json::Value,
+    },
+    Catalog {
+        tables: serde_json::Value,
+    },
 }
 
 /// The `stream` of an error frame about the source as a whole.
@@ -103,6 +114,8 @@ const KIND_BARRIER: u8 = 2;
 const KIND_END: u8 = 3;
 const KIND_OPEN: u8 = 4;
 const KIND_ERROR: u8 = 5;
+const KIND_DESCRIBE: u8 = 6;
+const KIND_CATALOG: u8 = 7;
 
 fn header(len: u32, kind: u8, stream: u16, epoch: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -166,6 +179,8 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<(), FrameError> 
         ),
         Frame::Open { first_epoch, plan } => put(w, KIND_OPEN, 0, *first_epoch, &json_bytes(plan)),
         Frame::Error { stream, reason } => put(w, KIND_ERROR, *stream, 0, reason.as_bytes()),
+        Frame::Describe { request } => put(w, KIND_DESCRIBE, 0, 0, &json_bytes(request)),
+        Frame::Catalog { tables } => put(w, KIND_CATALOG, 0, 0, &json_bytes(tables)),
     }
 }
 
@@ -268,6 +283,16 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
                 .map_err(|e| bad("error", "UTF-8 text", e.to_string()))?;
             Ok(Some(Frame::Error { stream, reason }))
         }
+        KIND_DESCRIBE => {
+            let request = serde_json::from_slice(&payload)
+                .map_err(|e| bad("describe", "a JSON request", e.to_string()))?;
+            Ok(Some(Frame::Describe { request }))
+        }
+        KIND_CATALOG => {
+            let tables = serde_json::from_slice(&payload)
+                .map_err(|e| bad("catalog", "a JSON catalog", e.to_string()))?;
+            Ok(Some(Frame::Catalog { tables }))
+        }
         other => Err(FrameError::Kind(other)),
     }
 }
@@ -320,6 +345,12 @@ mod tests {
             Frame::Error {
                 stream: ANY_STREAM,
                 reason: "connection refused".into(),
+            },
+            Frame::Describe {
+                request: serde_json::json!({"source": {"type": "postgres"}, "streams": []}),
+            },
+            Frame::Catalog {
+                tables: serde_json::json!([]),
             },
         ];
         let mut edge = Vec::new();

@@ -36,7 +36,7 @@ pub enum CopyError {
 }
 
 /// How a column is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PgKind {
     Bool,
     Int2,
@@ -112,7 +112,7 @@ impl PgKind {
 }
 
 /// A column of the query: its name and how it is read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PgColumn {
     pub name: String,
     pub kind: PgKind,

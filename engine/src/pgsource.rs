@@ -70,7 +70,7 @@ pub enum SourceError {
 }
 
 /// A stream as the sync defines it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StreamSpec {
     pub name: String,
     pub table: String,
@@ -87,7 +87,7 @@ pub struct StreamSpec {
 }
 
 /// What the source table looks like, and how to read it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PgTable {
     pub spec: StreamSpec,
     pub columns: Vec<PgColumn>,

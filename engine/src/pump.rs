@@ -11,6 +11,10 @@
 //! (the open frame's first epoch, plus how many chunks the stream sent
 //! before).
 //!
+//! Before the open frame the engine may send a **describe** frame: the pump
+//! looks the streams' tables up in the source's catalog and answers with a
+//! **catalog** frame, so the engine never connects to the source itself.
+//!
 //! A typed source (a Postgres table) sends its columns in the types it
 //! declares plus `_orca_id`; a files source sends raw records (`position`,
 //! `record` as JSON text, `error`: why a line is not a record), which the
@@ -178,10 +182,22 @@ pub fn connect(path: &Path, wait: Duration, give_up: &AtomicBool) -> Result<Unix
 pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
     let mut input = BufReader::new(conn.try_clone().map_err(FrameError::Io)?);
     let mut out = BufWriter::with_capacity(1 << 20, conn);
-    let (first_epoch, plan) = match read_frame(&mut input)? {
-        Some(Frame::Open { first_epoch, plan }) => (first_epoch, plan),
-        Some(_) => return Err(PumpError::NoOpen),
-        None => return Err(PumpError::Closed),
+    let (first_epoch, plan) = loop {
+        match read_frame(&mut input)? {
+            Some(Frame::Describe { request }) => match describe(&request) {
+                Ok(tables) => {
+                    write_frame(&mut out, &Frame::Catalog { tables })?;
+                    out.flush().map_err(FrameError::Io)?;
+                }
+                Err(e) => {
+                    tell(&mut out, ANY_STREAM, &e);
+                    return Err(e.into());
+                }
+            },
+            Some(Frame::Open { first_epoch, plan }) => break (first_epoch, plan),
+            Some(_) => return Err(PumpError::NoOpen),
+            None => return Err(PumpError::Closed),
+        }
     };
     let plan: Plan = serde_json::from_value(plan).map_err(|e| PumpError::Plan(e.to_string()))?;
     let mut readers = match open_readers(&plan) {
@@ -254,6 +270,20 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
             return Ok(pumped);
         }
     }
+}
+
+/// The source's catalog entry of each stream's table, in the streams'
+/// order, as JSON (`{"source", "streams"}` of a definition asked).
+fn describe(request: &Value) -> Result<Value, EngineError> {
+    let source = request.get("source").cloned().unwrap_or(Value::Null);
+    let url = str_of(&source, "url")?;
+    let specs = stream_specs(&serde_json::json!({ "streams": request.get("streams") }))?;
+    let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+    let tables = specs
+        .iter()
+        .map(|spec| pgsource::describe(&mut client, spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    serde_json::to_value(tables).map_err(|e| EngineError::Definition(e.to_string()))
 }
 
 /// Tells the engine why the source failed, as far as the edge still works:

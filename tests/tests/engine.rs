@@ -1024,6 +1024,51 @@ async fn an_engine_whose_runner_died_stops_when_its_data_edge_closes() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A runner hosts the source, so it also looks the tables up in the
+/// source's catalog for the engine: a missing table fails the attempt with
+/// the catalog's word, through the runner, before anything moves.
+#[tokio::test]
+async fn a_runner_describes_the_source_for_its_engine_and_a_missing_table_fails_the_attempt() {
+    let db = TestDb::new().await;
+    let dir = scratch("runner-describe");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    define(&db, &out).await; // public.orders does not exist
+    let runner = sync_runner(&db, &store, &logs);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run now");
+    let t0 = Instant::now();
+    let error = loop {
+        let e: Option<String> = sqlx::query_scalar(
+            "SELECT error FROM orca.attempts WHERE run_id = $1 AND error IS NOT NULL ORDER BY number LIMIT 1",
+        )
+        .bind(run)
+        .fetch_optional(&db.pool)
+        .await
+        .expect("attempts")
+        .flatten();
+        if let Some(e) = e {
+            break e;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no attempt failed\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        error.contains("the runner's source") && error.contains("source table public.orders does not exist"),
+        "{error}"
+    );
+    assert_eq!(head(&db).await.0, 0, "HEAD did not move");
+    assert!(walk(&out)
+        .iter()
+        .all(|p| !p.to_string_lossy().ends_with(".parquet")));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// One request on an engine's control channel; the answer's JSON.
 fn control_call(socket: &Path, request: &str) -> Value {
     use std::io::{BufRead, Write};
