@@ -274,7 +274,7 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
 
 /// The source's catalog entry of each stream's table, in the streams'
 /// order, as JSON (`{"source", "streams"}` of a definition asked).
-fn describe(request: &Value) -> Result<Value, EngineError> {
+pub fn describe(request: &Value) -> Result<Value, EngineError> {
     let source = request.get("source").cloned().unwrap_or(Value::Null);
     let url = str_of(&source, "url")?;
     let specs = stream_specs(&serde_json::json!({ "streams": request.get("streams") }))?;

@@ -1059,7 +1059,8 @@ async fn a_runner_describes_the_source_for_its_engine_and_a_missing_table_fails_
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
-        error.contains("the runner's source") && error.contains("source table public.orders does not exist"),
+        error.contains("the runner's source")
+            && error.contains("source table public.orders does not exist"),
         "{error}"
     );
     assert_eq!(head(&db).await.0, 0, "HEAD did not move");

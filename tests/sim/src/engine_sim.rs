@@ -181,10 +181,18 @@ fn fake_pump(
             pump::connect(&edge, Duration::from_secs(30), &gone).map_err(|e| e.to_string())?;
         let mut input = std::io::BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
         let mut out = std::io::BufWriter::new(conn);
-        let (first, plan) = match read_frame(&mut input) {
-            Ok(Some(Frame::Open { first_epoch, plan })) => (first_epoch, plan),
-            // The engine went before it opened the edge.
-            _ => return Ok(0),
+        let (first, plan) = loop {
+            match read_frame(&mut input) {
+                // The table's catalog is the real one (the rows are not).
+                Ok(Some(Frame::Describe { request })) => {
+                    let tables = pump::describe(&request).map_err(|e| e.to_string())?;
+                    write_frame(&mut out, &Frame::Catalog { tables }).map_err(|e| e.to_string())?;
+                    std::io::Write::flush(&mut out).map_err(|e| e.to_string())?;
+                }
+                Ok(Some(Frame::Open { first_epoch, plan })) => break (first_epoch, plan),
+                // The engine went before it opened the edge.
+                _ => return Ok(0),
+            }
         };
         let mut from: u64 = match &plan["start"][0]["after"] {
             Value::Array(p) => p
