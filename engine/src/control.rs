@@ -171,7 +171,17 @@ pub(crate) fn bind_owned(path: &Path) -> std::io::Result<UnixListener> {
         }
         std::fs::remove_file(path)?;
     }
-    UnixListener::bind(path)
+    // Bound under another name and renamed into place: the file appears only
+    // once the socket listens, so a client that sees it can connect (bind
+    // makes the file a moment before listen, and a connect in between is
+    // refused).
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(listener)
 }
 
 impl Control {
