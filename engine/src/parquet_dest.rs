@@ -77,8 +77,8 @@ impl ParquetDest {
         Ok(self.number(&format!("{stream}/_orca_epoch"))?.unwrap_or(0))
     }
 
-    /// Raises the fence to `generation`; an older generation finds it raised.
-    pub fn raise_fence(&self, generation: i32) -> Result<(), DestError> {
+    /// Refuses a generation older than the fence.
+    fn fence_allows(&self, generation: i32) -> Result<(), DestError> {
         let fence: i32 = self.number(FENCE)?.unwrap_or(0);
         if fence > generation {
             return Err(DestError::Fenced {
@@ -86,6 +86,12 @@ impl ParquetDest {
                 mine: generation,
             });
         }
+        Ok(())
+    }
+
+    /// Raises the fence to `generation`; an older generation finds it raised.
+    pub fn raise_fence(&self, generation: i32) -> Result<(), DestError> {
+        self.fence_allows(generation)?;
         self.store.put(FENCE, Bytes::from(generation.to_string()))?;
         Ok(())
     }
@@ -104,13 +110,7 @@ impl ParquetDest {
         staged: &[&Staged],
         refresh: Option<Refresh>,
     ) -> Result<(), DestError> {
-        let fence: i32 = self.number(FENCE)?.unwrap_or(0);
-        if fence > generation {
-            return Err(DestError::Fenced {
-                fence,
-                mine: generation,
-            });
-        }
+        self.fence_allows(generation)?;
         if self.marker(stream)? >= epoch {
             return Ok(());
         }
@@ -143,13 +143,7 @@ impl ParquetDest {
         // claimed (and applied later epochs) while the files were copied, and
         // the marker must not go back. The store has no compare-and-swap on
         // a plain object, so this narrows the window rather than closing it.
-        let fence: i32 = self.number(FENCE)?.unwrap_or(0);
-        if fence > generation {
-            return Err(DestError::Fenced {
-                fence,
-                mine: generation,
-            });
-        }
+        self.fence_allows(generation)?;
         if self.marker(stream)? >= epoch {
             return Ok(());
         }
