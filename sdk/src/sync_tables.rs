@@ -137,13 +137,34 @@ impl SyncTables {
             .into_iter()
             .map(|b| fit(&schema, dataset, b))
             .collect::<Result<Vec<_>>>()?;
-        let (batches, removed) = match write {
-            Write::Append => (batches, Vec::new()),
-            Write::AppendNew => (self.unknown(&table, dataset, batches)?, Vec::new()),
-            Write::Merge(key) => self.merged(&table, dataset, &schema, batches, key)?,
+        let (groups, removed, scan) = match write {
+            Write::Append => (vec![batches], Vec::new(), None),
+            Write::AppendNew => (
+                vec![self.unknown(&table, dataset, batches)?],
+                Vec::new(),
+                None,
+            ),
+            Write::Merge(key) => {
+                let m = self.merged(&table, dataset, &schema, batches, key)?;
+                (m.groups, m.removed, Some(m.scan))
+            }
         };
-        let files = self.write(&table, at, batches)?;
-        self.commit_epoch(&table, at, files, removed)
+        let mut files = Vec::new();
+        for group in groups {
+            if group.iter().any(|b| b.num_rows() > 0) {
+                files.extend(self.write(&table, at, group)?);
+            }
+        }
+        let extra = scan.map(|s| {
+            vec![
+                ("orca.merge.files-read".to_string(), s.read.to_string()),
+                (
+                    "orca.merge.files-skipped".to_string(),
+                    s.skipped.to_string(),
+                ),
+            ]
+        });
+        self.commit_epoch(&table, at, files, removed, extra.unwrap_or_default())
     }
 
     /// Makes the table take a stream's columns and returns its schema: the
@@ -264,7 +285,7 @@ impl SyncTables {
         if files.is_empty() && removed.is_empty() {
             return self.mark_epoch(at);
         }
-        self.commit_epoch(&table, at, files, removed)
+        self.commit_epoch(&table, at, files, removed, Vec::new())
     }
 
     /// The rows whose `_orca_id` the table does not hold.
@@ -334,7 +355,7 @@ impl SyncTables {
         schema: &std::sync::Arc<ArrowSchema>,
         batches: Vec<RecordBatch>,
         key: &[String],
-    ) -> Result<(Vec<RecordBatch>, Vec<iceberg::spec::DataFile>)> {
+    ) -> Result<Merged> {
         let incoming = arrow_select::concat::concat_batches(schema, &batches)
             .map_err(|e| format!("merging into {dataset}: {e}"))?;
         // The newest version of each key in the epoch: (row, seq).
@@ -351,12 +372,20 @@ impl SyncTables {
             }
         }
         let mut removed = Vec::new();
-        let mut kept = Vec::new();
-        // The key and _orca_seq columns of every file first; only a file
-        // holding a replaced row is read whole and written again.
+        let mut groups = Vec::new();
+        let mut scan = MergeScan::default();
+        let probe = KeyProbe::new(table, &incoming, key);
+        // The key and _orca_seq columns of every file that may hold one of
+        // the epoch's keys first; only a file holding a replaced row is read
+        // whole and written again.
         let mut wanted: Vec<&str> = key.iter().map(String::as_str).collect();
         wanted.push("_orca_seq");
         for file in self.live_files(table)? {
+            if probe.as_ref().is_some_and(|p| !p.may_hold(&file)) {
+                scan.skipped += 1;
+                continue;
+            }
+            scan.read += 1;
             let mut keep = Vec::new();
             for b in self.read_columns(table, &file, dataset, &wanted)? {
                 let keys = key_strings(&b, key, dataset)?;
@@ -379,6 +408,9 @@ impl SyncTables {
                 continue;
             }
             let mut at = 0;
+            // A rewritten file's rows stay a file of their own, so its key
+            // range stays as narrow as it was and later merges can pass it by.
+            let mut kept = Vec::new();
             for b in self.read_file(table, &file, dataset, schema)? {
                 let end = (at + b.num_rows()).min(keep.len());
                 let mask = arrow_array::BooleanArray::from(keep[at..end].to_vec());
@@ -388,6 +420,7 @@ impl SyncTables {
                         .map_err(|e| format!("merging into {dataset}: {e}"))?,
                 );
             }
+            groups.push(kept);
             if at != keep.len() {
                 return Err(format!(
                     "merging into {dataset}: {} read {at} rows whole and {} by column",
@@ -403,9 +436,12 @@ impl SyncTables {
         let take = arrow_array::UInt32Array::from(rows);
         let fresh = arrow_select::take::take_record_batch(&incoming, &take)
             .map_err(|e| format!("merging into {dataset}: {e}"))?;
-        kept.push(fresh);
-        kept.retain(|b| b.num_rows() > 0);
-        Ok((kept, removed))
+        groups.push(vec![fresh]);
+        Ok(Merged {
+            groups,
+            removed,
+            scan,
+        })
     }
 
     fn write(
@@ -464,6 +500,7 @@ impl SyncTables {
         at: &EpochAt<'_>,
         files: Vec<iceberg::spec::DataFile>,
         removed: Vec<iceberg::spec::DataFile>,
+        extra: Vec<(String, String)>,
     ) -> Result<EpochCommit> {
         let EpochAt {
             dataset,
@@ -477,7 +514,10 @@ impl SyncTables {
             ("orca.sync.stream".to_string(), stream.to_string()),
             ("orca.sync.epoch".to_string(), epoch.to_string()),
             ("orca.sync.generation".to_string(), generation.to_string()),
-        ]);
+        ])
+        .into_iter()
+        .chain(extra)
+        .collect();
         let op = if removed.is_empty() {
             iceberg::spec::Operation::Append
         } else {
@@ -523,9 +563,138 @@ pub enum Write<'a> {
     /// the epoch replaces the table's row of that key when it has a higher
     /// `_orca_seq` (an older version delivered again changes nothing), and
     /// the data files that held replaced rows are written again without
-    /// them. Every data file is read each epoch, so its cost grows with the
-    /// table.
+    /// them. The key columns of every data file that may hold one of the
+    /// epoch's keys are read: with a one-column integer or text key, a file
+    /// whose key bounds hold none of them is passed by; other keys read
+    /// every file, so their cost grows with the table.
     Merge(&'a [String]),
+}
+
+/// What a merge writes, as groups of rows each written as files of their
+/// own, and the data files it replaces.
+struct Merged {
+    groups: Vec<Vec<RecordBatch>>,
+    removed: Vec<iceberg::spec::DataFile>,
+    scan: MergeScan,
+}
+
+/// How many data files a merge read the key columns of, and how many it
+/// passed by on their key bounds (both go into the snapshot summary as
+/// `orca.merge.files-read` and `orca.merge.files-skipped`).
+#[derive(Debug, Default, Clone, Copy)]
+struct MergeScan {
+    read: usize,
+    skipped: usize,
+}
+
+/// An epoch's keys, sorted, for a one-column integer or text key without
+/// nulls: what a data file's key bounds are checked against.
+enum KeyProbe {
+    Ints { field: i32, keys: Vec<i64> },
+    Texts { field: i32, keys: Vec<String> },
+}
+
+impl KeyProbe {
+    fn new(table: &Table, incoming: &RecordBatch, key: &[String]) -> Option<KeyProbe> {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Int32Type, Int64Type};
+        let [name] = key else {
+            return None;
+        };
+        let field = table
+            .inner
+            .metadata()
+            .current_schema()
+            .field_by_name(name)?
+            .id;
+        let col = incoming.column_by_name(name)?;
+        if col.null_count() > 0 {
+            return None;
+        }
+        let mut probe = match col.data_type() {
+            arrow_schema::DataType::Int32 => KeyProbe::Ints {
+                field,
+                keys: col
+                    .as_primitive::<Int32Type>()
+                    .values()
+                    .iter()
+                    .map(|v| i64::from(*v))
+                    .collect(),
+            },
+            arrow_schema::DataType::Int64 => KeyProbe::Ints {
+                field,
+                keys: col.as_primitive::<Int64Type>().values().to_vec(),
+            },
+            arrow_schema::DataType::Utf8 => KeyProbe::Texts {
+                field,
+                keys: col
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_string)
+                    .collect(),
+            },
+            arrow_schema::DataType::LargeUtf8 => KeyProbe::Texts {
+                field,
+                keys: col
+                    .as_string::<i64>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_string)
+                    .collect(),
+            },
+            _ => return None,
+        };
+        match &mut probe {
+            KeyProbe::Ints { keys, .. } => {
+                keys.sort_unstable();
+                keys.dedup();
+            }
+            KeyProbe::Texts { keys, .. } => {
+                keys.sort_unstable();
+                keys.dedup();
+            }
+        }
+        Some(probe)
+    }
+
+    /// False only when the file's key bounds show it holds none of the
+    /// keys. A file without bounds, or with bounds of another type, may.
+    /// Writers that shorten text bounds keep the lower a prefix and round the
+    /// upper up, so a shortened range still covers the file's keys.
+    fn may_hold(&self, file: &iceberg::spec::DataFile) -> bool {
+        use iceberg::spec::PrimitiveLiteral as L;
+        let field = match self {
+            KeyProbe::Ints { field, .. } | KeyProbe::Texts { field, .. } => *field,
+        };
+        let (Some(lo), Some(hi)) = (
+            file.lower_bounds().get(&field),
+            file.upper_bounds().get(&field),
+        ) else {
+            return true;
+        };
+        let int = |l: &L| match l {
+            L::Int(v) => Some(i64::from(*v)),
+            L::Long(v) => Some(*v),
+            _ => None,
+        };
+        match self {
+            KeyProbe::Ints { keys, .. } => match (int(lo.literal()), int(hi.literal())) {
+                (Some(lo), Some(hi)) => {
+                    let i = keys.partition_point(|k| *k < lo);
+                    keys.get(i).is_some_and(|k| *k <= hi)
+                }
+                _ => true,
+            },
+            KeyProbe::Texts { keys, .. } => match (lo.literal(), hi.literal()) {
+                (L::String(lo), L::String(hi)) => {
+                    let i = keys.partition_point(|k| k.as_str() < lo.as_str());
+                    keys.get(i).is_some_and(|k| k.as_str() <= hi.as_str())
+                }
+                _ => true,
+            },
+        }
+    }
 }
 
 /// Which epoch of which stream goes into which table, by which attempt.

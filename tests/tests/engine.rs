@@ -2094,6 +2094,55 @@ async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates
     assert_eq!(stats["sum"], want, "every key at its newest version");
     let ids = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
     assert_eq!(ids["distinct"], rows);
+
+    // A change to the newest keys only: the merge reads the key columns of
+    // the files whose id bounds may hold them and passes the others by, as
+    // the snapshot's summary tells.
+    sqlx::raw_sql(
+        "UPDATE public.orders SET qty = qty + 7,
+                updated_at = '2032-01-01'::timestamptz + id * interval '1 ms'
+         WHERE id > 19900",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("updates of the newest keys");
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 100, "{outcome}");
+    let want = db
+        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
+        .await;
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "qty"]);
+    assert_eq!(stats["rows"], rows, "one row per key");
+    assert_eq!(stats["sum"], want, "every key at its newest version");
+    let epoch_of = |s: &Value| {
+        s["orca.sync.epoch"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let last = stats["snapshots"]
+        .as_array()
+        .and_then(|s| s.iter().max_by_key(|s| epoch_of(s)))
+        .cloned()
+        .unwrap_or_default();
+    let count = |k: &str| {
+        last[k]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{k} in the last snapshot's summary: {last}"))
+    };
+    let (read, skipped) = (
+        count("orca.merge.files-read"),
+        count("orca.merge.files-skipped"),
+    );
+    // The files of the last id range and the one the spread-out update of
+    // every 50th id wrote may hold ids above 19900; no other file can.
+    assert!(
+        (1..=2).contains(&read) && skipped >= 2,
+        "read {read}, skipped {skipped}: {last}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
