@@ -19,15 +19,19 @@ cargo build --release -q -p orca-bench-dispatch
 BIN="$CARGO_TARGET_DIR/release/orca-bench-dispatch"
 
 # orca-each: one orca.finish per attempt, as a runner does; orca-batch: one
-# orca.finish_many per claimed batch, as graphile-worker batches completions.
+# orca.finish_many per claimed batch, as graphile-worker batches completions;
+# orca-local: graphile-worker's own shape (a 500-job local queue filled by one
+# connection, completions of all K executors batched by another).
 each=$(SYSTEMS="graphile-worker" EXTRA_NAME=orca-each \
     EXTRA_CMD="ORCA_FINISH=each $BIN | sed 's/^RESULT orca /RESULT orca-each /'" "$PEERS")
 batch=$(SYSTEMS=" " EXTRA_NAME=orca-batch \
     EXTRA_CMD="ORCA_FINISH=batch $BIN | sed 's/^RESULT orca /RESULT orca-batch /'" "$PEERS")
-printf '%s\n' "$each" "$(printf '%s\n' "$batch" | grep -v '^#')"
+localq=$(SYSTEMS=" " EXTRA_NAME=orca-local \
+    EXTRA_CMD="ORCA_FINISH=local $BIN | sed 's/^RESULT orca /RESULT orca-local /'" "$PEERS")
+printf '%s\n' "$each" "$(printf '%s\n' "$batch" "$localq" | grep -v '^#')"
 
 # Ratios against graphile-worker, per K.
-printf '%s\n' "$each" "$batch" | python3 -c '
+printf '%s\n' "$each" "$batch" "$localq" | python3 -c '
 import re, sys
 rows = {}
 for line in sys.stdin:

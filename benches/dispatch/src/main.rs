@@ -17,7 +17,14 @@
 //! `LAT_WARMUP`, `LAT_GAP_MS`, `ENQ_CHUNK`, `ANALYZE_BEFORE_WORK`,
 //! `ORCA_BATCH` (claim size, default ceil(500/K) like pg-boss's batch),
 //! `ORCA_FINISH` (`each`: one orca.finish call per attempt, as a runner does;
-//! `batch`: one orca.finish_many call per claimed batch).
+//! `batch`: one orca.finish_many call per claimed batch; `local`: the shape
+//! of graphile-worker's recommended `localQueue` setting, which the peer
+//! harness uses: one connection claims up to `ORCA_LOCAL_QUEUE` attempts
+//! (default 500, as graphile-worker's) into an in-process queue whenever it
+//! is half empty, K executors take jobs from it, and `ORCA_COMPLETERS`
+//! connections (default 1) finish whatever completed since their last call
+//! with one orca.finish_many, as graphile-worker's completeJobBatchDelay=0
+//! batches completions).
 //! Prints one `RESULT orca ...` line, and details before it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
+
+mod local;
 
 fn env_num(name: &str, default: usize) -> Result<usize> {
     match std::env::var(name) {
@@ -74,9 +83,11 @@ async fn main() -> Result<()> {
     let analyze = env_num("ANALYZE_BEFORE_WORK", 1)? == 1;
     let batch = env_num("ORCA_BATCH", 500_usize.div_ceil(k))?.clamp(1, 1000);
     let finish_mode = std::env::var("ORCA_FINISH").unwrap_or_else(|_| "each".into());
-    if finish_mode != "each" && finish_mode != "batch" {
-        bail!("ORCA_FINISH must be each or batch, got {finish_mode}");
+    if !matches!(finish_mode.as_str(), "each" | "batch" | "local") {
+        bail!("ORCA_FINISH must be each, batch or local, got {finish_mode}");
     }
+    let local_queue = env_num("ORCA_LOCAL_QUEUE", 500)?.clamp(2, 1000);
+    let completers = env_num("ORCA_COMPLETERS", 1)?.max(1);
 
     let mut setup = PgConnection::connect(&url).await.context("connect")?;
     setup.execute("CREATE EXTENSION IF NOT EXISTS orca").await?;
@@ -143,6 +154,13 @@ async fn main() -> Result<()> {
     let first: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
     let t_work = Instant::now();
     let mut workers = Vec::with_capacity(k);
+    let conns = if finish_mode == "local" {
+        drop(conns);
+        local::burn_down(&pool, n, k, local_queue, completers, first.clone()).await?;
+        Vec::new()
+    } else {
+        conns
+    };
     for (w, mut conn) in conns.into_iter().enumerate() {
         let done = done.clone();
         let first = first.clone();
@@ -242,9 +260,14 @@ async fn main() -> Result<()> {
     let enq_rate = n as f64 / enq.as_secs_f64();
     let avg = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
     println!(
-        "detail orca: K={k} workers, claim batch {batch}, finish {finish_mode}; enqueue via orca.backfill chunks of {chunk}: {:.1} ms; \
+        "detail orca: K={k} workers, {}; enqueue via orca.backfill chunks of {chunk}: {:.1} ms; \
          first claim {:.1} ms after start, first claim->last finish {:.1} ms, last finish->drained {:.1} ms; \
          analyze={analyze}; incl. startup {wall:.0} jobs/s; latency gap={}ms n={} min {:.2} avg {avg:.2} max {:.2} ms",
+        if finish_mode == "local" {
+            format!("local queue {local_queue}, {completers} completer(s) calling orca.finish_many")
+        } else {
+            format!("claim batch {batch}, finish {finish_mode}")
+        },
         enq.as_secs_f64() * 1000.0,
         (t_first - t_work).as_secs_f64() * 1000.0,
         (t_handlers - t_first).as_secs_f64() * 1000.0,
