@@ -564,9 +564,10 @@ pub enum Write<'a> {
     /// `_orca_seq` (an older version delivered again changes nothing), and
     /// the data files that held replaced rows are written again without
     /// them. The key columns of every data file that may hold one of the
-    /// epoch's keys are read: with a one-column integer or text key, a file
-    /// whose key bounds hold none of them is passed by; other keys read
-    /// every file, so their cost grows with the table.
+    /// epoch's keys are read: when the key's first column is an integer,
+    /// date, timestamp or text, a file whose bounds for it hold none of the
+    /// epoch's values is passed by; other keys read every file, so their
+    /// cost grows with the table.
     Merge(&'a [String]),
 }
 
@@ -587,112 +588,133 @@ struct MergeScan {
     skipped: usize,
 }
 
-/// An epoch's keys, sorted, for a one-column integer or text key without
-/// nulls: what a data file's key bounds are checked against.
-enum KeyProbe {
-    Ints { field: i32, keys: Vec<i64> },
-    Texts { field: i32, keys: Vec<String> },
+/// The epoch's values of the key's first column, sorted: what a data file's
+/// bounds for that column are checked against. A file whose range holds none
+/// of them holds none of the epoch's keys, whatever the other key columns.
+struct KeyProbe {
+    field: i32,
+    keys: KeyValues,
 }
 
-impl KeyProbe {
-    fn new(table: &Table, incoming: &RecordBatch, key: &[String]) -> Option<KeyProbe> {
+/// Key values as the bounds of an Iceberg manifest entry encode them:
+/// integers, dates (days) and timestamps (in the table's unit) as `i64`,
+/// text as UTF-8 (compared bytewise, as the bounds are).
+#[derive(Debug, PartialEq)]
+enum KeyValues {
+    Ints(Vec<i64>),
+    Texts(Vec<String>),
+}
+
+impl KeyValues {
+    /// None for a column with nulls (bounds say nothing of them) or of a
+    /// type not checked against bounds.
+    fn of(col: &dyn Array) -> Option<KeyValues> {
         use arrow_array::cast::AsArray;
-        use arrow_array::types::{Int32Type, Int64Type};
-        let [name] = key else {
-            return None;
-        };
-        let field = table
-            .inner
-            .metadata()
-            .current_schema()
-            .field_by_name(name)?
-            .id;
-        let col = incoming.column_by_name(name)?;
+        use arrow_array::types::{Date32Type, Int32Type, Int64Type};
+        use arrow_schema::{DataType, TimeUnit};
         if col.null_count() > 0 {
             return None;
         }
-        let mut probe = match col.data_type() {
-            arrow_schema::DataType::Int32 => KeyProbe::Ints {
-                field,
-                keys: col
-                    .as_primitive::<Int32Type>()
+        let widen = |v: &[i32]| v.iter().map(|x| i64::from(*x)).collect::<Vec<i64>>();
+        let mut keys = match col.data_type() {
+            DataType::Int32 => KeyValues::Ints(widen(col.as_primitive::<Int32Type>().values())),
+            DataType::Date32 => KeyValues::Ints(widen(col.as_primitive::<Date32Type>().values())),
+            DataType::Int64 => KeyValues::Ints(col.as_primitive::<Int64Type>().values().to_vec()),
+            DataType::Timestamp(TimeUnit::Microsecond, _) => KeyValues::Ints(
+                col.as_primitive::<arrow_array::types::TimestampMicrosecondType>()
                     .values()
-                    .iter()
-                    .map(|v| i64::from(*v))
-                    .collect(),
-            },
-            arrow_schema::DataType::Int64 => KeyProbe::Ints {
-                field,
-                keys: col.as_primitive::<Int64Type>().values().to_vec(),
-            },
-            arrow_schema::DataType::Utf8 => KeyProbe::Texts {
-                field,
-                keys: col
-                    .as_string::<i32>()
+                    .to_vec(),
+            ),
+            DataType::Timestamp(TimeUnit::Nanosecond, _) => KeyValues::Ints(
+                col.as_primitive::<arrow_array::types::TimestampNanosecondType>()
+                    .values()
+                    .to_vec(),
+            ),
+            DataType::Utf8 => KeyValues::Texts(
+                col.as_string::<i32>()
                     .iter()
                     .flatten()
                     .map(str::to_string)
                     .collect(),
-            },
-            arrow_schema::DataType::LargeUtf8 => KeyProbe::Texts {
-                field,
-                keys: col
-                    .as_string::<i64>()
+            ),
+            DataType::LargeUtf8 => KeyValues::Texts(
+                col.as_string::<i64>()
                     .iter()
                     .flatten()
                     .map(str::to_string)
                     .collect(),
-            },
+            ),
             _ => return None,
         };
-        match &mut probe {
-            KeyProbe::Ints { keys, .. } => {
-                keys.sort_unstable();
-                keys.dedup();
+        match &mut keys {
+            KeyValues::Ints(v) => {
+                v.sort_unstable();
+                v.dedup();
             }
-            KeyProbe::Texts { keys, .. } => {
-                keys.sort_unstable();
-                keys.dedup();
+            KeyValues::Texts(v) => {
+                v.sort_unstable();
+                v.dedup();
             }
         }
-        Some(probe)
+        Some(keys)
     }
 
-    /// False only when the file's key bounds show it holds none of the
-    /// keys. A file without bounds, or with bounds of another type, may.
-    /// Writers that shorten text bounds keep the lower a prefix and round the
-    /// upper up, so a shortened range still covers the file's keys.
-    fn may_hold(&self, file: &iceberg::spec::DataFile) -> bool {
+    /// False only when the bounds show that none of the values lies in
+    /// [lo, hi]. Bounds of another type say nothing. Writers that shorten
+    /// text bounds keep the lower a prefix and round the upper up, so a
+    /// shortened range still covers the file's values.
+    fn may_lie_within(
+        &self,
+        lo: &iceberg::spec::PrimitiveLiteral,
+        hi: &iceberg::spec::PrimitiveLiteral,
+    ) -> bool {
         use iceberg::spec::PrimitiveLiteral as L;
-        let field = match self {
-            KeyProbe::Ints { field, .. } | KeyProbe::Texts { field, .. } => *field,
-        };
-        let (Some(lo), Some(hi)) = (
-            file.lower_bounds().get(&field),
-            file.upper_bounds().get(&field),
-        ) else {
-            return true;
-        };
         let int = |l: &L| match l {
             L::Int(v) => Some(i64::from(*v)),
             L::Long(v) => Some(*v),
             _ => None,
         };
         match self {
-            KeyProbe::Ints { keys, .. } => match (int(lo.literal()), int(hi.literal())) {
+            KeyValues::Ints(keys) => match (int(lo), int(hi)) {
                 (Some(lo), Some(hi)) => {
                     let i = keys.partition_point(|k| *k < lo);
                     keys.get(i).is_some_and(|k| *k <= hi)
                 }
                 _ => true,
             },
-            KeyProbe::Texts { keys, .. } => match (lo.literal(), hi.literal()) {
+            KeyValues::Texts(keys) => match (lo, hi) {
                 (L::String(lo), L::String(hi)) => {
                     let i = keys.partition_point(|k| k.as_str() < lo.as_str());
                     keys.get(i).is_some_and(|k| k.as_str() <= hi.as_str())
                 }
                 _ => true,
             },
+        }
+    }
+}
+
+impl KeyProbe {
+    fn new(table: &Table, incoming: &RecordBatch, key: &[String]) -> Option<KeyProbe> {
+        let first = key.first()?;
+        let field = table
+            .inner
+            .metadata()
+            .current_schema()
+            .field_by_name(first)?
+            .id;
+        let keys = KeyValues::of(incoming.column_by_name(first)?.as_ref())?;
+        Some(KeyProbe { field, keys })
+    }
+
+    /// False only when the file's bounds for the key's first column show it
+    /// holds none of the epoch's keys; a file without them may.
+    fn may_hold(&self, file: &iceberg::spec::DataFile) -> bool {
+        match (
+            file.lower_bounds().get(&self.field),
+            file.upper_bounds().get(&self.field),
+        ) {
+            (Some(lo), Some(hi)) => self.keys.may_lie_within(lo.literal(), hi.literal()),
+            _ => true,
         }
     }
 }
@@ -818,4 +840,56 @@ fn fit(schema: &std::sync::Arc<ArrowSchema>, dataset: &str, b: RecordBatch) -> R
         .collect::<Result<Vec<_>>>()?;
     RecordBatch::try_new(schema.clone(), columns)
         .map_err(|e| format!("batch does not fit table {dataset}: {e}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyValues;
+    use arrow_array::{Date32Array, Int32Array, Int64Array, StringArray};
+    use iceberg::spec::PrimitiveLiteral as L;
+
+    #[test]
+    fn integer_keys_are_checked_against_int_and_long_bounds() {
+        let keys = KeyValues::of(&Int64Array::from(vec![40, 7, 19_950, 7])).expect("ints");
+        assert_eq!(keys, KeyValues::Ints(vec![7, 40, 19_950]));
+        assert!(
+            keys.may_lie_within(&L::Long(1), &L::Long(7)),
+            "7 is a bound"
+        );
+        assert!(keys.may_lie_within(&L::Long(19_901), &L::Long(20_000)));
+        assert!(
+            !keys.may_lie_within(&L::Long(8), &L::Long(39)),
+            "between keys"
+        );
+        assert!(
+            !keys.may_lie_within(&L::Long(19_951), &L::Long(30_000)),
+            "above all"
+        );
+        assert!(!keys.may_lie_within(&L::Int(-5), &L::Int(6)), "below all");
+        let ints = KeyValues::of(&Int32Array::from(vec![3])).expect("int32");
+        assert!(ints.may_lie_within(&L::Int(3), &L::Int(3)));
+    }
+
+    #[test]
+    fn text_and_date_keys_compare_as_their_bounds_do() {
+        let keys = KeyValues::of(&StringArray::from(vec!["customer 7", "b"])).expect("texts");
+        assert!(keys.may_lie_within(&L::String("a".into()), &L::String("c".into())));
+        assert!(!keys.may_lie_within(&L::String("c".into()), &L::String("customer 6".into())));
+        // A shortened upper bound rounded up still covers its file's values.
+        assert!(keys.may_lie_within(&L::String("custom".into()), &L::String("customf".into())));
+        let days = KeyValues::of(&Date32Array::from(vec![19_723])).expect("dates");
+        assert!(days.may_lie_within(&L::Int(19_700), &L::Int(19_800)));
+        assert!(!days.may_lie_within(&L::Int(19_724), &L::Int(19_800)));
+    }
+
+    #[test]
+    fn nulls_other_types_and_mismatched_bounds_say_nothing() {
+        assert_eq!(KeyValues::of(&Int64Array::from(vec![Some(1), None])), None);
+        assert_eq!(
+            KeyValues::of(&arrow_array::Float64Array::from(vec![1.5])),
+            None
+        );
+        let keys = KeyValues::of(&Int64Array::from(vec![5])).expect("ints");
+        assert!(keys.may_lie_within(&L::String("a".into()), &L::String("b".into())));
+    }
 }
