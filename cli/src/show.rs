@@ -28,7 +28,7 @@ pub fn runs(
     let rows = c
         .query(
             "SELECT run, pipeline, version, partitions, trigger, status, attempts, created_at,
-                    started_at, finished_at, steps_succeeded, steps_total, error
+                    started_at, finished_at, steps_succeeded, steps_total, error, kind
              FROM orca.run_overview
              WHERE kind IN ('pipeline', 'sync')
                AND ($1::text IS NULL OR pipeline = $1) AND ($2::text IS NULL OR status = $2)
@@ -47,8 +47,14 @@ pub fn runs(
             p.truncate(21);
             p.push_str("...");
         }
+        // A sync's run has no steps: its progress is the sync's HEAD.
+        let steps = if r.get::<_, String>(13) == "sync" {
+            "  -  ".to_string()
+        } else {
+            format!("{:>2}/{:<2}", r.get::<_, i64>(10), r.get::<_, i64>(11))
+        };
         println!(
-            "{:>7}  {:<16} {:>3}  {:<24} {:<9} {:<10} {:>3}  {:<19}  {:>8}  {:>2}/{:<2}{}",
+            "{:>7}  {:<16} {:>3}  {:<24} {:<9} {:<10} {:>3}  {:<19}  {:>8}  {steps}{}",
             r.get::<_, i64>(0),
             r.get::<_, String>(1),
             r.get::<_, i32>(2),
@@ -58,8 +64,6 @@ pub fn runs(
             r.get::<_, i32>(6),
             time(r.get(7)),
             secs(r.get(8), r.get(9)),
-            r.get::<_, i64>(10),
-            r.get::<_, i64>(11),
             r.get::<_, Option<String>>(12)
                 .map(|e| format!("  {}", e.lines().next().unwrap_or_default()))
                 .unwrap_or_default()

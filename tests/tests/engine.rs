@@ -1646,6 +1646,21 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     );
     assert!(said.contains("1/1 done: 1 succeeded"), "{said}");
     assert!(said.contains("sync shop: HEAD at epoch"), "{said}");
+    // A sync's run has no steps to count: its line says so instead of 0/0.
+    let o = Command::new(bin("orca"))
+        .args(["runs", "--pipeline", "shop"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca runs");
+    let runs = String::from_utf8_lossy(&o.stdout);
+    let line = runs
+        .lines()
+        .find(|l| l.contains(" backfill ") && l.contains(" succeeded "))
+        .unwrap_or_else(|| panic!("the backfill run's line: {runs}"));
+    assert!(
+        line.trim_end().ends_with('-') && !line.contains("0/0"),
+        "{line}"
+    );
     let b: i64 = sqlx::query_scalar("SELECT max(id) FROM orca.runs WHERE trigger = 'backfill'")
         .fetch_one(&db.pool)
         .await
