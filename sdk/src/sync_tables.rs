@@ -630,20 +630,8 @@ impl KeyValues {
                     .values()
                     .to_vec(),
             ),
-            DataType::Utf8 => KeyValues::Texts(
-                col.as_string::<i32>()
-                    .iter()
-                    .flatten()
-                    .map(str::to_string)
-                    .collect(),
-            ),
-            DataType::LargeUtf8 => KeyValues::Texts(
-                col.as_string::<i64>()
-                    .iter()
-                    .flatten()
-                    .map(str::to_string)
-                    .collect(),
-            ),
+            DataType::Utf8 => KeyValues::Texts(texts(col.as_string::<i32>())),
+            DataType::LargeUtf8 => KeyValues::Texts(texts(col.as_string::<i64>())),
             _ => return None,
         };
         match &mut keys {
@@ -691,6 +679,10 @@ impl KeyValues {
             },
         }
     }
+}
+
+fn texts<O: arrow_array::OffsetSizeTrait>(a: &arrow_array::GenericStringArray<O>) -> Vec<String> {
+    a.iter().flatten().map(str::to_string).collect()
 }
 
 impl KeyProbe {

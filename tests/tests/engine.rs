@@ -2061,6 +2061,41 @@ async fn held_cells_are_released_once_the_user_says_how_or_the_column_can_take_t
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Changes the rows `filter` picks (qty set to `qty`, updated_at moved into
+/// `year`), merges them into raw.orders with `engine`, and checks that it
+/// read `changed` rows and that the table holds one row per key, each at its
+/// newest version. Returns the table's stats of `qty`.
+async fn merge_changes(
+    db: &TestDb,
+    mut engine: Command,
+    wh: &str,
+    qty: &str,
+    year: &str,
+    filter: &str,
+    changed: i64,
+) -> Value {
+    sqlx::raw_sql(&format!(
+        "UPDATE public.orders SET qty = {qty},
+                updated_at = '{year}-01-01'::timestamptz + id * interval '1 ms'
+         WHERE {filter}"
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("updates");
+    let o = engine.output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], changed, "{outcome}");
+    let want = db
+        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
+        .await;
+    let keys = db.scalar_i64("SELECT count(*) FROM public.orders").await;
+    let stats = pyiceberg(&["stats", &db.url(), wh, "raw.orders", "qty"]);
+    assert_eq!(stats["rows"], keys, "one row per key");
+    assert_eq!(stats["sum"], want, "every key at its newest version");
+    stats
+}
+
 #[tokio::test]
 async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates() {
     let db = TestDb::new().await;
@@ -2089,48 +2124,14 @@ async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates
 
     // Changed rows are read again as newer versions: each replaces its
     // key's row, in the files that held them.
-    sqlx::raw_sql(
-        "UPDATE public.orders SET qty = qty + 1000,
-                updated_at = '2031-01-01'::timestamptz + id * interval '1 ms'
-         WHERE id % 50 = 0",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("updates");
-    let o = run().output().expect("engine");
-    assert!(o.status.success(), "{}", text(&o));
-    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
-    assert_eq!(outcome["rows"], 400, "{outcome}");
-    let want = db
-        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
-        .await;
-    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "qty"]);
-    assert_eq!(stats["rows"], rows, "one row per key");
-    assert_eq!(stats["sum"], want, "every key at its newest version");
+    merge_changes(&db, run(), &wh_s, "qty + 1000", "2031", "id % 50 = 0", 400).await;
     let ids = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
     assert_eq!(ids["distinct"], rows);
 
     // A change to the newest keys only: the merge reads the key columns of
     // the files whose id bounds may hold them and passes the others by, as
     // the snapshot's summary tells.
-    sqlx::raw_sql(
-        "UPDATE public.orders SET qty = qty + 7,
-                updated_at = '2032-01-01'::timestamptz + id * interval '1 ms'
-         WHERE id > 19900",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("updates of the newest keys");
-    let o = run().output().expect("engine");
-    assert!(o.status.success(), "{}", text(&o));
-    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
-    assert_eq!(outcome["rows"], 100, "{outcome}");
-    let want = db
-        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
-        .await;
-    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "qty"]);
-    assert_eq!(stats["rows"], rows, "one row per key");
-    assert_eq!(stats["sum"], want, "every key at its newest version");
+    let stats = merge_changes(&db, run(), &wh_s, "qty + 7", "2032", "id > 19900", 100).await;
     let epoch_of = |s: &Value| {
         s["orca.sync.epoch"]
             .as_str()
