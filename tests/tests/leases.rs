@@ -221,10 +221,30 @@ async fn unknown_and_finished_leases_are_refused_without_changes() {
 }
 
 #[tokio::test]
+async fn a_lease_whose_run_was_deleted_by_hand_is_refused_and_then_removed() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let l = claim(&db.pool, "r", 1).await;
+    sqlx::query("DELETE FROM orca.runs WHERE id = $1")
+        .bind(l[0].run)
+        .execute(&db.pool)
+        .await
+        .expect("delete the run");
+    let sql = format!("SELECT orca.finish('{}', true)", l[0].lease);
+    let (code, msg) = expect_error(&db.pool, &sql).await;
+    assert_eq!(code, "OR012", "{msg}");
+    assert!(msg.contains(&l[0].lease.to_string()), "{msg}");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.leases").await, 1);
+    let at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    db.tick(&at).await;
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.leases").await, 0);
+}
+
+#[tokio::test]
 async fn finish_many_finishes_a_batch_or_nothing() {
     let db = TestDb::new().await;
-    with_pending(&db, 5).await;
-    let l = claim(&db.pool, "r", 5).await;
+    with_pending(&db, 6).await;
+    let l = claim(&db.pool, "r", 6).await;
     let first: Vec<uuid::Uuid> = l[..3].iter().map(|x| x.lease).collect();
     let n: i32 = sqlx::query_scalar("SELECT orca.finish_many($1)")
         .bind(&first)
@@ -259,6 +279,34 @@ async fn finish_many_finishes_a_batch_or_nothing() {
     };
     assert_eq!(code.as_deref(), Some("OR014"), "{err}");
     assert_eq!(db.table_counts().await, before);
+    // So does a forged token (a live attempt's id, other random bits) or a
+    // NULL beside live leases, and the error names the token.
+    let forged = uuid::Uuid::from_u128(l[4].lease.as_u128() ^ (1u128 << 100));
+    for (batch, named) in [
+        (vec![Some(l[3].lease), Some(forged)], forged.to_string()),
+        (vec![Some(l[3].lease), None], "NULL".to_string()),
+    ] {
+        let err = sqlx::query("SELECT orca.finish_many($1)")
+            .bind(&batch)
+            .execute(&db.pool)
+            .await
+            .expect_err("a forged or NULL lease in the batch");
+        let (code, msg) = match &err {
+            sqlx::Error::Database(d) => (d.code().map(|c| c.to_string()), d.message().to_string()),
+            _ => (None, String::new()),
+        };
+        assert_eq!(code.as_deref(), Some("OR012"), "{err}");
+        assert!(msg.contains(&named), "{msg}");
+        assert_eq!(db.table_counts().await, before);
+    }
+    // A live lease given twice is finished once.
+    let twice = vec![l[5].lease, l[5].lease];
+    let n: i32 = sqlx::query_scalar("SELECT orca.finish_many($1)")
+        .bind(&twice)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the same lease twice");
+    assert_eq!(n, 1);
     // Failing a batch retries or fails each run by its own budget.
     let rest = vec![l[3].lease, l[4].lease];
     sqlx::query("SELECT orca.finish_many($1, false, 'disk full')")
