@@ -10,17 +10,36 @@ use anyhow::{Context, Result};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Mutex};
 
+/// How the local queue is fed and drained.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    /// Attempts claimed and not yet finished, at most.
+    pub local_queue: usize,
+    /// Connections finishing completed attempts.
+    pub completers: usize,
+    /// The claimer refills once this many places are free.
+    pub refill: usize,
+    /// A completer finishes at most this many attempts per call.
+    pub finish_chunk: usize,
+}
+
 /// Claims, runs and finishes `n` attempts; returns once all are finished.
 pub async fn burn_down(
     pool: &PgPool,
     n: usize,
     executors: usize,
-    local_queue: usize,
-    completers: usize,
+    shape: &Shape,
     first: Arc<OnceLock<Instant>>,
 ) -> Result<()> {
-    // Claimed and not yet finished: the fetcher refills when half of the
-    // local queue is free, so executors never wait on a round trip.
+    let Shape {
+        local_queue,
+        completers,
+        refill,
+        finish_chunk,
+    } = *shape;
+    // Claimed and not yet finished. Claims and completions go in chunks
+    // smaller than the queue so that the claimer and the completers work at
+    // the same time: with one whole-queue batch each they took turns.
     let in_flight = Arc::new(AtomicUsize::new(0));
     let (job_tx, job_rx) = mpsc::unbounded_channel::<uuid::Uuid>();
     let (done_tx, done_rx) = mpsc::unbounded_channel::<uuid::Uuid>();
@@ -58,7 +77,7 @@ pub async fn burn_down(
                         return anyhow::Ok(());
                     };
                     let mut batch = vec![one];
-                    while batch.len() < 10_000 {
+                    while batch.len() < finish_chunk {
                         match rx.try_recv() {
                             Ok(l) => batch.push(l),
                             Err(_) => break,
@@ -79,7 +98,7 @@ pub async fn burn_down(
     let mut claimed = 0usize;
     while claimed < n {
         let room = local_queue.saturating_sub(in_flight.load(Ordering::SeqCst));
-        if room < local_queue / 2 {
+        if room < refill {
             tokio::time::sleep(Duration::from_micros(200)).await;
             continue;
         }

@@ -20,11 +20,13 @@
 //! `batch`: one orca.finish_many call per claimed batch; `local`: the shape
 //! of graphile-worker's recommended `localQueue` setting, which the peer
 //! harness uses: one connection claims up to `ORCA_LOCAL_QUEUE` attempts
-//! (default 500, as graphile-worker's) into an in-process queue whenever it
-//! is half empty, K executors take jobs from it, and `ORCA_COMPLETERS`
-//! connections (default 1) finish whatever completed since their last call
-//! with one orca.finish_many, as graphile-worker's completeJobBatchDelay=0
-//! batches completions).
+//! (default 500, as graphile-worker's) into an in-process queue whenever
+//! `ORCA_REFILL` places are free (default a quarter of the queue), K
+//! executors take jobs from it, and `ORCA_COMPLETERS` connections (default 1)
+//! finish what completed since their last call, up to `ORCA_FINISH_CHUNK`
+//! (default a quarter of the queue) per orca.finish_many, as
+//! graphile-worker's completeJobBatchDelay=0 batches completions; chunks
+//! smaller than the queue let claims and completions overlap).
 //! Prints one `RESULT orca ...` line, and details before it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,6 +90,12 @@ async fn main() -> Result<()> {
     }
     let local_queue = env_num("ORCA_LOCAL_QUEUE", 500)?.clamp(2, 1000);
     let completers = env_num("ORCA_COMPLETERS", 1)?.max(1);
+    let shape = local::Shape {
+        local_queue,
+        completers,
+        refill: env_num("ORCA_REFILL", local_queue / 4)?.clamp(1, local_queue),
+        finish_chunk: env_num("ORCA_FINISH_CHUNK", local_queue / 4)?.clamp(1, 10_000),
+    };
 
     let mut setup = PgConnection::connect(&url).await.context("connect")?;
     setup.execute("CREATE EXTENSION IF NOT EXISTS orca").await?;
@@ -158,7 +166,7 @@ async fn main() -> Result<()> {
     let first: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
     let t_work = Instant::now();
     if finish_mode == "local" {
-        local::burn_down(&pool, n, k, local_queue, completers, first.clone()).await?;
+        local::burn_down(&pool, n, k, &shape, first.clone()).await?;
     }
     let mut workers = Vec::with_capacity(conns.len());
     for (w, mut conn) in conns.into_iter().enumerate() {
@@ -264,7 +272,11 @@ async fn main() -> Result<()> {
          first claim {:.1} ms after start, first claim->last finish {:.1} ms, last finish->drained {:.1} ms; \
          analyze={analyze}; incl. startup {wall:.0} jobs/s; latency gap={}ms n={} min {:.2} avg {avg:.2} max {:.2} ms",
         if finish_mode == "local" {
-            format!("local queue {local_queue}, {completers} completer(s) calling orca.finish_many")
+            format!(
+                "local queue {local_queue} refilled when {} free, {completers} completer(s) \
+                 calling orca.finish_many on up to {}",
+                shape.refill, shape.finish_chunk
+            )
         } else {
             format!("claim batch {batch}, finish {finish_mode}")
         },
