@@ -1941,7 +1941,8 @@ DECLARE
     v_org bigint := orca.current_org_id();
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
     v_ttl interval := make_interval(secs => orca._lease_seconds());
-    v_ids bigint[];
+    v_ids  bigint[];
+    v_tids tid[];
 BEGIN
     IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
@@ -1971,20 +1972,22 @@ BEGIN
     -- through = ANY (v_ids): each statement then has one plan that stays on
     -- primary keys, which PL/pgSQL caches instead of planning the whole
     -- claim again on every call (a third of a small claim's time).
-    v_ids := ARRAY(
-        SELECT x.attempt_id FROM orca.queue x
-        WHERE x.org_id = v_org AND x.pool = claim.pool
-        ORDER BY x.attempt_id
-        LIMIT claim.max
-        FOR UPDATE SKIP LOCKED);
-    IF cardinality(v_ids) = 0 THEN
+    -- The picked rows stay locked to the end of the transaction, so their
+    -- ctids hold, and the delete is a TID scan however long the queue is.
+    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
+    INTO v_ids, v_tids
+    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
+          WHERE q.org_id = v_org AND q.pool = claim.pool
+          ORDER BY q.attempt_id
+          LIMIT claim.max
+          FOR UPDATE SKIP LOCKED) x;
+    IF v_ids IS NULL THEN
         RETURN;
     END IF;
 
     RETURN QUERY
     WITH picked AS (
-        DELETE FROM orca.queue q
-        WHERE q.org_id = v_org AND q.pool = claim.pool AND q.attempt_id = ANY (v_ids)
+        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
     ), leased AS (
         -- leased_at is the clock, not the transaction's start: this statement
         -- may see an attempt that a finish committed after this transaction
@@ -2105,13 +2108,16 @@ BEGIN
     v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
     -- Runs first, in id order: the lock order every API function keeps. The
     -- same statement learns their pipelines and whether any is a sensor's.
-    SELECT array_agg(DISTINCT s.pipeline_id), coalesce(bool_or(s.kind = 'sense'), false)
+    -- LATERAL keeps each run a primary-key lookup: for a batch of a few
+    -- hundred the planner otherwise scans the whole runs table, which costs
+    -- more than all of the batch's writes once the history is large.
+    SELECT array_agg(DISTINCT x.pipeline_id), coalesce(bool_or(x.kind = 'sense'), false)
     INTO v_pipelines, v_sense
-    FROM (SELECT r.pipeline_id, r.kind FROM orca.runs r
-          WHERE r.id IN (SELECT a.run_id FROM orca.attempts a
-                         WHERE a.id = ANY (v_ids) AND a.org_id = v_org)
-          ORDER BY r.id
-          FOR UPDATE OF r) s;
+    FROM (SELECT DISTINCT a.run_id FROM orca.attempts a
+          WHERE a.id = ANY (v_ids) AND a.org_id = v_org
+          ORDER BY a.run_id) u
+    CROSS JOIN LATERAL (SELECT r.pipeline_id, r.kind FROM orca.runs r
+                        WHERE r.id = u.run_id FOR UPDATE) x;
 
     -- Failures (retries) and a sensor's polls (whose run stays running) take
     -- the one-at-a-time path.
