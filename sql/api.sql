@@ -567,7 +567,8 @@ BEGIN
     -- primary keys, which PL/pgSQL caches instead of planning the whole
     -- claim again on every call (a third of a small claim's time).
     -- The picked rows stay locked to the end of the transaction, so their
-    -- ctids hold, and the delete is a TID scan however long the queue is.
+    -- ctids hold and the delete finds them by ctid, not by a filter on the
+    -- queue's key.
     SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
     INTO v_ids, v_tids
     FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
