@@ -697,7 +697,7 @@ BEGIN
         RAISE EXCEPTION 'at most 10000 leases at once, got %', cardinality(finish_many.leases)
             USING ERRCODE = 'OR050';
     END IF;
-    IF array_position(finish_many.leases, NULL) IS NOT NULL THEN
+    IF EXISTS (SELECT 1 FROM unnest(finish_many.leases) AS x WHERE x IS NULL) THEN
         PERFORM orca._lease_refused(v_org, NULL);
     END IF;
     v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
@@ -1321,11 +1321,8 @@ BEGIN
         DECLARE
             l orca.attempts := orca._lock_attempt(a.id);
         BEGIN
-            IF l.id IS NULL THEN
-                -- Its attempt was deleted by hand: nothing is left to retry.
-                DELETE FROM orca.leases x WHERE x.attempt_id = a.id;
             -- Re-checked under the lock: a heartbeat or finish may have won.
-            ELSIF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
+            IF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
                                                WHERE x.attempt_id = a.id AND x.deadline < v_now) THEN
                 PERFORM orca._attempt_ended(l.id, 'lost',
                     format('lease expired at %s without a heartbeat from runner %s',
