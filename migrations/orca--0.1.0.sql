@@ -1848,13 +1848,17 @@ BEGIN
             USING ERRCODE = 'OR013', HINT = 'only queued or running runs can be cancelled';
     END IF;
     UPDATE orca.runs SET status = 'cancelled', finished_at = now() WHERE id = r.id;
+    -- Queue rows before attempts, the order orca.claim takes them in: the
+    -- other order deadlocked with a claim that had picked this run's attempt
+    -- and not yet leased it. Such a claim finishes first; its attempt is then
+    -- leased, and cancelled below like any leased one.
+    DELETE FROM orca.queue q
+    WHERE q.org_id = v_org
+      AND q.attempt_id IN (SELECT a.id FROM orca.attempts a WHERE a.run_id = r.id);
     WITH c AS (
         UPDATE orca.attempts a SET status = 'cancelled', finished_at = now(), error = 'run cancelled'
         WHERE a.run_id = r.id AND a.status IN ('pending', 'leased')
         RETURNING a.id, a.number, a.runner, a.pool
-    ), dq AS (
-        DELETE FROM orca.queue q USING c
-        WHERE q.org_id = v_org AND q.pool = c.pool AND q.attempt_id = c.id
     ), dl AS (
         DELETE FROM orca.leases l USING c WHERE l.attempt_id = c.id
     )

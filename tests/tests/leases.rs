@@ -220,6 +220,62 @@ async fn unknown_and_finished_leases_are_refused_without_changes() {
     assert_eq!(db.table_counts().await, before);
 }
 
+/// orca.claim locks its picked queue rows, then leases their attempts, in
+/// one call whose window cannot be paused from outside; this test takes the
+/// same locks in the same order by hand, and a cancel arrives in between.
+#[tokio::test]
+async fn a_cancel_that_meets_a_claim_in_flight_waits_for_it_instead_of_deadlocking() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    let run = db.scalar_i64("SELECT id FROM orca.runs").await;
+    let attempt = db.scalar_i64("SELECT attempt_id FROM orca.queue").await;
+    let mut claimer = db.connect().await;
+    claimer.execute("BEGIN").await.expect("begin");
+    sqlx::query("SELECT 1 FROM orca.queue WHERE attempt_id = $1 FOR UPDATE SKIP LOCKED")
+        .bind(attempt)
+        .execute(&mut claimer)
+        .await
+        .expect("pick");
+    let mut canceller = db.connect().await;
+    let cancel = tokio::spawn(async move {
+        sqlx::query("SELECT orca.cancel($1)")
+            .bind(run)
+            .execute(&mut canceller)
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for sql in [
+        "UPDATE orca.attempts SET status = 'leased', runner = 'r', \
+         lease = orca._new_lease(id), leased_at = now() WHERE id = $1",
+        "INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline) \
+         SELECT org_id, id, lease, 'r', now() + interval '1 minute' FROM orca.attempts WHERE id = $1",
+        "DELETE FROM orca.queue WHERE attempt_id = $1",
+    ] {
+        sqlx::query(sql)
+            .bind(attempt)
+            .execute(&mut claimer)
+            .await
+            .unwrap_or_else(|e| panic!("the claim's step {sql}: {e}"));
+    }
+    claimer.execute("COMMIT").await.expect("commit");
+    cancel
+        .await
+        .expect("join")
+        .expect("the cancel, after the claim");
+    let status: String = sqlx::query_scalar("SELECT status FROM orca.attempts WHERE id = $1")
+        .bind(attempt)
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempt");
+    assert_eq!(status, "cancelled");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.leases").await, 0);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.queue").await, 0);
+    assert_eq!(
+        db.strings("SELECT status FROM orca.runs").await,
+        ["cancelled"]
+    );
+}
+
 #[tokio::test]
 async fn a_lease_goes_with_its_run_when_the_run_is_deleted_by_hand() {
     let db = TestDb::new().await;
