@@ -230,12 +230,14 @@ CREATE TABLE orca.attempts (
 -- table of its own stays small however long the history grows, so a claim
 -- reads a handful of index entries and its plan does not depend on what the
 -- statistics say about finished attempts.
+-- No foreign key: a queue row is inserted by the statement that made its
+-- attempt, and the check per queued attempt cost 7 % of enqueue throughput;
+-- the trigger below deletes the rows of deleted attempts, as the cascade did.
 CREATE TABLE orca.queue (
     org_id      bigint NOT NULL,
     pool        text NOT NULL,
     attempt_id  bigint NOT NULL,
-    PRIMARY KEY (org_id, pool, attempt_id),
-    FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
+    PRIMARY KEY (org_id, pool, attempt_id)
 );
 
 -- Live leases, one row per leased attempt, deleted when the attempt ends.
@@ -254,11 +256,13 @@ CREATE TABLE orca.leases (
     heartbeat_at timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50);
 
--- Attempts are deleted only by hand (or with their run); their leases go
--- with them, so the runner's next heartbeat is refused and it stops.
+-- Attempts are deleted only by hand (or with their run); their queue rows
+-- and leases go with them, so no runner claims them and a runner holding
+-- one is refused at its next heartbeat and stops.
 CREATE FUNCTION orca._attempts_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    DELETE FROM orca.queue q USING gone g WHERE q.attempt_id = g.id AND q.org_id = g.org_id;
     DELETE FROM orca.leases l USING gone g WHERE l.attempt_id = g.id;
     RETURN NULL;
 END

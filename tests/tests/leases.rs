@@ -277,16 +277,18 @@ async fn a_cancel_that_meets_a_claim_in_flight_waits_for_it_instead_of_deadlocki
 }
 
 #[tokio::test]
-async fn a_lease_goes_with_its_run_when_the_run_is_deleted_by_hand() {
+async fn leases_and_queue_rows_go_with_their_runs_when_runs_are_deleted_by_hand() {
     let db = TestDb::new().await;
-    with_pending(&db, 1).await;
+    with_pending(&db, 2).await;
     let l = claim(&db.pool, "r", 1).await;
-    sqlx::query("DELETE FROM orca.runs WHERE id = $1")
-        .bind(l[0].run)
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.queue").await, 1);
+    sqlx::query("DELETE FROM orca.runs")
         .execute(&db.pool)
         .await
-        .expect("delete the run");
+        .expect("delete the runs");
     assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.leases").await, 0);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.queue").await, 0);
+    assert!(claim(&db.pool, "r", 1).await.is_empty());
     // The runner's next heartbeat is refused, so it stops the attempt.
     for sql in [
         format!("SELECT orca.heartbeat('{}')", l[0].lease),
