@@ -347,19 +347,12 @@ async fn finish_many_finishes_a_batch_or_nothing() {
     // NULL beside live leases, and the error names the token.
     let forged = uuid::Uuid::from_u128(l[4].lease.as_u128() ^ (1u128 << 100));
     for (batch, named) in [
-        (vec![Some(l[3].lease), Some(forged)], forged.to_string()),
-        (vec![Some(l[3].lease), None], "NULL".to_string()),
+        (format!("'{}', '{forged}'", l[3].lease), forged.to_string()),
+        (format!("'{}', NULL", l[3].lease), "NULL".to_string()),
     ] {
-        let err = sqlx::query("SELECT orca.finish_many($1)")
-            .bind(&batch)
-            .execute(&db.pool)
-            .await
-            .expect_err("a forged or NULL lease in the batch");
-        let (code, msg) = match &err {
-            sqlx::Error::Database(d) => (d.code().map(|c| c.to_string()), d.message().to_string()),
-            _ => (None, String::new()),
-        };
-        assert_eq!(code.as_deref(), Some("OR012"), "{err}");
+        let sql = format!("SELECT orca.finish_many(ARRAY[{batch}]::uuid[])");
+        let (code, msg) = expect_error(&db.pool, &sql).await;
+        assert_eq!(code, "OR012", "{sql}: {msg}");
         assert!(msg.contains(&named), "{msg}");
         assert_eq!(db.table_counts().await, before);
     }
