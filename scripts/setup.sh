@@ -56,7 +56,36 @@ for f in migrations/orca--*.sql; do
     as_root install -m 0644 "$f" "$extdir/"
 done
 
-# 4. PyIceberg, the other Iceberg client the tests read Orca's tables with.
+# 4. The library of each older release, built once from the commit
+#    migrations/RELEASES names, for the upgrade test (tests/tests/upgrade.rs),
+#    which starts a server on the old library and installs this build's
+#    under it. A target directory of its own, so this build's stays as it is.
+releases_dir="${ORCA_RELEASES_DIR:-/var/tmp/orca-releases}"
+while read -r v _sum commit; do
+    case "$v" in '' | \#*) continue ;; esac
+    [ "$v" = "$current" ] && continue
+    out="$releases_dir/$v"
+    if [ -f "$out/orca.so" ] && [ "$(cat "$out/commit" 2>/dev/null)" = "$commit" ]; then
+        continue
+    fi
+    if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+        say "warning: release $v's commit $commit is not in this clone: the upgrade test cannot start on its library"
+        continue
+    fi
+    say "building release $v's library from $commit (once; about 3 minutes)"
+    src=$(mktemp -d /var/tmp/orca-release-src.XXXXXX)
+    git archive "$commit" | tar -x -C "$src"
+    (cd "$src" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-releases" \
+        cargo pgrx package -p orca-ext --pg-config "$PG_CONFIG" --out-dir "$src/pkg" >/dev/null)
+    lib=$(find "$src/pkg" -name orca.so | head -1)
+    [ -n "$lib" ] || die "the build of release $v made no orca.so"
+    mkdir -p "$out"
+    install -m 0755 "$lib" "$out/orca.so"
+    echo "$commit" >"$out/commit"
+    rm -rf "$src"
+done <migrations/RELEASES
+
+# 5. PyIceberg, the other Iceberg client the tests read Orca's tables with.
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
 if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
     say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
@@ -70,7 +99,7 @@ if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
     "$PY" -m pip install -q "moto[server]==5.2.5"
 fi
 
-# 5. The system cluster, which the tests use.
+# 6. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start

@@ -37,6 +37,7 @@ CREATE TABLE orca.orgs (
                 CHECK (name ~ '^[a-z][a-z0-9_-]{0,62}$'),
     created_at  timestamptz NOT NULL DEFAULT now()
 );
+COMMENT ON TABLE orca.orgs IS 'Orgs. Every other table carries org_id; SET orca.org picks one.';
 
 CREATE TABLE orca.members (
     org_id      bigint NOT NULL REFERENCES orca.orgs (id) ON DELETE CASCADE,
@@ -44,6 +45,7 @@ CREATE TABLE orca.members (
     added_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, role_name)
 );
+COMMENT ON TABLE orca.members IS 'Which roles may act in which org (orca.add_member).';
 
 CREATE TABLE orca.pipelines (
     org_id          bigint NOT NULL REFERENCES orca.orgs (id),
@@ -64,6 +66,7 @@ CREATE TABLE orca.pipelines (
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
 );
+COMMENT ON TABLE orca.pipelines IS 'Registered pipelines, one row per name and org.';
 
 CREATE TABLE orca.pipeline_versions (
     org_id          bigint NOT NULL,
@@ -101,6 +104,8 @@ CREATE TABLE orca.pipeline_versions (
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id)
 );
+COMMENT ON TABLE orca.pipeline_versions IS
+'Each registered manifest of a pipeline: code (registry_hash), source, commit and settings.';
 
 CREATE TABLE orca.steps (
     org_id      bigint NOT NULL,
@@ -116,6 +121,7 @@ CREATE TABLE orca.steps (
     UNIQUE (version_id, name),
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
 );
+COMMENT ON TABLE orca.steps IS 'The steps of each pipeline version, in run order.';
 
 CREATE TABLE orca.schedules (
     org_id          bigint NOT NULL,
@@ -130,8 +136,19 @@ CREATE TABLE orca.schedules (
     fired_until     timestamptz,
     last_fire_at    timestamptz,
     registered_at   timestamptz NOT NULL DEFAULT now(),
+    -- The first fire after fired_until ('-infinity' until the first tick
+    -- starts the clock; NULL when the cron has no fire left). orca.tick reads
+    -- only schedules whose next fire is due, through schedules_due, so an
+    -- idle tick costs the same with ten schedules or a hundred thousand;
+    -- whatever moves fired_until or changes cron or tz recomputes it
+    -- (orca._next_fire).
+    next_fire_at    timestamptz DEFAULT '-infinity',
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.schedules IS
+'Cron schedules of pipelines; fired_until is how far orca.tick has turned fires into runs, '
+'next_fire_at the first fire after it.';
+CREATE INDEX schedules_due ON orca.schedules (next_fire_at);
 
 CREATE TABLE orca.runs (
     org_id      bigint NOT NULL,
@@ -166,6 +183,11 @@ CREATE TABLE orca.runs (
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id),
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
 );
+COMMENT ON TABLE orca.runs IS
+'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
+'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
+'polls), keys (a keyed pipeline''s keys task; parent_run of the runs it queued) or sync (a run '
+'of a sync, request {"mode": "full"} for a backfill).';
 -- A schedule fire makes at most one run, however many ticks see it.
 CREATE UNIQUE INDEX runs_fire ON orca.runs (pipeline_id, fire_at) WHERE fire_at IS NOT NULL;
 -- What starting queued runs (oldest first) and counting running ones scan; the
@@ -192,6 +214,8 @@ CREATE TABLE orca.step_states (
     PRIMARY KEY (run_id, step, partition),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.step_states IS
+'The state of each (step, partition) of a run; a gather step''s partition is ''*''.';
 
 CREATE TABLE orca.attempts (
     org_id       bigint NOT NULL,
@@ -225,6 +249,9 @@ CREATE TABLE orca.attempts (
 -- No index covers a column a claim or a finish changes, so with room left on
 -- each page those updates are HOT: no index entries for the history table.
 ) WITH (fillfactor = 70);
+COMMENT ON TABLE orca.attempts IS
+'Attempts of runs. status: pending (waiting for a runner), leased, succeeded, failed, lost '
+'(lease expired) or cancelled.';
 
 -- The queue: one row per pending attempt, deleted when a runner claims it. A
 -- table of its own stays small however long the history grows, so a claim
@@ -239,6 +266,8 @@ CREATE TABLE orca.queue (
     attempt_id  bigint NOT NULL,
     PRIMARY KEY (org_id, pool, attempt_id)
 );
+COMMENT ON TABLE orca.queue IS
+'Pending attempts waiting for a runner, per org and pool; orca.claim takes them oldest first.';
 
 -- Live leases, one row per leased attempt, deleted when the attempt ends.
 -- Heartbeats update these small rows in place; orca.tick scans them for
@@ -255,6 +284,8 @@ CREATE TABLE orca.leases (
     deadline     timestamptz NOT NULL,
     heartbeat_at timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50);
+COMMENT ON TABLE orca.leases IS
+'Live leases: the attempts runners hold now, with their deadlines and last heartbeats.';
 
 -- Attempts are deleted only by hand (or with their run); their queue rows
 -- and leases go with them, so no runner claims them and a runner holding
@@ -281,6 +312,7 @@ CREATE TABLE orca.runners (
     last_seen   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, name)
 );
+COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';
 
 -- Datasets (namespace.table): what each version's steps declare they read
 -- and write, and what runs actually read (pinned) and committed.
@@ -293,6 +325,8 @@ CREATE TABLE orca.step_datasets (
     PRIMARY KEY (version_id, step, dataset, mode),
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)
 );
+COMMENT ON TABLE orca.step_datasets IS
+'The datasets (namespace.table) each step of each version declares it reads and writes.';
 CREATE INDEX step_datasets_dataset ON orca.step_datasets (org_id, dataset);
 
 -- The snapshot each (run, step, partition) read of a dataset, pinned on its
@@ -310,6 +344,8 @@ CREATE TABLE orca.reads (
     PRIMARY KEY (run_id, step, partition, dataset),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.reads IS
+'The snapshot each (run, step, partition) read of a dataset, pinned for its retries and resumes.';
 CREATE INDEX reads_dataset ON orca.reads (org_id, dataset);
 
 -- Every snapshot a step committed, recorded as it happened.
@@ -328,7 +364,11 @@ CREATE TABLE orca.commits (
     UNIQUE (run_id, step, partition, dataset, commit_no),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.commits IS
+'Every snapshot a (run, step, partition) committed to a dataset, as it happened.';
 CREATE INDEX commits_dataset ON orca.commits (org_id, dataset, id);
+-- A tick finds the sensors behind their org's newest commit through this.
+CREATE INDEX commits_org ON orca.commits (org_id, id);
 
 -- Sensor pipelines: when each started watching, how far the commits of other
 -- pipelines' runs have been looked at, the long-lived run whose attempts poll
@@ -342,6 +382,12 @@ CREATE TABLE orca.sensors (
     last_sense_at timestamptz,
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.sensors IS
+'Sensor pipelines: since when they watch, how far other runs'' commits were looked at, their poll.';
+-- What a tick reads of the sensors: those behind their org's newest commit,
+-- and those whose next poll is due.
+CREATE INDEX sensors_cursor ON orca.sensors (org_id, commit_cursor);
+CREATE INDEX sensors_sense_due ON orca.sensors (last_sense_at);
 
 -- Every snapshot a sensor saw, and the one run it started.
 CREATE TABLE orca.sensed (
@@ -356,6 +402,8 @@ CREATE TABLE orca.sensed (
     PRIMARY KEY (pipeline_id, dataset, snapshot_id),
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id) ON DELETE CASCADE
 );
+COMMENT ON TABLE orca.sensed IS
+'Every snapshot a sensor saw and the one run it started.';
 CREATE INDEX sensed_run ON orca.sensed (run_id) WHERE run_id IS NOT NULL;
 
 -- The outbox: every state change writes its event in the same transaction.
@@ -371,6 +419,8 @@ CREATE TABLE orca.events (
     attempt_id  bigint,
     data        jsonb NOT NULL DEFAULT '{}'
 );
+COMMENT ON TABLE orca.events IS
+'The outbox: every state change, written in the transaction that made it.';
 -- Consumers follow the outbox by id; row-level security adds the org.
 CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 
@@ -387,6 +437,9 @@ CREATE TABLE orca.keys (
     PRIMARY KEY (pipeline_id, key),
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id)
 );
+COMMENT ON TABLE orca.keys IS
+'The keys keyed pipelines have read from their keys datasets; a key is current while its '
+'generation is the pipeline''s keys_generation. orca.key_status shows them with done.';
 CREATE INDEX keys_generation ON orca.keys (pipeline_id, generation);
 
 -- Syncs: a source, a destination and streams, with the checkpoint log's HEAD.
@@ -408,6 +461,9 @@ CREATE TABLE orca.syncs (
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
 );
+COMMENT ON TABLE orca.syncs IS
+'Syncs (orca.create_sync): the definition with each stream''s delivery level, and the '
+'checkpoint log''s HEAD: the generation that owns the sync, the last committed epoch and record.';
 
 CREATE TYPE orca.lease AS (
     attempt         bigint,

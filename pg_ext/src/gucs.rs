@@ -36,6 +36,16 @@ pub static LOST_ATTEMPTS_MAX: GucSetting<i32> = GucSetting::<i32>::new(3);
 /// of in one giant transaction.
 pub static MAX_FIRES_PER_TICK: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
+/// A bound on the lapsed leases one tick declares lost, so that the first tick
+/// after an outage (when every runner's leases lapsed at once) stays a
+/// transaction of bounded size; the rest are lost by the ticks after it.
+pub static MAX_LOST_PER_TICK: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
+/// A bound on the commits one tick looks at for one sensor, so that a sensor
+/// registered beside a long history of commits catches up over several ticks
+/// instead of in one long transaction.
+pub static MAX_SENSOR_COMMITS_PER_TICK: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
 /// How often a sensor pipeline's datasets are polled for snapshots that
 /// writers outside Orca made: each poll is an attempt a runner runs.
 pub static SENSE_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -89,6 +99,26 @@ pub fn init() {
         &MAX_FIRES_PER_TICK,
         1,
         1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.max_lost_per_tick",
+        c"The most lapsed leases one tick declares lost.",
+        c"The rest are declared lost by the following ticks.",
+        &MAX_LOST_PER_TICK,
+        1,
+        10_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.max_sensor_commits_per_tick",
+        c"The most commits one tick looks at for one sensor.",
+        c"A sensor behind by more catches up over the following ticks.",
+        &MAX_SENSOR_COMMITS_PER_TICK,
+        1,
+        10_000_000,
         GucContext::Suset,
         GucFlags::default(),
     );

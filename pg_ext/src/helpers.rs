@@ -1,7 +1,7 @@
 //! SQL-callable wrappers over `orca-core`: cron maths, partitions, manifests.
 //!
-//! These are internal (`orca._*`, not granted to anyone): the SQL API in
-//! `sql/api.sql` calls them. Functions that judge user input return an
+//! These are internal (`orca._*`, not granted to anyone): the SQL API (the
+//! files of `sql/`) calls them. Functions that judge user input return an
 //! envelope, `{"ok": ...}` or `{"error": {code, message, hint}}`, which
 //! `orca._unwrap` raises with the error's own SQLSTATE; pgrx cannot raise
 //! SQLSTATEs outside PostgreSQL's own list.
@@ -207,6 +207,16 @@ fn max_fires_per_tick() -> i32 {
     gucs::MAX_FIRES_PER_TICK.get()
 }
 
+#[pg_extern(stable, parallel_safe, name = "_max_lost_per_tick")]
+fn max_lost_per_tick() -> i32 {
+    gucs::MAX_LOST_PER_TICK.get()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_max_sensor_commits_per_tick")]
+fn max_sensor_commits_per_tick() -> i32 {
+    gucs::MAX_SENSOR_COMMITS_PER_TICK.get()
+}
+
 /// A keyed pipeline's spec: `{"all": true}` or `{"names": [...]}`. `known` is
 /// the spec's items that are current keys, so that a key with `..` in it is
 /// not mistaken for a range.
@@ -231,12 +241,15 @@ fn sync_check(
     schedule: Option<&str>,
     delivery: &str,
 ) -> JsonB {
-    envelope(orca_core::sync::check(
-        name,
-        &source.0,
-        &destination.0,
-        &streams.0,
-        schedule,
-        delivery,
-    ))
+    envelope(
+        orca_core::sync::check(
+            name,
+            &source.0,
+            &destination.0,
+            &streams.0,
+            schedule,
+            delivery,
+        )
+        .map(|def| def.to_json()),
+    )
 }

@@ -1,7 +1,7 @@
 //! The `orca` PostgreSQL extension: Orca's control plane.
 //!
-//! Tables, row-level security and the SQL API are SQL (`sql/*.sql`, included
-//! below in dependency order); Rust supplies what SQL does badly (cron maths in
+//! Tables, row-level security and the SQL API are SQL (`sql/*.sql`, one file per
+//! domain, included below in dependency order); Rust supplies what SQL does badly (cron maths in
 //! time zones, partition specs, manifest validation, see `helpers`), the
 //! settings (`gucs`) and the background worker that ticks (`worker`).
 
@@ -14,9 +14,12 @@ mod worker;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+// The SQL API, one file per domain. Each file requires the one before it, so
+// the install script keeps this order; `base` also requires the Rust helpers
+// (LANGUAGE sql functions are checked against them when created).
 extension_sql_file!(
-    "../../sql/internal.sql",
-    name = "internal",
+    "../../sql/base.sql",
+    name = "base",
     requires = [
         "schema",
         helpers::manifest_check,
@@ -31,10 +34,44 @@ extension_sql_file!(
         helpers::max_fires_per_tick,
         helpers::sensor_partitions,
         helpers::sense_seconds,
+        helpers::max_lost_per_tick,
+        helpers::max_sensor_commits_per_tick,
     ]
 );
-extension_sql_file!("../../sql/api.sql", name = "api", requires = ["internal"]);
-extension_sql_file!("../../sql/views.sql", name = "views", requires = ["api"]);
+extension_sql_file!("../../sql/orgs.sql", name = "orgs", requires = ["base"]);
+extension_sql_file!(
+    "../../sql/pipelines.sql",
+    name = "pipelines",
+    requires = ["orgs"]
+);
+extension_sql_file!(
+    "../../sql/runs.sql",
+    name = "runs",
+    requires = ["pipelines"]
+);
+extension_sql_file!(
+    "../../sql/dispatch.sql",
+    name = "dispatch",
+    requires = ["runs"]
+);
+extension_sql_file!(
+    "../../sql/datasets.sql",
+    name = "datasets",
+    requires = ["dispatch"]
+);
+extension_sql_file!(
+    "../../sql/sensors.sql",
+    name = "sensors",
+    requires = ["datasets"]
+);
+extension_sql_file!(
+    "../../sql/keyed.sql",
+    name = "keyed",
+    requires = ["sensors"]
+);
+extension_sql_file!("../../sql/syncs.sql", name = "syncs", requires = ["keyed"]);
+extension_sql_file!("../../sql/tick.sql", name = "tick", requires = ["syncs"]);
+extension_sql_file!("../../sql/views.sql", name = "views", requires = ["tick"]);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

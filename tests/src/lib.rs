@@ -13,6 +13,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod cluster;
 pub mod procs;
+pub mod releases;
 pub mod s3;
 
 pub use sqlx;

@@ -94,8 +94,9 @@ async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
         "no ticks after SIGHUP"
     );
 
-    // A tick that fails is rolled back, and the worker lives on.
-    c.execute("UPDATE orca.schedules SET cron = 'not a cron'")
+    // A tick that fails is rolled back, and the worker lives on. The broken
+    // schedule is made due, or the tick would not read it.
+    c.execute("UPDATE orca.schedules SET cron = 'not a cron', next_fire_at = '-infinity'")
         .await
         .expect("break the schedule");
     assert!(

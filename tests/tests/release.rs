@@ -1,28 +1,127 @@
-//! Released install scripts never change, and every released version upgrades
+//! Releases hold: a released install script never changes (its bytes match
+//! the checksum in `migrations/RELEASES`), `migrations/` holds only released
+//! install scripts and upgrade scripts, and every released version upgrades
 //! to exactly what a fresh install of the current version makes.
 //!
-//! `migrations/orca--V.sql` is the frozen install script of each released
-//! version V (scripts/freeze-release.sh writes it), and
-//! `migrations/orca--A--B.sql` the upgrade scripts; scripts/setup.sh installs
-//! the old ones next to the current build.
+//! scripts/setup.sh installs the released scripts and the upgrade scripts
+//! next to the current build; scripts/release.sh cuts a release. The upgrade
+//! with work in flight is tests/tests/upgrade.rs.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use orca_tests::releases::{self, catalog, catalog_difference, current_version, Release};
 use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::*;
+use sha2::{Digest, Sha256};
 
-fn repo() -> PathBuf {
-    orca_tests::repo_root()
+fn script(version: &str) -> PathBuf {
+    releases::migrations_dir().join(format!("orca--{version}.sql"))
 }
 
-fn current_version() -> String {
-    env!("CARGO_PKG_VERSION").to_string()
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn released_install_scripts_are_unchanged_byte_for_byte() {
+    let released = releases::releases();
+    assert!(
+        released.iter().any(|r| r.version == "0.1.0"),
+        "RELEASES lists the first release"
+    );
+    for Release {
+        version, sha256, ..
+    } in &released
+    {
+        let path = script(version);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "released version {version} has no install script at {}: {e}",
+                path.display()
+            )
+        });
+        let got = sha256_hex(&bytes);
+        assert_eq!(
+            &got,
+            sha256,
+            "{} changed after version {version} was released (sha256 {got}, released as \
+             {sha256}). A released script never changes: restore it with `git checkout \
+             <release commit> -- {}` and put the schema change into the next \
+             orca--A--B.sql upgrade script.",
+            path.display(),
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn the_checksum_test_can_fail() {
+    // The comparison above must see a one-byte change.
+    let bytes = std::fs::read(script("0.1.0")).expect("0.1.0 script");
+    let mut changed = bytes.clone();
+    changed.push(b'\n');
+    assert_ne!(sha256_hex(&bytes), sha256_hex(&changed));
+}
+
+#[test]
+fn migrations_hold_released_scripts_and_upgrades_only() {
+    let released = releases::releases();
+    let versions: Vec<&str> = released.iter().map(|r| r.version.as_str()).collect();
+    let current = current_version();
+    let mut sorted = released.clone();
+    sorted.sort_by_key(|r| releases::parse_version(&r.version));
+    assert_eq!(sorted, released, "RELEASES lists versions oldest first");
+    for entry in std::fs::read_dir(releases::migrations_dir()).expect("migrations/") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8 name");
+        if name == "RELEASES" {
+            continue;
+        }
+        let Some(v) = name
+            .strip_prefix("orca--")
+            .and_then(|n| n.strip_suffix(".sql"))
+        else {
+            panic!("migrations/{name} is neither an install nor an upgrade script");
+        };
+        match v.split_once("--") {
+            Some((from, to)) => {
+                assert!(
+                    versions.contains(&from),
+                    "migrations/{name} upgrades from {from}, which RELEASES does not list"
+                );
+                assert!(
+                    to == current || versions.contains(&to),
+                    "migrations/{name} upgrades to {to}, neither released nor the current {current}"
+                );
+            }
+            None => assert!(
+                versions.contains(&v),
+                "migrations/{name} is the install script of {v}, which was not released: the \
+                 current version's install script is built from sql/, and only \
+                 scripts/release.sh puts one into migrations/"
+            ),
+        }
+    }
+    for r in &released {
+        if r.version != current {
+            assert!(
+                releases::upgrade_path(&r.version, &current).is_some(),
+                "no chain of upgrade scripts leads from released {} to {current}",
+                r.version
+            );
+        }
+    }
 }
 
 /// The statements of a pgrx install script as a set: pgrx does not keep the
 /// order of its blocks stable, and comments carry source line numbers.
-fn blocks(script: &str) -> BTreeSet<String> {
+fn blocks(script: &str) -> std::collections::BTreeSet<String> {
     script
         .split("/* <begin connected objects> */")
         .map(|block| {
@@ -43,85 +142,29 @@ fn blocks(script: &str) -> BTreeSet<String> {
         .collect()
 }
 
-async fn sharedir(db: &TestDb) -> PathBuf {
+#[tokio::test]
+async fn a_released_current_version_builds_its_released_script() {
+    // Between scripts/release.sh and the bump to the next version, the build
+    // must still make exactly the released script.
+    let current = current_version();
+    if !releases::releases().iter().any(|r| r.version == current) {
+        return;
+    }
+    let db = TestDb::new().await;
     let dir: String = sqlx::query_scalar("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'")
         .fetch_one(&db.pool)
         .await
         .expect("pg_config");
-    PathBuf::from(dir).join("extension")
-}
-
-/// Everything a user or client can observe of schema orca, one line per fact.
-async fn catalog(c: &mut PgConnection) -> Vec<String> {
-    let q = r#"
-    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' rls=' || c.relrowsecurity
-           || ' acl=' || coalesce(c.relacl::text, '') || ' comment=' || coalesce(obj_description(c.oid), '')
-    FROM pg_class c WHERE c.relnamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
-           || ' notnull=' || a.attnotnull || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
-           || ' identity=' || a.attidentity::text || ' comment=' || coalesce(col_description(c.oid, a.attnum), '')
-    FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-    LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-    WHERE c.relnamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'constraint ' || conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
-    FROM pg_constraint WHERE connamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-    WHERE c.relnamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'policy ' || polrelid::regclass || ' ' || polname || ' ' || coalesce(pg_get_expr(polqual, polrelid), '')
-    FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'function ' || p.oid::regprocedure || ' acl=' || coalesce(p.proacl::text, '')
-           || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '') || E'\n' || pg_get_functiondef(p.oid)
-    FROM pg_proc p WHERE p.pronamespace = 'orca'::regnamespace
-    UNION ALL
-    SELECT 'view ' || c.relname || ' ' || pg_get_viewdef(c.oid) || ' options=' || coalesce(c.reloptions::text, '')
-    FROM pg_class c WHERE c.relnamespace = 'orca'::regnamespace AND c.relkind = 'v'
-    UNION ALL
-    SELECT 'type ' || t.typname || ' ' || t.typtype::text FROM pg_type t
-    WHERE t.typnamespace = 'orca'::regnamespace AND t.typrelid = 0 OR (t.typnamespace = 'orca'::regnamespace AND t.typtype = 'c'
-      AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'c'))
-    UNION ALL
-    SELECT 'dumped ' || x::regclass || ' ' || coalesce(e.extcondition[i], '')
-    FROM pg_extension e, unnest(e.extconfig) WITH ORDINALITY AS u(x, i) WHERE e.extname = 'orca'
-    UNION ALL
-    SELECT 'member ' || pg_describe_object(classid, objid, objsubid) FROM pg_depend
-    WHERE refclassid = 'pg_extension'::regclass
-      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'orca') AND deptype = 'e'
-    "#;
-    let mut rows: Vec<String> = sqlx::query_scalar(q).fetch_all(c).await.expect("catalog");
-    rows.sort();
-    rows
-}
-
-#[tokio::test]
-async fn the_released_install_script_of_this_version_is_unchanged() {
-    let db = TestDb::new().await;
-    let version = current_version();
-    let frozen_path = repo().join(format!("migrations/orca--{version}.sql"));
-    let frozen = std::fs::read_to_string(&frozen_path).unwrap_or_else(|_| {
-        panic!(
-            "version {version} has no frozen install script at {}: run scripts/freeze-release.sh",
-            frozen_path.display()
-        )
-    });
-    let built = std::fs::read_to_string(sharedir(&db).await.join(format!("orca--{version}.sql")))
-        .expect("the installed script of this version (run scripts/setup.sh)");
+    let built =
+        std::fs::read_to_string(PathBuf::from(dir).join(format!("extension/orca--{current}.sql")))
+            .expect("the installed script of this version (run scripts/setup.sh)");
+    let frozen = std::fs::read_to_string(script(&current)).expect("released script");
     let (frozen, built) = (blocks(&frozen), blocks(&built));
     let changed: Vec<_> = built.symmetric_difference(&frozen).collect();
     assert!(
         changed.is_empty(),
-        "the schema changed after version {version} was released: bump the version in \
-         Cargo.toml, write migrations/orca--{version}--NEW.sql and freeze the new version.\n\
-         Differences:\n{}",
-        changed
-            .iter()
-            .map(|b| b.chars().take(400).collect::<String>())
-            .collect::<Vec<_>>()
-            .join("\n---\n")
+        "the schema changed after version {current} was released: bump the version and write \
+         migrations/orca--{current}--NEW.sql (scripts/release.sh --next does both).\n{changed:#?}"
     );
 }
 
@@ -131,48 +174,63 @@ async fn every_released_version_upgrades_to_a_fresh_install() {
     let mut c = fresh.connect().await;
     let expected = catalog(&mut c).await;
     assert!(expected.len() > 100, "the catalog dump sees the schema");
-    let version = current_version();
-    let mut old: Vec<String> = std::fs::read_dir(repo().join("migrations"))
-        .expect("migrations/")
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter_map(|f| {
-            let v = f.strip_prefix("orca--")?.strip_suffix(".sql")?;
-            (!v.contains("--") && v != version).then(|| v.to_string())
-        })
-        .collect();
-    old.sort();
-    for v in old {
+    let current = current_version();
+    for r in releases::releases() {
+        if r.version == current {
+            continue;
+        }
         let db = TestDb::new().await;
         let mut c = PgConnection::connect_with(&db.pool.connect_options())
             .await
             .expect("connect");
         c.execute("DROP EXTENSION orca").await.expect("drop");
-        c.execute(format!("CREATE EXTENSION orca VERSION '{v}'").as_str())
+        c.execute(format!("CREATE EXTENSION orca VERSION '{}'", r.version).as_str())
             .await
-            .unwrap_or_else(|e| panic!("install released version {v}: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "install released version {}: {e} (scripts/setup.sh installs it)",
+                    r.version
+                )
+            });
         c.execute("ALTER EXTENSION orca UPDATE")
             .await
-            .unwrap_or_else(|e| panic!("upgrade {v} to {version}: {e}"));
+            .unwrap_or_else(|e| panic!("upgrade {} to {current}: {e}", r.version));
+        let version: String =
+            sqlx::query_scalar("SELECT extversion FROM pg_extension WHERE extname = 'orca'")
+                .fetch_one(&mut c)
+                .await
+                .expect("extversion");
+        assert_eq!(version, current);
         let got = catalog(&mut c).await;
-        let missing: Vec<_> = expected.iter().filter(|l| !got.contains(l)).collect();
-        let extra: Vec<_> = got.iter().filter(|l| !expected.contains(l)).collect();
-        assert!(
-            missing.is_empty() && extra.is_empty(),
-            "{v} upgraded to {version} differs from a fresh install:\nmissing {missing:#?}\nextra {extra:#?}"
-        );
+        if let Some(diff) = catalog_difference(&expected, &got) {
+            panic!(
+                "{} upgraded to {current} differs from a fresh install of {current}:\n{diff}",
+                r.version
+            );
+        }
     }
 }
 
 #[tokio::test]
 async fn the_catalog_dump_tells_installs_apart() {
-    // The comparison above must be able to fail: a dropped comment shows.
+    // The comparison above must be able to fail: a dropped comment, a
+    // changed grant and a changed function body each show.
     let db = TestDb::new().await;
     let mut c = db.connect().await;
     let before = catalog(&mut c).await;
-    c.execute("COMMENT ON FUNCTION orca.tick(timestamptz) IS NULL")
-        .await
-        .expect("comment");
-    let after = catalog(&mut c).await;
-    assert_ne!(before, after);
+    for change in [
+        "COMMENT ON FUNCTION orca.tick(timestamptz) IS NULL",
+        "GRANT EXECUTE ON FUNCTION orca.run(text, text) TO orca_viewer",
+        "CREATE OR REPLACE FUNCTION orca._lease_attempt(p_lease uuid) RETURNS bigint \
+         LANGUAGE sql IMMUTABLE STRICT AS $$ SELECT 0::bigint $$",
+    ] {
+        let mut tx = c.begin().await.expect("begin");
+        tx.execute(change).await.expect(change);
+        let after = catalog(&mut tx).await;
+        assert!(
+            catalog_difference(&before, &after).is_some(),
+            "the catalog dump misses: {change}"
+        );
+        drop(tx);
+    }
 }

@@ -181,6 +181,21 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
         .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
         .await;
     assert_eq!(head, ["2 shop/_checkpoints/00000002"]);
+    // The same commit again (its answer was lost in a server restart)
+    // succeeds and changes nothing; another record for the epoch does not.
+    let commits = "SELECT count(*) FROM orca.events WHERE kind = 'sync.committed'";
+    let before = db.scalar_i64(commits).await;
+    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/00000002')")
+        .execute(&db.pool)
+        .await
+        .expect("the same commit again");
+    assert_eq!(db.scalar_i64(commits).await, before);
+    let (code, _) = expect_error(
+        &db.pool,
+        "SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/other')",
+    )
+    .await;
+    assert_eq!(code, "OR071");
     let (code, _) = expect_error(&db.pool, "SELECT orca.claim_sync('nope')").await;
     assert_eq!(code, "OR064");
 
@@ -203,6 +218,10 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
         .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
         .await;
     assert_eq!(head, ["1 shop/_checkpoints/00000001"]);
+    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'shop/_checkpoints/00000001')")
+        .execute(&db.pool)
+        .await
+        .expect("the same rewind again changes nothing");
     let events = db
         .strings("SELECT data->>'lost_epoch' FROM orca.events WHERE kind = 'sync.rewound'")
         .await;

@@ -1,0 +1,264 @@
+-- Syncs: a source, a destination and streams, moved in epochs by
+-- orca-engine. HEAD and the generation live here, so that committing an
+-- epoch is a compare-and-swap and an older attempt is fenced.
+
+-- Makes (or updates) the pipeline behind a sync: a version of partition kind
+-- sync whose runs are the sync's attempts, one at a time, on its schedule.
+CREATE FUNCTION orca._sync_pipeline(p_org bigint, p_name text, p_def jsonb, p_schedule text,
+                                    p_pool text, p_retries integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pid bigint;
+    v_cur bigint;
+    v_vid bigint;
+    v_n   integer;
+    v_hash text := md5(jsonb_build_object('d', p_def, 'pool', p_pool, 'retries', p_retries)::text);
+BEGIN
+    INSERT INTO orca.pipelines (org_id, name, max_runs) VALUES (p_org, p_name, 1)
+    ON CONFLICT (org_id, name) DO NOTHING;
+    SELECT id, current_version INTO v_pid, v_cur
+    FROM orca.pipelines WHERE org_id = p_org AND name = p_name FOR UPDATE;
+    IF v_cur IS NOT NULL
+       AND (SELECT partition_kind FROM orca.pipeline_versions WHERE id = v_cur) <> 'sync' THEN
+        RAISE EXCEPTION 'name ''%'' belongs to a pipeline; a sync needs a name of its own', p_name
+            USING ERRCODE = 'OR065',
+                  HINT = 'syncs and pipelines share one namespace per org: their runs are in orca.runs';
+    END IF;
+    SELECT id INTO v_vid FROM orca.pipeline_versions
+    WHERE pipeline_id = v_pid AND registry_hash = v_hash ORDER BY id DESC LIMIT 1;
+    IF v_vid IS NULL THEN
+        SELECT coalesce(max(version), 0) + 1 INTO v_n
+        FROM orca.pipeline_versions WHERE pipeline_id = v_pid;
+        INSERT INTO orca.pipeline_versions (
+            org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
+            partition_kind, partition_start, max_runs, run_retries, catchup, fills, cron, tz)
+        VALUES (p_org, v_pid, v_n, v_hash, p_def, 'orca-engine', p_pool,
+                'sync', '', 1, p_retries, false, 'current', p_schedule, 'UTC')
+        RETURNING id INTO v_vid;
+    END IF;
+    -- One attempt at a time: a second would only fence the first.
+    UPDATE orca.pipelines SET current_version = v_vid, max_runs = 1 WHERE id = v_pid;
+    IF p_schedule IS NOT NULL THEN
+        INSERT INTO orca.schedules (org_id, pipeline_id, cron, tz, fills, catchup)
+        VALUES (p_org, v_pid, p_schedule, 'UTC', 'current', false)
+        ON CONFLICT (pipeline_id) DO UPDATE
+        SET cron = excluded.cron,
+            next_fire_at = orca._next_fire(excluded.cron, schedules.tz, schedules.fired_until);
+    ELSE
+        DELETE FROM orca.schedules WHERE pipeline_id = v_pid;
+    END IF;
+    RETURN v_pid;
+END
+$$;
+
+CREATE FUNCTION orca._sync(p_org bigint, p_name text) RETURNS orca.syncs
+LANGUAGE plpgsql AS $$
+DECLARE
+    s orca.syncs;
+BEGIN
+    SELECT * INTO s FROM orca.syncs WHERE org_id = p_org AND name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown sync ''%'' in org ''%''', p_name,
+                        (SELECT name FROM orca.orgs WHERE id = p_org)
+            USING ERRCODE = 'OR064',
+                  HINT = 'orca.syncs lists the defined syncs; orca.create_sync defines one';
+    END IF;
+    RETURN s;
+END
+$$;
+
+-- The fence: only the attempt of the sync's current generation moves HEAD.
+CREATE FUNCTION orca._owned(s orca.syncs, p_generation integer) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_generation <> s.generation THEN
+        RAISE EXCEPTION 'attempt of generation % is fenced: sync ''%'' was claimed by generation %',
+                        p_generation, s.name, s.generation
+            USING ERRCODE = 'OR070',
+                  HINT = 'a newer attempt owns the sync; this one must stop without committing';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
+                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    d     jsonb;
+    v_id  bigint;
+BEGIN
+    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
+       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
+        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
+        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_sync.pool)
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
+                        coalesce(create_sync.run_retries::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
+                                       create_sync.destination, create_sync.streams,
+                                       create_sync.schedule, create_sync.delivery));
+    -- Defining a sync again replaces its definition; its HEAD and generation stay.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery)
+    VALUES (v_org, create_sync.name, d, d->>'delivery')
+    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                                             delivery = excluded.delivery
+    RETURNING s.id INTO v_id;
+    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
+                                create_sync.pool, create_sync.run_retries);
+    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
+        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
+                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
+                                       FROM jsonb_array_elements(d->'streams') AS x),
+                           'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
+'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
+'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
+'run orca-engine; a failed run is tried again run_retries times. '
+'Each stream''s delivery level is worked out from the destination''s class, the source''s '
+'replay, the write mode and the primary key, and must reach the required level. Errors: '
+'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule. '
+'docs/syncs.md lists the connectors. '
+'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
+'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
+'"cursor":"updated_at","primary_key":["id"]}]'');';
+
+CREATE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs;
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    -- A run's attempt says which run it is: its lease must be live and of
+    -- this sync (locks run, then attempt, then the sync, as finish does).
+    IF claim_sync.lease IS NOT NULL THEN
+        a := orca._leased_attempt(v_org, claim_sync.lease);
+        SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+        IF r.kind <> 'sync'
+           OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) <> claim_sync.sync THEN
+            RAISE EXCEPTION 'lease % is an attempt of run %, not of sync ''%''',
+                            claim_sync.lease, r.id, claim_sync.sync
+                USING ERRCODE = 'OR050';
+        END IF;
+    END IF;
+    s := orca._sync(v_org, claim_sync.sync);
+    UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
+    PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
+    RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
+                              'epoch', s.head_epoch, 'record', s.head_record,
+                              'definition', s.definition, 'run', r.id,
+                              'request', coalesce(r.request, '{}'::jsonb));
+END
+$$;
+COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
+'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
+'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
+'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
+'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
+'({"mode": "full"} for a backfill: read everything again).';
+
+CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs := orca._sync(v_org, advance_head.sync);
+BEGIN
+    IF advance_head.generation IS NULL OR advance_head.epoch IS NULL
+       OR coalesce(advance_head.record, '') = '' THEN
+        RAISE EXCEPTION 'advance_head needs a generation, an epoch and a record, got %, %, %',
+            coalesce(advance_head.generation::text, 'NULL'), coalesce(advance_head.epoch::text, 'NULL'),
+            quote_nullable(advance_head.record)
+            USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._owned(s, advance_head.generation);
+    IF advance_head.epoch = s.head_epoch AND advance_head.record = s.head_record THEN
+        -- This very commit again: its answer was lost on the way (a server
+        -- restart), and the attempt asks once more. It is in already.
+        RETURN;
+    END IF;
+    IF advance_head.epoch <> s.head_epoch + 1 THEN
+        RAISE EXCEPTION 'epoch % does not follow HEAD epoch % of sync ''%''',
+                        advance_head.epoch, s.head_epoch, s.name
+            USING ERRCODE = 'OR071',
+                  HINT = 'epochs commit one at a time, in order';
+    END IF;
+    UPDATE orca.syncs
+    SET head_epoch = advance_head.epoch, head_record = advance_head.record, head_at = now()
+    WHERE id = s.id;
+    PERFORM orca._event(v_org, 'sync.committed', NULL, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation,
+                           'epoch', advance_head.epoch, 'record', advance_head.record));
+END
+$$;
+COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text) IS
+'The commit point of an epoch: moves the sync''s HEAD to the checkpoint record of epoch '
+'(HEAD epoch + 1), as a compare-and-swap under the row lock. An attempt whose generation is '
+'no longer the sync''s gets OR070 (fenced) and changes nothing; an epoch out of order OR071. '
+'The same commit again (same generation, epoch and record: a retry whose first answer was '
+'lost) succeeds and changes nothing.';
+
+CREATE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s orca.syncs := orca._sync(v_org, rewind_head.sync);
+BEGIN
+    IF rewind_head.generation IS NULL OR rewind_head.epoch IS NULL
+       OR (rewind_head.epoch > 0 AND coalesce(rewind_head.record, '') = '') THEN
+        RAISE EXCEPTION 'rewind_head needs a generation, an epoch and (past epoch 0) a record, got %, %, %',
+            coalesce(rewind_head.generation::text, 'NULL'), coalesce(rewind_head.epoch::text, 'NULL'),
+            quote_nullable(rewind_head.record)
+            USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._owned(s, rewind_head.generation);
+    -- (The CASE in parentheses: a bare THEN would end the IF's condition.)
+    IF rewind_head.epoch = s.head_epoch
+       AND s.head_record IS NOT DISTINCT FROM
+           (CASE WHEN rewind_head.epoch = 0 THEN NULL ELSE rewind_head.record END) THEN
+        -- This very rewind again, after its answer was lost: done already.
+        RETURN;
+    END IF;
+    IF rewind_head.epoch <> s.head_epoch - 1 THEN
+        RAISE EXCEPTION 'cannot rewind sync ''%'' to epoch %: HEAD is at epoch %, and only its own epoch can be lost',
+                        s.name, rewind_head.epoch, s.head_epoch
+            USING ERRCODE = 'OR071';
+    END IF;
+    UPDATE orca.syncs
+    SET head_epoch = rewind_head.epoch,
+        head_record = CASE WHEN rewind_head.epoch = 0 THEN NULL ELSE rewind_head.record END,
+        head_at = now()
+    WHERE id = s.id;
+    PERFORM orca._event(v_org, 'sync.rewound', NULL, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'lost_epoch', s.head_epoch,
+                           'epoch', rewind_head.epoch, 'record', rewind_head.record));
+END
+$$;
+COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text) IS
+'Recovery''s way back when HEAD''s epoch is lost (nothing of it is visible and its staged files '
+'are gone): moves HEAD back to the record of the epoch before (HEAD epoch - 1; NULL record for '
+'epoch 0), so the attempt reads that epoch again from there. Fenced like orca.advance_head '
+'(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing.';
