@@ -41,7 +41,8 @@ pub enum Replay {
 }
 
 /// How a stream's rows land in the destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WriteMode {
     Append,
     Merge,
@@ -49,7 +50,10 @@ pub enum WriteMode {
 }
 
 /// A delivery guarantee, weakest first: the order is the strength.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Delivery {
     AtLeastOnce,
     EffectivelyOnce,

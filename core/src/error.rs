@@ -3,9 +3,12 @@
 //! The extension turns an [`Error`] into an envelope that the SQL layer raises
 //! with `RAISE ... USING ERRCODE`, because pgrx can only raise the SQLSTATEs
 //! PostgreSQL itself defines. The codes live in class `OR`, which SQL leaves to
-//! implementations; `docs/errors.md` lists them.
+//! implementations; [`crate::sqlstate`] lists them once and `docs/errors.md`
+//! documents them.
 
 use serde_json::{json, Value};
+
+use crate::sqlstate::{self, SqlState};
 
 /// Every error the control plane's pure logic can report about user input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,21 +76,26 @@ pub enum Error {
 
 impl Error {
     /// The SQLSTATE the SQL API raises this error with.
-    pub fn sqlstate(&self) -> &'static str {
+    pub fn state(&self) -> SqlState {
         match self {
-            Error::MalformedPartition { .. } => "OR020",
-            Error::MalformedSpec { .. } | Error::MalformedKeys { .. } => "OR021",
-            Error::OutsideSet { .. } => "OR022",
-            Error::TooManyPartitions { .. } => "OR023",
-            Error::BadCron { .. } => "OR030",
-            Error::ImpossibleCron { .. } => "OR031",
-            Error::UnknownTimeZone { .. } => "OR032",
-            Error::BadManifest { .. } => "OR040",
-            Error::UnknownConnector { .. } => "OR060",
-            Error::MissingOption { .. } => "OR061",
-            Error::ImpossibleDelivery { .. } => "OR062",
-            Error::BadSync { .. } => "OR063",
+            Error::MalformedPartition { .. } => sqlstate::MALFORMED_PARTITION,
+            Error::MalformedSpec { .. } | Error::MalformedKeys { .. } => sqlstate::MALFORMED_SPEC,
+            Error::OutsideSet { .. } => sqlstate::OUTSIDE_SET,
+            Error::TooManyPartitions { .. } => sqlstate::TOO_MANY_PARTITIONS,
+            Error::BadCron { .. } => sqlstate::BAD_CRON,
+            Error::ImpossibleCron { .. } => sqlstate::IMPOSSIBLE_CRON,
+            Error::UnknownTimeZone { .. } => sqlstate::UNKNOWN_TIME_ZONE,
+            Error::BadManifest { .. } => sqlstate::BAD_MANIFEST,
+            Error::UnknownConnector { .. } => sqlstate::UNKNOWN_CONNECTOR,
+            Error::MissingOption { .. } => sqlstate::MISSING_OPTION,
+            Error::ImpossibleDelivery { .. } => sqlstate::IMPOSSIBLE_DELIVERY,
+            Error::BadSync { .. } => sqlstate::BAD_SYNC,
         }
+    }
+
+    /// The code of [`Error::state`], as the SQL layer raises it.
+    pub fn sqlstate(&self) -> &'static str {
+        self.state().code
     }
 
     /// A hint that tells the user how to fix the input, where one helps.

@@ -1,14 +1,17 @@
 //! Orca's control-plane logic that needs no database: cron schedules in time
-//! zones, partition keys and the spec syntax that names them, and manifest
-//! validation. The extension (`pg_ext`) is a thin shell over this crate, so
+//! zones, partition keys and the spec syntax that names them, manifest and
+//! sync validation, the types of everything that crosses the SQL boundary
+//! (`api`) and every SQLSTATE the control plane raises (`sqlstate`). The extension (`pg_ext`) is a thin shell over this crate, so
 //! plain `cargo test` exercises the logic without a running Postgres.
 
+pub mod api;
 pub mod cron;
 pub mod delivery;
 pub mod error;
 pub mod keyed;
 pub mod manifest;
 pub mod partition;
+pub mod sqlstate;
 pub mod sync;
 
 pub use error::{Error, Result};

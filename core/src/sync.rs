@@ -2,12 +2,194 @@
 //! delivery level each stream can keep. `orca.create_sync` validates through
 //! [`check`]; every error names the connector, option or stream at fault.
 
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::cron::Schedule;
 use crate::delivery::{self, Delivery, DestClass, Replay, StreamFacts, WriteMode};
 use crate::error::{Error, Result};
 use crate::manifest::NAME_MAX;
+
+/// A sync's definition as [`check`] normalizes it and `orca.syncs.definition`
+/// stores it: what `orca.claim_sync` hands the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncDef {
+    pub name: String,
+    pub source: Source,
+    pub destination: Destination,
+    pub streams: Vec<Stream>,
+    /// A cron expression in UTC, or none: runs only when asked.
+    pub schedule: Option<String>,
+    /// The level the sync requires (each stream keeps at least this much).
+    pub delivery: Delivery,
+}
+
+/// Where a sync reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Source {
+    /// Tables read incrementally by a cursor column and their primary key.
+    Postgres {
+        url: String,
+        /// Rows per stream per epoch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_rows: Option<u64>,
+    },
+    /// JSON lines or CSV files under a path or an `s3://` prefix.
+    Files { url: String, format: FileFormat },
+}
+
+impl Source {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::Postgres { .. } => "postgres",
+            Source::Files { .. } => "files",
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        match self {
+            Source::Postgres { url, .. } | Source::Files { url, .. } => url,
+        }
+    }
+}
+
+/// The format of a files source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    Jsonl,
+    Csv,
+}
+
+/// Where a sync writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Destination {
+    /// Parquet files under a path or an `s3://` prefix.
+    Parquet {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lanes: Option<u64>,
+    },
+    /// Iceberg tables in a namespace of the warehouse.
+    Iceberg {
+        namespace: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lanes: Option<u64>,
+    },
+    /// Tables of a Postgres database.
+    Postgres {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        schema: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lanes: Option<u64>,
+    },
+}
+
+impl Destination {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Destination::Parquet { .. } => "parquet",
+            Destination::Iceberg { .. } => "iceberg",
+            Destination::Postgres { .. } => "postgres",
+        }
+    }
+
+    /// Writer lanes asked for, if any.
+    pub fn lanes(&self) -> Option<u64> {
+        match self {
+            Destination::Parquet { lanes, .. }
+            | Destination::Iceberg { lanes, .. }
+            | Destination::Postgres { lanes, .. } => *lanes,
+        }
+    }
+}
+
+/// What a stream does when the source's columns change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaPolicy {
+    /// New columns are added; widened types follow.
+    Evolve,
+    /// The destination's columns stay; a change stops the attempt.
+    Freeze,
+    /// Columns the destination lacks are left out.
+    Discard,
+}
+
+impl SchemaPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SchemaPolicy::Evolve => "evolve",
+            SchemaPolicy::Freeze => "freeze",
+            SchemaPolicy::Discard => "discard",
+        }
+    }
+}
+
+/// How far back a table stream reads again each time: a whole number and a
+/// unit (`90 seconds`, `10 minutes`, `1 hour`, `2 days`), kept as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Lookback {
+    text: String,
+    seconds: u64,
+}
+
+impl Lookback {
+    pub fn seconds(&self) -> u64 {
+        self.seconds
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl TryFrom<String> for Lookback {
+    type Error = String;
+    fn try_from(text: String) -> std::result::Result<Self, String> {
+        match lookback_seconds(&text) {
+            Some(seconds) => Ok(Lookback { text, seconds }),
+            None => Err(format!(
+                "'{text}' is not a lookback such as '10 minutes' (a number and second, minute, \
+                 hour or day)"
+            )),
+        }
+    }
+}
+
+impl From<Lookback> for String {
+    fn from(l: Lookback) -> String {
+        l.text
+    }
+}
+
+/// One stream of a sync: what it reads (a table by a cursor, or files by a
+/// pattern), how it writes, and the delivery level it keeps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stream {
+    /// The destination table's name.
+    pub name: String,
+    pub mode: WriteMode,
+    pub primary_key: Vec<String>,
+    pub schema_policy: SchemaPolicy,
+    /// The level this stream keeps (at least the sync's).
+    pub delivery: Delivery,
+    /// A postgres source's table, `schema.table`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    /// The column that orders a table's changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookback: Option<Lookback>,
+    /// A files source's files, such as `events/*.jsonl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+}
 
 /// A built-in connector: its options and what it means for delivery.
 struct Connector {
@@ -181,7 +363,8 @@ fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
 }
 
 /// Validates a sync and returns its normalized definition, with the delivery
-/// level each stream keeps.
+/// level each stream keeps. Every error names the connector, option or stream
+/// at fault.
 pub fn check(
     name: &str,
     source: &Value,
@@ -189,7 +372,7 @@ pub fn check(
     streams: &Value,
     schedule: Option<&str>,
     required: &str,
-) -> Result<Value> {
+) -> Result<SyncDef> {
     if !is_name(name) {
         return Err(bad(
             "name",
@@ -218,6 +401,25 @@ pub fn check(
             return Err(bad(
                 "destination.lanes",
                 format!("must be a number of writer lanes from 1 to {MAX_LANES}, got {l}"),
+            ));
+        }
+    }
+    if let Some(b) = src_opts.get("batch_rows") {
+        if !b
+            .as_u64()
+            .is_some_and(|n| (1..=BATCH_ROWS_MAX).contains(&n))
+        {
+            return Err(bad(
+                "source.batch_rows",
+                format!("must be a number of rows from 1 to {BATCH_ROWS_MAX}, got {b}"),
+            ));
+        }
+    }
+    if let Some(schema) = dst_opts.get("schema") {
+        if !schema.as_str().is_some_and(is_ident) {
+            return Err(bad(
+                "destination.schema",
+                format!("must be a schema name, got {schema}"),
             ));
         }
     }
@@ -280,18 +482,32 @@ pub fn check(
             )
         })?;
         let primary_key = strings(obj.get("primary_key"), &format!("{at}.primary_key"))?;
-        let policy = obj
+        let policy_name = obj
             .get("schema_policy")
             .and_then(Value::as_str)
             .unwrap_or("evolve");
-        if !matches!(policy, "evolve" | "freeze" | "discard") {
-            return Err(bad(
-                format!("{at}.schema_policy"),
-                format!("'{policy}' is not a schema policy (evolve, freeze, discard)"),
-            ));
-        }
-        let mut norm = json!({"name": sname, "mode": mode.name(), "primary_key": primary_key,
-                              "schema_policy": policy});
+        let schema_policy = match policy_name {
+            "evolve" => SchemaPolicy::Evolve,
+            "freeze" => SchemaPolicy::Freeze,
+            "discard" => SchemaPolicy::Discard,
+            _ => {
+                return Err(bad(
+                    format!("{at}.schema_policy"),
+                    format!("'{policy_name}' is not a schema policy (evolve, freeze, discard)"),
+                ))
+            }
+        };
+        let mut stream = Stream {
+            name: sname.to_string(),
+            mode,
+            primary_key: primary_key.clone(),
+            schema_policy,
+            delivery: required,
+            table: None,
+            cursor: None,
+            lookback: None,
+            pattern: None,
+        };
         match src.name {
             "postgres" => {
                 let table = obj.get("table").and_then(Value::as_str).ok_or_else(|| {
@@ -322,12 +538,12 @@ pub fn check(
                         "is required for a postgres source: the cursor and the key make the resume point",
                     ));
                 }
-                norm["table"] = table.into();
-                norm["cursor"] = cursor.into();
+                stream.table = Some(table.to_string());
+                stream.cursor = Some(cursor.to_string());
                 if let Some(back) = obj.get("lookback") {
-                    let text = back
+                    let lookback = back
                         .as_str()
-                        .filter(|t| lookback_seconds(t).is_some())
+                        .and_then(|t| Lookback::try_from(t.to_string()).ok())
                         .ok_or_else(|| {
                             bad(
                                 format!("{at}.lookback"),
@@ -346,7 +562,7 @@ pub fn check(
                              twice; use merge, or a postgres destination",
                         ));
                     }
-                    norm["lookback"] = text.into();
+                    stream.lookback = Some(lookback);
                 }
             }
             _ => {
@@ -360,7 +576,7 @@ pub fn check(
                             "is required: the files of the stream, such as events/*.jsonl",
                         )
                     })?;
-                norm["pattern"] = pattern.into();
+                stream.pattern = Some(pattern.to_string());
             }
         }
         if mode == WriteMode::Merge && dst.name == "parquet" {
@@ -390,25 +606,80 @@ pub fn check(
                 to: dst.name,
                 reason,
             })?;
-        norm["delivery"] = kept.name().into();
-        out.push(norm);
+        stream.delivery = kept;
+        out.push(stream);
     }
     if let Some(cron) = schedule {
         Schedule::parse(cron, "UTC")?;
     }
-    Ok(json!({
-        "name": name,
-        "source": Value::Object(src_opts),
-        "destination": Value::Object(dst_opts),
-        "streams": out,
-        "schedule": schedule,
-        "delivery": required.name(),
-    }))
+    // The options were checked above, so these cannot fail but by a bug;
+    // the error still names the side.
+    let source: Source = serde_json::from_value(Value::Object(src_opts))
+        .map_err(|e| bad("source", e.to_string()))?;
+    let destination: Destination = serde_json::from_value(Value::Object(dst_opts))
+        .map_err(|e| bad("destination", e.to_string()))?;
+    Ok(SyncDef {
+        name: name.to_string(),
+        source,
+        destination,
+        streams: out,
+        schedule: schedule.map(str::to_string),
+        delivery: required,
+    })
+}
+
+/// A bound on a postgres source's rows per stream per epoch.
+pub const BATCH_ROWS_MAX: u64 = 10_000_000;
+
+impl SyncDef {
+    /// Checks a stored definition again, as this build's rules see it: a
+    /// definition stored by an older control plane, or one whose rules
+    /// changed, must still hold before anything moves.
+    pub fn recheck(&self) -> Result<SyncDef> {
+        let streams: Vec<Value> = self
+            .streams
+            .iter()
+            .map(|s| {
+                let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("delivery");
+                }
+                v
+            })
+            .collect();
+        check(
+            &self.name,
+            &serde_json::to_value(&self.source).unwrap_or(Value::Null),
+            &serde_json::to_value(&self.destination).unwrap_or(Value::Null),
+            &Value::Array(streams),
+            self.schedule.as_deref(),
+            self.delivery.name(),
+        )
+    }
+
+    /// The definition as `orca.syncs.definition` stores it.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    /// The definition as it is stored, for the assertions below.
+    fn check(
+        name: &str,
+        source: &Value,
+        destination: &Value,
+        streams: &Value,
+        schedule: Option<&str>,
+        required: &str,
+    ) -> Result<Value> {
+        super::check(name, source, destination, streams, schedule, required).map(|d| d.to_json())
+    }
 
     fn pg() -> Value {
         json!({"type": "postgres", "url": "postgres://127.0.0.1/shop"})

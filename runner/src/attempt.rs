@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::control::{self, ControlError, Lease};
 use crate::engine;
+use orca_core::api::Command as Work;
 
 use orca_engine::pump::{self, PumpError, Pumped};
 
@@ -73,7 +74,7 @@ fn log_path(root: &Path, l: &Lease) -> PathBuf {
     root.join(&l.org)
         .join(&l.pipeline)
         .join(format!("run-{}", l.run))
-        .join(format!("attempt-{}.log", l.number))
+        .join(format!("attempt-{}.log", l.attempt_number))
 }
 
 /// Copies a child's output, line by line, to the log file and our stdout.
@@ -107,13 +108,13 @@ fn spawn_child(
     edge: Option<&Path>,
 ) -> std::io::Result<Child> {
     // A sync's attempts run this runner's engine, not a binary of the sync's.
-    let program = if l.command == "sync" {
+    let program = if l.command == Work::Sync {
         shared.engine.clone()
     } else {
         PathBuf::from(&l.binary_path)
     };
     let mut cmd = Command::new(program);
-    cmd.arg(&l.command);
+    cmd.arg(l.command.name());
     if let Some(s) = socket {
         cmd.arg("--control").arg(s);
     }
@@ -126,7 +127,7 @@ fn spawn_child(
         .env("ORCA_ORG", &l.org)
         .env("ORCA_LEASE", l.lease.to_string())
         .env("ORCA_RUN", l.run.to_string())
-        .env("ORCA_ATTEMPT", l.number.to_string())
+        .env("ORCA_ATTEMPT", l.attempt_number.to_string())
         .env("ORCA_PIPELINE", &l.pipeline)
         .env("ORCA_PARTITIONS", l.partitions.join(","))
         .env("ORCA_LOG_FILE", log)
@@ -143,7 +144,7 @@ async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> 
         match control::finish(&shared.db, l.lease, ok, error.as_deref()).await {
             Ok(status) => return Outcome::Finished(status),
             Err(ControlError::Fenced { message, .. }) => return Outcome::Fenced(message),
-            Err(ControlError::Db(e)) => {
+            Err(e) => {
                 eprintln!(
                     "orca-runner: reporting attempt {} failed, retrying: {e}",
                     l.attempt
@@ -247,7 +248,10 @@ async fn engine_progress(
 /// child and hand the attempt back.
 pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<bool>) -> Outcome {
     let log = log_path(&shared.logs, &l);
-    let prefix = format!("[{} run {} attempt {}]", l.pipeline, l.run, l.number);
+    let prefix = format!(
+        "[{} run {} attempt {}]",
+        l.pipeline, l.run, l.attempt_number
+    );
     if let Some(dir) = log.parent() {
         let _ = tokio::fs::create_dir_all(dir).await;
     }
@@ -258,15 +262,15 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
-    let socket =
-        (l.command == "sync").then(|| shared.sockets.join(format!("attempt-{}.sock", l.attempt)));
+    let socket = (l.command == Work::Sync)
+        .then(|| shared.sockets.join(format!("attempt-{}.sock", l.attempt)));
     let socket = socket.as_deref();
-    let edge =
-        (l.command == "sync").then(|| shared.sockets.join(format!("attempt-{}.edge", l.attempt)));
+    let edge = (l.command == Work::Sync)
+        .then(|| shared.sockets.join(format!("attempt-{}.edge", l.attempt)));
     let mut child = match spawn_child(&shared, &l, &log, socket, edge.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            let program = if l.command == "sync" {
+            let program = if l.command == Work::Sync {
                 shared.engine.display().to_string()
             } else {
                 l.binary_path.clone()
@@ -309,7 +313,7 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
                     stop_child(&mut child, socket, &prefix).await;
                     return Outcome::Fenced(message);
                 }
-                Err(ControlError::Db(e)) => {
+                Err(e) => {
                     eprintln!("{prefix} heartbeat failed: {e}");
                     if chrono::Utc::now() > deadline {
                         // Someone else may hold the attempt by now: no grace.

@@ -1,24 +1,13 @@
 //! The runner's side of the SQL API: claim, heartbeat, finish, release.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
-use uuid::Uuid;
+use orca_core::api::{self, LeaseToken};
+use orca_core::sqlstate;
+use serde_json::Value;
+use sqlx::PgPool;
 
-/// An attempt this runner holds a lease on.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    pub attempt: i64,
-    pub run: i64,
-    pub lease: Uuid,
-    pub pipeline: String,
-    pub binary_path: String,
-    pub partitions: Vec<String>,
-    pub number: i32,
-    pub deadline: DateTime<Utc>,
-    pub org: String,
-    /// `attempt` or `sense`: what to run the pipeline binary with.
-    pub command: String,
-}
+/// An attempt this runner holds a lease on: a row of `orca.lease`.
+pub use orca_core::api::Lease;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -28,13 +17,15 @@ pub enum ControlError {
     Fenced { code: String, message: String },
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Malformed(#[from] api::Malformed),
 }
 
 impl ControlError {
     fn classify(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(d) = &e {
             if let Some(code) = d.code() {
-                if matches!(code.as_ref(), "OR012" | "OR014" | "OR015") {
+                if sqlstate::lease_gone(&code) {
                     return ControlError::Fenced {
                         code: code.to_string(),
                         message: d.message().to_string(),
@@ -70,37 +61,22 @@ pub async fn claim(
     pool: &str,
     max: i32,
 ) -> Result<Vec<Lease>, ControlError> {
-    let rows = sqlx::query("SELECT * FROM orca.claim($1, $2, $3)")
-        .bind(name)
-        .bind(pool)
-        .bind(max)
-        .fetch_all(db)
-        .await
-        .map_err(ControlError::classify)?;
-    rows.iter()
-        .map(|r| {
-            Ok(Lease {
-                attempt: r.try_get("attempt")?,
-                run: r.try_get("run")?,
-                lease: r.try_get("lease")?,
-                pipeline: r.try_get("pipeline")?,
-                binary_path: r.try_get("binary_path")?,
-                partitions: r.try_get("partitions")?,
-                number: r.try_get("attempt_number")?,
-                deadline: r.try_get("deadline")?,
-                org: r.try_get("org")?,
-                command: r
-                    .try_get::<Option<String>, _>("command")?
-                    .unwrap_or_else(|| "attempt".to_string()),
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(ControlError::Db)
+    let rows: Vec<Value> =
+        sqlx::query_scalar("SELECT to_jsonb(l) FROM orca.claim($1, $2, $3) AS l")
+            .bind(name)
+            .bind(pool)
+            .bind(max)
+            .fetch_all(db)
+            .await
+            .map_err(ControlError::classify)?;
+    rows.into_iter()
+        .map(|r| api::from_json("orca.lease", r).map_err(ControlError::from))
+        .collect()
 }
 
-pub async fn heartbeat(db: &PgPool, lease: Uuid) -> Result<DateTime<Utc>, ControlError> {
+pub async fn heartbeat(db: &PgPool, lease: LeaseToken) -> Result<DateTime<Utc>, ControlError> {
     sqlx::query_scalar("SELECT orca.heartbeat($1)")
-        .bind(lease)
+        .bind(lease.0)
         .fetch_one(db)
         .await
         .map_err(ControlError::classify)
@@ -108,12 +84,12 @@ pub async fn heartbeat(db: &PgPool, lease: Uuid) -> Result<DateTime<Utc>, Contro
 
 pub async fn finish(
     db: &PgPool,
-    lease: Uuid,
+    lease: LeaseToken,
     ok: bool,
     error: Option<&str>,
 ) -> Result<String, ControlError> {
     sqlx::query_scalar("SELECT orca.finish($1, $2, $3)")
-        .bind(lease)
+        .bind(lease.0)
         .bind(ok)
         .bind(error)
         .fetch_one(db)
@@ -121,9 +97,9 @@ pub async fn finish(
         .map_err(ControlError::classify)
 }
 
-pub async fn release(db: &PgPool, lease: Uuid, reason: &str) -> Result<(), ControlError> {
+pub async fn release(db: &PgPool, lease: LeaseToken, reason: &str) -> Result<(), ControlError> {
     sqlx::query("SELECT orca.release($1, $2)")
-        .bind(lease)
+        .bind(lease.0)
         .bind(reason)
         .execute(db)
         .await

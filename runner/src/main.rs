@@ -155,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
                     for l in leases {
                         println!(
                             "claimed attempt {} of run {} ({} {})",
-                            l.number,
+                            l.attempt_number,
                             l.run,
                             l.pipeline,
                             l.partitions.join(",")
