@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use bytes::Bytes;
+use orca_core::api::{Epoch, Generation, LeaseToken};
+use orca_core::sqlstate;
 use serde_json::{json, Value};
 
 use crate::control::{Control, Phase};
@@ -41,7 +43,9 @@ pub const DEFAULT_BATCH_ROWS: usize = 100_000;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("postgres: {}", pg_text(.0))]
-    Control(#[from] postgres::Error),
+    Postgres(#[from] postgres::Error),
+    #[error("control plane: {0}")]
+    Control(#[from] orca_client::ClientError),
     #[error(
         "fenced: sync '{sync}' was claimed by a newer attempt than generation {generation}; \
          stopping without committing"
@@ -270,10 +274,6 @@ pub fn pg_text(e: &postgres::Error) -> String {
     }
 }
 
-fn is_fenced(e: &postgres::Error) -> bool {
-    e.code().map(|c| c.code()) == Some("OR070")
-}
-
 /// Where an attempt resumes after recovery.
 struct Recovered {
     said: String,
@@ -286,7 +286,7 @@ struct Recovered {
 
 struct Attempt {
     opts: Options,
-    control: postgres::Client,
+    control: orca_client::Control,
     store: Store,
     dest: Dest,
     layout: Layout,
@@ -448,13 +448,15 @@ impl Attempt {
                     Some(p) => self.read_record(p)?.streams,
                     None => BTreeMap::new(),
                 };
-                let r = self.control.execute(
-                    "SELECT orca.rewind_head($1, $2, $3, $4)",
-                    &[&self.opts.sync, &self.generation, &(to as i64), &previous],
+                let r = self.control.rewind_head(
+                    &self.opts.sync,
+                    Generation(self.generation),
+                    Epoch(to),
+                    previous.as_deref(),
                 );
                 match r {
-                    Ok(_) => {}
-                    Err(e) if is_fenced(&e) => {
+                    Ok(()) => {}
+                    Err(e) if e.is(sqlstate::FENCED) => {
                         return Err(EngineError::Fenced {
                             sync: self.opts.sync.clone(),
                             generation: self.generation,
@@ -487,18 +489,15 @@ impl Attempt {
         })?;
         self.store.create(&path, Bytes::from(body))?;
         self.crash_point(CrashPoint::Recorded, record.epoch)?;
-        let r = self.control.execute(
-            "SELECT orca.advance_head($1, $2, $3, $4)",
-            &[
-                &self.opts.sync,
-                &self.generation,
-                &(record.epoch as i64),
-                &path,
-            ],
+        let r = self.control.advance_head(
+            &self.opts.sync,
+            Generation(self.generation),
+            Epoch(record.epoch),
+            &path,
         );
         match r {
-            Ok(_) => Ok(path),
-            Err(e) if is_fenced(&e) => {
+            Ok(()) => Ok(path),
+            Err(e) if e.is(sqlstate::FENCED) => {
                 self.log.event("fenced", json!({"epoch": record.epoch}));
                 Err(EngineError::Fenced {
                     sync: self.opts.sync.clone(),
@@ -540,19 +539,20 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
         })?),
         None => None,
     };
-    let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
-    control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
-    let claim: Value = control
-        .query_one(
-            "SELECT orca.claim_sync($1, $2::text::uuid)",
-            &[&opts.sync, &opts.lease],
-        )?
-        .get(0);
-    let full = claim["request"]["mode"] == "full";
-    let generation = claim["generation"].as_i64().unwrap_or(0) as i32;
-    let head_epoch = claim["epoch"].as_u64().unwrap_or(0);
-    let head_record = claim["record"].as_str().map(str::to_string);
-    let def = claim["definition"].clone();
+    let mut control = orca_client::Control::connect(&opts.database_url, Some(&opts.org))?;
+    let lease = opts
+        .lease
+        .as_deref()
+        .map(|l| {
+            l.parse::<LeaseToken>()
+                .map_err(|e| EngineError::Definition(format!("--lease {l:?}: {e}")))
+        })
+        .transpose()?;
+    let claim = control.claim_sync(&opts.sync, lease)?;
+    let full = claim.request.full();
+    let generation = claim.generation.0;
+    let head_epoch = claim.epoch.0;
+    let head_record = claim.record.clone();
     if let Some(c) = &channel {
         c.update(|s| {
             s.phase = Phase::Recovering;
@@ -560,23 +560,17 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             s.head = head_epoch;
         });
     }
-    let source = def.get("source").cloned().unwrap_or(Value::Null);
-    let destination = def.get("destination").cloned().unwrap_or(Value::Null);
-    let source_type = str_of(&source, "type")?;
     // The delivery levels again, as this build of the rules sees the
     // definition: a definition stored by an older control plane, or one whose
     // rules changed, must still hold before anything moves.
-    orca_core::sync::check(
-        &opts.sync,
-        &source,
-        &destination,
-        def.get("streams").unwrap_or(&Value::Null),
-        def.get("schedule").and_then(Value::as_str),
-        def.get("delivery")
-            .and_then(Value::as_str)
-            .unwrap_or("exactly_once"),
-    )
-    .map_err(|e| EngineError::Definition(e.to_string()))?;
+    claim
+        .definition
+        .recheck()
+        .map_err(|e| EngineError::Definition(e.to_string()))?;
+    let def = claim.definition.to_json();
+    let source = def.get("source").cloned().unwrap_or(Value::Null);
+    let destination = def.get("destination").cloned().unwrap_or(Value::Null);
+    let source_type = str_of(&source, "type")?;
     let batch_rows = opts
         .batch_rows
         .or(batch_rows_of(&source)?)

@@ -59,8 +59,12 @@ impl std::fmt::Display for Outcome {
 
 /// Never heartbeat more often than this, whatever the lease length.
 const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
-/// How many times a transient database error is retried when reporting.
-const REPORT_TRIES: u32 = 5;
+/// How long a result is retried while the control plane is unreachable (a
+/// server restart): about a lease's length, after which the lease has lapsed
+/// and the attempt is another's anyway.
+const REPORT_FOR: Duration = Duration::from_secs(25);
+const REPORT_BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long an engine asked to stop may take to finish its epoch in flight
 /// before it is killed (killing it is safe too: the next attempt recovers).
 const ENGINE_STOP_GRACE: Duration = Duration::from_secs(15);
@@ -139,25 +143,28 @@ fn spawn_child(
 }
 
 async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
-    let mut wait = Duration::from_millis(200);
-    for _ in 0..REPORT_TRIES {
+    let t0 = std::time::Instant::now();
+    let mut wait = REPORT_BACKOFF_FIRST;
+    loop {
         match control::finish(&shared.db, l.lease, ok, error.as_deref()).await {
             Ok(status) => return Outcome::Finished(status),
             Err(ControlError::Fenced { message, .. }) => return Outcome::Fenced(message),
-            Err(e) => {
+            Err(e) if t0.elapsed() < REPORT_FOR => {
                 eprintln!(
                     "orca-runner: reporting attempt {} failed, retrying: {e}",
                     l.attempt
                 );
                 tokio::time::sleep(wait).await;
-                wait *= 2;
+                wait = (wait * 2).min(REPORT_BACKOFF_MAX);
+            }
+            Err(e) => {
+                return Outcome::Unreported(format!(
+                    "could not report attempt {} for {REPORT_FOR:?}: {e}",
+                    l.attempt
+                ))
             }
         }
     }
-    Outcome::Unreported(format!(
-        "could not report attempt {} after {REPORT_TRIES} tries",
-        l.attempt
-    ))
 }
 
 /// Stops a child: an engine is asked over its control channel to finish

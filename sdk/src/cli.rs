@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use chrono::Utc;
 use clap::{Parser, Subcommand};
+use orca_client::Control;
+use orca_core::api::LeaseToken;
 use orca_core::cron::{parse_tz, Schedule};
 use orca_core::partition::{Fills as CoreFills, PartitionKind, PartitionSet};
 use serde_json::Value;
@@ -46,8 +48,8 @@ enum Cmd {
     /// Poll the datasets a sensor watches and report their new snapshots
     /// (the runner calls this for a sensor pipeline).
     Sense {
-        #[arg(long)]
-        lease: uuid::Uuid,
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: LeaseToken,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, env = "ORCA_ORG")]
@@ -57,8 +59,8 @@ enum Cmd {
     /// read, then one key a line. With --lease (the runner calls it so),
     /// report them to the control plane instead.
     Keys {
-        #[arg(long)]
-        lease: Option<uuid::Uuid>,
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: Option<LeaseToken>,
         #[arg(long, env = "DATABASE_URL")]
         database_url: Option<String>,
         #[arg(long, env = "ORCA_ORG")]
@@ -66,8 +68,8 @@ enum Cmd {
     },
     /// Run an attempt a runner leased (the runner calls this).
     Attempt {
-        #[arg(long)]
-        lease: uuid::Uuid,
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: LeaseToken,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, env = "ORCA_ORG")]
@@ -343,7 +345,7 @@ fn expand_keys<P: Pipeline>(
 
 /// `keys`: prints the keys, or reports them for a keys task the runner leased.
 fn keys<P: Pipeline>(
-    lease: Option<uuid::Uuid>,
+    lease: Option<LeaseToken>,
     url: Option<&str>,
     org: Option<&str>,
 ) -> Result<i32, SdkError> {
@@ -369,37 +371,27 @@ fn keys<P: Pipeline>(
         return Ok(0);
     };
     let url = url.ok_or_else(|| SdkError::Usage("keys --lease needs DATABASE_URL".into()))?;
-    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
-    if let Some(org) = org {
-        client.execute("SELECT set_config('orca.org', $1, false)", &[&org])?;
-    }
-    let ctx: Value = client
-        .query_one("SELECT orca.keys_context($1)", &[&lease])?
-        .try_get(0)?;
-    if ctx["dataset"] != dataset || ctx["column"] != column {
+    let mut control = Control::connect(url, org)?;
+    let ctx = control.keys_context(lease)?;
+    if ctx.dataset != dataset || ctx.column != column {
         return Err(SdkError::Control(format!(
             "this binary takes keys from {dataset}.{column}, but the registered version of {} takes them from {}.{}: register this binary",
             P::NAME,
-            ctx["dataset"].as_str().unwrap_or("?"),
-            ctx["column"].as_str().unwrap_or("?")
+            ctx.dataset,
+            ctx.column
         )));
     }
     let read = tables.read_keys(dataset, column)?;
-    let done: Value = client
-        .query_one(
-            "SELECT orca.report_keys($1, $2, $3, $4)",
-            &[&lease, &read.snapshot, &read.timestamp_ms, &read.keys],
-        )?
-        .try_get(0)?;
+    let done = control.report_keys(lease, read.snapshot, read.timestamp_ms, &read.keys)?;
     println!(
-        "{}: {} keys in {dataset}.{column} at snapshot {}; {} new; runs queued: {} ({} mode)",
+        "{}: {} keys in {dataset}.{column} at snapshot {}; {} new; runs queued: {:?} ({} mode)",
         P::NAME,
         read.keys.len(),
         read.snapshot
             .map_or_else(|| "(none)".to_string(), |s| s.to_string()),
-        done["new"],
-        done["runs"],
-        ctx["mode"].as_str().unwrap_or("?")
+        done.new,
+        done.runs.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ctx.mode.name()
     );
     Ok(0)
 }
@@ -461,46 +453,30 @@ fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32,
 /// The most snapshots of one dataset a poll reports.
 const SENSE_MAX_SNAPSHOTS: usize = 100;
 
-fn sense<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
-    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
-    if let Some(org) = org {
-        client.execute("SELECT set_config('orca.org', $1, false)", &[&org])?;
-    }
-    let ctx: Value = client
-        .query_one("SELECT orca.sense_context($1)", &[&lease])?
-        .try_get(0)?;
-    let since = chrono::DateTime::parse_from_rfc3339(ctx["since"].as_str().unwrap_or_default())
-        .map_err(|e| SdkError::Control(format!("sense context has no start time: {e}")))?;
+fn sense<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
+    let mut control = Control::connect(url, org)?;
+    let ctx = control.sense_context(lease)?;
+    let since = ctx.since;
     let tables = crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(Some(url)));
     let mut report = Vec::new();
-    for d in ctx["datasets"].as_array().into_iter().flatten() {
-        let dataset = d.as_str().unwrap_or_default();
-        for s in tables.snapshots_since(dataset, since.timestamp_millis(), SENSE_MAX_SNAPSHOTS)? {
-            report.push(serde_json::json!({
-                "dataset": s.dataset,
-                "snapshot": s.snapshot,
-                "timestamp_ms": s.timestamp_ms,
-                "partitions": s.partitions,
-                "orca_run": s.orca_run,
-            }));
-        }
+    for dataset in &ctx.datasets {
+        report.extend(tables.snapshots_since(
+            dataset,
+            since.timestamp_millis(),
+            SENSE_MAX_SNAPSHOTS,
+        )?);
     }
-    let started: i32 = client
-        .query_one(
-            "SELECT orca.report_snapshots($1, $2)",
-            &[&lease, &Value::Array(report.clone())],
-        )?
-        .try_get(0)?;
+    let started = control.report_snapshots(lease, &report)?;
     println!(
         "{}: {} snapshot(s) since {since} in {}; {started} run(s) started",
         P::NAME,
         report.len(),
-        ctx["datasets"]
+        ctx.datasets.join(", ")
     );
     Ok(0)
 }
 
-fn attempt<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
+fn attempt<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
     let steps = P::steps();
     let hash = registry_hash(&steps);
     let params = P::params();
@@ -526,7 +502,7 @@ fn attempt<P: Pipeline>(lease: uuid::Uuid, url: &str, org: Option<&str>) -> Resu
         &ctx.partitions,
         &mut store,
         &log,
-        Some(ctx.run),
+        Some(ctx.run.0),
     );
     summary(&outcome);
     match outcome.error {

@@ -42,3 +42,12 @@ impl From<postgres::Error> for SdkError {
         SdkError::Control(msg)
     }
 }
+
+impl From<orca_client::ClientError> for SdkError {
+    fn from(e: orca_client::ClientError) -> Self {
+        SdkError::Control(match e.code() {
+            Some(code) => format!("{} ({code})", e.message()),
+            None => e.to_string(),
+        })
+    }
+}

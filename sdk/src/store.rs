@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
+use orca_client::Control;
+use orca_core::api::{LeaseToken, StepStatus};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use crate::error::SdkError;
 
@@ -133,21 +134,13 @@ impl Store for MemStore {
 }
 
 /// What the control plane says about a leased attempt.
-#[derive(Debug, Clone)]
-pub struct AttemptContext {
-    pub org: String,
-    pub pipeline: String,
-    pub run: i64,
-    pub attempt: i64,
-    pub version: i64,
-    pub registry_hash: String,
-    pub partitions: Vec<String>,
-}
+pub use orca_core::api::AttemptContext;
 
-/// States in the control plane, for an attempt a runner leased.
+/// States in the control plane, for an attempt a runner leased. Its
+/// connection outlives a server restart (`orca_client::Control`).
 pub struct PgStore {
-    client: postgres::Client,
-    lease: Uuid,
+    control: Control,
+    lease: LeaseToken,
     states: MemStore,
     pub context: AttemptContext,
 }
@@ -157,48 +150,26 @@ impl PgStore {
     pub fn connect(
         url: &str,
         org: Option<&str>,
-        lease: Uuid,
+        lease: LeaseToken,
         build: &Value,
     ) -> Result<PgStore, SdkError> {
-        let mut client = postgres::Client::connect(url, postgres::NoTls)?;
-        if let Some(org) = org {
-            client.execute("SELECT set_config('orca.org', $1, false)", &[&org])?;
-        }
-        let ctx: Value = client
-            .query_one("SELECT orca.attempt_context($1, $2)", &[&lease, build])?
-            .try_get(0)?;
-        let field = |k: &str| ctx.get(k).cloned().unwrap_or(Value::Null);
-        let context = AttemptContext {
-            org: field("org").as_str().unwrap_or_default().to_string(),
-            pipeline: field("pipeline").as_str().unwrap_or_default().to_string(),
-            run: field("run").as_i64().unwrap_or_default(),
-            attempt: field("attempt").as_i64().unwrap_or_default(),
-            version: field("version").as_i64().unwrap_or_default(),
-            registry_hash: field("registry_hash")
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            partitions: serde_json::from_value(field("partitions")).map_err(|e| {
-                SdkError::Control(format!("attempt context has no partitions: {e}"))
-            })?,
-        };
+        let mut control = Control::connect(url, org)?;
+        let context = control.attempt_context(lease, build)?;
         let mut states = MemStore::default();
-        for s in field("states").as_array().into_iter().flatten() {
-            let step = s["step"].as_str().unwrap_or_default();
-            let partition = s["partition"].as_str().unwrap_or_default();
+        for s in &context.states {
             states.states.insert(
-                key(step, partition),
+                key(&s.step, &s.partition),
                 StoredState {
-                    status: s["status"].as_str().unwrap_or_default().to_string(),
-                    attempts: u32::try_from(s["attempts"].as_i64().unwrap_or(0)).unwrap_or(0),
-                    code: s["code"].as_str().map(str::to_string),
-                    input_hash: s["input_hash"].as_str().map(str::to_string),
-                    output: s.get("output").filter(|o| !o.is_null()).cloned(),
+                    status: s.status.name().to_string(),
+                    attempts: s.attempts,
+                    code: s.code.clone(),
+                    input_hash: s.input_hash.clone(),
+                    output: s.output.clone().filter(|o| !o.is_null()),
                 },
             );
         }
         Ok(PgStore {
-            client,
+            control,
             lease,
             states,
             context,
@@ -212,16 +183,19 @@ impl Store for PgStore {
     }
 
     fn started(&mut self, step: &str, partition: &str) -> Result<u32, SdkError> {
-        let n: i32 = self
-            .client
-            .query_one(
-                "SELECT orca.report_step($1, $2, $3, 'running')",
-                &[&self.lease, &step, &partition],
-            )?
-            .try_get(0)?;
+        let n = self.control.report_step(
+            self.lease,
+            step,
+            partition,
+            StepStatus::Running,
+            None,
+            None,
+            None,
+            None,
+        )?;
         let s = self.states.states.entry(key(step, partition)).or_default();
         s.status = "running".into();
-        s.attempts = u32::try_from(n).unwrap_or(0);
+        s.attempts = n;
         Ok(s.attempts)
     }
 
@@ -233,18 +207,30 @@ impl Store for PgStore {
         input_hash: &str,
         output: &Value,
     ) -> Result<(), SdkError> {
-        self.client.query_one(
-            "SELECT orca.report_step($1, $2, $3, 'succeeded', output => $4, code => $5, input_hash => $6)",
-            &[&self.lease, &step, &partition, output, &code, &input_hash],
+        self.control.report_step(
+            self.lease,
+            step,
+            partition,
+            StepStatus::Succeeded,
+            None,
+            Some(output),
+            Some(code),
+            Some(input_hash),
         )?;
         self.states
             .succeeded(step, partition, code, input_hash, output)
     }
 
     fn failed(&mut self, step: &str, partition: &str, error: &str) -> Result<(), SdkError> {
-        self.client.query_one(
-            "SELECT orca.report_step($1, $2, $3, 'failed', error => $4)",
-            &[&self.lease, &step, &partition, &error],
+        self.control.report_step(
+            self.lease,
+            step,
+            partition,
+            StepStatus::Failed,
+            Some(error),
+            None,
+            None,
+            None,
         )?;
         self.states.failed(step, partition, error)
     }
@@ -257,12 +243,8 @@ impl Store for PgStore {
         current: Option<i64>,
     ) -> Result<Option<i64>, SdkError> {
         Ok(self
-            .client
-            .query_one(
-                "SELECT orca.pin_read($1, $2, $3, $4, $5)",
-                &[&self.lease, &step, &partition, &dataset, &current],
-            )?
-            .try_get(0)?)
+            .control
+            .pin_read(self.lease, step, partition, dataset, current)?)
     }
 
     fn record_commit(
@@ -274,20 +256,9 @@ impl Store for PgStore {
         commit_no: u32,
         operation: &str,
     ) -> Result<(), SdkError> {
-        let n = i32::try_from(commit_no).unwrap_or(i32::MAX);
-        self.client.execute(
-            "SELECT orca.record_commit($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &self.lease,
-                &step,
-                &partition,
-                &dataset,
-                &snapshot,
-                &n,
-                &operation,
-            ],
-        )?;
-        Ok(())
+        Ok(self.control.record_commit(
+            self.lease, step, partition, dataset, snapshot, commit_no, operation,
+        )?)
     }
 }
 

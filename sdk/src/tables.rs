@@ -183,13 +183,7 @@ async fn catalog_tables(url: &str) -> std::result::Result<(), sqlx::Error> {
 }
 
 /// A snapshot as a sensor's poll reports it.
-pub(crate) struct SnapshotSeen {
-    pub dataset: String,
-    pub snapshot: i64,
-    pub timestamp_ms: i64,
-    pub partitions: Option<String>,
-    pub orca_run: Option<String>,
-}
+pub(crate) use orca_core::api::SnapshotSeen;
 
 impl TablesCell {
     /// The snapshots of a dataset newer than `since_ms`, oldest first, at most

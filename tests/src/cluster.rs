@@ -55,7 +55,12 @@ pub struct PrivateCluster {
 impl PrivateCluster {
     /// initdb, the given postgresql.conf lines, and start.
     pub fn start(conf: &[&str]) -> PrivateCluster {
-        let bindir = pg_bindir();
+        PrivateCluster::start_in(&pg_bindir(), conf)
+    }
+
+    /// The same, with the binaries (and so the installation) in `bindir`.
+    pub fn start_in(bindir: &Path, conf: &[&str]) -> PrivateCluster {
+        let bindir = bindir.to_path_buf();
         let dir = std::env::temp_dir().join(format!(
             "orca-cluster-{}-{}",
             std::process::id(),
@@ -125,6 +130,25 @@ impl PrivateCluster {
             cluster.log()
         );
         cluster
+    }
+
+    /// Restarts the server as an operator would (`pg_ctl restart -m fast`:
+    /// sessions are ended, the preloaded library is loaded again).
+    pub fn restart(&self) {
+        let data = self.dir.join("data").to_string_lossy().to_string();
+        let log = self.dir.join("server.log").to_string_lossy().to_string();
+        let out = run_pg(
+            &self.bindir.join("pg_ctl"),
+            &[
+                "-D", &data, "-l", &log, "-m", "fast", "-w", "-t", "60", "restart",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl restart: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
     }
 
     pub fn url(&self, db: &str) -> String {

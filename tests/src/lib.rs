@@ -12,6 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod cluster;
+pub mod install;
 pub mod procs;
 pub mod releases;
 pub mod s3;

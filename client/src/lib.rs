@@ -1,0 +1,391 @@
+//! The control plane's SQL API as typed calls, for the processes a runner
+//! starts: pipeline binaries (through the SDK) and `orca-engine`.
+//!
+//! A [`Control`] is one connection that survives a restart of the server:
+//! a call that fails because the server went away (a restart, a failover, a
+//! dropped connection) reconnects, sets the session's org again and tries
+//! once more, with backoff, for up to [`Control::retry_for`]. Every call here
+//! is safe to repeat: the SQL functions either change nothing the second
+//! time (`pin_read`, `record_commit`, `report_snapshots`, `advance_head` and
+//! `rewind_head` with the same arguments) or only count once more (a step's
+//! `running` report whose answer was lost). Answers are read into the types
+//! of [`orca_core::api`]; a malformed one is an error naming the field.
+
+use std::time::{Duration, Instant};
+
+use orca_core::api::{
+    self, AttemptContext, ClaimedSync, Epoch, Generation, KeysContext, KeysReport, LeaseToken,
+    SenseContext, SnapshotSeen,
+};
+use orca_core::sqlstate::{self, SqlState};
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row};
+use serde_json::Value;
+
+/// How long a call keeps trying while the server is unreachable: longer than
+/// a restart takes, shorter than a lease (30 s by default), so that a binary
+/// whose control plane is gone for good gives up while its attempt is still
+/// its own.
+pub const RETRY_FOR_DEFAULT: Duration = Duration::from_secs(25);
+/// The first wait before trying again; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error: the SQLSTATE says which.
+    #[error("{what}: {source}")]
+    Refused {
+        what: &'static str,
+        #[source]
+        source: postgres::Error,
+    },
+    /// The server could not be reached for the whole retry window.
+    #[error("{what}: the control plane was unreachable for {waited:?}: {last}")]
+    Unreachable {
+        what: &'static str,
+        waited: Duration,
+        last: postgres::Error,
+    },
+    #[error(transparent)]
+    Malformed(#[from] api::Malformed),
+}
+
+impl ClientError {
+    /// The SQLSTATE of a refusal (`OR012`, `42501`, ...).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Refused { source, .. } => source.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    /// Whether the refusal is this state.
+    pub fn is(&self, state: SqlState) -> bool {
+        self.code().is_some_and(|c| state.is(c))
+    }
+
+    /// Whether the refusal takes the lease away: the attempt must stop.
+    pub fn lease_gone(&self) -> bool {
+        self.code().is_some_and(sqlstate::lease_gone)
+    }
+
+    /// The server's message, without the driver's prefix.
+    pub fn message(&self) -> String {
+        match self {
+            ClientError::Refused { source, .. } => source
+                .as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| source.to_string()),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Whether an error means the connection, not the call, failed: the server
+/// is restarting or shutting down, or the socket broke.
+pub fn is_transient(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(c) = e.code() {
+        // Class 08: connection exception; 57P01-03: the server shut down or
+        // restarts (admin_shutdown, crash_shutdown, cannot_connect_now).
+        return c.code().starts_with("08") || matches!(c.code(), "57P01" | "57P02" | "57P03");
+    }
+    // The driver's own I/O: a refused connection while the server is down,
+    // a reset socket. (A value that does not convert is not transient.)
+    std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+}
+
+/// One connection to the control plane, in one org.
+pub struct Control {
+    url: String,
+    org: Option<String>,
+    client: Option<Client>,
+    retry_for: Duration,
+}
+
+impl Control {
+    /// Connects (retrying while the server is unreachable) and sets the
+    /// session's org.
+    pub fn connect(url: &str, org: Option<&str>) -> Result<Control, ClientError> {
+        let mut c = Control {
+            url: url.to_string(),
+            org: org.map(str::to_string),
+            client: None,
+            retry_for: RETRY_FOR_DEFAULT,
+        };
+        c.with_retry("connecting to the control plane", |_| Ok(()))?;
+        Ok(c)
+    }
+
+    /// How long calls keep trying while the server is unreachable.
+    pub fn retry_for(mut self, d: Duration) -> Control {
+        self.retry_for = d;
+        self
+    }
+
+    fn open(&self) -> Result<Client, postgres::Error> {
+        let mut client = Client::connect(&self.url, NoTls)?;
+        if let Some(org) = &self.org {
+            client.execute("SELECT set_config('orca.org', $1, false)", &[org])?;
+        }
+        Ok(client)
+    }
+
+    /// Runs `f` on a live connection; on a transient failure reconnects and
+    /// runs it again, with backoff, until `retry_for` has passed.
+    fn with_retry<T>(
+        &mut self,
+        what: &'static str,
+        mut f: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, ClientError> {
+        let t0 = Instant::now();
+        let mut wait = BACKOFF_FIRST;
+        let mut lost: Option<String> = None;
+        loop {
+            let attempt = match self.client.as_mut() {
+                Some(c) => f(c),
+                None => self.open().and_then(|mut c| {
+                    let r = f(&mut c);
+                    self.client = Some(c);
+                    r
+                }),
+            };
+            match attempt {
+                Ok(v) => {
+                    if let Some(first) = lost {
+                        // Said where the attempt's log shows it: the call
+                        // went on, and why it took longer.
+                        eprintln!(
+                            "orca: {what}: the control plane was unreachable for {:?} ({first}); \
+                             went on on a new connection",
+                            t0.elapsed()
+                        );
+                    }
+                    return Ok(v);
+                }
+                Err(e) if is_transient(&e) => {
+                    lost.get_or_insert_with(|| e.to_string());
+                    self.client = None;
+                    if t0.elapsed() >= self.retry_for {
+                        return Err(ClientError::Unreachable {
+                            what,
+                            waited: t0.elapsed(),
+                            last: e,
+                        });
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(BACKOFF_MAX);
+                }
+                Err(source) => return Err(ClientError::Refused { what, source }),
+            }
+        }
+    }
+
+    /// One row of a statement, retried as [`Control`] says.
+    pub fn query_one(
+        &mut self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, ClientError> {
+        self.with_retry(what, |c| c.query_one(sql, params))
+    }
+
+    /// A statement whose rows do not matter, retried as [`Control`] says.
+    pub fn execute(
+        &mut self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), ClientError> {
+        self.with_retry(what, |c| c.execute(sql, params).map(|_| ()))
+    }
+
+    fn json(
+        &mut self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Value, ClientError> {
+        self.with_retry(what, |c| c.query_one(sql, params)?.try_get::<_, Value>(0))
+    }
+
+    /// `orca.attempt_context`: the run, its partitions and every (step,
+    /// partition) state; records the binary's build on the attempt.
+    pub fn attempt_context(
+        &mut self,
+        lease: LeaseToken,
+        build: &Value,
+    ) -> Result<AttemptContext, ClientError> {
+        const WHAT: &str = "orca.attempt_context";
+        let v = self.json(
+            WHAT,
+            "SELECT orca.attempt_context($1, $2)",
+            &[&lease.0, build],
+        )?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.report_step`; returns the pair's attempt count.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_step(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        status: api::StepStatus,
+        error: Option<&str>,
+        output: Option<&Value>,
+        code: Option<&str>,
+        input_hash: Option<&str>,
+    ) -> Result<u32, ClientError> {
+        let status = status.name();
+        let n: i32 = self.with_retry("orca.report_step", |c| {
+            c.query_one(
+                "SELECT orca.report_step($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    &lease.0,
+                    &step,
+                    &partition,
+                    &status,
+                    &error,
+                    &output,
+                    &code,
+                    &input_hash,
+                ],
+            )?
+            .try_get(0)
+        })?;
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+
+    /// `orca.pin_read`: the snapshot the (step, partition) reads, pinned on
+    /// its first read.
+    pub fn pin_read(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        current: Option<i64>,
+    ) -> Result<Option<i64>, ClientError> {
+        self.with_retry("orca.pin_read", |c| {
+            c.query_one(
+                "SELECT orca.pin_read($1, $2, $3, $4, $5)",
+                &[&lease.0, &step, &partition, &dataset, &current],
+            )?
+            .try_get(0)
+        })
+    }
+
+    /// `orca.record_commit`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_commit(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        dataset: &str,
+        snapshot: i64,
+        commit_no: u32,
+        operation: &str,
+    ) -> Result<(), ClientError> {
+        let n = i32::try_from(commit_no).unwrap_or(i32::MAX);
+        self.execute(
+            "orca.record_commit",
+            "SELECT orca.record_commit($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &lease.0, &step, &partition, &dataset, &snapshot, &n, &operation,
+            ],
+        )
+    }
+
+    /// `orca.sense_context`: what a sensor's poll looks at.
+    pub fn sense_context(&mut self, lease: LeaseToken) -> Result<SenseContext, ClientError> {
+        const WHAT: &str = "orca.sense_context";
+        let v = self.json(WHAT, "SELECT orca.sense_context($1)", &[&lease.0])?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.report_snapshots`; returns how many runs it started.
+    pub fn report_snapshots(
+        &mut self,
+        lease: LeaseToken,
+        seen: &[SnapshotSeen],
+    ) -> Result<i32, ClientError> {
+        let list = serde_json::to_value(seen).unwrap_or(Value::Null);
+        self.with_retry("orca.report_snapshots", |c| {
+            c.query_one("SELECT orca.report_snapshots($1, $2)", &[&lease.0, &list])?
+                .try_get(0)
+        })
+    }
+
+    /// `orca.keys_context`: what a keys task reads and does.
+    pub fn keys_context(&mut self, lease: LeaseToken) -> Result<KeysContext, ClientError> {
+        const WHAT: &str = "orca.keys_context";
+        let v = self.json(WHAT, "SELECT orca.keys_context($1)", &[&lease.0])?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.report_keys`: the keys of the snapshot a keys task read.
+    pub fn report_keys(
+        &mut self,
+        lease: LeaseToken,
+        snapshot: Option<i64>,
+        snapshot_ms: Option<i64>,
+        keys: &[String],
+    ) -> Result<KeysReport, ClientError> {
+        const WHAT: &str = "orca.report_keys";
+        let v = self.json(
+            WHAT,
+            "SELECT orca.report_keys($1, $2, $3, $4)",
+            &[&lease.0, &snapshot, &snapshot_ms, &keys],
+        )?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.claim_sync`: a new generation, which fences every older attempt.
+    pub fn claim_sync(
+        &mut self,
+        sync: &str,
+        lease: Option<LeaseToken>,
+    ) -> Result<ClaimedSync, ClientError> {
+        const WHAT: &str = "orca.claim_sync";
+        let lease = lease.map(|l| l.0);
+        let v = self.json(WHAT, "SELECT orca.claim_sync($1, $2)", &[&sync, &lease])?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.advance_head`: the commit point of an epoch.
+    pub fn advance_head(
+        &mut self,
+        sync: &str,
+        generation: Generation,
+        epoch: Epoch,
+        record: &str,
+    ) -> Result<(), ClientError> {
+        self.execute(
+            "orca.advance_head",
+            "SELECT orca.advance_head($1, $2, $3, $4)",
+            &[&sync, &generation.0, &epoch.sql(), &record],
+        )
+    }
+
+    /// `orca.rewind_head`: back to the epoch before a lost one.
+    pub fn rewind_head(
+        &mut self,
+        sync: &str,
+        generation: Generation,
+        epoch: Epoch,
+        record: Option<&str>,
+    ) -> Result<(), ClientError> {
+        self.execute(
+            "orca.rewind_head",
+            "SELECT orca.rewind_head($1, $2, $3, $4)",
+            &[&sync, &generation.0, &epoch.sql(), &record],
+        )
+    }
+}

@@ -1,0 +1,391 @@
+//! An upgrade with work in flight, done as docs/operations.md ("Upgrading")
+//! tells an operator to do it: a server runs the first release (its library
+//! preloaded, its background worker ticking); runners hold leases on a
+//! backfill's attempts and a sync is mid-run; this build's files are
+//! installed under the running server, the server restarts, and
+//! `ALTER EXTENSION orca UPDATE` moves the schema. The same runner processes
+//! go on: every run ends succeeded, no attempt is lost or run twice, and the
+//! sync's HEAD moves on from where it was.
+//!
+//! The first release's library is built from its commit by scripts/setup.sh;
+//! the runner, pipeline and engine binaries are this build's (the SQL API
+//! they call is the same in both releases).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use orca_tests::cluster::PrivateCluster;
+use orca_tests::install::{installed_library, release_library, Installation};
+use orca_tests::procs::{bin, Runner};
+use orca_tests::releases::{catalog, catalog_difference, current_version};
+use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
+use orca_tests::*;
+use serde_json::json;
+
+const FROM: &str = "0.1.0";
+const MONTHS: usize = 6;
+const SOURCE_ROWS: i64 = 400_000;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "orca-upgrade-{name}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+async fn scalar_i64(c: &mut PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(c)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// (step, partition) -> how many times the probe's step function ran.
+fn calls(dir: &Path) -> HashMap<(String, String), usize> {
+    let mut out = HashMap::new();
+    for line in std::fs::read_to_string(dir.join("calls.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 2 {
+            *out.entry((f[0].to_string(), f[1].to_string())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Rows and distinct ids in the Parquet files of the stream `orders`.
+fn published(out: &Path) -> (usize, usize) {
+    use arrow_array::{Array, Int64Array};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut ids = std::collections::HashSet::new();
+    let mut rows = 0;
+    let files = std::fs::read_dir(out.join("orders"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for f in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+    {
+        let file = std::fs::File::open(f).expect("parquet file");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.build())
+            .expect("parquet reader");
+        for b in reader {
+            let b = b.expect("parquet batch");
+            let id = b
+                .column_by_name("id")
+                .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+                .expect("an id column of bigints");
+            rows += id.len();
+            ids.extend(id.values().iter().copied());
+        }
+    }
+    (rows, ids.len())
+}
+
+/// The text of every attempt log under a runner's logs directory.
+fn attempt_logs(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("attempt-"))
+            {
+                out.push(std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+fn logs_of(runners: &[&Runner]) -> String {
+    runners
+        .iter()
+        .map(|r| format!("--- {}\n{}", r.name, r.output()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
+    let library = release_library(FROM).unwrap_or_else(|| {
+        // A clone without the release's commit cannot build its library;
+        // the schema upgrade below is then run on this build's library.
+        eprintln!(
+            "NOTE: release {FROM}'s library was not built (scripts/setup.sh builds it from \
+             the commit migrations/RELEASES names); starting on this build's library"
+        );
+        installed_library()
+    });
+    let install = Installation::copy();
+    install.install_release(FROM, &library);
+    let cluster = PrivateCluster::start_in(
+        &install.bindir,
+        &["orca.databases = 'orca'", "orca.tick_ms = 200"],
+    );
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .expect("connect");
+    admin
+        .execute("CREATE DATABASE orca")
+        .await
+        .expect("create db");
+    let url = cluster.url("orca");
+    let mut c = PgConnection::connect(&url).await.expect("connect orca");
+    c.execute("CREATE EXTENSION orca")
+        .await
+        .expect("install the release");
+    let version: String =
+        sqlx::query_scalar("SELECT extversion FROM pg_extension WHERE extname = 'orca'")
+            .fetch_one(&mut c)
+            .await
+            .expect("version");
+    assert_eq!(version, FROM);
+
+    // The sync reads a table of another server (the test cluster), so that
+    // the restart below is the control plane's alone.
+    let source = TestDb::new().await;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL,
+                                     customer text, amount numeric(12,2));
+         INSERT INTO public.orders
+         SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', 'customer ' || (g % 500),
+                (g % 100000) / 100.0
+         FROM generate_series(1, {SOURCE_ROWS}) g;"
+    ))
+    .execute(&source.pool)
+    .await
+    .expect("source table");
+    let dir = scratch("work");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(json!({"type": "postgres", "url": source.url(), "batch_rows": 1000}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&mut c)
+        .await
+        .expect("create_sync");
+    let reg = Command::new(bin("orca"))
+        .args(["register", bin("probe").to_str().unwrap_or_default()])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("orca register");
+    assert!(
+        reg.status.success(),
+        "orca register: {}",
+        String::from_utf8_lossy(&reg.stderr)
+    );
+
+    let probe_dir = dir.to_string_lossy().to_string();
+    let (engine, store_s) = (bin("orca-engine"), store.to_string_lossy().to_string());
+    let env = [
+        ("PROBE_DIR", probe_dir.as_str()),
+        ("PROBE_SLEEP_MS", "1500"),
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+    ];
+    let a = Runner::start(&url, "runner-a", 3, &logs, &env);
+    let b = Runner::start(&url, "runner-b", 3, &logs, &env);
+    let pids = (a.pid(), b.pid());
+    c.execute(format!("SELECT orca.backfill('probe', '2024-01..2024-0{MONTHS}')").as_str())
+        .await
+        .expect("backfill");
+    c.execute("SELECT orca.run('shop', 'now')")
+        .await
+        .expect("sync run");
+
+    // Work in flight: leases on the backfill's attempts, the sync mid-run.
+    let t0 = Instant::now();
+    loop {
+        let leased = scalar_i64(
+            &mut c,
+            "SELECT count(*) FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
+             JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'pipeline'",
+        )
+        .await;
+        let head = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+        if leased > 0 && head >= 3 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no work in flight ({leased} leases, HEAD at epoch {head})\n{}",
+            logs_of(&[&a, &b])
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The upgrade, as an operator does it: the new package's files under the
+    // running server, a restart, then the schema.
+    install.install_current();
+    let head_before = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+    let in_flight = scalar_i64(&mut c, "SELECT count(*) FROM orca.leases").await;
+    drop(c);
+    cluster.restart();
+    let mut c = PgConnection::connect(&url)
+        .await
+        .expect("connect after the restart");
+    c.execute("ALTER EXTENSION orca UPDATE")
+        .await
+        .expect("ALTER EXTENSION orca UPDATE");
+    let version: String =
+        sqlx::query_scalar("SELECT extversion FROM pg_extension WHERE extname = 'orca'")
+            .fetch_one(&mut c)
+            .await
+            .expect("version");
+    assert_eq!(version, current_version());
+    assert!(
+        in_flight >= 2,
+        "leases were held across the upgrade ({in_flight})"
+    );
+    let sync_running = scalar_i64(
+        &mut c,
+        "SELECT count(*) FROM orca.runs WHERE kind = 'sync' AND status = 'running'",
+    )
+    .await;
+    assert_eq!(
+        sync_running, 1,
+        "the sync was still running at the upgrade (HEAD at epoch {head_before}): the source is \
+         too small for this machine"
+    );
+
+    // The same runners go on, and everything ends.
+    let t0 = Instant::now();
+    loop {
+        let open = scalar_i64(
+            &mut c,
+            "SELECT count(*) FROM orca.runs WHERE status IN ('queued', 'running')",
+        )
+        .await;
+        if open == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "{open} runs still open after the upgrade\n{}\n{}",
+            logs_of(&[&a, &b]),
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (a.pid(), b.pid()),
+        pids,
+        "the runners are the same processes"
+    );
+    let runs: Vec<(i64, String, String, i32)> = sqlx::query_as(
+        "SELECT id, kind, status, attempts FROM orca.runs WHERE kind IN ('pipeline', 'sync')
+         ORDER BY id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("runs");
+    assert_eq!(runs.len(), MONTHS + 1, "{runs:?}");
+    for (id, kind, status, attempts) in &runs {
+        assert_eq!(
+            (status.as_str(), *attempts),
+            ("succeeded", 1),
+            "{kind} run {id} ended {status} after {attempts} attempts\n{}",
+            logs_of(&[&a, &b])
+        );
+    }
+    let not_succeeded: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, status, error FROM orca.attempts WHERE status <> 'succeeded' ORDER BY id",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("attempts");
+    assert!(
+        not_succeeded.is_empty(),
+        "attempts lost or failed: {not_succeeded:?}"
+    );
+    // Each step of each month ran once (the gather step once per run).
+    let ran = calls(&dir);
+    for step in ["load", "measure"] {
+        for m in 1..=MONTHS {
+            assert_eq!(
+                ran.get(&(step.to_string(), format!("2024-{m:02}"))),
+                Some(&1),
+                "{step} of 2024-{m:02} ran {:?} times",
+                ran.get(&(step.to_string(), format!("2024-{m:02}")))
+            );
+        }
+    }
+    assert_eq!(
+        ran.get(&("total".to_string(), "*".to_string())),
+        Some(&MONTHS)
+    );
+    // HEAD moved on from where the upgrade found it, and every row arrived
+    // once: the sync's one attempt read the table once.
+    let head_after = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+    assert!(
+        head_after > head_before,
+        "HEAD {head_before} -> {head_after}"
+    );
+    let (rows, ids) = published(&out);
+    assert_eq!(
+        ids,
+        usize::try_from(SOURCE_ROWS).unwrap_or(0),
+        "every row arrived"
+    );
+    assert_eq!(rows, ids, "and once");
+
+    // The attempts alive across the restart lost their connections and went
+    // on on new ones (their logs say so).
+    let went_on = attempt_logs(&logs)
+        .iter()
+        .filter(|t| t.contains("went on on a new connection"))
+        .count();
+    assert!(
+        went_on >= 1,
+        "no attempt's log shows a call that went on after the restart\n{}",
+        logs_of(&[&a, &b])
+    );
+    eprintln!(
+        "upgrade: {in_flight} leases held and HEAD at epoch {head_before} at the upgrade; \
+         {went_on} attempts went on on new connections; HEAD at epoch {head_after} after"
+    );
+
+    // The upgraded schema is a fresh install's, and the new library ticks.
+    admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .expect("connect");
+    admin
+        .execute("CREATE DATABASE fresh")
+        .await
+        .expect("create fresh");
+    let mut fresh = PgConnection::connect(&cluster.url("fresh"))
+        .await
+        .expect("fresh");
+    fresh
+        .execute("CREATE EXTENSION orca")
+        .await
+        .expect("fresh install");
+    if let Some(diff) = catalog_difference(&catalog(&mut fresh).await, &catalog(&mut c).await) {
+        panic!("the upgraded schema differs from a fresh install:\n{diff}");
+    }
+    let workers = scalar_i64(
+        &mut c,
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'orca scheduler'",
+    )
+    .await;
+    assert_eq!(workers, 1, "the background worker runs on the new library");
+    let _ = std::fs::remove_dir_all(&dir);
+}
