@@ -741,6 +741,154 @@ COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text) IS
 '(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing.';
 
 ---------------------------------------------------------------------------
+-- One rule for keys, in Rust (orca_core::keyed::valid_key), where SQL had a
+-- regex of its own.
+---------------------------------------------------------------------------
+
+CREATE  FUNCTION "_valid_key"(
+	"key" TEXT /* & str */
+) RETURNS bool /* bool */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'valid_key_wrapper';
+ALTER TABLE orca.keys DROP CONSTRAINT keys_key_check;
+ALTER TABLE orca.keys ADD CONSTRAINT keys_key_check CHECK (orca._valid_key(key));
+
+CREATE OR REPLACE FUNCTION orca.report_keys(lease uuid, snapshot bigint, snapshot_ms bigint, keys text[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    a orca.attempts;
+    r orca.runs;
+    p orca.pipelines;
+    v_bad text;
+    v_gen integer;
+    v_stale boolean;
+    v_new integer := 0;
+    v_todo text[];
+    v_runs bigint[] := '{}';
+BEGIN
+    a := orca._leased_attempt(v_org, report_keys.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', report_keys.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF report_keys.keys IS NULL THEN
+        RAISE EXCEPTION 'keys must be an array (empty when the table has no rows), got NULL'
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT k INTO v_bad FROM unnest(report_keys.keys) AS k
+    WHERE k IS NULL OR NOT orca._valid_key(k) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'malformed partition %: expected a key: 1 to 128 bytes of letters, digits and ._:- (a value of %.%)',
+                        quote_nullable(v_bad), r.request->>'dataset', r.request->>'column'
+            USING ERRCODE = 'OR020',
+                  HINT = 'a keyed pipeline''s keys column may hold only such names';
+    END IF;
+    -- One report at a time per pipeline: the key set moves in one order.
+    SELECT * INTO p FROM orca.pipelines WHERE id = r.pipeline_id FOR UPDATE;
+    -- A snapshot older than the one last read does not roll the keys back.
+    v_stale := p.keys_snapshot_ms IS NOT NULL
+               AND coalesce(report_keys.snapshot_ms, 0) < p.keys_snapshot_ms;
+    IF NOT v_stale THEN
+        v_gen := p.keys_generation + 1;
+        INSERT INTO orca.keys AS k (org_id, pipeline_id, key, generation, first_generation,
+                                    first_snapshot)
+        SELECT DISTINCT v_org, p.id, x, v_gen, v_gen, report_keys.snapshot
+        FROM unnest(report_keys.keys) AS x
+        ON CONFLICT (pipeline_id, key) DO UPDATE SET generation = excluded.generation;
+        SELECT count(*) INTO v_new FROM orca.keys
+        WHERE pipeline_id = p.id AND first_generation = v_gen;
+        UPDATE orca.pipelines
+        SET keys_generation = v_gen, keys_snapshot = report_keys.snapshot,
+            keys_snapshot_ms = report_keys.snapshot_ms, keys_read_at = now()
+        WHERE id = p.id
+        RETURNING * INTO p;
+    END IF;
+    IF r.request->>'mode' = 'all' THEN
+        v_todo := ARRAY(SELECT orca._keys_not_done(p.id));
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id);
+    ELSIF r.request->>'mode' = 'new' AND NOT v_stale THEN
+        -- New against the keys read before. With none read before (the
+        -- registration's read has not reported yet), every key is new: a key
+        -- run twice is better than a key never run.
+        v_todo := ARRAY(SELECT key FROM orca.keys
+                        WHERE pipeline_id = p.id AND generation = v_gen
+                          AND first_generation = v_gen
+                        ORDER BY key);
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'sensor', r.id);
+    END IF;
+    PERFORM orca._event(v_org, 'keys.read', p.id, r.id, a.id,
+        jsonb_build_object('dataset', r.request->>'dataset', 'snapshot', report_keys.snapshot,
+                           'keys', cardinality(report_keys.keys), 'new', v_new,
+                           'stale', v_stale, 'mode', r.request->>'mode', 'runs', cardinality(v_runs)));
+    RETURN jsonb_build_object('keys', (SELECT count(*) FROM orca.keys
+                                       WHERE pipeline_id = p.id AND generation = p.keys_generation),
+                              'new', v_new, 'stale', v_stale, 'runs', to_jsonb(v_runs));
+END
+$$;
+COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
+'A keys task reports the keys (distinct values of the keys column) of the snapshot it read, '
+'with the snapshot''s id and timestamp (NULL and an empty array for a table with no snapshot). '
+'They become the pipeline''s current keys, unless a newer snapshot was reported already; then '
+'the task''s mode acts: all queues runs of keys_per_run for every key that is not done, new '
+'for the keys this snapshot added. Returns {keys, new, stale, runs}. Errors: OR020 a value '
+'that is not a key, OR012/OR014 a refused lease, OR050 a lease that is not a keys task.';
+
+---------------------------------------------------------------------------
+-- The Iceberg catalog's tables are the extension's (sql/catalog.sql): made
+-- here, or adopted with their rows where clients made them under 0.1.0.
+---------------------------------------------------------------------------
+
+DO $catalog$
+BEGIN
+    IF to_regclass('public.iceberg_tables') IS NULL THEN
+        CREATE TABLE public.iceberg_tables (
+            catalog_name               VARCHAR(255) NOT NULL,
+            table_namespace            VARCHAR(255) NOT NULL,
+            table_name                 VARCHAR(255) NOT NULL,
+            metadata_location          VARCHAR(1000),
+            previous_metadata_location VARCHAR(1000),
+            iceberg_type               VARCHAR(5),
+            PRIMARY KEY (catalog_name, table_namespace, table_name)
+        );
+    ELSE
+        ALTER EXTENSION orca ADD TABLE public.iceberg_tables;
+        ALTER TABLE public.iceberg_tables ADD COLUMN IF NOT EXISTS iceberg_type VARCHAR(5);
+    END IF;
+    IF to_regclass('public.iceberg_namespace_properties') IS NULL THEN
+        CREATE TABLE public.iceberg_namespace_properties (
+            catalog_name   VARCHAR(255) NOT NULL,
+            namespace      VARCHAR(255) NOT NULL,
+            property_key   VARCHAR(255),
+            property_value VARCHAR(1000),
+            PRIMARY KEY (catalog_name, namespace, property_key)
+        );
+    ELSE
+        ALTER EXTENSION orca ADD TABLE public.iceberg_namespace_properties;
+    END IF;
+END
+$catalog$;
+COMMENT ON TABLE public.iceberg_tables IS
+'The Iceberg SQL catalog''s tables: one row per table of each org (catalog_name = the org), '
+'pointing at its current metadata file. Made by the orca extension.';
+COMMENT ON TABLE public.iceberg_namespace_properties IS
+'The Iceberg SQL catalog''s namespaces and their properties, per org (catalog_name). Made by '
+'the orca extension.';
+
+-- pg_dump keeps the catalog's rows: they are the tables' current versions.
+SELECT pg_catalog.pg_extension_config_dump('public.iceberg_tables', '');
+SELECT pg_catalog.pg_extension_config_dump('public.iceberg_namespace_properties', '');
+
+REVOKE ALL ON public.iceberg_tables, public.iceberg_namespace_properties FROM PUBLIC;
+GRANT SELECT ON public.iceberg_tables, public.iceberg_namespace_properties TO orca_viewer, orca_runner;
+GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
+    TO orca_runner;
+
+---------------------------------------------------------------------------
 -- Internal functions are granted to nobody.
 ---------------------------------------------------------------------------
 
@@ -753,5 +901,6 @@ REVOKE ALL ON FUNCTION
     orca._tick_sensors(bigint[], timestamptz),
     orca._tick_queued(bigint[]),
     orca._enqueue_attempts(bigint[], bigint),
-    orca._lock_run(bigint, bigint)
+    orca._lock_run(bigint, bigint),
+    orca._valid_key(text)
 FROM PUBLIC;

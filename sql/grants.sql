@@ -60,3 +60,10 @@ GRANT EXECUTE ON FUNCTION
 COMMENT ON FUNCTION orca.current_org_id() IS
 'The id of the session''s org (SET orca.org; default ''default''). Errors: OR001 unknown org, '
 'OR002 the session''s role is not a member.';
+
+-- The Iceberg catalog (catalog.sql): pipeline binaries and engines commit
+-- tables with their runner's role; everyone who reads runs reads tables.
+REVOKE ALL ON public.iceberg_tables, public.iceberg_namespace_properties FROM PUBLIC;
+GRANT SELECT ON public.iceberg_tables, public.iceberg_namespace_properties TO orca_viewer, orca_runner;
+GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
+    TO orca_runner;

@@ -1,6 +1,10 @@
 -- Keyed pipelines: partitioned by the distinct values of a column in a
 -- dataset. A keys task reads them; runs cover keys_per_run keys each.
 
+-- A key is what orca._valid_key says (orca_core::keyed, the one rule for
+-- keys everywhere): 1 to 128 bytes of letters, digits and ._:-.
+ALTER TABLE orca.keys ADD CONSTRAINT keys_key_check CHECK (orca._valid_key(key));
+
 -- Queues a keys task: a run of kind 'keys' whose one attempt runs
 -- `<binary> keys --lease`, reads the keys dataset's current snapshot and
 -- reports its keys with orca.report_keys, which then acts on the request.
@@ -237,7 +241,7 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     SELECT k INTO v_bad FROM unnest(report_keys.keys) AS k
-    WHERE k IS NULL OR NOT (k ~ '^[A-Za-z0-9._:-]{1,128}$') LIMIT 1;
+    WHERE k IS NULL OR NOT orca._valid_key(k) LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'malformed partition %: expected a key: 1 to 128 bytes of letters, digits and ._:- (a value of %.%)',
                         quote_nullable(v_bad), r.request->>'dataset', r.request->>'column'

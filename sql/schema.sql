@@ -429,7 +429,9 @@ CREATE INDEX events_run ON orca.events (run_id) WHERE run_id IS NOT NULL;
 CREATE TABLE orca.keys (
     org_id          bigint NOT NULL,
     pipeline_id     bigint NOT NULL,
-    key             text NOT NULL CHECK (key ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    -- Checked by keyed.sql's constraint keys_key_check: the rule is
+    -- orca._valid_key, which the Rust helpers define after this file.
+    key             text NOT NULL,
     generation      integer NOT NULL,
     first_generation integer NOT NULL,
     first_snapshot  bigint,

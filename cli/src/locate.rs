@@ -83,7 +83,10 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
     if !out.status.success() {
         bail!("{} describe --json failed", binary.display());
     }
-    let manifest: Value = serde_json::from_slice(&out.stdout)?;
+    let printed: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{} describe --json printed no JSON", binary.display()))?;
+    let manifest = orca_core::manifest::parse(&printed)
+        .with_context(|| format!("{} describe --json", binary.display()))?;
     let mut paths = Vec::new();
     sources(&root, &mut paths);
     let files: Vec<(PathBuf, String)> = paths
@@ -93,8 +96,8 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
     let rel = |p: &Path| p.strip_prefix(&root).unwrap_or(p).display().to_string();
     let mut steps = Map::new();
     let mut missing = Vec::new();
-    for s in manifest["steps"].as_array().into_iter().flatten() {
-        let name = s["name"].as_str().unwrap_or_default();
+    for s in &manifest.steps {
+        let name = s.name.as_str();
         match find_step(&files, name) {
             Some((p, line)) => {
                 steps.insert(name.into(), json!({"file": rel(&p), "line": line}));
@@ -102,7 +105,7 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
             None => missing.push(name.to_string()),
         }
     }
-    let pname = manifest["name"].as_str().unwrap_or_default();
+    let pname = manifest.name.as_str();
     let pipeline =
         find_pipeline(&files, pname).map(|(p, line)| json!({"file": rel(&p), "line": line}));
     let located = json!({"root": root.display().to_string(), "pipeline": pipeline, "steps": steps});

@@ -40,7 +40,11 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
             m.insert("locations".into(), locations);
         }
     }
-    let name = manifest["name"].as_str().unwrap_or_default().to_string();
+    // Checked here too, so that a bad manifest names its field before
+    // anything is sent.
+    let name = orca_core::manifest::parse(&manifest)
+        .with_context(|| format!("{} describe --json", binary.display()))?
+        .name;
     let id: i64 = c
         .query_one("SELECT orca.register($1)", &[&manifest])
         .map_err(explain)?

@@ -4,10 +4,10 @@
 //! - `parquet`: files under a URL ([`crate::parquet_dest`]);
 //! - `iceberg`: table `{namespace}.{stream}` in the org's catalog, each epoch
 //!   one snapshot whose summary carries the stream marker
-//!   (`orca::sync_tables`).
+//!   (`orca_lake::sync_tables`).
 
 use bytes::Bytes;
-use orca::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
+use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
@@ -47,7 +47,7 @@ pub enum Dest {
     },
 }
 
-fn iceberg(e: orca::Error) -> DestError {
+fn iceberg(e: orca_lake::LakeError) -> DestError {
     DestError::Iceberg(e.to_string())
 }
 
@@ -261,7 +261,7 @@ impl Dest {
     }
 }
 
-fn committed(done: orca::Result<EpochCommit>, generation: i32) -> Result<(), DestError> {
+fn committed(done: orca_lake::Result<EpochCommit>, generation: i32) -> Result<(), DestError> {
     match done.map_err(iceberg)? {
         EpochCommit::Fenced { fence } => Err(DestError::Fenced {
             fence,
@@ -307,7 +307,7 @@ fn refresh_iceberg(
     let files = store.list(shadow)?;
     let parts = files
         .iter()
-        .map(|f| read_parquet(store, f).map_err(|e| orca::Error::from(e.to_string())));
+        .map(|f| read_parquet(store, f).map_err(|e| orca_lake::LakeError::Table(e.to_string())));
     committed(tables.replace_epoch(at, parts), at.generation)?;
     for f in &files {
         store.delete(f)?;

@@ -217,6 +217,14 @@ fn max_sensor_commits_per_tick() -> i32 {
     gucs::MAX_SENSOR_COMMITS_PER_TICK.get()
 }
 
+/// Whether a text is a key of a keyed pipeline: the one rule
+/// (`orca_core::keyed::valid_key`), for the keys table's check and the keys
+/// a keys task reports.
+#[pg_extern(immutable, strict, parallel_safe, name = "_valid_key")]
+fn valid_key(key: &str) -> bool {
+    orca_core::keyed::valid_key(key)
+}
+
 /// A keyed pipeline's spec: `{"all": true}` or `{"names": [...]}`. `known` is
 /// the spec's items that are current keys, so that a key with `..` in it is
 /// not mistaken for a range.

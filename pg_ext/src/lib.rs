@@ -14,6 +14,11 @@ mod worker;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!(
+    "../../sql/catalog.sql",
+    name = "catalog",
+    requires = ["schema"]
+);
 // The SQL API, one file per domain. Each file requires the one before it, so
 // the install script keeps this order; `base` also requires the Rust helpers
 // (LANGUAGE sql functions are checked against them when created).
@@ -21,7 +26,7 @@ extension_sql_file!(
     "../../sql/base.sql",
     name = "base",
     requires = [
-        "schema",
+        "catalog",
         helpers::manifest_check,
         helpers::expand_partitions,
         helpers::cron_fires,
@@ -36,6 +41,7 @@ extension_sql_file!(
         helpers::sense_seconds,
         helpers::max_lost_per_tick,
         helpers::max_sensor_commits_per_tick,
+        helpers::valid_key,
     ]
 );
 extension_sql_file!("../../sql/orgs.sql", name = "orgs", requires = ["base"]);

@@ -298,11 +298,10 @@ fn expand_keys<P: Pipeline>(
 ) -> Result<Vec<String>, SdkError> {
     use orca_core::keyed::{parse_spec, KeySpec};
     let read = std::cell::OnceCell::new();
-    let keys = || -> Result<&crate::tables::KeysRead, SdkError> {
+    let keys = || -> Result<&orca_lake::KeysRead, SdkError> {
         if read.get().is_none() {
-            let tables =
-                crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(None));
-            let _ = read.set(tables.read_keys(dataset, column)?);
+            let tables = orca_lake::LakeCell::new(orca_lake::LakeConfig::from_env(None));
+            let _ = read.set(tables.get()?.read_keys(dataset, column)?);
         }
         read.get()
             .ok_or_else(|| SdkError::Tables("the keys were not read".into()))
@@ -355,9 +354,9 @@ fn keys<P: Pipeline>(
             P::NAME
         )));
     };
-    let tables = crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(url));
+    let tables = orca_lake::LakeCell::new(orca_lake::LakeConfig::from_env(url));
     let Some(lease) = lease else {
-        let read = tables.read_keys(dataset, column)?;
+        let read = tables.get()?.read_keys(dataset, column)?;
         match read.snapshot {
             Some(s) => println!(
                 "# {dataset} snapshot {s}: {} keys in {column}",
@@ -381,7 +380,7 @@ fn keys<P: Pipeline>(
             ctx.column
         )));
     }
-    let read = tables.read_keys(dataset, column)?;
+    let read = tables.get()?.read_keys(dataset, column)?;
     let done = control.report_keys(lease, read.snapshot, read.timestamp_ms, &read.keys)?;
     println!(
         "{}: {} keys in {dataset}.{column} at snapshot {}; {} new; runs queued: {:?} ({} mode)",
@@ -457,10 +456,10 @@ fn sense<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Result
     let mut control = Control::connect(url, org)?;
     let ctx = control.sense_context(lease)?;
     let since = ctx.since;
-    let tables = crate::tables::TablesCell::new(crate::tables::TablesConfig::from_env(Some(url)));
+    let tables = orca_lake::LakeCell::new(orca_lake::LakeConfig::from_env(Some(url)));
     let mut report = Vec::new();
     for dataset in &ctx.datasets {
-        report.extend(tables.snapshots_since(
+        report.extend(tables.get()?.snapshots_since(
             dataset,
             since.timestamp_millis(),
             SENSE_MAX_SNAPSHOTS,

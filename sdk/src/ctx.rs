@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use crate::store::Store;
-use crate::tables::TablesCell;
+use orca_lake::LakeCell;
 
 /// Where `ctx.log` lines go besides standard output.
 #[derive(Clone, Default)]
@@ -41,7 +41,7 @@ impl LogSink {
 /// records commits, the catalog, and what the step declared.
 pub(crate) struct StepIo<'a> {
     pub store: &'a mut dyn Store,
-    pub tables: &'a TablesCell,
+    pub tables: &'a LakeCell,
     pub reads: &'static [&'static str],
     pub writes: &'static [&'static str],
     pub registry_hash: &'a str,

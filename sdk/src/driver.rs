@@ -12,7 +12,7 @@ use crate::error::SdkError;
 use crate::pipeline::{registry_hash, StepInfo};
 use crate::step::StepError;
 use crate::store::Store;
-use crate::tables::{TablesCell, TablesConfig};
+use orca_lake::{LakeCell, LakeConfig};
 
 /// The partition a gather step's state is kept under.
 pub const GATHER: &str = "*";
@@ -140,7 +140,7 @@ struct RunEnv<'a> {
     log: &'a LogSink,
     run: Option<i64>,
     registry_hash: String,
-    tables: TablesCell,
+    tables: LakeCell,
 }
 
 /// Runs one (step, partition) with its retries.
@@ -245,7 +245,7 @@ pub fn execute(
         log,
         run,
         registry_hash: registry_hash(steps),
-        tables: TablesCell::new(TablesConfig::from_env(None)),
+        tables: LakeCell::new(LakeConfig::from_env(None)),
     };
     let mut reports = Vec::new();
     for step in steps {

@@ -33,21 +33,17 @@ pub enum SdkError {
     Io { what: String, error: std::io::Error },
 }
 
-impl From<postgres::Error> for SdkError {
-    fn from(e: postgres::Error) -> Self {
-        let msg = match e.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => e.to_string(),
-        };
-        SdkError::Control(msg)
-    }
-}
-
 impl From<orca_client::ClientError> for SdkError {
     fn from(e: orca_client::ClientError) -> Self {
         SdkError::Control(match e.code() {
             Some(code) => format!("{} ({code})", e.message()),
             None => e.to_string(),
         })
+    }
+}
+
+impl From<orca_lake::LakeError> for SdkError {
+    fn from(e: orca_lake::LakeError) -> Self {
+        SdkError::Tables(e.to_string())
     }
 }

@@ -31,12 +31,9 @@ mod driver;
 mod error;
 mod keys;
 mod manifest;
-mod objstore;
 mod pipeline;
-mod rewrite;
 mod step;
 mod store;
-pub mod sync_tables;
 pub mod tables;
 
 pub use cli::main;

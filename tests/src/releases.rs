@@ -93,16 +93,28 @@ pub fn upgrade_path(from: &str, to: &str) -> Option<Vec<(String, String)>> {
     Some(path)
 }
 
-/// Everything a user or client can observe of schema orca, one line per fact:
+/// Everything a user or client can observe of schema orca and the
+/// extension's other tables (the Iceberg catalog's), one line per fact:
 /// relations with their grants, RLS flag and comments; columns; constraints;
 /// indexes; triggers; policies; functions with their grants, comments and
 /// whole definitions; views; types; what pg_dump keeps; extension members.
 pub async fn catalog(c: &mut sqlx::PgConnection) -> Vec<String> {
     let q = r#"
-    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' rls=' || c.relrowsecurity
+    WITH rel AS (
+        -- Schema orca, and the extension's tables elsewhere (the Iceberg catalog's).
+        SELECT c.oid, c.relname::text AS relname, c.relkind, c.relrowsecurity, c.reloptions, c.relacl,
+               c.relnamespace
+        FROM pg_class c
+        WHERE c.relnamespace = 'orca'::regnamespace
+           OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+                      WHERE e.extname = 'orca' AND d.refclassid = 'pg_extension'::regclass
+                        AND d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
+    )
+    SELECT 'relation ' || c.relnamespace::regnamespace || '.' || c.relname || ' ' || c.relkind::text
+           || ' rls=' || c.relrowsecurity
            || ' options=' || coalesce(c.reloptions::text, '')
            || ' acl=' || coalesce(c.relacl::text, '') || ' comment=' || coalesce(obj_description(c.oid), '')
-    FROM pg_class c WHERE c.relnamespace = 'orca'::regnamespace
+    FROM rel c
     UNION ALL
     SELECT 'column ' || c.relname || '.' || a.attname
            || ' #' || row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum)
@@ -110,32 +122,30 @@ pub async fn catalog(c: &mut sqlx::PgConnection) -> Vec<String> {
            || ' notnull=' || a.attnotnull || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
            || ' identity=' || a.attidentity::text || ' acl=' || coalesce(a.attacl::text, '')
            || ' comment=' || coalesce(col_description(c.oid, a.attnum), '')
-    FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    FROM rel c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
     LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-    WHERE c.relnamespace = 'orca'::regnamespace
     UNION ALL
     SELECT 'constraint ' || conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
-    FROM pg_constraint WHERE connamespace = 'orca'::regnamespace
+    FROM pg_constraint WHERE connamespace = 'orca'::regnamespace OR conrelid IN (SELECT oid FROM rel)
     UNION ALL
-    SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-    WHERE c.relnamespace = 'orca'::regnamespace
+    SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index i
+    WHERE i.indrelid IN (SELECT oid FROM rel)
     UNION ALL
     SELECT 'trigger ' || pg_get_triggerdef(t.oid) || ' enabled=' || t.tgenabled::text
-    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-    WHERE c.relnamespace = 'orca'::regnamespace AND NOT t.tgisinternal
+    FROM pg_trigger t WHERE t.tgrelid IN (SELECT oid FROM rel) AND NOT t.tgisinternal
     UNION ALL
     SELECT 'policy ' || polrelid::regclass || ' ' || polname || ' cmd=' || polcmd::text
            || ' permissive=' || polpermissive || ' roles=' || polroles::regrole[]::text
            || ' using=' || coalesce(pg_get_expr(polqual, polrelid), '')
            || ' check=' || coalesce(pg_get_expr(polwithcheck, polrelid), '')
-    FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = 'orca'::regnamespace
+    FROM pg_policy p WHERE p.polrelid IN (SELECT oid FROM rel)
     UNION ALL
     SELECT 'function ' || p.oid::regprocedure || ' acl=' || coalesce(p.proacl::text, '')
            || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '') || E'\n' || pg_get_functiondef(p.oid)
     FROM pg_proc p WHERE p.pronamespace = 'orca'::regnamespace
     UNION ALL
     SELECT 'view ' || c.relname || ' ' || pg_get_viewdef(c.oid)
-    FROM pg_class c WHERE c.relnamespace = 'orca'::regnamespace AND c.relkind = 'v'
+    FROM rel c WHERE c.relkind = 'v'
     UNION ALL
     SELECT 'type ' || t.typname || ' ' || t.typtype::text || ' ' || coalesce((
                SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)

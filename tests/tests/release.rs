@@ -212,6 +212,50 @@ async fn every_released_version_upgrades_to_a_fresh_install() {
 }
 
 #[tokio::test]
+async fn an_upgrade_adopts_the_iceberg_catalog_a_client_made_with_its_rows() {
+    // Under 0.1.0 the first client made the catalog's tables: PyIceberg's
+    // layout has no iceberg_type column. The upgrade adopts them, rows and
+    // all, and the result is a fresh install's.
+    let fresh = TestDb::new().await;
+    let expected = catalog(&mut fresh.connect().await).await;
+    let db = TestDb::new().await;
+    let mut c = db.connect().await;
+    for sql in [
+        "DROP EXTENSION orca",
+        "CREATE EXTENSION orca VERSION '0.1.0'",
+        "CREATE TABLE iceberg_tables (catalog_name VARCHAR(255) NOT NULL,
+             table_namespace VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL,
+             metadata_location VARCHAR(1000), previous_metadata_location VARCHAR(1000),
+             PRIMARY KEY (catalog_name, table_namespace, table_name))",
+        "CREATE TABLE iceberg_namespace_properties (catalog_name VARCHAR(255) NOT NULL,
+             namespace VARCHAR(255) NOT NULL, property_key VARCHAR(255),
+             property_value VARCHAR(1000), PRIMARY KEY (catalog_name, namespace, property_key))",
+        "INSERT INTO iceberg_tables VALUES ('default', 'lake', 'raw', 'file:///w/lake/raw/m.json', NULL)",
+        "INSERT INTO iceberg_namespace_properties VALUES ('default', 'lake', 'exists', 'true')",
+        "ALTER EXTENSION orca UPDATE",
+    ] {
+        c.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let kept: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT metadata_location, iceberg_type FROM iceberg_tables")
+            .fetch_all(&mut c)
+            .await
+            .expect("catalog rows");
+    assert_eq!(kept, [("file:///w/lake/raw/m.json".to_string(), None)]);
+    if let Some(diff) = catalog_difference(&expected, &catalog(&mut c).await) {
+        panic!("the adopted catalog differs from a fresh install's:\n{diff}");
+    }
+    // The extension owns them now: dropping it takes them.
+    c.execute("DROP EXTENSION orca").await.expect("drop");
+    let left: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('public.iceberg_tables')::text")
+            .fetch_one(&mut c)
+            .await
+            .expect("regclass");
+    assert_eq!(left, None);
+}
+
+#[tokio::test]
 async fn the_catalog_dump_tells_installs_apart() {
     // The comparison above must be able to fail: a dropped comment, a
     // changed grant and a changed function body each show.

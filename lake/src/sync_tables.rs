@@ -9,7 +9,7 @@
 //! each attempt raises to its generation before it recovers, refuses a
 //! commit from an older attempt. A `merge` stream's epoch is merged
 //! copy-on-write: the files holding replaced rows are rewritten and the
-//! snapshot is an `overwrite` (through [`crate::rewrite`]).
+//! snapshot is an `overwrite` (through [`crate::table::commit_change`]).
 
 use std::collections::HashMap;
 
@@ -18,8 +18,9 @@ use arrow_schema::Schema as ArrowSchema;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::Catalog;
 
-use crate::error::Result;
-use crate::tables::{self, Table, Tables, TablesConfig};
+use crate::catalog::{ident, Lake, LakeConfig};
+use crate::table::{self, Table};
+use crate::Result;
 
 /// What a commit of an epoch did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub enum EpochCommit {
 
 /// The catalog, opened for a sync.
 pub struct SyncTables {
-    t: Tables,
+    t: Lake,
 }
 
 fn fence_key(sync: &str) -> String {
@@ -51,21 +52,21 @@ impl SyncTables {
     /// The catalog in `ORCA_CATALOG_URL` (else `database_url`), the
     /// warehouse `ORCA_WAREHOUSE`, the org's catalog.
     pub fn open(database_url: &str, org: &str) -> Result<SyncTables> {
-        let mut config = TablesConfig::from_env(Some(database_url));
+        let mut config = LakeConfig::from_env(Some(database_url));
         config.org = org.to_string();
         Ok(SyncTables {
-            t: tables::open(&config)?,
+            t: Lake::open(&config)?,
         })
     }
 
     /// Creates the table (and its namespace) with this schema unless it
     /// exists; an existing table must have these columns.
     pub fn ensure(&self, dataset: &str, schema: &ArrowSchema) -> Result<()> {
-        tables::create_or_load(&self.t, dataset, schema).map(|_| ())
+        table::create_or_load(&self.t, dataset, schema).map(|_| ())
     }
 
     fn load(&self, dataset: &str) -> Result<Table> {
-        let id = tables::ident(dataset)?;
+        let id = ident(dataset)?;
         let inner = self
             .t
             .rt
@@ -75,7 +76,7 @@ impl SyncTables {
     }
 
     fn exists(&self, dataset: &str) -> Result<bool> {
-        let id = tables::ident(dataset)?;
+        let id = ident(dataset)?;
         Ok(self
             .t
             .rt
@@ -178,7 +179,7 @@ impl SyncTables {
         want: &ArrowSchema,
     ) -> Result<std::sync::Arc<ArrowSchema>> {
         if !self.exists(dataset)? {
-            return tables::create_or_load(&self.t, dataset, want)?.arrow_schema();
+            return table::create_or_load(&self.t, dataset, want)?.arrow_schema();
         }
         for _ in 0..10 {
             let table = self.load(dataset)?;
@@ -229,12 +230,9 @@ impl SyncTables {
                 .block_on(metadata.write_to(io, &next))
                 .map_err(|e| format!("writing the new schema of {dataset}: {e}"))?;
             // Lost the swap to another commit: look again at what it left.
-            self.t.rt.block_on(crate::rewrite::swap(
-                &self.t,
-                &table.ident,
-                &table.inner,
-                &next,
-            ))?;
+            self.t
+                .rt
+                .block_on(self.t.swap(&table.ident, &table.inner, &next))?;
         }
         Err(
             format!("table {dataset}: 10 concurrent commits won the race to change its schema")
@@ -457,13 +455,13 @@ impl SyncTables {
             at.generation,
             uuid::Uuid::new_v4().simple()
         );
-        tables::write_data_files(&self.t, table, batches, prefix)
+        table::write_data_files(&self.t, table, batches, prefix)
     }
 
     /// The data files of the table's current snapshot.
     fn live_files(&self, table: &Table) -> Result<Vec<iceberg::spec::DataFile>> {
         match table.inner.metadata().current_snapshot() {
-            Some(snapshot) => tables::live_data_files(&self.t, &table.inner, snapshot),
+            Some(snapshot) => table::live_data_files(&self.t, &table.inner, snapshot),
             None => Ok(Vec::new()),
         }
     }
@@ -523,7 +521,7 @@ impl SyncTables {
         } else {
             iceberg::spec::Operation::Overwrite
         };
-        let change = crate::rewrite::Change {
+        let change = table::Change {
             added: files,
             removed,
             op,
@@ -535,7 +533,7 @@ impl SyncTables {
         // The fence and the marker are looked at again on every try, against
         // the very state the compare-and-swap replaces: a newer attempt that
         // raised the fence, or applied this epoch, since the first look wins.
-        let done = crate::rewrite::commit_if(
+        let done = table::commit_change(
             &self.t,
             &table.ident,
             dataset,

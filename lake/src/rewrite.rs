@@ -20,58 +20,19 @@ use iceberg::spec::{
 use iceberg::table::Table as IcebergTable;
 use iceberg::{Catalog, MetadataLocation, TableIdent};
 
-use crate::error::SdkError;
-use crate::tables::Tables;
+use crate::catalog::Lake;
+use crate::LakeError;
 
 /// How often a commit starts again after losing the swap to another writer.
 const CONFLICT_RETRIES: usize = 10;
 
-/// What a removing commit does; `Append` never comes here.
-pub(crate) fn operation(name: &str) -> Option<Operation> {
-    match name {
-        "replace" => Some(Operation::Replace),
-        "overwrite" => Some(Operation::Overwrite),
-        "delete" => Some(Operation::Delete),
-        _ => None,
-    }
-}
-
-fn err(dataset: &str, what: impl std::fmt::Display) -> SdkError {
-    SdkError::Tables(format!("commit to {dataset}: {what}"))
-}
-
-/// Checks what the operation promises about the rows.
-pub(crate) fn check(
-    dataset: &str,
-    op: &Operation,
-    added: &[DataFile],
-    removed: &[DataFile],
-) -> Result<(), SdkError> {
-    let rows = |files: &[DataFile]| files.iter().map(DataFile::record_count).sum::<u64>();
-    match op {
-        Operation::Replace if rows(added) != rows(removed) => Err(err(
-            dataset,
-            format!(
-                "a replace keeps the table's rows, but it adds {} rows and removes {}",
-                rows(added),
-                rows(removed)
-            ),
-        )),
-        Operation::Delete if !added.is_empty() => Err(err(
-            dataset,
-            "a delete only removes files; use overwrite to add others",
-        )),
-        _ if removed.is_empty() => Err(err(
-            dataset,
-            format!("a {} removes files, and none were given", op.as_str()),
-        )),
-        _ => Ok(()),
-    }
+fn err(dataset: &str, what: impl std::fmt::Display) -> LakeError {
+    LakeError::Table(format!("commit to {dataset}: {what}"))
 }
 
 /// A commit: what it adds and removes, as which operation, with which
 /// summary properties and table properties (set in the same metadata).
-pub(crate) struct Change {
+pub struct Change {
     pub added: Vec<DataFile>,
     pub removed: Vec<DataFile>,
     pub op: Operation,
@@ -79,39 +40,25 @@ pub(crate) struct Change {
     pub table_props: HashMap<String, String>,
 }
 
-/// Commits the change to the table and returns the new snapshot's id.
-pub(crate) fn commit(
-    t: &Tables,
-    ident: &TableIdent,
-    dataset: &str,
-    fresh: IcebergTable,
-    change: &Change,
-) -> Result<i64, SdkError> {
-    match commit_if(t, ident, dataset, fresh, change, |_| None::<()>)? {
-        Ok(id) => Ok(id),
-        Err(()) => Err(err(dataset, "stopped by its own check")),
-    }
-}
-
 /// Commits the change unless `stop`, asked about the table before each try
 /// (the first and every one after losing the swap to another commit), says
 /// why not: then `Ok(Err(why))` and nothing is committed. The swap is a
 /// compare-and-swap on the state `stop` saw, so nothing can slip in between.
 pub(crate) fn commit_if<T>(
-    t: &Tables,
+    t: &Lake,
     ident: &TableIdent,
     dataset: &str,
     fresh: IcebergTable,
     change: &Change,
     stop: impl Fn(&IcebergTable) -> Option<T>,
-) -> Result<Result<i64, T>, SdkError> {
+) -> Result<Result<i64, T>, LakeError> {
     let mut table = fresh;
     for _ in 0..CONFLICT_RETRIES {
         if let Some(why) = stop(&table) {
             return Ok(Err(why));
         }
         let (id, metadata_location) = t.rt.block_on(stage(&table, dataset, change))?;
-        if t.rt.block_on(swap(t, ident, &table, &metadata_location))? {
+        if t.rt.block_on(t.swap(ident, &table, &metadata_location))? {
             return Ok(Ok(id));
         }
         table =
@@ -130,7 +77,7 @@ async fn stage(
     table: &IcebergTable,
     dataset: &str,
     change: &Change,
-) -> Result<(i64, MetadataLocation), SdkError> {
+) -> Result<(i64, MetadataLocation), LakeError> {
     let (added, removed) = (change.added.as_slice(), change.removed.as_slice());
     let meta = table.metadata();
     if meta.format_version() != FormatVersion::V2 {
@@ -157,7 +104,7 @@ async fn stage(
     let spec = meta.default_partition_spec().clone();
     let commit_uuid = uuid::Uuid::new_v4();
     let mut counter = 0;
-    let writer = |counter: &mut i32| -> Result<_, SdkError> {
+    let writer = |counter: &mut i32| -> Result<_, LakeError> {
         *counter += 1;
         let path = format!("{}/metadata/{commit_uuid}-m{counter}.avro", meta.location());
         let out = io.new_output(path).map_err(|e| err(dataset, e))?;
@@ -364,78 +311,5 @@ fn new_snapshot_id(table: &IcebergTable) -> i64 {
         if id != 0 && table.metadata().snapshot_by_id(id).is_none() {
             return id;
         }
-    }
-}
-
-/// Points the catalog at the new metadata if nobody else moved it since the
-/// table was loaded. Returns whether it did.
-pub(crate) async fn swap(
-    t: &Tables,
-    ident: &TableIdent,
-    table: &IcebergTable,
-    next: &MetadataLocation,
-) -> Result<bool, SdkError> {
-    use sqlx::Connection;
-    let old = table
-        .metadata_location_result()
-        .map_err(|e| SdkError::Tables(e.to_string()))?;
-    let mut c = sqlx::PgConnection::connect(&t.url)
-        .await
-        .map_err(|e| SdkError::Tables(format!("connecting to the catalog: {e}")))?;
-    let done = sqlx::query(
-        "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
-         WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
-           AND metadata_location = $2 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
-    )
-    .bind(next.to_string())
-    .bind(old)
-    .bind(&t.name)
-    .bind(ident.namespace().join("."))
-    .bind(ident.name())
-    .execute(&mut c)
-    .await
-    .map_err(|e| SdkError::Tables(format!("swapping the metadata pointer: {e}")))?;
-    Ok(done.rows_affected() == 1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use iceberg::spec::{DataContentType, DataFileBuilder, DataFileFormat, Struct};
-
-    fn file(path: &str, rows: u64) -> DataFile {
-        DataFileBuilder::default()
-            .content(DataContentType::Data)
-            .file_path(path.to_string())
-            .file_format(DataFileFormat::Parquet)
-            .partition(Struct::empty())
-            .record_count(rows)
-            .file_size_in_bytes(100)
-            .build()
-            .expect("data file")
-    }
-
-    #[test]
-    fn operations_keep_their_promises_about_rows() {
-        let (a, b, c) = (file("a", 10), file("b", 5), file("c", 15));
-        let ok = |op: &str, added: Vec<&DataFile>, removed: Vec<&DataFile>| {
-            let op = operation(op).expect("operation");
-            let added: Vec<DataFile> = added.into_iter().cloned().collect();
-            let removed: Vec<DataFile> = removed.into_iter().cloned().collect();
-            check("x.t", &op, &added, &removed).map_err(|e| e.to_string())
-        };
-        assert!(ok("replace", vec![&c], vec![&a, &b]).is_ok());
-        let e = ok("replace", vec![&a], vec![&c]).expect_err("rows differ");
-        assert!(e.contains("adds 10 rows and removes 15"), "{e}");
-        assert!(ok("delete", vec![], vec![&a]).is_ok());
-        assert!(ok("delete", vec![&b], vec![&a])
-            .expect_err("delete adds")
-            .contains("only removes"));
-        assert!(ok("overwrite", vec![&b], vec![&a]).is_ok());
-        assert!(ok("overwrite", vec![&b], vec![])
-            .expect_err("nothing removed")
-            .contains("none were given"));
-        assert!(operation("append").is_none());
-        assert!(operation("merge").is_none());
     }
 }

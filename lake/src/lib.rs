@@ -1,0 +1,82 @@
+//! Orca's lake: Iceberg tables in the control plane's SQL catalog, their
+//! data in a warehouse on the local file system or an object store.
+//!
+//! - [`catalog`]: where tables live ([`LakeConfig`]), the catalog opened
+//!   once per process ([`LakeCell`]), reads of snapshots and keys;
+//! - [`table`]: a table handle, creating and loading tables, writing data
+//!   files, scanning a snapshot, appending, and finding a commit by its
+//!   summary properties;
+//! - [`sync_tables`]: the tables a sync's epochs are applied to (fenced,
+//!   marked, merged by key);
+//! - [`objstore`]: one URL-to-store helper for `s3://` and local paths, and
+//!   the Iceberg storage built on it;
+//! - `rewrite` (private): commits that remove files, which iceberg-rust does
+//!   not build yet, behind [`table::commit_change`] alone, so that it can be
+//!   deleted when iceberg-rust ships overwrite and rewrite actions.
+//!
+//! The SDK wraps this for pipeline authors (pinned reads, recorded commits);
+//! the engine uses it directly, without the SDK.
+
+pub mod catalog;
+pub mod objstore;
+mod rewrite;
+pub mod sync_tables;
+pub mod table;
+
+pub use catalog::{ident, KeysRead, Lake, LakeCell, LakeConfig};
+pub use iceberg;
+pub use iceberg::spec::DataFile;
+pub use table::Table;
+
+/// What can go wrong with a table, each naming what it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum LakeError {
+    /// Where tables live is not set up: no catalog, a warehouse of an
+    /// unsupported kind, no runtime.
+    #[error("lake: {0}")]
+    Config(String),
+    /// An Iceberg operation failed: what was being done, and why.
+    #[error("{what}: {source}")]
+    Iceberg {
+        what: String,
+        #[source]
+        source: Box<iceberg::Error>,
+    },
+    /// The table, its data or a commit to it is not what was asked.
+    #[error("{0}")]
+    Table(String),
+}
+
+impl LakeError {
+    /// An Iceberg error with what was being done when it happened.
+    pub fn iceberg(what: impl Into<String>) -> impl FnOnce(iceberg::Error) -> LakeError {
+        let what = what.into();
+        move |source| LakeError::Iceberg {
+            what,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl From<iceberg::Error> for LakeError {
+    fn from(source: iceberg::Error) -> Self {
+        LakeError::Iceberg {
+            what: "iceberg".into(),
+            source: Box::new(source),
+        }
+    }
+}
+
+impl From<String> for LakeError {
+    fn from(s: String) -> Self {
+        LakeError::Table(s)
+    }
+}
+
+impl From<&str> for LakeError {
+    fn from(s: &str) -> Self {
+        LakeError::Table(s.to_string())
+    }
+}
+
+pub type Result<T, E = LakeError> = std::result::Result<T, E>;
