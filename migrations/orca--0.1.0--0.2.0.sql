@@ -491,8 +491,10 @@ BEGIN
         ORDER BY r.id
         RETURNING *
     ), q AS (
-        INSERT INTO orca.queue (org_id, pool, attempt_id)
-        SELECT a.org_id, a.pool, a.id FROM att a
+        -- Joined to the runs table for the kind: the attempts know only the run.
+        INSERT INTO orca.queue (org_id, pool, attempt_id, command)
+        SELECT a.org_id, a.pool, a.id, orca._command(r.kind)
+        FROM att a JOIN orca.runs r ON r.id = a.run_id
     )
     SELECT array_agg(a ORDER BY a.id) INTO v_made FROM att a;
     PERFORM pg_notify('orca_work', p)
@@ -889,6 +891,134 @@ GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_
     TO orca_runner;
 
 ---------------------------------------------------------------------------
+-- A runner claims only what it can run: each queue row says what it is, and
+-- orca.claim takes the commands the runner runs.
+---------------------------------------------------------------------------
+
+CREATE FUNCTION orca._command(p_kind text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
+                       WHEN 'sync' THEN 'sync' ELSE 'attempt' END
+$$;
+ALTER TABLE orca.queue ADD COLUMN command text NOT NULL DEFAULT 'attempt'
+    CHECK (command IN ('attempt', 'sense', 'keys', 'sync'));
+UPDATE orca.queue q SET command = orca._command(r.kind)
+FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+WHERE a.id = q.attempt_id;
+DROP FUNCTION orca.claim(text, text, integer);
+CREATE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
+                           commands text[] DEFAULT NULL)
+RETURNS SETOF orca.lease
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
+    v_ttl interval := make_interval(secs => orca._lease_seconds());
+    v_ids  bigint[];
+    v_tids tid[];
+BEGIN
+    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.pool IS NULL OR claim.pool = '' THEN
+        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.commands IS NOT NULL AND EXISTS (
+           SELECT 1 FROM unnest(claim.commands) AS c
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys or sync, got %',
+            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync') LIMIT 1)
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Keep the runner's row fresh without writing it on every poll. The
+    -- read comes first because an upsert locks the row even when its WHERE
+    -- then declines to update, and that lock would last the whole claim.
+    IF NOT EXISTS (SELECT 1 FROM orca.runners rn
+                   WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
+                     AND rn.last_seen >= now() - interval '1 second') THEN
+        INSERT INTO orca.runners AS rn (org_id, name, pool)
+        VALUES (v_org, claim.runner, claim.pool)
+        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
+        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+    END IF;
+
+    -- The pick is a statement of its own, and every table below is reached
+    -- through = ANY (v_ids): each statement then has one plan that stays on
+    -- primary keys, which PL/pgSQL caches instead of planning the whole
+    -- claim again on every call (a third of a small claim's time).
+    -- The picked rows stay locked to the end of the transaction, so their
+    -- ctids hold and the delete finds them by ctid, not by a filter on the
+    -- queue's key.
+    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
+    INTO v_ids, v_tids
+    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
+          WHERE q.org_id = v_org AND q.pool = claim.pool
+            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
+          ORDER BY q.attempt_id
+          LIMIT claim.max
+          FOR UPDATE SKIP LOCKED) x;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
+    ), leased AS (
+        -- leased_at is the clock, not the transaction's start: this statement
+        -- may see an attempt that a finish committed after this transaction
+        -- began, and must not look leased before the run ahead of it ended.
+        UPDATE orca.attempts a
+        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
+            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
+        WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
+        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), live AS (
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline FROM leased l
+    ), info AS (
+        -- LATERAL keeps these lookups on primary keys whatever the planner
+        -- guesses about how many rows the UPDATE returns.
+        SELECT l.*, x.*
+        FROM leased l
+        CROSS JOIN LATERAL (
+            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
+                   v.registry_hash, r.kind AS run_kind
+            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
+            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
+        ) x
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
+               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
+        FROM info i
+    )
+    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
+           orca._command(i.run_kind)
+    FROM info i
+    ORDER BY i.id;
+END
+$$;
+COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
+'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
+'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
+'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
+'the runner can run (attempt, sense, keys, sync; NULL: all), so that a runner not set up for '
+'syncs leaves them to one that is. '
+'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
+REVOKE ALL ON FUNCTION orca.claim(text, text, integer, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.claim(text, text, integer, text[]) TO orca_runner;
+
+---------------------------------------------------------------------------
 -- Internal functions are granted to nobody.
 ---------------------------------------------------------------------------
 
@@ -902,5 +1032,6 @@ REVOKE ALL ON FUNCTION
     orca._tick_queued(bigint[]),
     orca._enqueue_attempts(bigint[], bigint),
     orca._lock_run(bigint, bigint),
-    orca._valid_key(text)
+    orca._valid_key(text),
+    orca._command(text)
 FROM PUBLIC;

@@ -32,9 +32,14 @@ if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$(dirname "$ORCA_PGDI
 fi
 
 "$ORCA_ROOT/scripts/setup.sh"
-say "building the runner, the orca CLI and the example pipelines"
-cargo build --release -q -p orca-runner -p orca-cli -p orca-engine -p example-lake \
+say "building the runner, the orca CLI and the example pipelines (about 9 minutes the first time on 2 cores, seconds after)"
+# On a terminal cargo draws its own progress bar; in a log, a line per stage.
+quiet=(-q)
+[ -t 2 ] && quiet=()
+t0=$(date +%s)
+cargo build --release "${quiet[@]}" -p orca-runner -p orca-cli -p orca-engine -p example-lake \
     -p example-weather -p example-onthisday -p example-labels
+say "built in $(($(date +%s) - t0)) s"
 BIN="$CARGO_TARGET_DIR/release"
 cluster_start
 
@@ -43,9 +48,13 @@ DATABASE_URL="$(cluster_url orca)"
 PSQL=(psql -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$ORCA_PGPORT" -U postgres)
 "${PSQL[@]}" -d postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'orca'" | grep -q 1 ||
     "${PSQL[@]}" -d postgres -qc "CREATE DATABASE orca"
-# A fresh install of the extension each time: the demo starts from nothing.
+# A fresh install of the extension each time: the demo starts from nothing
+# (the Iceberg catalog's tables go with the extension; a cluster of an older
+# demo may hold them outside it).
 "${PSQL[@]}" -d orca -qc "SET client_min_messages = warning" \
-    -c "DROP EXTENSION IF EXISTS orca CASCADE" -c "CREATE EXTENSION orca"
+    -c "DROP EXTENSION IF EXISTS orca CASCADE" \
+    -c "DROP TABLE IF EXISTS iceberg_tables, iceberg_namespace_properties" \
+    -c "CREATE EXTENSION orca"
 
 say "registering the example pipelines"
 for p in lake weather onthisday labels; do
@@ -70,8 +79,6 @@ ORCA_STORE="$(dirname "$ORCA_PGDIR")/store"
 rm -rf "$ORCA_STORE"
 say "starting a runner (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
 mkdir -p "$LOGS" "$ORCA_WAREHOUSE"
-"${PSQL[@]}" -d orca -qc "SET client_min_messages = warning" \
-    -c "DROP TABLE IF EXISTS iceberg_tables, iceberg_namespace_properties"
 "$BIN/orca-runner" --name demo-runner --slots 2 --logs "$LOGS" --grace-seconds 5 \
     >"$LOGS/runner.out" 2>&1 &
 RUNNER_PID=$!

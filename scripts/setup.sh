@@ -43,7 +43,7 @@ if ! grep -qs "^pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
 fi
 
 # 3. The extension, into the system's extension and library directories.
-say "building and installing the orca extension"
+say "building and installing the orca extension (about 2 minutes the first time)"
 as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
     cargo pgrx install -p orca-ext --release --pg-config "$PG_CONFIG" >/dev/null
 # Released install scripts of older versions and upgrade scripts, so that an

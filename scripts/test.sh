@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # The whole test suite: setup (idempotent), formatting, lints, unit tests,
 # integration tests against the installed extension (a fresh database per
-# test on the local cluster, plus private clusters for the background worker),
-# and the quick start itself.
+# test on the local cluster, plus private clusters for the background worker
+# and the upgrade), the simulations, and the quick start itself.
+# docs/design/layout.md names the tiers.
 #
 #   scripts/test.sh                 everything
+#   scripts/test.sh --fast          the tiers that need no private cluster:
+#                                   unit, SQL integration, end to end, simulation
 #   ORCA_SKIP_QUICKSTART=1 scripts/test.sh   everything but the quick start
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
 started=$(date +%s)
+fast=0
+for arg in "$@"; do
+    case "$arg" in
+        --fast) fast=1 ;;
+        *) die "usage: scripts/test.sh [--fast]" ;;
+    esac
+done
 
 "$ORCA_ROOT/scripts/setup.sh"
 
@@ -18,6 +28,21 @@ cargo fmt --all -- --check
 
 say "cargo clippy (all targets, warnings are errors)"
 cargo clippy -q --workspace --all-targets -- -D warnings
+
+if [ "$fast" = 1 ]; then
+    # A test file that starts a private cluster says so by using PrivateCluster.
+    targets=()
+    for f in tests/tests/*.rs; do
+        grep -q PrivateCluster "$f" && continue
+        targets+=(--test "$(basename "$f" .rs)")
+    done
+    say "unit tests and simulations"
+    cargo test -q --workspace --exclude orca-ext --exclude orca-tests -- --test-threads 4
+    say "SQL integration and end-to-end tests (no private clusters)"
+    cargo test -q -p orca-tests --lib "${targets[@]}" -- --test-threads 4
+    say "fast tiers passed in $(($(date +%s) - started)) s"
+    exit 0
+fi
 
 say "unit and integration tests"
 cargo test -q --workspace --exclude orca-ext -- --test-threads 4

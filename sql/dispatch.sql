@@ -192,7 +192,8 @@ COMMENT ON FUNCTION orca.register_runner(text, text, integer, text) IS
 'Records a runner (name, pool, slots, host) in orca.runners. orca.claim also records the '
 'runners it sees, so calling this is optional.';
 
-CREATE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1)
+CREATE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
+                           commands text[] DEFAULT NULL)
 RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -213,6 +214,14 @@ BEGIN
     END IF;
     IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.commands IS NOT NULL AND EXISTS (
+           SELECT 1 FROM unnest(claim.commands) AS c
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys or sync, got %',
+            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync') LIMIT 1)
             USING ERRCODE = 'OR050';
     END IF;
     -- Keep the runner's row fresh without writing it on every poll. The
@@ -238,6 +247,7 @@ BEGIN
     INTO v_ids, v_tids
     FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
           WHERE q.org_id = v_org AND q.pool = claim.pool
+            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
           ORDER BY q.attempt_id
           LIMIT claim.max
           FOR UPDATE SKIP LOCKED) x;
@@ -279,16 +289,17 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           CASE i.run_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                           WHEN 'sync' THEN 'sync' ELSE 'attempt' END
+           orca._command(i.run_kind)
     FROM info i
     ORDER BY i.id;
 END
 $$;
-COMMENT ON FUNCTION orca.claim(text, text, integer) IS
+COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
 'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
 'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
-'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. '
+'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
+'the runner can run (attempt, sense, keys, sync; NULL: all), so that a runner not set up for '
+'syncs leaves them to one that is. '
 'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
 
 CREATE FUNCTION orca.heartbeat(lease uuid) RETURNS timestamptz

@@ -32,7 +32,7 @@ GRANT EXECUTE ON FUNCTION
     orca.tick(timestamptz)
     TO orca_operator;
 GRANT EXECUTE ON FUNCTION
-    orca.claim(text, text, integer),
+    orca.claim(text, text, integer, text[]),
     orca.heartbeat(uuid),
     orca.finish(uuid, boolean, text),
     orca.finish_many(uuid[], boolean, text),

@@ -18,6 +18,14 @@ BEGIN
 END
 $$;
 
+-- What a runner runs for an attempt of a run of this kind: the binary's
+-- attempt, sense or keys command, or orca-engine's sync.
+CREATE FUNCTION orca._command(p_kind text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
+                       WHEN 'sync' THEN 'sync' ELSE 'attempt' END
+$$;
+
 -- Each run's next attempt, pending in its pool: the attempt (numbered by the
 -- run's attempts, which the caller has just counted up) and its queue row,
 -- and a NOTIFY that wakes the pool's idle runners (sent at commit, once per
@@ -38,8 +46,10 @@ BEGIN
         ORDER BY r.id
         RETURNING *
     ), q AS (
-        INSERT INTO orca.queue (org_id, pool, attempt_id)
-        SELECT a.org_id, a.pool, a.id FROM att a
+        -- Joined to the runs table for the kind: the attempts know only the run.
+        INSERT INTO orca.queue (org_id, pool, attempt_id, command)
+        SELECT a.org_id, a.pool, a.id, orca._command(r.kind)
+        FROM att a JOIN orca.runs r ON r.id = a.run_id
     )
     SELECT array_agg(a ORDER BY a.id) INTO v_made FROM att a;
     PERFORM pg_notify('orca_work', p)

@@ -264,6 +264,10 @@ CREATE TABLE orca.queue (
     org_id      bigint NOT NULL,
     pool        text NOT NULL,
     attempt_id  bigint NOT NULL,
+    -- What a runner runs for it (orca.lease.command), so that a runner
+    -- claims only what it is set up to run (orca.claim's commands).
+    command     text NOT NULL DEFAULT 'attempt'
+                CHECK (command IN ('attempt', 'sense', 'keys', 'sync')),
     PRIMARY KEY (org_id, pool, attempt_id)
 );
 COMMENT ON TABLE orca.queue IS

@@ -31,6 +31,9 @@ pub struct Shared {
     /// Where the engines' control sockets and data edges go (one each per
     /// sync attempt).
     pub sockets: PathBuf,
+    /// The syncs' store and the Iceberg warehouse, handed to the children.
+    pub store: Option<String>,
+    pub warehouse: Option<String>,
 }
 
 /// How an attempt ended, from the runner's point of view.
@@ -134,8 +137,14 @@ fn spawn_child(
         .env("ORCA_ATTEMPT", l.attempt_number.to_string())
         .env("ORCA_PIPELINE", &l.pipeline)
         .env("ORCA_PARTITIONS", l.partitions.join(","))
-        .env("ORCA_LOG_FILE", log)
-        .stdin(Stdio::null())
+        .env("ORCA_LOG_FILE", log);
+    if let Some(store) = &shared.store {
+        cmd.env("ORCA_STORE", store);
+    }
+    if let Some(warehouse) = &shared.warehouse {
+        cmd.env("ORCA_WAREHOUSE", warehouse);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -55,17 +55,20 @@ pub async fn register_runner(
     Ok(())
 }
 
+/// Leases up to `max` attempts of the pool whose command this runner can run.
 pub async fn claim(
     db: &PgPool,
     name: &str,
     pool: &str,
     max: i32,
+    commands: &[&str],
 ) -> Result<Vec<Lease>, ControlError> {
     let rows: Vec<Value> =
-        sqlx::query_scalar("SELECT to_jsonb(l) FROM orca.claim($1, $2, $3) AS l")
+        sqlx::query_scalar("SELECT to_jsonb(l) FROM orca.claim($1, $2, $3, $4) AS l")
             .bind(name)
             .bind(pool)
             .bind(max)
+            .bind(commands)
             .fetch_all(db)
             .await
             .map_err(ControlError::classify)?;

@@ -51,9 +51,18 @@ struct Args {
     #[arg(long, env = "ORCA_GRACE_SECONDS", default_value_t = 30)]
     grace_seconds: u64,
     /// The engine that runs syncs' attempts (default: `orca-engine` next to
-    /// this binary, else on PATH). It reads the store from ORCA_STORE.
+    /// this binary, else on PATH).
     #[arg(long, env = "ORCA_ENGINE")]
     engine: Option<PathBuf>,
+    /// Where syncs keep checkpoints and staged epochs: an absolute path or
+    /// s3://bucket/prefix, shared by every runner that runs syncs. Without it
+    /// this runner leaves syncs to runners that have one.
+    #[arg(long, env = "ORCA_STORE")]
+    store: Option<String>,
+    /// Where Iceberg tables' data and metadata go (default: ./warehouse of
+    /// each pipeline binary): a path or s3://bucket/prefix.
+    #[arg(long, env = "ORCA_WAREHOUSE")]
+    warehouse: Option<String>,
     /// Also call orca.tick() this often (0: leave it to the background worker).
     #[arg(long, env = "ORCA_TICK_MS", default_value_t = 0)]
     tick_ms: u64,
@@ -65,6 +74,39 @@ fn default_engine() -> PathBuf {
         .and_then(|exe| exe.parent().map(|d| d.join("orca-engine")))
         .filter(|p| p.exists())
         .unwrap_or_else(|| PathBuf::from("orca-engine"))
+}
+
+/// Whether `program` can be run: a path to an executable file, or a bare
+/// name found on PATH.
+fn runnable(program: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.components().count() > 1 {
+        return executable(program);
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| executable(&d.join(program))))
+}
+
+/// What this runner can run, and a line for each kind of work it leaves to
+/// other runners, naming what it lacks.
+fn commands(store: Option<&str>, engine: &std::path::Path) -> (Vec<&'static str>, Vec<String>) {
+    let mut can = vec!["attempt", "sense", "keys"];
+    let mut not = Vec::new();
+    match store {
+        None => not.push(
+            "not running syncs: no --store (ORCA_STORE), where syncs keep their checkpoints"
+                .to_string(),
+        ),
+        Some(_) if !runnable(engine) => not.push(format!(
+            "not running syncs: the engine {} cannot be run (--engine, ORCA_ENGINE)",
+            engine.display()
+        )),
+        Some(_) => can.push("sync"),
+    }
+    (can, not)
 }
 
 fn host_name() -> String {
@@ -111,6 +153,8 @@ async fn main() -> anyhow::Result<()> {
     control::register_runner(&db, &name, &args.pool, i32::from(args.slots), &host)
         .await
         .context("registering the runner")?;
+    let engine = args.engine.clone().unwrap_or_else(default_engine);
+    let (can, cannot) = commands(args.store.as_deref(), &engine);
     let mut listener = PgListener::connect_with(&db)
         .await
         .context("LISTEN connection")?;
@@ -119,10 +163,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("LISTEN orca_work")?;
     println!(
-        "orca-runner {name}: pool {}, {slots} slots, logs in {}",
+        "orca-runner {name}: pool {}, {slots} slots, logs in {}; runs {}",
         args.pool,
-        args.logs.display()
+        args.logs.display(),
+        can.join(", ")
     );
+    for line in &cannot {
+        println!("orca-runner {name}: {line}");
+    }
 
     // Socket paths are short (108 bytes at most), so not under the logs.
     let sockets = std::env::temp_dir().join(format!("orca-runner-{}", std::process::id()));
@@ -131,8 +179,10 @@ async fn main() -> anyhow::Result<()> {
         db: db.clone(),
         database_url: args.database_url.clone(),
         logs: args.logs.clone(),
-        engine: args.engine.clone().unwrap_or_else(default_engine),
+        engine,
         sockets: sockets.clone(),
+        store: args.store.clone(),
+        warehouse: args.warehouse.clone(),
     });
     let (release_tx, release_rx) = watch::channel(false);
     let mut running: JoinSet<attempt::Outcome> = JoinSet::new();
@@ -150,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
     loop {
         if want_claim && running.len() < slots {
             let free = i32::try_from(slots - running.len()).unwrap_or(1);
-            match control::claim(&db, &name, &args.pool, free).await {
+            match control::claim(&db, &name, &args.pool, free, &can).await {
                 Ok(leases) => {
                     for l in leases {
                         println!(

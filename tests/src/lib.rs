@@ -16,6 +16,9 @@ pub mod install;
 pub mod procs;
 pub mod releases;
 pub mod s3;
+pub mod wait;
+
+pub use wait::{connect_org, wait_for_sql, wait_until};
 
 pub use sqlx;
 

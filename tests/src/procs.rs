@@ -174,3 +174,12 @@ impl Drop for Runner {
         self.kill();
     }
 }
+
+/// The output of each runner so far, for a failing test's message.
+pub fn outputs(runners: &[&Runner]) -> String {
+    runners
+        .iter()
+        .map(|r| format!("--- {}\n{}", r.name, r.output()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

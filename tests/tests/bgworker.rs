@@ -29,6 +29,8 @@ async fn lease_lapses(c: &mut PgConnection, within: Duration) -> bool {
         if status == "lost" {
             return true;
         }
+        // Not wait_until: the answer "not lost within the window" is one
+        // this test needs too (a failing tick must not commit).
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
@@ -65,13 +67,15 @@ async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
 
     // The database did not exist when the server started: the worker retries
     // every few seconds until it does.
-    let t0 = Instant::now();
-    let mut pid = None;
-    while pid.is_none() && t0.elapsed() < Duration::from_secs(20) {
-        pid = worker_pid(&mut c).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let pid = pid.unwrap_or_else(|| panic!("the worker is not running\n{}", cluster.log()));
+    let c = tokio::sync::Mutex::new(c);
+    let pid = wait_until(
+        "the worker to run",
+        Duration::from_secs(20),
+        || async { worker_pid(&mut *c.lock().await).await },
+        || cluster.log(),
+    )
+    .await;
+    let mut c = c.into_inner();
     assert!(
         lease_lapses(&mut c, Duration::from_secs(10)).await,
         "the worker did not reclaim a lapsed lease\n{}",
@@ -83,15 +87,16 @@ async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
         .await
         .expect("alter");
     c.execute("SELECT pg_reload_conf()").await.expect("reload");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A tick after the reload (the lease it lapses) shows the worker read
+    // it; the same pid shows it did not restart to do so.
+    assert!(
+        lease_lapses(&mut c, Duration::from_secs(10)).await,
+        "no ticks after SIGHUP"
+    );
     assert_eq!(
         worker_pid(&mut c).await,
         Some(pid),
         "the worker restarted on SIGHUP"
-    );
-    assert!(
-        lease_lapses(&mut c, Duration::from_secs(10)).await,
-        "no ticks after SIGHUP"
     );
 
     // A tick that fails is rolled back, and the worker lives on. The broken
@@ -118,22 +123,19 @@ async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
     c.execute("UPDATE orca.schedules SET cron = '0 3 * * *'")
         .await
         .expect("mend the schedule");
-    let lost_after_fix = Instant::now();
-    let mut recovered = false;
-    while lost_after_fix.elapsed() < Duration::from_secs(10) {
-        let n: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM orca.attempts WHERE status = 'leased'")
-                .fetch_one(&mut c)
-                .await
-                .expect("count");
-        if n == 0 {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        recovered,
-        "ticks did not resume after the schedule was mended"
-    );
+    let c = tokio::sync::Mutex::new(c);
+    wait_until(
+        "ticks to resume after the schedule was mended",
+        Duration::from_secs(10),
+        || async {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM orca.attempts WHERE status = 'leased'")
+                    .fetch_one(&mut *c.lock().await)
+                    .await
+                    .expect("count");
+            (n == 0).then_some(())
+        },
+        || cluster.log(),
+    )
+    .await;
 }

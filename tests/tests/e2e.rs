@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use orca_tests::procs::{bin, Runner};
+use orca_tests::procs::{bin, outputs, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::Value;
@@ -34,27 +34,6 @@ async fn register_probe(db: &TestDb) {
         "orca register: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-async fn wait_until(db: &TestDb, what: &str, sql: &str, within: Duration, runners: &[&Runner]) {
-    let t0 = Instant::now();
-    loop {
-        let done: bool = sqlx::query_scalar(sql)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        if done {
-            return;
-        }
-        if t0.elapsed() > within {
-            let logs: Vec<String> = runners
-                .iter()
-                .map(|r| format!("--- {}\n{}", r.name, r.output()))
-                .collect();
-            panic!("timed out waiting for {what}\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// (step, partition) -> how many times the step function was called.
@@ -190,12 +169,12 @@ async fn a_step_that_fails_once_succeeds_on_its_retry() {
         .execute("SELECT orca.run('probe', '2024-02')")
         .await
         .expect("run");
-    wait_until(
+    wait_for_sql(
         &db,
         "the run to succeed",
         "SELECT bool_and(status = 'succeeded') FROM orca.runs",
         Duration::from_secs(30),
-        &[&r],
+        || outputs(&[&r]),
     )
     .await;
     let (attempts, status): (i32, String) = sqlx::query_as(
@@ -233,23 +212,22 @@ async fn a_killed_runner_s_run_resumes_elsewhere_without_redoing_steps() {
         .expect("run");
     // Wait until the gather step is under way, then kill the runner and its
     // pipeline binary with SIGKILL.
-    let t0 = Instant::now();
-    while !logs.join("stalling").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "never reached the gather step\n{}",
-            a.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stalling = logs.join("stalling");
+    wait_until(
+        "the gather step to stall",
+        Duration::from_secs(30),
+        || async { stalling.exists().then_some(()) },
+        || a.output(),
+    )
+    .await;
     a.kill();
     let b = Runner::start(&db.url(), "survivor", 1, &logs, &env);
-    wait_until(
+    wait_for_sql(
         &db,
         "the run to succeed on another runner",
         &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
         Duration::from_secs(60),
-        &[&b],
+        || outputs(&[&b]),
     )
     .await;
     let attempts = db
@@ -293,28 +271,25 @@ async fn max_runs_holds_under_a_backfill_of_twelve() {
         .execute("SELECT orca.backfill('probe', '2024-01..2024-12')")
         .await
         .expect("backfill");
-    let mut most = 0;
-    let t0 = Instant::now();
-    loop {
-        let running = db
-            .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'running'")
-            .await;
-        most = most.max(running);
-        assert!(running <= 2, "{running} runs running at once");
-        let done = db
-            .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'succeeded'")
-            .await;
-        if done == 12 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "backfill did not finish\n{}\n{}",
-            a.output(),
-            b.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let most = std::cell::Cell::new(0);
+    wait_until(
+        "the backfill to finish",
+        Duration::from_secs(90),
+        || async {
+            let running = db
+                .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'running'")
+                .await;
+            most.set(most.get().max(running));
+            assert!(running <= 2, "{running} runs running at once");
+            let done = db
+                .scalar_i64("SELECT count(*) FROM orca.runs WHERE status = 'succeeded'")
+                .await;
+            (done == 12).then_some(())
+        },
+        || outputs(&[&a, &b]),
+    )
+    .await;
+    let most = most.get();
     assert_eq!(most, 2, "the cap was reached");
     // No two attempts of more than two runs ever overlapped in time.
     let overlapping = db
@@ -343,27 +318,26 @@ async fn sigterm_hands_a_long_attempt_back_after_the_grace_period() {
         .fetch_one(&db.pool)
         .await
         .expect("run");
-    let t0 = Instant::now();
-    while !logs.join("stalling").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "never stalled\n{}",
-            a.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stalling = logs.join("stalling");
+    wait_until(
+        "the attempt to stall",
+        Duration::from_secs(30),
+        || async { stalling.exists().then_some(()) },
+        || a.output(),
+    )
+    .await;
     // SIGTERM: no new claims, a grace period (5 s here), then the attempt is
     // handed back and the runner exits cleanly.
     let status = a.terminate().expect("runner exit status");
     assert!(status.success(), "{}", a.output());
     assert!(a.output().contains("handed back"), "{}", a.output());
     let b = Runner::start(&db.url(), "staying", 1, &logs, &env);
-    wait_until(
+    wait_for_sql(
         &db,
         "the run to finish on the other runner",
         &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
         Duration::from_secs(30),
-        &[&b],
+        || outputs(&[&b]),
     )
     .await;
     let attempts = db
@@ -396,12 +370,12 @@ async fn a_binary_whose_code_changed_refuses_the_old_version_s_runs() {
         .execute("SELECT orca.run('probe', '2024-01')")
         .await
         .expect("run");
-    wait_until(
+    wait_for_sql(
         &db,
         "the run to fail",
         "SELECT bool_and(status = 'failed') FROM orca.runs",
         Duration::from_secs(30),
-        &[&r],
+        || outputs(&[&r]),
     )
     .await;
     let error: String = sqlx::query_scalar("SELECT error FROM orca.runs")

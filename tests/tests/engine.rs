@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_array::{Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
 use orca_tests::procs::bin;
@@ -63,28 +63,53 @@ async fn head(db: &TestDb) -> (i64, i32) {
 }
 
 /// Waits until HEAD reaches `epoch`, then SIGKILLs the engine.
-async fn kill_at(db: &TestDb, mut child: Child, epoch: i64) -> i64 {
-    let t0 = Instant::now();
-    loop {
-        let (h, _) = head(db).await;
-        if h >= epoch {
-            child.kill().expect("SIGKILL the engine");
-            let _ = child.wait();
-            return head(db).await.0;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().expect("engine output");
-            panic!(
-                "the engine ended ({status}) before epoch {epoch}: {}",
-                text(&out)
-            );
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "HEAD never reached epoch {epoch}"
+async fn kill_at(db: &TestDb, child: Child, epoch: i64) -> i64 {
+    let child = std::cell::RefCell::new(child);
+    let ended = wait_until(
+        &format!("HEAD to reach epoch {epoch}"),
+        Duration::from_secs(120),
+        || async {
+            if let Ok(Some(status)) = child.borrow_mut().try_wait() {
+                return Some(Some(status));
+            }
+            (head(db).await.0 >= epoch).then_some(None)
+        },
+        String::new,
+    )
+    .await;
+    let mut child = child.into_inner();
+    if let Some(status) = ended {
+        let out = child.wait_with_output().expect("engine output");
+        panic!(
+            "the engine ended ({status}) before epoch {epoch}: {}",
+            text(&out)
         );
-        tokio::time::sleep(Duration::from_millis(15)).await;
     }
+    child.kill().expect("SIGKILL the engine");
+    let _ = child.wait();
+    head(db).await.0
+}
+
+/// Waits until HEAD reaches `epoch`.
+async fn wait_head(db: &TestDb, epoch: i64, context: impl Fn() -> String) {
+    wait_until(
+        &format!("HEAD to reach epoch {epoch}"),
+        Duration::from_secs(60),
+        || async { (head(db).await.0 >= epoch).then_some(()) },
+        context,
+    )
+    .await
+}
+
+/// How many processes run with `needle` in their command line.
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(needle))
+        .count()
 }
 
 async fn make_source(db: &TestDb, rows: i64) {
@@ -314,11 +339,7 @@ async fn a_newer_claim_fences_a_running_attempt_which_stops_without_committing()
     define(&db, &out).await;
 
     let child = engine(&db, &store, 2_000).spawn().expect("engine");
-    let t0 = Instant::now();
-    while head(&db).await.0 < 2 {
-        assert!(t0.elapsed() < Duration::from_secs(120), "no progress");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_head(&db, 2, String::new).await;
     // Another attempt claims the sync: the running one is a zombie now.
     let claim: Value = sqlx::query_scalar("SELECT orca.claim_sync('shop')")
         .fetch_one(&db.pool)
@@ -630,19 +651,21 @@ async fn run_status(db: &TestDb, run: i64) -> String {
 }
 
 async fn wait_run(db: &TestDb, run: i64, want: &str, runner: &orca_tests::procs::Runner) {
-    let t0 = Instant::now();
-    loop {
-        let s = run_status(db, run).await;
-        if s == want {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120) && s != "failed",
-            "run {run} is {s}, waited for {want}\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        &format!("run {run} to be {want}"),
+        Duration::from_secs(120),
+        || async {
+            let s = run_status(db, run).await;
+            assert!(
+                s == want || s != "failed",
+                "run {run} failed, waited for {want}\n{}",
+                runner.output()
+            );
+            (s == want).then_some(())
+        },
+        || runner.output(),
+    )
+    .await
 }
 
 /// Syncs as runs: a runner leases the sync's run and starts orca-engine for
@@ -677,51 +700,31 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
         .fetch_one(&db.pool)
         .await
         .expect("run now");
-    let t0 = Instant::now();
-    while head(&db).await.0 < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the sync made no progress\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_head(&db, 3, || runner.output()).await;
     sqlx::query("SELECT orca.cancel($1)")
         .bind(first)
         .execute(&db.pool)
         .await
         .expect("cancel");
-    // The runner's next heartbeat is refused; it stops the engine.
-    let t0 = Instant::now();
-    loop {
-        let h1 = head(&db).await.0;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        if head(&db).await.0 == h1 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the engine went on after its run was cancelled\n{}",
-            runner.output()
-        );
-    }
+    // The runner's next heartbeat is refused; it asks the engine to stop,
+    // which finishes its epoch in flight and exits ("done" in its log).
+    let first_log_path = logs.join(format!("default/shop/run-{first}/attempt-1.log"));
+    let first_log = wait_until(
+        "the engine to stop after its run was cancelled",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(&first_log_path).unwrap_or_default();
+            log.contains(r#""event":"done""#).then_some(log)
+        },
+        || runner.output(),
+    )
+    .await;
     let stopped_at = head(&db).await.0;
     assert!(
         stopped_at < 100,
         "cancelled mid-sync, at epoch {stopped_at}"
     );
     assert_eq!(run_status(&db, first).await, "cancelled");
-    // Asked, not killed: the engine finished its epoch in flight and exited.
-    let t0 = Instant::now();
-    let first_log = loop {
-        let log =
-            std::fs::read_to_string(logs.join(format!("default/shop/run-{first}/attempt-1.log")))
-                .unwrap_or_default();
-        if log.contains(r#""event":"done""#) || t0.elapsed() > Duration::from_secs(30) {
-            break log;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
     assert!(
         first_log.contains(r#""event":"stopped""#) && first_log.contains(r#""stopped":true"#),
         "the runner asked the engine to stop: {first_log}\n{}",
@@ -913,15 +916,7 @@ async fn a_runner_shutting_down_stops_its_engine_at_a_resume_point_and_hands_the
         .fetch_one(&db.pool)
         .await
         .expect("run now");
-    let t0 = Instant::now();
-    while head(&db).await.0 < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the sync made no progress\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_head(&db, 3, || runner.output()).await;
     let status = runner.terminate().expect("runner exit status");
     assert!(status.success(), "{}", runner.output());
     let output = runner.output();
@@ -976,44 +971,38 @@ async fn an_engine_whose_runner_died_stops_when_its_data_edge_closes() {
         .execute(&db.pool)
         .await
         .expect("run now");
-    let t0 = Instant::now();
-    while head(&db).await.0 < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the sync made no progress\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_head(&db, 3, || runner.output()).await;
     // The runner alone: its engine lives on, orphaned.
     let status = Command::new("kill")
         .args(["-KILL", &runner.pid().to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let t0 = Instant::now();
-    let log = loop {
-        let log = log_of(&store, 1);
-        if log.contains(r#""event":"failed""#) {
-            break log;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the engine went on without its runner: {log}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let log = wait_until(
+        "the orphaned engine to fail",
+        Duration::from_secs(30),
+        || async {
+            let log = log_of(&store, 1);
+            log.contains(r#""event":"failed""#).then_some(log)
+        },
+        || log_of(&store, 1),
+    )
+    .await;
     assert!(
         log.contains("the runner's source pump closed the edge before the stream ended"),
         "{log}"
     );
+    // The engine exits (its command line names its runner's socket
+    // directory); HEAD is where it stopped.
+    let sockets = format!("orca-runner-{}", runner.pid());
+    wait_until(
+        "the orphaned engine to exit",
+        Duration::from_secs(30),
+        || async { (processes_with(&sockets) == 0).then_some(()) },
+        String::new,
+    )
+    .await;
     let stopped_at = head(&db).await.0;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        head(&db).await.0,
-        stopped_at,
-        "HEAD stopped with the engine"
-    );
     assert!(stopped_at < 800, "stopped mid-sync, at epoch {stopped_at}");
     let (n, ids, _, _) = tally(&published(&out, "orders"));
     assert_eq!(
@@ -1038,26 +1027,22 @@ async fn a_runner_describes_the_source_for_its_engine_and_a_missing_table_fails_
         .fetch_one(&db.pool)
         .await
         .expect("run now");
-    let t0 = Instant::now();
-    let error = loop {
-        let e: Option<String> = sqlx::query_scalar(
-            "SELECT error FROM orca.attempts WHERE run_id = $1 AND error IS NOT NULL ORDER BY number LIMIT 1",
-        )
-        .bind(run)
-        .fetch_optional(&db.pool)
-        .await
-        .expect("attempts")
-        .flatten();
-        if let Some(e) = e {
-            break e;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no attempt failed\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let error = wait_until(
+        "an attempt to fail",
+        Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT error FROM orca.attempts WHERE run_id = $1 AND error IS NOT NULL ORDER BY number LIMIT 1",
+            )
+            .bind(run)
+            .fetch_optional(&db.pool)
+            .await
+            .expect("attempts")
+            .flatten()
+        },
+        || runner.output(),
+    )
+    .await;
     assert!(
         error.contains("the runner's source")
             && error.contains("source table public.orders does not exist"),
@@ -1094,33 +1079,34 @@ async fn the_control_channel_reports_progress_and_a_stop_ends_the_attempt_at_a_r
     let dir = scratch("control");
     let (out, store, socket) = (dir.join("out"), dir.join("store"), dir.join("e.sock"));
     define(&db, &out).await;
-    let mut child = engine(&db, &store, 2_000)
+    let child = engine(&db, &store, 2_000)
         .arg("--control")
         .arg(&socket)
         .spawn()
         .expect("engine");
-    let t0 = Instant::now();
-    while !socket.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no control socket");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        "the control socket",
+        Duration::from_secs(30),
+        || async { socket.exists().then_some(()) },
+        String::new,
+    )
+    .await;
     let hello = control_call(&socket, r#"{"id": 1, "method": "hello"}"#);
     assert_eq!(hello["ok"], true, "{hello}");
     assert_eq!(hello["result"]["protocol"], 1, "{hello}");
     assert_eq!(hello["result"]["sync"], "shop", "{hello}");
     assert_eq!(hello["result"]["pid"], child.id(), "{hello}");
 
-    let status = loop {
-        let s = control_call(&socket, r#"{"id": 2, "method": "status"}"#);
-        if s["result"]["committed"].as_u64().unwrap_or(0) >= 3 {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no progress on the control channel: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let status = wait_until(
+        "three epochs on the control channel",
+        Duration::from_secs(60),
+        || async {
+            let s = control_call(&socket, r#"{"id": 2, "method": "status"}"#);
+            (s["result"]["committed"].as_u64().unwrap_or(0) >= 3).then_some(s)
+        },
+        || control_call(&socket, r#"{"id": 3, "method": "status"}"#).to_string(),
+    )
+    .await;
     let st = &status["result"];
     assert_eq!(st["phase"], "streaming", "{status}");
     assert_eq!(st["generation"], 1, "{status}");
@@ -1154,17 +1140,15 @@ async fn the_control_channel_reports_progress_and_a_stop_ends_the_attempt_at_a_r
 
     let stop = control_call(&socket, r#"{"id": 4, "method": "stop"}"#);
     assert_eq!(stop["result"]["stopping"], true, "{stop}");
-    let t1 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("engine status") {
-            break s;
-        }
-        assert!(
-            t1.elapsed() < Duration::from_secs(30),
-            "the engine did not stop"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let exiting = std::cell::RefCell::new(child);
+    let status = wait_until(
+        "the engine to stop",
+        Duration::from_secs(30),
+        || async { exiting.borrow_mut().try_wait().expect("engine status") },
+        String::new,
+    )
+    .await;
+    let child = exiting.into_inner();
     let o = child.wait_with_output().expect("engine output");
     assert!(status.success(), "a stop is a clean exit: {}", text(&o));
     let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
@@ -2396,5 +2380,73 @@ async fn a_lookback_reads_rows_a_long_transaction_committed_late_and_lands_each_
         "the rows read again landed on themselves"
     );
     assert_eq!(differences(&db).await, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A runner not set up for syncs (no store) says so when it starts and
+/// claims only what it can run: it runs a pipeline's attempt queued after a
+/// sync's and leaves the sync's to a runner with a store, so no attempt of
+/// the sync fails for want of a setting.
+#[tokio::test]
+async fn a_runner_without_a_store_leaves_syncs_to_a_runner_with_one() {
+    let db = TestDb::new().await;
+    make_source(&db, 5_000).await;
+    let dir = scratch("no-store");
+    let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    define(&db, &out).await;
+    let reg = Command::new(bin("orca"))
+        .args(["register", bin("probe").to_str().unwrap_or_default()])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca register");
+    assert!(reg.status.success(), "{}", text(&reg));
+    let engine_bin = bin("orca-engine");
+    let bare = orca_tests::procs::Runner::start(
+        &db.url(),
+        "bare",
+        1,
+        &logs,
+        &[("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default())],
+    );
+    wait_until(
+        "the runner to say what it does not run",
+        Duration::from_secs(30),
+        || async {
+            bare.output()
+                .contains("not running syncs: no --store (ORCA_STORE)")
+                .then_some(())
+        },
+        || bare.output(),
+    )
+    .await;
+    let sync_run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("sync run");
+    let probe_run: i64 = sqlx::query_scalar("SELECT orca.run('probe', '2024-01')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("probe run");
+    wait_run(&db, probe_run, "succeeded", &bare).await;
+    let sync_attempts: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM orca.attempts WHERE run_id = $1")
+            .bind(sync_run)
+            .fetch_all(&db.pool)
+            .await
+            .expect("attempts");
+    assert_eq!(
+        sync_attempts,
+        ["pending"],
+        "the older sync attempt was left alone\n{}",
+        bare.output()
+    );
+    let with_store = sync_runner(&db, &store, &logs);
+    wait_run(&db, sync_run, "succeeded", &with_store).await;
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM orca.runs WHERE id = $1")
+        .bind(sync_run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempts");
+    assert_eq!(attempts, 1, "no retry spent on a configuration");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -237,13 +237,28 @@ async fn a_cancel_that_meets_a_claim_in_flight_waits_for_it_instead_of_deadlocki
         .await
         .expect("pick");
     let mut canceller = db.connect().await;
+    let canceller_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut canceller)
+        .await
+        .expect("pid");
     let cancel = tokio::spawn(async move {
         sqlx::query("SELECT orca.cancel($1)")
             .bind(run)
             .execute(&mut canceller)
             .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The cancel reaches the queue row the claim holds and waits for it.
+    wait_for_sql(
+        &db,
+        "the cancel to wait for the claim's lock",
+        &format!(
+            "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity \
+             WHERE pid = {canceller_pid}"
+        ),
+        std::time::Duration::from_secs(10),
+        String::new,
+    )
+    .await;
     for sql in [
         "UPDATE orca.attempts SET status = 'leased', runner = 'r', \
          lease = orca._new_lease(id), leased_at = now() WHERE id = $1",

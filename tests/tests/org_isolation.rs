@@ -77,10 +77,7 @@ async fn snapshot(db: &TestDb, org: i64) -> Value {
 /// Fills an org with a pipeline named `lake` and one named `only`, runs in
 /// every state, a live lease and a failed run. Returns (run ids, live lease).
 async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, i64) {
-    let mut c = db.connect().await;
-    c.execute(format!("SET orca.org = '{org}'").as_str())
-        .await
-        .expect("set org");
+    let mut c = connect_org(db, "postgres", org).await;
     for name in ["lake", only] {
         let mut m = lake_manifest(name);
         m["max_runs"] = json!(null);
@@ -277,8 +274,7 @@ async fn no_table_view_or_function_crosses_orgs() {
     assert_eq!(callable_internal, ["_may_use_org"]);
 
     let before = snapshot(&db, globex).await;
-    let mut a = db.connect_as(ALICE).await;
-    a.execute("SET orca.org = 'acme'").await.expect("set org");
+    let mut a = connect_org(&db, ALICE, "acme").await;
 
     // Reads: every table and view shows acme's rows only.
     let relations = db
@@ -434,8 +430,7 @@ async fn no_table_view_or_function_crosses_orgs() {
 
     assert_eq!(snapshot(&db, globex).await, before, "globex changed");
     // And bob, in globex, still sees his lease alive.
-    let mut b = db.connect_as(BOB).await;
-    b.execute("SET orca.org = 'globex'").await.expect("set");
+    let mut b = connect_org(&db, BOB, "globex").await;
     let row = sqlx::query("SELECT status FROM orca.attempts WHERE lease = $1")
         .bind(g_lease)
         .fetch_one(&mut b)

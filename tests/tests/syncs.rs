@@ -441,3 +441,67 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
         "nothing claimed"
     );
 }
+
+#[tokio::test]
+async fn a_runner_claims_only_the_commands_it_can_run() {
+    // A runner not set up for syncs (no store) claims pipeline attempts and
+    // leaves a sync's attempt to a runner that is.
+    let db = TestDb::new().await;
+    create(
+        &db,
+        &pg(),
+        &json!({"type": "parquet", "url": "/var/tmp/out"}),
+        &orders("append"),
+        "at_least_once",
+    )
+    .await
+    .expect("create");
+    db.register(&daily_manifest("daily", "0 3 * * *", "UTC"))
+        .await;
+    sqlx::query("SELECT orca.run('shop', 'now')")
+        .execute(&db.pool)
+        .await
+        .expect("sync run");
+    sqlx::query("SELECT orca.run('daily', '2024-01-01')")
+        .execute(&db.pool)
+        .await
+        .expect("pipeline run");
+    let claimed = |commands: Option<Vec<&'static str>>| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query("SELECT pipeline, command FROM orca.claim('r', 'default', 10, $1)")
+                .bind(commands)
+                .fetch_all(&pool)
+                .await
+                .expect("claim")
+                .iter()
+                .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        claimed(Some(vec!["attempt", "sense", "keys"])).await,
+        [("daily".to_string(), "attempt".to_string())]
+    );
+    assert!(
+        claimed(Some(vec!["attempt"])).await.is_empty(),
+        "the sync's attempt is left for a runner that runs syncs"
+    );
+    assert_eq!(
+        claimed(Some(vec!["sync"])).await,
+        [("shop".to_string(), "sync".to_string())]
+    );
+    let before = db.table_counts().await;
+    let (code, msg) = expect_error(
+        &db.pool,
+        "SELECT * FROM orca.claim('r', 'default', 1, ARRAY['attempt', 'spark'])",
+    )
+    .await;
+    assert_eq!(code, "OR050");
+    assert!(msg.contains("'spark'"), "{msg}");
+    assert_eq!(
+        db.table_counts().await,
+        before,
+        "a refused claim writes nothing"
+    );
+}

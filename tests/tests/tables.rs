@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use orca_tests::procs::{bin, Runner};
+use orca_tests::procs::{bin, outputs, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
@@ -93,23 +93,14 @@ fn register(db: &TestDb, binary: &str) {
 }
 
 async fn wait_run(db: &TestDb, run: i64, status: &str, runner: &Runner) {
-    let t0 = Instant::now();
-    loop {
-        let s: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
-            .bind(run)
-            .fetch_one(&db.pool)
-            .await
-            .expect("run status");
-        if s == status {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "run {run} is {s}, waited for {status}\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_sql(
+        db,
+        &format!("run {run} to be {status}"),
+        &format!("SELECT status = '{status}' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(90),
+        || runner.output(),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -309,15 +300,14 @@ async fn a_retry_reads_the_pinned_snapshot_after_another_writer_committed() {
         .await
         .expect("run");
     // While the read step is stalled (it has read), another writer appends.
-    let t0 = Instant::now();
-    while !dir.join("stalling").exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never stalled\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stalling = dir.join("stalling");
+    wait_until(
+        "the read step to stall",
+        Duration::from_secs(60),
+        || async { stalling.exists().then_some(()) },
+        || runner.output(),
+    )
+    .await;
     let data: Vec<Value> = (0..7).map(|i| json!({"n": 100 + i as i64})).collect();
     py(&[
         "append",
@@ -408,26 +398,7 @@ async fn sensor_runs(db: &TestDb) -> Vec<String> {
 }
 
 async fn wait_for(db: &TestDb, what: &str, sql: &str, runners: &[&Runner]) {
-    let t0 = Instant::now();
-    loop {
-        let done: bool = sqlx::query_scalar(sql)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        if done {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}\n{}",
-            runners
-                .iter()
-                .map(|r| r.output())
-                .collect::<Vec<_>>()
-                .join("\n---\n")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_sql(db, what, sql, Duration::from_secs(60), || outputs(runners)).await
 }
 
 #[tokio::test]

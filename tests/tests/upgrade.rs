@@ -14,11 +14,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orca_tests::cluster::PrivateCluster;
 use orca_tests::install::{installed_library, release_library, Installation};
-use orca_tests::procs::{bin, Runner};
+use orca_tests::procs::{bin, outputs, Runner};
 use orca_tests::releases::{catalog, catalog_difference, current_version};
 use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::*;
@@ -110,14 +110,6 @@ fn attempt_logs(dir: &Path) -> Vec<String> {
         }
     }
     out
-}
-
-fn logs_of(runners: &[&Runner]) -> String {
-    runners
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.output()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[tokio::test]
@@ -212,25 +204,25 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
         .expect("sync run");
 
     // Work in flight: leases on the backfill's attempts, the sync mid-run.
-    let t0 = Instant::now();
-    loop {
-        let leased = scalar_i64(
-            &mut c,
-            "SELECT count(*) FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
-             JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'pipeline'",
-        )
-        .await;
-        let head = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
-        if leased > 0 && head >= 3 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no work in flight ({leased} leases, HEAD at epoch {head})\n{}",
-            logs_of(&[&a, &b])
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let c = tokio::sync::Mutex::new(c);
+    wait_until(
+        "leases held and the sync at epoch 3",
+        Duration::from_secs(120),
+        || async {
+            let mut c = c.lock().await;
+            let leased = scalar_i64(
+                &mut c,
+                "SELECT count(*) FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
+                 JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'pipeline'",
+            )
+            .await;
+            let head = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+            (leased > 0 && head >= 3).then_some(())
+        },
+        || outputs(&[&a, &b]),
+    )
+    .await;
+    let mut c = c.into_inner();
 
     // The upgrade, as an operator does it: the new package's files under the
     // running server, a restart, then the schema.
@@ -267,24 +259,22 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     );
 
     // The same runners go on, and everything ends.
-    let t0 = Instant::now();
-    loop {
-        let open = scalar_i64(
-            &mut c,
-            "SELECT count(*) FROM orca.runs WHERE status IN ('queued', 'running')",
-        )
-        .await;
-        if open == 0 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "{open} runs still open after the upgrade\n{}\n{}",
-            logs_of(&[&a, &b]),
-            cluster.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let c = tokio::sync::Mutex::new(c);
+    wait_until(
+        "every run to end after the upgrade",
+        Duration::from_secs(300),
+        || async {
+            let open = scalar_i64(
+                &mut *c.lock().await,
+                "SELECT count(*) FROM orca.runs WHERE status IN ('queued', 'running')",
+            )
+            .await;
+            (open == 0).then_some(())
+        },
+        || format!("{}\n{}", outputs(&[&a, &b]), cluster.log()),
+    )
+    .await;
+    let mut c = c.into_inner();
     assert_eq!(
         (a.pid(), b.pid()),
         pids,
@@ -303,7 +293,7 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
             (status.as_str(), *attempts),
             ("succeeded", 1),
             "{kind} run {id} ended {status} after {attempts} attempts\n{}",
-            logs_of(&[&a, &b])
+            outputs(&[&a, &b])
         );
     }
     let not_succeeded: Vec<(i64, String, Option<String>)> = sqlx::query_as(
@@ -356,7 +346,7 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     assert!(
         went_on >= 1,
         "no attempt's log shows a call that went on after the restart\n{}",
-        logs_of(&[&a, &b])
+        outputs(&[&a, &b])
     );
     eprintln!(
         "upgrade: {in_flight} leases held and HEAD at epoch {head_before} at the upgrade; \

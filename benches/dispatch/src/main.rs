@@ -1,5 +1,5 @@
-//! Dispatch benchmark, by the method of `shared/bench/peers/run_peers.sh` so
-//! that it runs beside graphile-worker, pg-boss and procrastinate:
+//! Dispatch benchmark, by the method of `benches/peers` (its README) so
+//! that it runs beside graphile-worker (and any peer the harness runs):
 //!
 //! 1. **enqueue**: N no-op runs, with `orca.backfill` over ranges of
 //!    `ENQ_CHUNK` daily partitions (one call per chunk), timed;
