@@ -36,6 +36,8 @@ use crate::record::{LaneCommittable, Layout, Record, Refresh, Staged, StreamStat
 use crate::recovery::{self, HeadState, Recovery, RecoveryError};
 use crate::route::{LaneInput, Router};
 use crate::store::{Store, StoreError};
+pub use crate::util::pg_text;
+use crate::util::{str_of, strings, Missing};
 
 /// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
 pub const DEFAULT_BATCH_ROWS: usize = 100_000;
@@ -86,6 +88,12 @@ pub enum EngineError {
         path: String,
         source: std::io::Error,
     },
+}
+
+impl From<Missing> for EngineError {
+    fn from(m: Missing) -> Self {
+        EngineError::Definition(m.to_string())
+    }
 }
 
 /// What an attempt needs to know.
@@ -201,26 +209,6 @@ enum Taken {
     Raw(Vec<Result<Raw, (Raw, String)>>),
 }
 
-pub(crate) fn str_of(v: &Value, key: &str) -> Result<String, EngineError> {
-    v.get(key)
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| EngineError::Definition(format!("'{key}' is missing in {v}")))
-}
-
-/// A list of strings in a definition's object (empty when absent).
-pub(crate) fn strings(v: &Value, key: &str) -> Vec<String> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The streams of a definition, for the Postgres source.
 pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
     let streams = def
@@ -262,15 +250,6 @@ fn batch_rows_of(source: &Value) -> Result<Option<usize>, EngineError> {
                     "source.batch_rows must be a positive number of rows, got {v}"
                 ))
             }),
-    }
-}
-
-/// A Postgres error with the server's message and SQLSTATE, which the
-/// error's own Display leaves out ("db error").
-pub fn pg_text(e: &postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} ({})", d.message(), d.code().code()),
-        None => e.to_string(),
     }
 }
 

@@ -18,6 +18,7 @@ use crate::pg_dest::{PgDest, StreamMode};
 use crate::pgsource::{self, PgTable};
 use crate::record::{Refresh, Staged};
 use crate::store::Store;
+use crate::util::strings;
 
 /// How an epoch of a stream is applied.
 #[derive(Debug, Clone, Copy, Default)]
@@ -88,7 +89,7 @@ impl Dest {
                         let mode = StreamMode {
                             merge: s.get("mode").and_then(Value::as_str) == Some("merge"),
                             overwrite: s.get("mode").and_then(Value::as_str) == Some("overwrite"),
-                            primary_key: crate::attempt::strings(s, "primary_key"),
+                            primary_key: strings(s, "primary_key"),
                         };
                         Some((name, mode))
                     })
@@ -115,7 +116,7 @@ impl Dest {
                     .filter(|s| s.get("mode").and_then(Value::as_str) == Some("merge"))
                     .filter_map(|s| {
                         let name = s.get("name")?.as_str()?.to_string();
-                        Some((name, crate::attempt::strings(s, "primary_key")))
+                        Some((name, strings(s, "primary_key")))
                     })
                     .collect();
                 Ok(Dest::Iceberg {

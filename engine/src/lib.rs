@@ -29,3 +29,4 @@ pub mod recovery;
 pub mod release;
 pub mod route;
 pub mod store;
+mod util;

@@ -30,6 +30,7 @@ use arrow_schema::{DataType, Schema, TimeUnit};
 
 use crate::parquet_dest::DestError;
 use crate::record::Refresh;
+use crate::util::{pg_text, quote_ident};
 
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
 const PG_EPOCH_DAYS: i32 = 10_957;
@@ -51,10 +52,6 @@ pub fn pg_type(t: &DataType) -> Option<String> {
         DataType::Decimal128(p, s) => format!("numeric({p},{s})"),
         _ => return None,
     })
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// A decimal at `scale` in numeric's send format.
@@ -255,7 +252,7 @@ pub struct PgDest {
 }
 
 fn pg(e: postgres::Error) -> DestError {
-    DestError::Postgres(crate::attempt::pg_text(&e))
+    DestError::Postgres(pg_text(&e))
 }
 
 /// How a stream is written.

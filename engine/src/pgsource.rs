@@ -12,10 +12,11 @@ use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
 
 use crate::pgcopy::{PgColumn, PgKind};
+use crate::util::{pg_text, quote_ident};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("source table {table}: {}", crate::attempt::pg_text(source))]
+    #[error("source table {table}: {}", pg_text(source))]
     Postgres {
         table: String,
         source: postgres::Error,
@@ -97,10 +98,6 @@ pub struct PgTable {
     pub as_text: Vec<bool>,
     /// The columns of the resume point: the cursor, then the key.
     pub key: Vec<usize>,
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 fn quote_literal(s: &str) -> String {

@@ -32,12 +32,13 @@ use arrow_schema::{DataType, Field, Schema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::attempt::{str_of, stream_specs, EngineError};
+use crate::attempt::{stream_specs, EngineError};
 use crate::files::{FileChunk, Format, RawRecords};
 use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::normalize::Raw;
 use crate::pgsource;
 use crate::readers::{spawn_file_reader, spawn_reader, Msg, Reader, Shape};
+use crate::util::str_of;
 
 /// What the engine asks a pump to read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -16,9 +16,25 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::attempt::{pg_text, EngineError};
 use crate::record::Layout;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
+use crate::util::{pg_text, quote_ident};
+
+/// Why a release stopped. The texts are an attempt's own for the same
+/// failures: a user reads them in the same log.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("postgres: {}", pg_text(.0))]
+    Postgres(#[from] postgres::Error),
+    #[error("sync definition: {0}")]
+    Definition(String),
+    #[error("HEAD names record {path}, which the store does not have")]
+    NoRecord { path: String },
+    #[error("record {path}: {reason}")]
+    BadRecord { path: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// How text holding NUL is made to fit a text column.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,12 +87,8 @@ pub struct Released {
     pub skipped: u64,
 }
 
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-fn definition(e: &str) -> EngineError {
-    EngineError::Definition(e.to_string())
+fn definition(e: &str) -> ReleaseError {
+    ReleaseError::Definition(e.to_string())
 }
 
 /// A held cell as `_held/` keeps it.
@@ -87,12 +99,12 @@ struct Cell {
     value: String,
 }
 
-fn parse_cells(path: &str, body: &[u8]) -> Result<Vec<Cell>, EngineError> {
+fn parse_cells(path: &str, body: &[u8]) -> Result<Vec<Cell>, ReleaseError> {
     let text = String::from_utf8_lossy(body);
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
-            let v: Value = serde_json::from_str(line).map_err(|e| EngineError::BadRecord {
+            let v: Value = serde_json::from_str(line).map_err(|e| ReleaseError::BadRecord {
                 path: path.to_string(),
                 reason: e.to_string(),
             })?;
@@ -100,7 +112,7 @@ fn parse_cells(path: &str, body: &[u8]) -> Result<Vec<Cell>, EngineError> {
                 v.get(k)
                     .and_then(Value::as_str)
                     .map(str::to_string)
-                    .ok_or_else(|| EngineError::BadRecord {
+                    .ok_or_else(|| ReleaseError::BadRecord {
                         path: path.to_string(),
                         reason: format!("a held cell without '{k}'"),
                     })
@@ -123,7 +135,7 @@ enum Target {
 }
 
 /// Writes the held cells of a sync back into its Postgres destination.
-pub fn release(opts: &ReleaseOptions) -> Result<Released, EngineError> {
+pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
     let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
     control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
     let def: Value = control
@@ -133,7 +145,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, EngineError> {
         )?
         .map(|r| r.get(0))
         .ok_or_else(|| {
-            EngineError::Definition(format!(
+            ReleaseError::Definition(format!(
                 "no sync named '{}' in org '{}'",
                 opts.sync, opts.org
             ))
@@ -168,7 +180,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, EngineError> {
     let mut out = Released::default();
     let mut targets: BTreeMap<(String, String), Target> = BTreeMap::new();
     for path in files {
-        let body = store.get(path)?.ok_or_else(|| EngineError::NoRecord {
+        let body = store.get(path)?.ok_or_else(|| ReleaseError::NoRecord {
             path: store.url_of(path),
         })?;
         let cells: Vec<Cell> = parse_cells(&store.url_of(path), &body)?
@@ -200,7 +212,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, EngineError> {
                 (Target::Text, None) => tx.execute(&sql, &[&c.value, &c.orca_id]),
             }
             .map_err(|e| {
-                EngineError::Definition(format!(
+                ReleaseError::Definition(format!(
                     "releasing {schema}.{}.{} of record {}: {}",
                     c.stream,
                     c.column,
@@ -240,7 +252,7 @@ fn target_of(
     c: &Cell,
     table: &str,
     nul: Option<&NulFix>,
-) -> Result<Target, EngineError> {
+) -> Result<Target, ReleaseError> {
     let ty: Option<String> = tx
         .query_opt(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute

@@ -1,0 +1,74 @@
+//! Small helpers every part of the engine shares: reading a sync
+//! definition's JSON, Postgres errors as text, SQL identifiers.
+
+use serde_json::Value;
+
+/// A key a definition's object must have, missing (or not a string).
+#[derive(Debug, thiserror::Error)]
+#[error("'{key}' is missing in {value}")]
+pub struct Missing {
+    pub key: String,
+    /// The object, as JSON text.
+    pub value: String,
+}
+
+/// A string in a definition's object.
+pub(crate) fn str_of(v: &Value, key: &str) -> Result<String, Missing> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| Missing {
+            key: key.to_string(),
+            value: v.to_string(),
+        })
+}
+
+/// A list of strings in a definition's object (empty when absent).
+pub(crate) fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A Postgres error with the server's message and SQLSTATE, which the
+/// error's own Display leaves out ("db error").
+pub fn pg_text(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({})", d.message(), d.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// A Postgres identifier, quoted.
+pub(crate) fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_missing_key_names_the_key_and_the_object() {
+        let v = json!({"type": "files", "n": 3});
+        assert_eq!(str_of(&v, "type").ok().as_deref(), Some("files"));
+        // Not a string counts as missing: a definition's url is text.
+        let e = str_of(&v, "n").expect_err("n is a number");
+        assert_eq!(e.to_string(), r#"'n' is missing in {"n":3,"type":"files"}"#);
+        assert_eq!(strings(&json!({"k": ["a", 1, "b"]}), "k"), ["a", "b"]);
+        assert!(strings(&v, "k").is_empty());
+    }
+
+    #[test]
+    fn identifiers_are_quoted_with_their_quotes_doubled() {
+        assert_eq!(quote_ident("Order \"x\""), "\"Order \"\"x\"\"\"");
+    }
+}
