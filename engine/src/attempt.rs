@@ -6,8 +6,8 @@
 //! Each stream is read by its own thread (`readers`): a Postgres table over
 //! its own connection (binary COPY into Arrow), or files through the object
 //! store (raw records, normalized here). Those threads run in the runner
-//! when one hosts the source ([`crate::pump`]), their chunks coming over the
-//! data edge ([`crate::edge`]), or here. The attempt's thread holds cells the
+//! when one hosts the source ([`crate::transport::pump`]), their chunks coming over the
+//! data edge ([`crate::transport::edge`]), or here. The attempt's thread holds cells the
 //! destination cannot take, stages, records, moves HEAD and commits, one
 //! epoch after the other.
 
@@ -21,21 +21,21 @@ use orca_core::api::{Epoch, Generation, LeaseToken};
 use orca_core::sqlstate;
 use serde_json::{json, Value};
 
-use crate::control::{Control, Phase};
-use crate::dest::Dest;
-use crate::edge::Edge;
-use crate::files::{FilesError, Format};
-use crate::normalize::{ColType, Policy, Raw, StreamSchema};
-use crate::parquet_dest::{self, DestError};
-use crate::pgcopy::CopyError;
-use crate::pgsource::{self, PgTable, SourceError, StreamSpec};
-use crate::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
-use crate::pump::{self, Plan, Start};
-use crate::readers::{Msg, Shape};
-use crate::record::{LaneCommittable, Layout, Record, Refresh, Staged, StreamState};
-use crate::recovery::{self, HeadState, Recovery, RecoveryError};
-use crate::route::{LaneInput, Router};
-use crate::store::{Store, StoreError};
+use crate::commit::protocol::{Action, Committable, Coordinator, Positions, ProtocolError};
+use crate::commit::record::{LaneCommittable, Layout, Record, Refresh, Staged, StreamState};
+use crate::commit::recovery::{self, HeadState, Recovery, RecoveryError};
+use crate::commit::route::{LaneInput, Router};
+use crate::commit::store::{Store, StoreError};
+use crate::dest::destination::Dest;
+use crate::dest::parquet::{self, DestError};
+use crate::source::files::{FilesError, Format};
+use crate::source::normalize::{ColType, Policy, Raw, StreamSchema};
+use crate::source::pg_copy::CopyError;
+use crate::source::pg_table::{self, PgTable, SourceError, StreamSpec};
+use crate::source::readers::{Msg, Shape};
+use crate::transport::control::{Control, Phase};
+use crate::transport::edge::Edge;
+use crate::transport::pump::{self, Plan, Start};
 pub use crate::util::pg_text;
 use crate::util::{str_of, strings, Missing};
 
@@ -291,7 +291,7 @@ impl Attempt {
     }
 
     /// Tells the control channel, if there is one, how the attempt goes.
-    fn report(&self, f: impl FnOnce(&mut crate::control::Status)) {
+    fn report(&self, f: impl FnOnce(&mut crate::transport::control::Status)) {
         if let Some(c) = &self.channel {
             c.update(f);
         }
@@ -321,7 +321,7 @@ impl Attempt {
             .collect();
         for s in streams {
             let files: Vec<&Staged> = staged.iter().copied().filter(|f| &f.stream == s).collect();
-            let how = crate::dest::How {
+            let how = crate::dest::destination::How {
                 refresh: record.refresh.get(s).copied(),
                 skip_known: record.streams.get(s).is_some_and(|st| st.rereading),
             };
@@ -580,7 +580,7 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
                     let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
                     specs
                         .iter()
-                        .map(|spec| pgsource::describe(&mut probe, spec))
+                        .map(|spec| pg_table::describe(&mut probe, spec))
                         .collect::<Result<Vec<_>, _>>()?
                 }
             };
@@ -731,12 +731,12 @@ enum Source {
 /// Each lane's part encoded as Parquet, the lanes on threads of their own.
 fn encode_lanes(parts: &[(usize, RecordBatch)]) -> Result<Vec<Bytes>, EngineError> {
     if let [(_, only)] = parts {
-        return Ok(vec![parquet_dest::encode(only)?]);
+        return Ok(vec![parquet::encode(only)?]);
     }
     std::thread::scope(|scope| {
         let jobs: Vec<_> = parts
             .iter()
-            .map(|(_, b)| scope.spawn(move || parquet_dest::encode(b)))
+            .map(|(_, b)| scope.spawn(move || parquet::encode(b)))
             .collect();
         jobs.into_iter()
             .map(|j| match j.join() {
@@ -906,7 +906,7 @@ fn stream_epochs(
                         });
                     };
                     let taken = Taken::Typed {
-                        schema: pgsource::destination_schema(table),
+                        schema: pg_table::destination_schema(table),
                         arrays,
                         ids,
                         rows,
@@ -987,7 +987,7 @@ fn stream_epochs(
                         }
                     }
                     let (batch, set_aside) =
-                        crate::normalize::normalize(&name, schema, &good, synced_at)?;
+                        crate::source::normalize::normalize(&name, schema, &good, synced_at)?;
                     bad.extend(
                         set_aside
                             .into_iter()

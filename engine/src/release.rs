@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::record::Layout;
-use crate::store::{Store, StoreError};
+use crate::commit::record::Layout;
+use crate::commit::store::{Store, StoreError};
 use crate::util::{pg_text, quote_ident};
 
 /// Why a release stopped. The texts are an attempt's own for the same

@@ -10,11 +10,11 @@ use std::thread::JoinHandle;
 use arrow_array::ArrayRef;
 
 use crate::attempt::EngineError;
-use crate::files::{FileChunk, FileReader, Format};
-use crate::normalize::StreamSchema;
-use crate::pgcopy::CopyReader;
-use crate::pgsource::PgTable;
-use crate::store::Store;
+use crate::commit::store::Store;
+use crate::source::files::{FileChunk, FileReader, Format};
+use crate::source::normalize::StreamSchema;
+use crate::source::pg_copy::CopyReader;
+use crate::source::pg_table::PgTable;
 
 pub(crate) enum Msg {
     /// Typed columns from a source that declares its types.

@@ -1,5 +1,5 @@
 //! The engine's inbound data edge: a Unix socket the runner's source pump
-//! ([`crate::pump`]) connects to. The engine sends the open frame with its
+//! ([`crate::transport::pump`]) connects to. The engine sends the open frame with its
 //! plan; one thread then reads the pump's frames and hands each stream's
 //! chunks to the attempt through a channel of one per stream, as its own
 //! readers would: the attempt cannot tell them apart.
@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use arrow_array::{ArrayRef, RecordBatch};
 
 use crate::attempt::EngineError;
-use crate::files::FileChunk;
-use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
-use crate::normalize::StreamSchema;
-use crate::pgsource::PgTable;
-use crate::pump::{raw_records, Plan, ORCA_ID};
-use crate::readers::{Msg, Reader, Shape};
+use crate::source::files::FileChunk;
+use crate::source::normalize::StreamSchema;
+use crate::source::pg_table::PgTable;
+use crate::source::readers::{Msg, Reader, Shape};
+use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
+use crate::transport::pump::{raw_records, Plan, ORCA_ID};
 
 /// How long the engine waits for the runner's pump to connect.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
@@ -38,7 +38,7 @@ impl Edge {
     /// Listens on `path`, a socket file this engine owns (one an engine that
     /// died left behind is replaced).
     pub fn listen(path: &Path) -> std::io::Result<Edge> {
-        let listener = crate::control::bind_owned(path)?;
+        let listener = crate::transport::control::bind_owned(path)?;
         listener.set_nonblocking(true)?;
         Ok(Edge {
             listener,
@@ -371,7 +371,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::pump::{self, Start};
+    use crate::transport::pump::{self, Start};
 
     /// A scratch folder of JSON lines files, removed when dropped.
     struct Scratch(PathBuf);
@@ -589,7 +589,7 @@ mod describe_tests {
     use serde_json::json;
 
     use super::*;
-    use crate::pump;
+    use crate::transport::pump;
 
     /// A hand-written runner that answers one describe frame with `answer`.
     fn ask(answer: Frame) -> Result<Vec<PgTable>, EngineError> {
@@ -637,7 +637,7 @@ mod describe_tests {
         assert_eq!(tables[0].columns[1].name, "amount");
 
         let e = ask(Frame::Error {
-            stream: crate::frame::ANY_STREAM,
+            stream: crate::transport::frame::ANY_STREAM,
             reason: "relation \"public.orders\" does not exist".into(),
         })
         .expect_err("a source the runner cannot describe");

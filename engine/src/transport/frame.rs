@@ -20,7 +20,7 @@
 //!   edge; the payload is a JSON object (`{"bytes": N}`, what the source
 //!   read).
 //! - kind 4, **open** (engine to runner, the edge's first frame): the payload
-//!   is the JSON plan of what to read (`crate::pump::Plan`); `epoch` is the
+//!   is the JSON plan of what to read (`crate::transport::pump::Plan`); `epoch` is the
 //!   first epoch the rows will belong to.
 //! - kind 5, **error** (runner to engine): reading `stream` failed
 //!   (`stream` 65535: the source as a whole); the payload is the reason, as
@@ -29,7 +29,7 @@
 //!   JSON `{"source", "streams"}`: the runner looks the streams' tables up in
 //!   the source's catalog.
 //! - kind 7, **catalog** (runner to engine): the answer, a JSON array of the
-//!   tables (`crate::pgsource::PgTable`), in the streams' order.
+//!   tables (`crate::source::pg_table::PgTable`), in the streams' order.
 //!
 //! A reader refuses an unknown version or kind, a payload over
 //! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch

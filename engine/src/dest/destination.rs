@@ -1,7 +1,7 @@
 //! The destinations a sync writes, behind one face: raise the fence, read a
 //! stream's marker, apply a stream's staged epoch.
 //!
-//! - `parquet`: files under a URL ([`crate::parquet_dest`]);
+//! - `parquet`: files under a URL ([`crate::dest::parquet`]);
 //! - `iceberg`: table `{namespace}.{stream}` in the org's catalog, each epoch
 //!   one snapshot whose summary carries the stream marker
 //!   (`orca_lake::sync_tables`).
@@ -13,11 +13,11 @@ use serde_json::Value;
 
 use std::collections::HashMap;
 
-use crate::parquet_dest::{DestError, ParquetDest};
-use crate::pg_dest::{PgDest, StreamMode};
-use crate::pgsource::{self, PgTable};
-use crate::record::{Refresh, Staged};
-use crate::store::Store;
+use crate::commit::record::{Refresh, Staged};
+use crate::commit::store::Store;
+use crate::dest::parquet::{DestError, ParquetDest};
+use crate::dest::postgres::{PgDest, StreamMode};
+use crate::source::pg_table::{self, PgTable};
 use crate::util::strings;
 
 /// How an epoch of a stream is applied.
@@ -105,7 +105,7 @@ impl Dest {
                 for t in streams {
                     let dataset = format!("{namespace}.{}", t.spec.name);
                     tables
-                        .ensure(&dataset, &pgsource::destination_schema(t))
+                        .ensure(&dataset, &pg_table::destination_schema(t))
                         .map_err(iceberg)?;
                 }
                 let merge_keys = definition
@@ -124,7 +124,7 @@ impl Dest {
                     namespace,
                     sync: sync.to_string(),
                     merge_keys,
-                    root: crate::record::Layout::new(org, sync).root,
+                    root: crate::commit::record::Layout::new(org, sync).root,
                 })
             }
             other => Err(DestError::NotBuilt(format!(
@@ -169,9 +169,9 @@ impl Dest {
         &self,
         stream: &str,
         batch: arrow_array::RecordBatch,
-    ) -> Result<(arrow_array::RecordBatch, Vec<crate::pg_dest::Held>), DestError> {
+    ) -> Result<(arrow_array::RecordBatch, Vec<crate::dest::postgres::Held>), DestError> {
         match self {
-            Dest::Postgres { .. } => crate::pg_dest::hold(batch),
+            Dest::Postgres { .. } => crate::dest::postgres::hold(batch),
             Dest::Parquet(_) => Ok((batch, Vec::new())),
             Dest::Iceberg {
                 tables, namespace, ..
@@ -323,7 +323,7 @@ fn refresh_iceberg(
 fn hold_narrower(
     batch: arrow_array::RecordBatch,
     table: &arrow_schema::Schema,
-) -> Result<(arrow_array::RecordBatch, Vec<crate::pg_dest::Held>), DestError> {
+) -> Result<(arrow_array::RecordBatch, Vec<crate::dest::postgres::Held>), DestError> {
     use arrow_array::cast::AsArray;
     use arrow_array::Array;
     let text = |a: &arrow_array::ArrayRef| {
@@ -355,7 +355,7 @@ fn hold_narrower(
             continue;
         }
         for row in (0..c.len()).filter(|r| lost.value(*r)) {
-            held.push(crate::pg_dest::Held {
+            held.push(crate::dest::postgres::Held {
                 column: f.name().clone(),
                 orca_id: ids
                     .as_ref()

@@ -28,8 +28,8 @@ use arrow_array::types::{
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, TimeUnit};
 
-use crate::parquet_dest::DestError;
-use crate::record::Refresh;
+use crate::commit::record::Refresh;
+use crate::dest::parquet::DestError;
 use crate::util::{pg_text, quote_ident};
 
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
@@ -578,7 +578,7 @@ impl PgDest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgcopy::numeric;
+    use crate::source::pg_copy::numeric;
 
     #[test]
     fn numerics_round_trip_through_the_send_format() {

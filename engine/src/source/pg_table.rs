@@ -11,7 +11,7 @@ use arrow_array::ArrayRef;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
 
-use crate::pgcopy::{PgColumn, PgKind};
+use crate::source::pg_copy::{PgColumn, PgKind};
 use crate::util::{pg_text, quote_ident};
 
 #[derive(Debug, thiserror::Error)]

@@ -33,11 +33,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::attempt::{stream_specs, EngineError};
-use crate::files::{FileChunk, Format, RawRecords};
-use crate::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
-use crate::normalize::Raw;
-use crate::pgsource;
-use crate::readers::{spawn_file_reader, spawn_reader, Msg, Reader, Shape};
+use crate::source::files::{FileChunk, Format, RawRecords};
+use crate::source::normalize::Raw;
+use crate::source::pg_table;
+use crate::source::readers::{spawn_file_reader, spawn_reader, Msg, Reader, Shape};
+use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::util::str_of;
 
 /// What the engine asks a pump to read.
@@ -88,7 +88,7 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, EngineError> {
                     let spec = specs.iter().find(|p| p.name == s.name).ok_or_else(|| {
                         EngineError::Definition(format!("stream {} is not defined", s.name))
                     })?;
-                    let table = pgsource::describe(&mut probe, spec)?.under_policy(&s.recorded)?;
+                    let table = pg_table::describe(&mut probe, spec)?.under_policy(&s.recorded)?;
                     spawn_reader(url.clone(), table, s.after.clone(), plan.batch_rows)
                 })
                 .collect()
@@ -282,7 +282,7 @@ pub fn describe(request: &Value) -> Result<Value, EngineError> {
     let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
     let tables = specs
         .iter()
-        .map(|spec| pgsource::describe(&mut client, spec))
+        .map(|spec| pg_table::describe(&mut client, spec))
         .collect::<Result<Vec<_>, _>>()?;
     serde_json::to_value(tables).map_err(|e| EngineError::Definition(e.to_string()))
 }

@@ -9,8 +9,8 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::normalize::Raw;
-use crate::store::{Store, StoreError};
+use crate::commit::store::{Store, StoreError};
+use crate::source::normalize::Raw;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FilesError {

@@ -14,8 +14,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use crate::record::{Refresh, Staged};
-use crate::store::{Store, StoreError};
+use crate::commit::record::{Refresh, Staged};
+use crate::commit::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DestError {

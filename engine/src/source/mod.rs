@@ -1,0 +1,10 @@
+//! Reading a sync's source: a Postgres table ([`pg_table`]) as binary COPY
+//! decoded into Arrow ([`pg_copy`]); files as raw records ([`files`]),
+//! normalized into columns ([`normalize`]); one reader thread per stream
+//! (`readers`).
+
+pub mod files;
+pub mod normalize;
+pub mod pg_copy;
+pub mod pg_table;
+pub(crate) mod readers;
