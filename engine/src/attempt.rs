@@ -28,16 +28,17 @@ use crate::commit::route::{LaneInput, Router};
 use crate::commit::store::{Store, StoreError};
 use crate::dest::destination::Dest;
 use crate::dest::parquet::{self, DestError};
+use crate::source::error::ReadError;
 use crate::source::files::{FilesError, Format};
 use crate::source::normalize::{ColType, Policy, Raw, StreamSchema};
 use crate::source::pg_copy::CopyError;
-use crate::source::pg_table::{self, PgTable, SourceError, StreamSpec};
+use crate::source::pg_table::{self, PgTable, SourceError};
+use crate::source::plan::{open_readers, stream_specs, Plan, Start};
 use crate::source::readers::{Msg, Shape};
 use crate::transport::control::{Control, Phase};
-use crate::transport::edge::Edge;
-use crate::transport::pump::{self, Plan, Start};
+use crate::transport::edge::{Edge, EdgeError};
 pub use crate::util::pg_text;
-use crate::util::{str_of, strings, Missing};
+use crate::util::{str_of, Missing};
 
 /// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
 pub const DEFAULT_BATCH_ROWS: usize = 100_000;
@@ -93,6 +94,30 @@ pub enum EngineError {
 impl From<Missing> for EngineError {
     fn from(m: Missing) -> Self {
         EngineError::Definition(m.to_string())
+    }
+}
+
+/// A reader's error, as the attempt's own: the same variant and text as
+/// when the attempt read the stream itself. (The simulation tells a failed
+/// stream by `Reader`.)
+impl From<ReadError> for EngineError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Postgres(e) => EngineError::Postgres(e),
+            ReadError::Definition(d) => EngineError::Definition(d),
+            ReadError::NotBuilt(what) => EngineError::NotBuilt(what),
+            ReadError::Table(e) => EngineError::Source(e),
+            ReadError::Copy { stream, source } => EngineError::Copy { stream, source },
+            ReadError::Stream { stream, reason } => EngineError::Reader { stream, reason },
+            ReadError::Files(e) => EngineError::Files(e),
+            ReadError::Store(e) => EngineError::Store(e),
+        }
+    }
+}
+
+impl From<EdgeError> for EngineError {
+    fn from(EdgeError { path, reason }: EdgeError) -> Self {
+        EngineError::Edge { path, reason }
     }
 }
 
@@ -207,34 +232,6 @@ enum Taken {
         rows: usize,
     },
     Raw(Vec<Result<Raw, (Raw, String)>>),
-}
-
-/// The streams of a definition, for the Postgres source.
-pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, EngineError> {
-    let streams = def
-        .get("streams")
-        .and_then(Value::as_array)
-        .ok_or_else(|| EngineError::Definition("no streams".into()))?;
-    streams
-        .iter()
-        .map(|s| {
-            Ok(StreamSpec {
-                name: str_of(s, "name")?,
-                table: str_of(s, "table")?,
-                cursor: str_of(s, "cursor")?,
-                primary_key: strings(s, "primary_key"),
-                schema_policy: s
-                    .get("schema_policy")
-                    .and_then(Value::as_str)
-                    .unwrap_or("evolve")
-                    .to_string(),
-                lookback: s
-                    .get("lookback")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-            })
-        })
-        .collect()
 }
 
 fn batch_rows_of(source: &Value) -> Result<Option<usize>, EngineError> {
@@ -823,7 +820,7 @@ fn stream_epochs(
             a.log.event("edge", json!({"streams": plan.start.len()}));
             r
         }
-        None => pump::open_readers(&plan)?,
+        None => open_readers(&plan)?,
     };
     // What each stream's rows become columns by, and their lanes: a key's
     // rows all go to one lane: the table's primary key, or for files (no
@@ -926,7 +923,7 @@ fn stream_epochs(
                         ended.push(r.name.clone());
                     }
                 }
-                Ok(Err(e)) => return Err(e),
+                Ok(Err(e)) => return Err(e.into()),
                 Err(_) => {
                     return Err(EngineError::Reader {
                         stream: r.name.clone(),

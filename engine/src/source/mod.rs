@@ -1,10 +1,12 @@
 //! Reading a sync's source: a Postgres table ([`pg_table`]) as binary COPY
 //! decoded into Arrow ([`pg_copy`]); files as raw records ([`files`]),
 //! normalized into columns ([`normalize`]); one reader thread per stream
-//! (`readers`).
+//! (`readers`) for the streams a [`plan::Plan`] asks for.
 
+pub mod error;
 pub mod files;
 pub mod normalize;
 pub mod pg_copy;
 pub mod pg_table;
+pub mod plan;
 pub(crate) mod readers;

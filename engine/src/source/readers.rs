@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use arrow_array::ArrayRef;
 
-use crate::attempt::EngineError;
 use crate::commit::store::Store;
+use crate::source::error::ReadError;
 use crate::source::files::{FileChunk, FileReader, Format};
 use crate::source::normalize::StreamSchema;
 use crate::source::pg_copy::CopyReader;
@@ -42,14 +42,14 @@ pub(crate) enum Shape {
 pub(crate) struct Reader {
     pub name: String,
     pub shape: Shape,
-    pub rx: Receiver<Result<Msg, EngineError>>,
+    pub rx: Receiver<Result<Msg, ReadError>>,
     pub handle: Option<JoinHandle<()>>,
     /// The stream's end came through.
     pub done: bool,
 }
 
 /// Where a reader sends its chunks.
-type Sender = SyncSender<Result<Msg, EngineError>>;
+type Sender = SyncSender<Result<Msg, ReadError>>;
 
 /// Starts a stream's reader thread: `read` sends chunks until the stream
 /// ends (or the attempt stops listening); an error it returns goes down the
@@ -57,8 +57,8 @@ type Sender = SyncSender<Result<Msg, EngineError>>;
 fn spawn(
     name: String,
     shape: Shape,
-    read: impl FnOnce(&Sender) -> Result<(), EngineError> + Send + 'static,
-) -> Result<Reader, EngineError> {
+    read: impl FnOnce(&Sender) -> Result<(), ReadError> + Send + 'static,
+) -> Result<Reader, ReadError> {
     let (tx, rx) = sync_channel(1);
     let handle = std::thread::Builder::new()
         .name(format!("read-{name}"))
@@ -67,7 +67,7 @@ fn spawn(
                 let _ = tx.send(Err(e));
             }
         })
-        .map_err(|e| EngineError::Reader {
+        .map_err(|e| ReadError::Stream {
             stream: name.clone(),
             reason: format!("starting its thread: {e}"),
         })?;
@@ -88,7 +88,7 @@ pub(crate) fn spawn_file_reader(
     pattern: String,
     after: Option<Vec<String>>,
     batch_rows: usize,
-) -> Result<Reader, EngineError> {
+) -> Result<Reader, ReadError> {
     let stream = name.clone();
     spawn(name, Shape::Inferred(StreamSchema::default()), move |tx| {
         let store = Store::open_existing(&url)?;
@@ -110,12 +110,12 @@ pub(crate) fn spawn_reader(
     table: PgTable,
     after: Option<Vec<String>>,
     batch_rows: usize,
-) -> Result<Reader, EngineError> {
+) -> Result<Reader, ReadError> {
     let query = table.copy_query(after.as_deref())?;
     let t = table.clone();
     let stream = table.spec.name.clone();
     spawn(stream.clone(), Shape::Table(table), move |tx| {
-        let copy = |source| EngineError::Copy {
+        let copy = |source| ReadError::Copy {
             stream: stream.clone(),
             source,
         };
@@ -128,7 +128,7 @@ pub(crate) fn spawn_reader(
             let more = r.read_row().map_err(copy)?;
             if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
                 let rows = r.pending();
-                let ids = r.take_ids().ok_or_else(|| EngineError::Reader {
+                let ids = r.take_ids().ok_or_else(|| ReadError::Stream {
                     stream: stream.clone(),
                     reason: "no record ids".into(),
                 })?;

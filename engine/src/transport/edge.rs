@@ -16,16 +16,26 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, RecordBatch};
 
-use crate::attempt::EngineError;
+use crate::source::error::ReadError;
 use crate::source::files::FileChunk;
 use crate::source::normalize::StreamSchema;
 use crate::source::pg_table::PgTable;
+use crate::source::plan::Plan;
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
-use crate::transport::pump::{raw_records, Plan, ORCA_ID};
+use crate::transport::wire::{raw_records, ORCA_ID};
 
 /// How long the engine waits for the runner's pump to connect.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
+
+/// What went wrong on the data edge itself (a stream's failure travels as
+/// the stream's [`ReadError`]).
+#[derive(Debug, thiserror::Error)]
+#[error("data edge {path}: {reason}")]
+pub struct EdgeError {
+    pub path: String,
+    pub reason: String,
+}
 
 /// A listening data edge, and the pump's connection once it came.
 pub struct Edge {
@@ -47,8 +57,8 @@ impl Edge {
         })
     }
 
-    fn err(&self, reason: String) -> EngineError {
-        EngineError::Edge {
+    fn err(&self, reason: String) -> EdgeError {
+        EdgeError {
             path: self.path.display().to_string(),
             reason,
         }
@@ -56,7 +66,7 @@ impl Edge {
 
     /// The pump's connection: waits for it the first time. `stop` is asked
     /// while waiting.
-    fn conn(&mut self, stop: impl Fn() -> bool) -> Result<&UnixStream, EngineError> {
+    fn conn(&mut self, stop: impl Fn() -> bool) -> Result<&UnixStream, EdgeError> {
         if self.conn.is_none() {
             let started = Instant::now();
             let conn = loop {
@@ -91,7 +101,7 @@ impl Edge {
         &mut self,
         request: serde_json::Value,
         stop: impl Fn() -> bool,
-    ) -> Result<Vec<PgTable>, EngineError> {
+    ) -> Result<Vec<PgTable>, EdgeError> {
         let conn = match self.conn(stop)?.try_clone() {
             Ok(c) => c,
             Err(e) => return Err(self.err(e.to_string())),
@@ -129,7 +139,7 @@ impl Edge {
         plan: &Plan,
         first_epoch: u64,
         stop: impl Fn() -> bool,
-    ) -> Result<Vec<Reader>, EngineError> {
+    ) -> Result<Vec<Reader>, EdgeError> {
         let first = u32::try_from(first_epoch)
             .map_err(|_| self.err(format!("epoch {first_epoch} does not fit a frame")))?;
         let conn = match self.conn(stop)?.try_clone() {
@@ -187,7 +197,7 @@ impl Drop for Edge {
 struct Demux {
     names: Vec<String>,
     typed: bool,
-    senders: Vec<SyncSender<Result<Msg, EngineError>>>,
+    senders: Vec<SyncSender<Result<Msg, ReadError>>>,
     /// Each stream's batches since its last barrier.
     pending: Vec<Vec<RecordBatch>>,
     /// The epoch each stream's next chunk belongs to.
@@ -235,7 +245,7 @@ impl Demux {
     fn fail_open(&self, reason: &str) {
         for (i, tx) in self.senders.iter().enumerate() {
             if !self.ended[i] {
-                let e = EngineError::Reader {
+                let e = ReadError::Stream {
                     stream: self.names[i].clone(),
                     reason: reason.to_string(),
                 };
@@ -247,7 +257,7 @@ impl Demux {
     }
 
     fn fail(&self, stream: usize, reason: String) -> Result<bool, Gone> {
-        let e = EngineError::Reader {
+        let e = ReadError::Stream {
             stream: self.names[stream].clone(),
             reason,
         };
@@ -371,7 +381,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::transport::pump::{self, Start};
+    use crate::source::plan::{open_readers, Start};
+    use crate::transport::pump;
+    use crate::transport::wire::raw_schema;
 
     /// A scratch folder of JSON lines files, removed when dropped.
     struct Scratch(PathBuf);
@@ -467,12 +479,12 @@ mod tests {
             Some(vec!["orders/2024-01.jsonl".to_string(), "35".to_string()]),
         ] {
             let p = plan(&s.0, after);
-            let here = drain(pump::open_readers(&p).expect("readers"));
+            let here = drain(open_readers(&p).expect("readers"));
             let over_edge = with_pump(&s.0, &p, 7);
             assert_eq!(over_edge, here);
             assert!(here.iter().all(Result::is_ok), "{here:?}");
         }
-        let all = drain(pump::open_readers(&plan(&s.0, None)).expect("readers"));
+        let all = drain(open_readers(&plan(&s.0, None)).expect("readers"));
         // Batches of two records, the line that is not JSON among them with
         // its reason, then the stream's end.
         assert_eq!(all.len(), 3, "{all:?}");
@@ -528,7 +540,7 @@ mod tests {
             Arc::new(arrow_array::StringArray::from(vec!["{\"id\":1}"])),
             Arc::new(arrow_array::StringArray::from(vec![None::<&str>])),
         ];
-        RecordBatch::try_new(Arc::new(pump::raw_schema()), cols).expect("batch")
+        RecordBatch::try_new(Arc::new(raw_schema()), cols).expect("batch")
     }
 
     #[test]
@@ -592,7 +604,7 @@ mod describe_tests {
     use crate::transport::pump;
 
     /// A hand-written runner that answers one describe frame with `answer`.
-    fn ask(answer: Frame) -> Result<Vec<PgTable>, EngineError> {
+    fn ask(answer: Frame) -> Result<Vec<PgTable>, EdgeError> {
         let dir = std::env::temp_dir().join(format!("orca-describe-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("edge.sock");

@@ -7,3 +7,4 @@ pub mod control;
 pub mod edge;
 pub mod frame;
 pub mod pump;
+pub mod wire;

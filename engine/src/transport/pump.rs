@@ -27,107 +27,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema};
-use serde::{Deserialize, Serialize};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{Field, Schema};
 use serde_json::Value;
 
-use crate::attempt::{stream_specs, EngineError};
-use crate::source::files::{FileChunk, Format, RawRecords};
-use crate::source::normalize::Raw;
+use crate::source::error::ReadError;
 use crate::source::pg_table;
-use crate::source::readers::{spawn_file_reader, spawn_reader, Msg, Reader, Shape};
+use crate::source::plan::{open_readers, stream_specs, Plan};
+use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
+use crate::transport::wire::raw_batch;
+// The simulation builds the pump's batches by hand from these.
+pub use crate::transport::wire::{raw_schema, ORCA_ID};
 use crate::util::str_of;
-
-/// What the engine asks a pump to read.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Plan {
-    pub sync: String,
-    /// The definition's `source` (type, url, format, ...).
-    pub source: Value,
-    /// The definition's `streams`.
-    pub streams: Value,
-    /// Rows per stream per epoch.
-    pub batch_rows: usize,
-    /// The streams to read, in frame order (a frame's `stream` is an index
-    /// here).
-    pub start: Vec<Start>,
-}
-
-/// Where one stream resumes.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Start {
-    pub name: String,
-    /// The resume point (None: from the stream's start).
-    pub after: Option<Vec<String>>,
-    /// The stream's schema as the checkpoint log recorded it, which a
-    /// `freeze` or `discard` schema policy keeps the source's columns to.
-    pub recorded: Vec<(String, String)>,
-}
-
-impl Plan {
-    /// The source sends typed columns (a Postgres table), not raw records.
-    pub fn typed(&self) -> bool {
-        self.source.get("type").and_then(Value::as_str) == Some("postgres")
-    }
-}
-
-/// Starts a reader thread per stream of the plan, reading the source
-/// itself. The engine reading without a runner does this too.
-pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, EngineError> {
-    let url = str_of(&plan.source, "url")?;
-    let definition = serde_json::json!({ "streams": plan.streams });
-    match str_of(&plan.source, "type")?.as_str() {
-        "postgres" => {
-            let specs = stream_specs(&definition)?;
-            let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
-            plan.start
-                .iter()
-                .map(|s| {
-                    let spec = specs.iter().find(|p| p.name == s.name).ok_or_else(|| {
-                        EngineError::Definition(format!("stream {} is not defined", s.name))
-                    })?;
-                    let table = pg_table::describe(&mut probe, spec)?.under_policy(&s.recorded)?;
-                    spawn_reader(url.clone(), table, s.after.clone(), plan.batch_rows)
-                })
-                .collect()
-        }
-        "files" => {
-            let format = Format::parse(&str_of(&plan.source, "format")?).ok_or_else(|| {
-                EngineError::Definition(format!(
-                    "source.format of {} is not jsonl or csv",
-                    plan.source
-                ))
-            })?;
-            plan.start
-                .iter()
-                .map(|s| {
-                    let def = plan
-                        .streams
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|d| d.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
-                        .ok_or_else(|| {
-                            EngineError::Definition(format!("stream {} is not defined", s.name))
-                        })?;
-                    spawn_file_reader(
-                        url.clone(),
-                        format,
-                        s.name.clone(),
-                        str_of(def, "pattern")?,
-                        s.after.clone(),
-                        plan.batch_rows,
-                    )
-                })
-                .collect()
-        }
-        other => Err(EngineError::NotBuilt(format!(
-            "the {other} source's data path"
-        ))),
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
@@ -146,7 +58,7 @@ pub enum PumpError {
     #[error("data edge: the engine's plan: {0}")]
     Plan(String),
     #[error("source: {0}")]
-    Source(#[from] EngineError),
+    Source(#[from] ReadError),
 }
 
 /// What a pump sent.
@@ -225,7 +137,7 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
                     return Err(e.into());
                 }
                 Err(_) => {
-                    let e = EngineError::Reader {
+                    let e = ReadError::Stream {
                         stream: r.name.clone(),
                         reason: "its reader stopped without saying why".into(),
                     };
@@ -237,7 +149,9 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
                 Msg::Chunk {
                     arrays, ids, last, ..
                 } => (typed_batch(r, arrays, ids)?, last),
-                Msg::Raw(chunk) => raw_batch(chunk)?,
+                Msg::Raw(chunk) => {
+                    raw_batch(chunk).map_err(|e| PumpError::Frame(FrameError::Arrow(e)))?
+                }
                 Msg::End { bytes } => {
                     r.done = true;
                     write_frame(&mut out, &Frame::End { stream, bytes })?;
@@ -275,7 +189,7 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
 
 /// The source's catalog entry of each stream's table, in the streams'
 /// order, as JSON (`{"source", "streams"}` of a definition asked).
-pub fn describe(request: &Value) -> Result<Value, EngineError> {
+pub fn describe(request: &Value) -> Result<Value, ReadError> {
     let source = request.get("source").cloned().unwrap_or(Value::Null);
     let url = str_of(&source, "url")?;
     let specs = stream_specs(&serde_json::json!({ "streams": request.get("streams") }))?;
@@ -284,12 +198,12 @@ pub fn describe(request: &Value) -> Result<Value, EngineError> {
         .iter()
         .map(|spec| pg_table::describe(&mut client, spec))
         .collect::<Result<Vec<_>, _>>()?;
-    serde_json::to_value(tables).map_err(|e| EngineError::Definition(e.to_string()))
+    serde_json::to_value(tables).map_err(|e| ReadError::Definition(e.to_string()))
 }
 
 /// Tells the engine why the source failed, as far as the edge still works:
 /// the error is returned to the runner either way.
-fn tell(out: &mut BufWriter<UnixStream>, stream: u16, e: &EngineError) {
+fn tell(out: &mut BufWriter<UnixStream>, stream: u16, e: &ReadError) {
     let _ = write_frame(
         out,
         &Frame::Error {
@@ -319,69 +233,4 @@ fn typed_batch(r: &Reader, arrays: Vec<ArrayRef>, ids: ArrayRef) -> Result<Recor
     columns.push(ids);
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
         .map_err(|e| PumpError::Frame(FrameError::Arrow(e)))
-}
-
-/// The `_orca_id` column of a typed batch on the edge.
-pub const ORCA_ID: &str = "_orca_id";
-
-/// The columns of a raw batch on the edge.
-pub fn raw_schema() -> Schema {
-    Schema::new(vec![
-        Field::new("position", DataType::Utf8, false),
-        Field::new("record", DataType::Utf8, false),
-        Field::new("error", DataType::Utf8, true),
-    ])
-}
-
-/// A files chunk as a batch of raw records, and its resume point.
-fn raw_batch(chunk: FileChunk) -> Result<(RecordBatch, Vec<String>), PumpError> {
-    let n = chunk.records.len();
-    let (mut position, mut record, mut error) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for r in &chunk.records {
-        let (raw, why) = match r {
-            Ok(raw) => (raw, None),
-            Err((raw, why)) => (raw, Some(why.as_str())),
-        };
-        position.push(raw.position.as_str());
-        record.push(raw.record.to_string());
-        error.push(why);
-    }
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from(position)),
-        Arc::new(StringArray::from(record)),
-        Arc::new(StringArray::from(error)),
-    ];
-    let batch = RecordBatch::try_new(Arc::new(raw_schema()), columns)
-        .map_err(|e| PumpError::Frame(FrameError::Arrow(e)))?;
-    Ok((batch, chunk.last))
-}
-
-/// Raw records back from a batch on the edge.
-pub(crate) fn raw_records(batch: &RecordBatch) -> Result<RawRecords, String> {
-    let col = |name: &str| {
-        batch
-            .column_by_name(name)
-            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-            .ok_or_else(|| format!("a raw batch has no text column {name:?}"))
-    };
-    let (position, record, error) = (col("position")?, col("record")?, col("error")?);
-    (0..batch.num_rows())
-        .map(|i| {
-            let raw = Raw {
-                position: position.value(i).to_string(),
-                seq: 0,
-                record: serde_json::from_str(record.value(i))
-                    .map_err(|e| format!("record at {}: {e}", position.value(i)))?,
-            };
-            Ok(if error.is_null(i) {
-                Ok(raw)
-            } else {
-                Err((raw, error.value(i).to_string()))
-            })
-        })
-        .collect()
 }
