@@ -2,21 +2,24 @@
 //! stream's marker, apply a stream's staged epoch.
 //!
 //! - `parquet`: files under a URL ([`crate::dest::parquet`]);
+//! - `postgres`: tables `{schema}.{stream}` ([`crate::dest::postgres`]);
 //! - `iceberg`: table `{namespace}.{stream}` in the org's catalog, each epoch
 //!   one snapshot whose summary carries the stream marker
-//!   (`orca_lake::sync_tables`).
-
-use bytes::Bytes;
-use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use serde_json::Value;
+//!   (`orca_lake::sync_tables`; [`crate::dest::iceberg`]).
 
 use std::collections::HashMap;
 
+use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
+use serde_json::Value;
+
 use crate::commit::record::{Refresh, Staged};
 use crate::commit::store::Store;
-use crate::dest::parquet::{DestError, ParquetDest};
-use crate::dest::postgres::{PgDest, StreamMode};
+use crate::dest::error::DestError;
+use crate::dest::held::Held;
+use crate::dest::iceberg::{committed, hold_narrower, iceberg_error, refresh_iceberg};
+use crate::dest::parquet::ParquetDest;
+use crate::dest::postgres::{self, PgDest, StreamMode};
+use crate::dest::staged::read_all;
 use crate::source::pg_table::{self, PgTable};
 use crate::util::strings;
 
@@ -46,10 +49,6 @@ pub enum Dest {
         /// its epochs' files under `_refresh/{stream}/` there until it ends.
         root: String,
     },
-}
-
-fn iceberg(e: orca_lake::LakeError) -> DestError {
-    DestError::Iceberg(e.to_string())
 }
 
 impl Dest {
@@ -100,13 +99,13 @@ impl Dest {
                 })
             }
             "iceberg" => {
-                let tables = SyncTables::open(database_url, org).map_err(iceberg)?;
+                let tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
                 let namespace = opt("namespace")?;
                 for t in streams {
                     let dataset = format!("{namespace}.{}", t.spec.name);
                     tables
                         .ensure(&dataset, &pg_table::destination_schema(t))
-                        .map_err(iceberg)?;
+                        .map_err(iceberg_error)?;
                 }
                 let merge_keys = definition
                     .get("streams")
@@ -147,7 +146,7 @@ impl Dest {
                     let dataset = format!("{namespace}.{s}");
                     if let EpochCommit::Fenced { fence } = tables
                         .raise_fence(&dataset, sync, generation)
-                        .map_err(iceberg)?
+                        .map_err(iceberg_error)?
                     {
                         return Err(DestError::Fenced {
                             fence,
@@ -169,16 +168,16 @@ impl Dest {
         &self,
         stream: &str,
         batch: arrow_array::RecordBatch,
-    ) -> Result<(arrow_array::RecordBatch, Vec<crate::dest::postgres::Held>), DestError> {
+    ) -> Result<(arrow_array::RecordBatch, Vec<Held>), DestError> {
         match self {
-            Dest::Postgres { .. } => crate::dest::postgres::hold(batch),
+            Dest::Postgres { .. } => postgres::hold(batch),
             Dest::Parquet(_) => Ok((batch, Vec::new())),
             Dest::Iceberg {
                 tables, namespace, ..
             } => {
                 let have = tables
                     .fit_columns(&format!("{namespace}.{stream}"), &batch.schema())
-                    .map_err(iceberg)?;
+                    .map_err(iceberg_error)?;
                 hold_narrower(batch, &have)
             }
         }
@@ -196,7 +195,7 @@ impl Dest {
                 ..
             } => tables
                 .marker(&format!("{namespace}.{stream}"), sync)
-                .map_err(iceberg),
+                .map_err(iceberg_error),
         }
     }
 
@@ -260,145 +259,4 @@ impl Dest {
             }
         }
     }
-}
-
-fn committed(done: orca_lake::Result<EpochCommit>, generation: i32) -> Result<(), DestError> {
-    match done.map_err(iceberg)? {
-        EpochCommit::Fenced { fence } => Err(DestError::Fenced {
-            fence,
-            mine: generation,
-        }),
-        EpochCommit::Committed { .. } | EpochCommit::AlreadyApplied => Ok(()),
-    }
-}
-
-/// An epoch of a stream refreshed into Iceberg: its staged files are kept in
-/// the sync's store under `shadow` (the first epoch of a refresh empties it)
-/// and the table's marker moves; the refresh's last epoch replaces every
-/// data file of the table with the shadow's rows in one `overwrite` snapshot
-/// carrying the marker, then lets the shadow go.
-fn refresh_iceberg(
-    tables: &SyncTables,
-    store: &Store,
-    shadow: &str,
-    at: &EpochAt<'_>,
-    staged: &[&Staged],
-    r: Refresh,
-) -> Result<(), DestError> {
-    if tables.marker(at.dataset, at.sync).map_err(iceberg)? >= at.epoch {
-        return Ok(());
-    }
-    if r.begins {
-        for f in store.list(shadow)? {
-            store.delete(&f)?;
-        }
-    }
-    for s in staged {
-        let data = store.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
-            path: store.url_of(&s.path),
-        })?;
-        store.put(
-            &format!("{shadow}/part-{:010}-{}.parquet", at.epoch, s.lane),
-            data,
-        )?;
-    }
-    if !r.ends {
-        return committed(tables.mark_epoch(at), at.generation);
-    }
-    let files = store.list(shadow)?;
-    let parts = files
-        .iter()
-        .map(|f| read_parquet(store, f).map_err(|e| orca_lake::LakeError::Table(e.to_string())));
-    committed(tables.replace_epoch(at, parts), at.generation)?;
-    for f in &files {
-        store.delete(f)?;
-    }
-    Ok(())
-}
-
-/// Sets aside (as null) the cells of columns that are narrower in the
-/// table than in the stream (Iceberg cannot widen long to double, or
-/// anything to string) and do not convert to the table's type and back
-/// unchanged: 2.5 into a long column is held, 3.0 goes in as 3.
-fn hold_narrower(
-    batch: arrow_array::RecordBatch,
-    table: &arrow_schema::Schema,
-) -> Result<(arrow_array::RecordBatch, Vec<crate::dest::postgres::Held>), DestError> {
-    use arrow_array::cast::AsArray;
-    use arrow_array::Array;
-    let text = |a: &arrow_array::ArrayRef| {
-        arrow_cast::cast(a, &arrow_schema::DataType::Utf8).map_err(DestError::from)
-    };
-    let ids = batch
-        .column_by_name("_orca_id")
-        .map(|c| c.as_string::<i32>().clone());
-    let mut columns = batch.columns().to_vec();
-    let mut held = Vec::new();
-    for (i, f) in batch.schema().fields().iter().enumerate() {
-        let Ok(t) = table.field_with_name(f.name()) else {
-            continue;
-        };
-        if t.data_type() == f.data_type() {
-            continue;
-        }
-        let c = batch.column(i);
-        let there = arrow_cast::cast(c, t.data_type())?;
-        let back = text(&arrow_cast::cast(&there, f.data_type())?)?;
-        let (back, orig) = (back.as_string::<i32>(), text(c)?);
-        let orig = orig.as_string::<i32>();
-        let lost: arrow_array::BooleanArray = (0..c.len())
-            .map(|row| {
-                Some(c.is_valid(row) && (there.is_null(row) || back.value(row) != orig.value(row)))
-            })
-            .collect();
-        if lost.true_count() == 0 {
-            continue;
-        }
-        for row in (0..c.len()).filter(|r| lost.value(*r)) {
-            held.push(crate::dest::postgres::Held {
-                column: f.name().clone(),
-                orca_id: ids
-                    .as_ref()
-                    .map(|ids| ids.value(row).to_string())
-                    .unwrap_or_default(),
-                value: orig.value(row).to_string(),
-                reason: "the Iceberg table's column is narrower than the stream's and cannot be widened so",
-            });
-        }
-        columns[i] = arrow_select::nullif::nullif(c, &lost)?;
-    }
-    if held.is_empty() {
-        return Ok((batch, held));
-    }
-    Ok((
-        arrow_array::RecordBatch::try_new(batch.schema(), columns)?,
-        held,
-    ))
-}
-
-/// The batches of a stream's staged files, lane after lane.
-fn read_all(
-    staging: &Store,
-    staged: &[&Staged],
-) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
-    let mut out = Vec::new();
-    for s in staged {
-        out.extend(read_staged(staging, s)?);
-    }
-    Ok(out)
-}
-
-/// The batches of a staged Parquet file.
-fn read_staged(staging: &Store, s: &Staged) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
-    read_parquet(staging, &s.path)
-}
-
-/// The batches of a Parquet file in a store.
-fn read_parquet(store: &Store, path: &str) -> Result<Vec<arrow_array::RecordBatch>, DestError> {
-    let data: Bytes = store.get(path)?.ok_or_else(|| DestError::StagedGone {
-        path: store.url_of(path),
-    })?;
-    Ok(ParquetRecordBatchReaderBuilder::try_new(data)?
-        .build()?
-        .collect::<Result<Vec<_>, _>>()?)
 }

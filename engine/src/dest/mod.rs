@@ -1,9 +1,13 @@
 //! The destinations a sync writes: Parquet files ([`parquet`]), Postgres
-//! tables ([`postgres`]), Iceberg tables, behind one face
+//! tables ([`postgres`]), Iceberg tables ([`iceberg`]), behind one face
 //! ([`destination`]).
 
 pub mod destination;
+pub mod error;
+pub mod held;
+pub mod iceberg;
 pub mod parquet;
 pub mod postgres;
+mod staged;
 
 pub use destination::{Dest, How};

@@ -15,31 +15,8 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use crate::commit::record::{Refresh, Staged};
-use crate::commit::store::{Store, StoreError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum DestError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("encoding Parquet: {0}")]
-    Parquet(#[from] parquet::errors::ParquetError),
-    #[error("{path} holds {text:?}, not an epoch or generation number")]
-    Garbled { path: String, text: String },
-    #[error("the destination is fenced by generation {fence}; generation {mine} may not commit")]
-    Fenced { fence: i32, mine: i32 },
-    #[error("staged file {path} is gone")]
-    StagedGone { path: String },
-    #[error("reading a staged file: {0}")]
-    Arrow(#[from] arrow_schema::ArrowError),
-    #[error("iceberg destination: {0}")]
-    Iceberg(String),
-    #[error("postgres destination: {0}")]
-    Postgres(String),
-    #[error("destination: {0}")]
-    Definition(String),
-    #[error("{0} is not built yet")]
-    NotBuilt(String),
-}
+use crate::commit::store::Store;
+use crate::dest::error::DestError;
 
 /// Encodes a batch as one Parquet file.
 pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {

@@ -29,7 +29,8 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, TimeUnit};
 
 use crate::commit::record::Refresh;
-use crate::dest::parquet::DestError;
+use crate::dest::error::DestError;
+use crate::dest::held::Held;
 use crate::util::{pg_text, quote_ident};
 
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
@@ -183,15 +184,6 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
         }
     }
     Ok(out)
-}
-
-/// A cell the destination cannot take, kept for a later release.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Held {
-    pub column: String,
-    pub orca_id: String,
-    pub value: String,
-    pub reason: &'static str,
 }
 
 /// Postgres text cannot hold NUL: such cells are loaded as null and held.
