@@ -1,0 +1,96 @@
+//! The epochs of an attempt: recover, open the streams from their resume
+//! points, then barrier, stage and commit one epoch after the other until
+//! the source has no more rows or a stop is asked for.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use crate::attempt::apply::crash_after_head;
+use crate::attempt::barrier::take_round;
+use crate::attempt::error::EngineError;
+use crate::attempt::options::Outcome;
+use crate::attempt::recover::Recovered;
+use crate::attempt::state::{Attempt, Progress, Source};
+use crate::commit::protocol::Coordinator;
+use crate::source::plan::Plan;
+use crate::transport::control::Phase;
+
+/// Reads every stream from where recovery left it, in epochs, until the
+/// source has no more rows (or a stop is asked for, at a resume point).
+pub(super) fn stream_epochs(
+    a: &mut Attempt,
+    plan: Plan,
+    source: Source,
+    lanes: usize,
+    head_epoch: u64,
+    head_record: Option<String>,
+    full: bool,
+) -> Result<Outcome, EngineError> {
+    let Recovered {
+        said,
+        head,
+        mut states,
+        record: previous,
+    } = a.recover(head_epoch, head_record)?;
+    let begins = a.resume(&mut states, full)?;
+    let crash_after = crash_after_head();
+    let mut opened = a.open(plan, source, lanes, head, &states)?;
+    let mut p = Progress {
+        out: Outcome {
+            generation: a.generation,
+            recovery: said,
+            from_epoch: head,
+            to_epoch: head,
+            ..Outcome::default()
+        },
+        coord: Coordinator::new(lanes, head),
+        pending: BTreeMap::new(),
+        states,
+        previous,
+        begins,
+    };
+    a.report(|s| {
+        s.phase = Phase::Streaming;
+        s.head = head;
+        s.committed = head;
+    });
+    loop {
+        // Every epoch before this point is committed: a resume point.
+        if a.stop_requested() {
+            p.out.stopped = true;
+            a.log
+                .event("stopped", json!({"epoch": p.coord.last_committed()}));
+            break;
+        }
+        // Barrier N sits after each stream's next chunk: a resume point.
+        let round = take_round(&mut opened.readers, &p.states, &a.overwrite)?;
+        p.out.source_bytes += round.source_bytes;
+        if round.is_empty() {
+            break;
+        }
+        let epoch = p.coord.request_barrier(round.positions());
+        let synced_at = chrono::Utc::now().timestamp_micros();
+        let staging = a.stage(&mut p, epoch, synced_at, round.chunks, &mut opened)?;
+        let record = a.record(&mut p, epoch, staging, &round.ended);
+        a.commit(&mut p, record, crash_after)?;
+        a.log.flush(&a.store)?;
+    }
+    if p.out.stopped {
+        // A reader still going fails at its next send once its channel is
+        // gone, and ends with the process; nothing waits for it.
+        drop(opened);
+    } else {
+        for r in &mut opened.readers {
+            if let Some(h) = r.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+    a.log.event(
+        "done",
+        json!({"epoch": p.out.to_epoch, "rows": p.out.rows, "source_bytes": p.out.source_bytes,
+               "stopped": p.out.stopped}),
+    );
+    Ok(p.out)
+}

@@ -1,0 +1,110 @@
+//! Opening the streams: a reader per stream from its resume point (fed by
+//! the runner's pump over the data edge, or reading the source here), what
+//! each stream's rows become columns by, and the router that splits them
+//! over the writer lanes.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use crate::attempt::error::EngineError;
+use crate::attempt::state::{Attempt, Source};
+use crate::commit::record::StreamState;
+use crate::commit::route::Router;
+use crate::source::normalize::{ColType, StreamSchema};
+use crate::source::plan::{open_readers, Plan, Start};
+use crate::source::readers::{Reader, Shape};
+
+/// The streams opened: a reader each, in the plan's order, and a router
+/// each, by stream.
+pub(super) struct Opened {
+    pub(super) readers: Vec<Reader>,
+    pub(super) routers: BTreeMap<String, Router>,
+    /// The writer lanes the routers split rows over.
+    pub(super) lanes: usize,
+}
+
+impl Attempt {
+    /// Starts reading every stream from its resume point in `states`; the
+    /// first epoch read is the one after `head`.
+    pub(super) fn open(
+        &mut self,
+        mut plan: Plan,
+        source: Source,
+        lanes: usize,
+        head: u64,
+        states: &BTreeMap<String, StreamState>,
+    ) -> Result<Opened, EngineError> {
+        plan.start = starts(&self.streams, states);
+        let mut readers = match self.edge.take() {
+            Some(mut edge) => {
+                let opened = edge.open(&plan, head + 1, || self.stop_requested());
+                // Kept for the attempt's life: dropping it removes the socket.
+                self.edge = Some(edge);
+                let r = opened?;
+                self.log.event("edge", json!({"streams": plan.start.len()}));
+                r
+            }
+            None => open_readers(&plan)?,
+        };
+        // What each stream's rows become columns by, and their lanes: a key's
+        // rows all go to one lane: the table's primary key, or for files (no
+        // key) the record's `_orca_id`.
+        let mut routers: BTreeMap<String, Router> = BTreeMap::new();
+        match source {
+            Source::Tables(tables) => {
+                for (r, table) in readers.iter_mut().zip(tables) {
+                    routers.insert(
+                        table.spec.name.clone(),
+                        Router::new(lanes, table.spec.primary_key.clone()),
+                    );
+                    let recorded = states
+                        .get(&table.spec.name)
+                        .map(|s| s.schema.clone())
+                        .unwrap_or_default();
+                    r.shape = Shape::Table(table.under_policy(&recorded)?);
+                }
+            }
+            Source::Files { streams, .. } => {
+                for (r, (name, _, policy)) in readers.iter_mut().zip(streams) {
+                    routers.insert(name.clone(), Router::new(lanes, Vec::new()));
+                    let cols = states.get(&name).map(inferred_so_far).unwrap_or_default();
+                    r.shape = Shape::Inferred(StreamSchema::inferred(cols).with_policy(policy));
+                }
+            }
+        }
+        Ok(Opened {
+            readers,
+            routers,
+            lanes,
+        })
+    }
+}
+
+/// Where each stream resumes, and the schema the checkpoint log recorded
+/// for it (which a `freeze` or `discard` policy keeps the source to).
+fn starts(streams: &[String], states: &BTreeMap<String, StreamState>) -> Vec<Start> {
+    streams
+        .iter()
+        .map(|name| Start {
+            name: name.clone(),
+            after: states.get(name).and_then(|s| s.position.clone()),
+            recorded: states
+                .get(name)
+                .map(|s| s.schema.clone())
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The columns inferred so far of a files stream, from its recorded schema
+/// (the engine's own `_orca_` columns left out): the schema only ever
+/// widens from there.
+fn inferred_so_far(state: &StreamState) -> Vec<(String, ColType)> {
+    state
+        .schema
+        .iter()
+        .filter(|(n, _)| !n.starts_with("_orca_"))
+        .filter_map(|(n, t)| ColType::from_arrow_name(t).map(|t| (n.clone(), t)))
+        .collect()
+}

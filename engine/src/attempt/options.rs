@@ -1,0 +1,74 @@
+//! What an attempt is asked to do, and what it did.
+
+/// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
+pub const DEFAULT_BATCH_ROWS: usize = 100_000;
+
+/// What an attempt needs to know.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The control plane (the database with the orca extension).
+    pub database_url: String,
+    pub org: String,
+    pub sync: String,
+    /// Where checkpoints, staged epochs and logs live.
+    pub store_url: String,
+    /// Overrides the source's `batch_rows`.
+    pub batch_rows: Option<usize>,
+    /// Overrides the destination's `lanes` (writer lanes, default 1).
+    pub lanes: Option<usize>,
+    /// The lease of the run's attempt, when a runner started this one.
+    pub lease: Option<String>,
+    /// Where to listen for the control channel (`control`), if anywhere.
+    pub control: Option<std::path::PathBuf>,
+    /// Where to listen for the runner's source pump (`edge`): the runner
+    /// reads the source and sends it over this data edge. Without one the
+    /// engine reads the source itself.
+    pub edge: Option<std::path::PathBuf>,
+    /// A fault to inject: the attempt stops dead at that point of that
+    /// epoch, without cleaning anything up, as a crash would (the
+    /// simulation's; None otherwise).
+    pub crash: Option<Crash>,
+}
+
+/// Where in an epoch an injected crash strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The epoch's files are staged; its record is not written.
+    Staged,
+    /// The record is in the store; HEAD has not moved to it.
+    Recorded,
+    /// HEAD moved (the commit point); lane 0 has not committed.
+    HeadMoved,
+    /// The destination applied the epoch; its staged files are still there.
+    Applied,
+}
+
+/// An injected crash: at `at` of epoch `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crash {
+    pub at: CrashPoint,
+    pub epoch: u64,
+}
+
+/// What an attempt did.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub generation: i32,
+    /// What recovery decided for HEAD's epoch.
+    pub recovery: String,
+    /// The epoch HEAD named when the attempt started, and when it ended.
+    pub from_epoch: u64,
+    pub to_epoch: u64,
+    pub rows: u64,
+    /// Bytes of binary COPY read from the source.
+    pub source_bytes: u64,
+    /// Bytes of Parquet staged.
+    pub staged_bytes: u64,
+    /// Records set aside under `_quarantine/`.
+    pub quarantined: u64,
+    /// Cells held under `_held/` (the destination got null).
+    pub held: u64,
+    /// The attempt stopped on a `stop` request, at a resume point, before the
+    /// source ran out of rows.
+    pub stopped: bool,
+}
