@@ -122,3 +122,132 @@ pub(super) fn take_round(
     }
     Ok(round)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{sync_channel, SyncSender};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::source::error::ReadError;
+    use crate::source::files::FileChunk;
+    use crate::source::normalize::StreamSchema;
+
+    type Tx = SyncSender<Result<Msg, ReadError>>;
+
+    /// A reader of a files stream whose messages the test sends.
+    fn reader(name: &str) -> (Reader, Tx) {
+        let (tx, rx) = sync_channel(4);
+        let r = Reader {
+            name: name.into(),
+            shape: Shape::Inferred(StreamSchema::default()),
+            rx,
+            handle: None,
+            done: false,
+        };
+        (r, tx)
+    }
+
+    fn raw(tx: &Tx, last: &[&str]) {
+        let chunk = FileChunk {
+            records: vec![Ok(Raw {
+                position: last.join(":"),
+                seq: 0,
+                record: json!({"id": 1}),
+            })],
+            last: last.iter().map(|s| s.to_string()).collect(),
+        };
+        tx.send(Ok(Msg::Raw(chunk))).expect("send");
+    }
+
+    fn end(tx: &Tx, bytes: u64) {
+        tx.send(Ok(Msg::End { bytes })).expect("send");
+    }
+
+    fn names(round: &Round) -> Vec<&str> {
+        round.chunks.iter().map(|c| c.stream.as_str()).collect()
+    }
+
+    #[test]
+    fn a_barrier_takes_one_chunk_per_open_stream_and_records_where_each_resumes() {
+        let (a, ta) = reader("a");
+        let (b, tb) = reader("b");
+        let (c, tc) = reader("c");
+        let mut readers = vec![a, b, c];
+        raw(&ta, &["2024-01.jsonl", "35"]);
+        raw(&ta, &["2024-02.jsonl", "10"]);
+        end(&tb, 7);
+        raw(&tc, &["x.jsonl", "4"]);
+        let overwrite = BTreeSet::from(["b".to_string()]);
+        let none = BTreeMap::new();
+
+        let round = take_round(&mut readers, &none, &overwrite).expect("round");
+        // One chunk of each stream, not two of a; b's end ends its refresh.
+        assert_eq!(names(&round), ["a", "c"]);
+        assert_eq!(round.ended, ["b"]);
+        assert_eq!(round.source_bytes, 7);
+        assert!(!round.is_empty());
+        let positions = round.positions();
+        assert_eq!(positions["a"], "2024-01.jsonl\u{1f}35");
+        assert_eq!(positions["c"], "x.jsonl\u{1f}4");
+        assert!(!positions.contains_key("b"));
+
+        // b is done and is not asked again, though its reader is gone.
+        drop(tb);
+        end(&tc, 0);
+        let round = take_round(&mut readers, &none, &overwrite).expect("round");
+        assert_eq!(names(&round), ["a"]);
+        assert!(round.ended.is_empty(), "c neither refreshes nor backfills");
+
+        end(&ta, 0);
+        let round = take_round(&mut readers, &none, &overwrite).expect("round");
+        assert!(round.is_empty(), "the source has no more rows");
+    }
+
+    #[test]
+    fn a_backfill_ends_with_its_stream_even_when_nothing_else_is_read() {
+        let (a, ta) = reader("a");
+        let mut readers = vec![a];
+        end(&ta, 0);
+        let mut states = BTreeMap::new();
+        states.insert(
+            "a".to_string(),
+            StreamState {
+                rereading: true,
+                ..StreamState::default()
+            },
+        );
+        let round = take_round(&mut readers, &states, &BTreeSet::new()).expect("round");
+        assert_eq!(round.ended, ["a"]);
+        assert!(!round.is_empty(), "an epoch says the backfill ended");
+    }
+
+    #[test]
+    fn a_stream_whose_reader_fails_or_vanishes_fails_the_attempt_with_its_name() {
+        let (a, ta) = reader("a");
+        let mut readers = vec![a];
+        ta.send(Err(ReadError::Stream {
+            stream: "a".into(),
+            reason: "the runner's source: gone".into(),
+        }))
+        .expect("send");
+        let e = take_round(&mut readers, &BTreeMap::new(), &BTreeSet::new())
+            .err()
+            .expect("an error");
+        assert!(
+            matches!(&e, EngineError::Reader { stream, .. } if stream == "a"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "stream a: the runner's source: gone");
+
+        drop(ta);
+        let e = take_round(&mut readers, &BTreeMap::new(), &BTreeSet::new())
+            .err()
+            .expect("an error");
+        assert_eq!(
+            e.to_string(),
+            "stream a: its reader stopped without saying why"
+        );
+    }
+}

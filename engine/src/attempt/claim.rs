@@ -268,3 +268,60 @@ fn lanes_of(asked: Option<usize>, destination: &Value) -> usize {
         .unwrap_or(1)
         .clamp(1, orca_core::sync::MAX_LANES as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_rows_is_a_positive_number_or_absent() {
+        assert_eq!(batch_rows_of(&json!({"url": "x"})).ok(), Some(None));
+        assert_eq!(batch_rows_of(&json!({"batch_rows": null})).ok(), Some(None));
+        assert_eq!(
+            batch_rows_of(&json!({"batch_rows": 500})).ok(),
+            Some(Some(500))
+        );
+        assert_eq!(
+            batch_rows_of(&json!({"batch_rows": "500"})).ok(),
+            Some(Some(500))
+        );
+        for bad in [json!(0), json!(-3), json!("many"), json!(2.5)] {
+            let e = batch_rows_of(&json!({ "batch_rows": bad }))
+                .expect_err("refused")
+                .to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "sync definition: source.batch_rows must be a positive number of rows, \
+                     got {bad}"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn lanes_come_from_the_options_then_the_destination_within_bounds() {
+        let dst = json!({"type": "parquet", "lanes": 4});
+        assert_eq!(lanes_of(None, &dst), 4);
+        assert_eq!(lanes_of(Some(2), &dst), 2);
+        assert_eq!(lanes_of(None, &json!({"type": "parquet"})), 1);
+        assert_eq!(lanes_of(Some(0), &dst), 1);
+        assert_eq!(
+            lanes_of(Some(1000), &dst),
+            orca_core::sync::MAX_LANES as usize
+        );
+    }
+
+    #[test]
+    fn only_overwrite_streams_are_refreshed() {
+        let def = json!({"streams": [
+            {"name": "orders", "mode": "append"},
+            {"name": "prices", "mode": "overwrite"},
+            {"name": "users", "mode": "merge"},
+        ]});
+        assert_eq!(
+            overwrite_streams(&def),
+            BTreeSet::from(["prices".to_string()])
+        );
+    }
+}

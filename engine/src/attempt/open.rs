@@ -108,3 +108,53 @@ fn inferred_so_far(state: &StreamState) -> Vec<(String, ColType)> {
         .filter_map(|(n, t)| ColType::from_arrow_name(t).map(|t| (n.clone(), t)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_stream_starts_where_the_log_left_it_with_its_recorded_schema() {
+        let mut states = BTreeMap::new();
+        states.insert(
+            "orders".to_string(),
+            StreamState {
+                position: Some(vec!["2024-05-01".into(), "42".into()]),
+                schema: vec![("id".into(), "Int64".into())],
+                ..StreamState::default()
+            },
+        );
+        let streams = ["orders".to_string(), "fresh".to_string()];
+        let s = starts(&streams, &states);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].name, "orders");
+        assert_eq!(
+            s[0].after.as_deref(),
+            Some(&["2024-05-01".to_string(), "42".to_string()][..])
+        );
+        assert_eq!(s[0].recorded, [("id".to_string(), "Int64".to_string())]);
+        assert_eq!((s[1].name.as_str(), s[1].after.is_none()), ("fresh", true));
+        assert!(s[1].recorded.is_empty());
+    }
+
+    #[test]
+    fn a_files_stream_widens_from_its_recorded_columns_without_the_engines_own() {
+        let state = StreamState {
+            schema: vec![
+                ("id".into(), "Int64".into()),
+                ("note".into(), "Utf8".into()),
+                ("_orca_id".into(), "Utf8".into()),
+                ("_orca_seq".into(), "Int64".into()),
+                ("at".into(), "Timestamp(Microsecond, Some(\"UTC\"))".into()),
+            ],
+            ..StreamState::default()
+        };
+        assert_eq!(
+            inferred_so_far(&state),
+            [
+                ("id".to_string(), ColType::Int64),
+                ("note".to_string(), ColType::String)
+            ]
+        );
+    }
+}

@@ -186,3 +186,62 @@ fn begin_refreshes(
     }
     begins
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(position: &[&str]) -> StreamState {
+        StreamState {
+            position: Some(position.iter().map(|s| s.to_string()).collect()),
+            rows: 10,
+            ..StreamState::default()
+        }
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_refresh_begins_again_once_the_last_one_finished_and_goes_on_when_cut_short() {
+        let mut states = BTreeMap::new();
+        // Finished its last refresh: begins another from the start.
+        states.insert(
+            "done".to_string(),
+            StreamState {
+                refreshed: true,
+                ..at(&["9"])
+            },
+        );
+        // Cut short by a crash or a stop: goes on where it was.
+        states.insert("midway".to_string(), at(&["4"]));
+        // Not `overwrite`: untouched.
+        states.insert("appended".to_string(), at(&["7"]));
+        let overwrite = set(&["done", "midway", "never"]);
+
+        let begins = begin_refreshes(&mut states, &overwrite, false);
+        assert_eq!(begins, set(&["done", "never"]));
+        assert_eq!(states["done"].position, None);
+        assert!(!states["done"].refreshed);
+        assert_eq!(states["midway"], at(&["4"]));
+        assert_eq!(states["appended"], at(&["7"]));
+        assert_eq!(states["never"].position, None, "a stream new to the log");
+    }
+
+    #[test]
+    fn a_backfill_reads_every_stream_again_and_restarts_every_refresh() {
+        let mut states = BTreeMap::new();
+        states.insert("orders".to_string(), at(&["9", "3"]));
+        states.insert("midway".to_string(), at(&["4"]));
+        read_again(&mut states, &["orders".to_string(), "midway".to_string()]);
+        let begins = begin_refreshes(&mut states, &set(&["midway"]), true);
+        assert_eq!(begins, set(&["midway"]));
+        for s in ["orders", "midway"] {
+            assert_eq!(states[s].position, None, "{s}");
+            assert!(states[s].rereading, "{s}");
+            // What was delivered stays counted.
+            assert_eq!(states[s].rows, 10, "{s}");
+        }
+    }
+}

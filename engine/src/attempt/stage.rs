@@ -290,3 +290,123 @@ fn schema_pairs(schema: &arrow_schema::Schema) -> Vec<(String, String)> {
         .map(|f| (f.name().clone(), f.data_type().to_string()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::StringArray;
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn staged(stream: &str, lane: usize) -> Staged {
+        Staged {
+            stream: stream.into(),
+            path: format!("{stream}-{lane}.parquet"),
+            rows: 1,
+            bytes: 1,
+            lane,
+        }
+    }
+
+    #[test]
+    fn a_refresh_begins_once_and_ends_with_the_epoch_its_source_ran_out_in() {
+        let overwrite = set(&["prices", "rates", "idle"]);
+        let mut begins = set(&["prices", "rates"]);
+        // Epoch 1: prices staged rows on lane 1, rates read nothing yet.
+        let lanes = vec![vec![staged("orders", 0)], vec![staged("prices", 1)]];
+        let steps = refresh_steps(&overwrite, &[], &lanes, &mut begins);
+        let begun = Refresh {
+            begins: true,
+            ends: false,
+        };
+        assert_eq!(steps["prices"], begun);
+        // A refresh that begins says so even in an epoch that read none of it.
+        assert_eq!(steps["rates"], begun);
+        assert!(!steps.contains_key("idle") && !steps.contains_key("orders"));
+        assert!(begins.is_empty());
+
+        // Epoch 2: prices ran out.
+        let lanes = vec![vec![], vec![]];
+        let steps = refresh_steps(&overwrite, &["prices".to_string()], &lanes, &mut begins);
+        assert_eq!(
+            steps["prices"],
+            Refresh {
+                begins: false,
+                ends: true
+            }
+        );
+        assert_eq!(steps.len(), 1, "{steps:?}");
+    }
+
+    fn orders(ids: &[i64]) -> RecordBatch {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("_orca_id", DataType::Utf8, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(StringArray::from(
+                    ids.iter().map(|i| format!("o{i}")).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .expect("batch")
+    }
+
+    #[test]
+    fn each_lane_stages_its_keys_rows_and_no_row_is_lost() {
+        let ids: Vec<i64> = (0..100).map(|i| i % 13).collect();
+        let router = Router::new(4, vec!["id".into()]);
+        let parts = lane_parts(Some(&router), 4, orders(&ids)).expect("parts");
+        assert!(parts.len() > 1, "rows spread over the lanes");
+        let mut lane_of = BTreeMap::new();
+        let mut total = 0;
+        for (lane, part) in &parts {
+            total += part.num_rows();
+            for id in part.column(0).as_primitive::<Int64Type>().values() {
+                assert_eq!(*lane_of.entry(*id).or_insert(*lane), *lane, "key {id}");
+            }
+        }
+        assert_eq!(total, ids.len());
+
+        // One lane: the batch as it is, on lane 0.
+        let one =
+            lane_parts(Some(&Router::new(1, vec!["id".into()])), 1, orders(&ids)).expect("parts");
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].0, one[0].1.num_rows()), (0, ids.len()));
+    }
+
+    #[test]
+    fn a_typed_chunk_gets_its_ids_then_a_sequence_by_epoch_and_the_sync_time() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("_orca_id", DataType::Utf8, false),
+            Field::new("_orca_seq", DataType::Int64, false),
+            Field::new(
+                "_orca_synced_at",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                false,
+            ),
+        ]));
+        let ids: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+        let arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![1, 2]))];
+        let b = typed_batch(schema, arrays, ids, 2, 3, 1_700_000_000_000_000).expect("batch");
+        let ids: Vec<&str> = b.column(1).as_string::<i32>().iter().flatten().collect();
+        assert_eq!(ids, ["a", "b"]);
+        let seqs: Vec<i64> = b.column(2).as_primitive::<Int64Type>().values().to_vec();
+        assert_eq!(seqs, [3 << 32, (3 << 32) | 1]);
+        let at = b
+            .column(3)
+            .as_primitive::<arrow_array::types::TimestampMicrosecondType>();
+        assert!(at.values().iter().all(|t| *t == 1_700_000_000_000_000));
+        // A later epoch's rows sort after every row of an earlier one.
+        assert!(seq(4, 0) > seq(3, u32::MAX as usize));
+    }
+}
