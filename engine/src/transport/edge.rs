@@ -1,8 +1,8 @@
 //! The engine's inbound data edge: a Unix socket the runner's source pump
-//! ([`crate::transport::pump`]) connects to. The engine sends the open frame with its
-//! plan; one thread then reads the pump's frames and hands each stream's
-//! chunks to the attempt through a channel of one per stream, as its own
-//! readers would: the attempt cannot tell them apart.
+//! ([`crate::transport::pump`]) connects to. The engine sends the open frame
+//! with its plan; one thread then reads the pump's frames and hands each
+//! stream's chunks to the attempt through a channel of one per stream, as its
+//! own readers would: the attempt cannot tell them apart.
 //!
 //! The thread checks the edge as it goes: a frame of a stream the plan does
 //! not have, of the wrong epoch, after the stream's end, or an edge that

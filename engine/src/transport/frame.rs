@@ -20,8 +20,8 @@
 //!   edge; the payload is a JSON object (`{"bytes": N}`, what the source
 //!   read).
 //! - kind 4, **open** (engine to runner, the edge's first frame): the payload
-//!   is the JSON plan of what to read (`crate::transport::pump::Plan`); `epoch` is the
-//!   first epoch the rows will belong to.
+//!   is the JSON plan of what to read (`crate::source::plan::Plan`); `epoch`
+//!   is the first epoch the rows will belong to.
 //! - kind 5, **error** (runner to engine): reading `stream` failed
 //!   (`stream` 65535: the source as a whole); the payload is the reason, as
 //!   UTF-8 text.
