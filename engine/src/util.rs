@@ -12,6 +12,19 @@ pub struct Missing {
     pub value: String,
 }
 
+impl Missing {
+    /// `key` missing in a part of a typed definition, which the error shows
+    /// as the JSON it is stored as.
+    pub(crate) fn of(key: &str, part: &impl serde::Serialize) -> Missing {
+        Missing {
+            key: key.to_string(),
+            value: serde_json::to_value(part)
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// A string in a definition's object.
 pub(crate) fn str_of(v: &Value, key: &str) -> Result<String, Missing> {
     v.get(key)

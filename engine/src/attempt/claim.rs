@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 
 use orca_core::api::LeaseToken;
+use orca_core::delivery::WriteMode;
+use orca_core::sync::{Destination, Source as SourceDef, Stream, SyncDef};
 use serde_json::{json, Value};
 
 use crate::attempt::error::EngineError;
@@ -14,13 +16,12 @@ use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::Layout;
 use crate::commit::store::Store;
 use crate::dest::destination::Dest;
-use crate::source::files::Format;
 use crate::source::normalize::Policy;
 use crate::source::pg_table::{self, PgTable};
-use crate::source::plan::{stream_specs, Plan};
+use crate::source::plan::{table_specs, Plan};
 use crate::transport::control::{Control, Phase};
 use crate::transport::edge::Edge;
-use crate::util::str_of;
+use crate::util::Missing;
 
 /// A claimed sync, its fence raised: what its epochs start from.
 pub(super) struct Claimed {
@@ -69,17 +70,13 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         .definition
         .recheck()
         .map_err(|e| EngineError::Definition(e.to_string()))?;
-    let def = claim.definition.to_json();
-    let source = def.get("source").cloned().unwrap_or(Value::Null);
-    let destination = def.get("destination").cloned().unwrap_or(Value::Null);
-    let source_type = str_of(&source, "type")?;
+    let def = &claim.definition;
     let batch_rows = opts
         .batch_rows
-        .or(batch_rows_of(&source)?)
+        .or(batch_rows_of(&def.source)?)
         .unwrap_or(DEFAULT_BATCH_ROWS);
-    let url = str_of(&source, "url")?;
     let stop = || channel.as_ref().is_some_and(Control::stop_requested);
-    let source = look_up(&def, &source, &source_type, &url, edge.as_mut(), stop)?;
+    let source = look_up(def, edge.as_mut(), stop)?;
     let tables: &[PgTable] = match &source {
         Source::Tables(t) => t,
         Source::Files { .. } => &[],
@@ -87,12 +84,12 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
     let layout = Layout::new(&opts.org, &opts.sync);
     let store = Store::open(&opts.store_url)?;
     let dest = Dest::open(
-        &destination,
+        &def.destination,
         &opts.database_url,
         &opts.org,
         &opts.sync,
         tables,
-        &def,
+        &def.streams,
     )?;
     let mut a = Attempt {
         log: Log::new(layout.log(generation), generation),
@@ -106,7 +103,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
             Source::Tables(t) => t.iter().map(|t| t.spec.name.clone()).collect(),
             Source::Files { streams, .. } => streams.iter().map(|s| s.0.clone()).collect(),
         },
-        overwrite: overwrite_streams(&def),
+        overwrite: overwrite_streams(&def.streams),
         channel,
         edge,
     };
@@ -121,11 +118,13 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
     a.dest
         .raise_fence(generation, &a.streams)
         .map_err(|e| a.dest_error(e))?;
-    let lanes = lanes_of(opts.lanes, &destination);
+    let lanes = lanes_of(opts.lanes, &def.destination);
+    // The source and streams go to a runner's pump as the definition
+    // stores them.
     let plan = Plan {
         sync: opts.sync.clone(),
-        source: def.get("source").cloned().unwrap_or(Value::Null),
-        streams: def.get("streams").cloned().unwrap_or(Value::Null),
+        source: to_json(&def.source),
+        streams: to_json(&def.streams),
         batch_rows,
         start: Vec::new(),
     };
@@ -166,23 +165,21 @@ fn listen(opts: &Options) -> Result<(Option<Control>, Option<Edge>), EngineError
 }
 
 /// The source's streams, looked up before anything is written: a missing
-/// table or column, or a format the readers do not know, stops the attempt
-/// here. A runner hosting a Postgres source looks its tables up for the
-/// engine over the data edge; `stop` is asked while waiting for it.
+/// table or column stops the attempt here. A runner hosting a Postgres
+/// source looks its tables up for the engine over the data edge; `stop` is
+/// asked while waiting for it.
 fn look_up(
-    def: &Value,
-    source: &Value,
-    source_type: &str,
-    url: &str,
+    def: &SyncDef,
     edge: Option<&mut Edge>,
     stop: impl Fn() -> bool,
 ) -> Result<Source, EngineError> {
-    match source_type {
-        "postgres" => {
-            let specs = stream_specs(def)?;
+    match &def.source {
+        SourceDef::Postgres { url, .. } => {
+            let specs = table_specs(&def.streams)?;
             let tables = match edge {
                 Some(e) => {
-                    let asked = json!({"source": source, "streams": def.get("streams")});
+                    let asked =
+                        json!({"source": to_json(&def.source), "streams": to_json(&def.streams)});
                     let tables = e.describe(asked, stop)?;
                     let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
                     let want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -203,125 +200,146 @@ fn look_up(
             };
             Ok(Source::Tables(tables))
         }
-        "files" => {
-            Format::parse(&str_of(source, "format")?).ok_or_else(|| {
-                EngineError::Definition(format!("source.format of {source} is not jsonl or csv"))
-            })?;
+        SourceDef::Files { .. } => {
             let streams = def
-                .get("streams")
-                .and_then(Value::as_array)
-                .ok_or_else(|| EngineError::Definition("no streams".into()))?
+                .streams
                 .iter()
                 .map(|s| {
-                    let policy = s
-                        .get("schema_policy")
-                        .and_then(Value::as_str)
-                        .and_then(Policy::parse)
-                        .unwrap_or_default();
-                    Ok((str_of(s, "name")?, str_of(s, "pattern")?, policy))
+                    let pattern = s.pattern.clone().ok_or_else(|| Missing::of("pattern", s))?;
+                    Ok((s.name.clone(), pattern, Policy::from(s.schema_policy)))
                 })
                 .collect::<Result<Vec<_>, EngineError>>()?;
             Ok(Source::Files { streams })
         }
-        other => Err(EngineError::NotBuilt(format!(
-            "the {other} source's data path"
-        ))),
     }
 }
 
 /// The source's `batch_rows`, if it sets one.
-fn batch_rows_of(source: &Value) -> Result<Option<usize>, EngineError> {
-    match source.get("batch_rows") {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
+    match source {
+        SourceDef::Postgres {
+            batch_rows: Some(n),
+            ..
+        } => usize::try_from(*n)
+            .ok()
             .filter(|n| *n >= 1)
-            .map(|n| Some(n as usize))
+            .map(Some)
             .ok_or_else(|| {
                 EngineError::Definition(format!(
-                    "source.batch_rows must be a positive number of rows, got {v}"
+                    "source.batch_rows must be a positive number of rows, got {n}"
                 ))
             }),
+        SourceDef::Postgres { .. } | SourceDef::Files { .. } => Ok(None),
     }
 }
 
 /// The streams written with `overwrite`.
-fn overwrite_streams(def: &Value) -> BTreeSet<String> {
-    def.get("streams")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|s| s.get("mode").and_then(Value::as_str) == Some("overwrite"))
-        .filter_map(|s| s.get("name").and_then(Value::as_str).map(str::to_string))
+fn overwrite_streams(streams: &[Stream]) -> BTreeSet<String> {
+    streams
+        .iter()
+        .filter(|s| s.mode == WriteMode::Overwrite)
+        .map(|s| s.name.clone())
         .collect()
 }
 
 /// Writer lanes: the options', else the destination's, else one; never
 /// more than a destination may ask for.
-fn lanes_of(asked: Option<usize>, destination: &Value) -> usize {
+fn lanes_of(asked: Option<usize>, destination: &Destination) -> usize {
     asked
-        .or(destination
-            .get("lanes")
-            .and_then(Value::as_u64)
-            .and_then(|n| usize::try_from(n).ok()))
+        .or(destination.lanes().and_then(|n| usize::try_from(n).ok()))
         .unwrap_or(1)
         .clamp(1, orca_core::sync::MAX_LANES as usize)
+}
+
+/// A part of the definition as JSON, as it is stored.
+fn to_json(part: &impl serde::Serialize) -> Value {
+    serde_json::to_value(part).unwrap_or(Value::Null)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn batch_rows_is_a_positive_number_or_absent() {
-        assert_eq!(batch_rows_of(&json!({"url": "x"})).ok(), Some(None));
-        assert_eq!(batch_rows_of(&json!({"batch_rows": null})).ok(), Some(None));
-        assert_eq!(
-            batch_rows_of(&json!({"batch_rows": 500})).ok(),
-            Some(Some(500))
-        );
-        assert_eq!(
-            batch_rows_of(&json!({"batch_rows": "500"})).ok(),
-            Some(Some(500))
-        );
-        for bad in [json!(0), json!(-3), json!("many"), json!(2.5)] {
-            let e = batch_rows_of(&json!({ "batch_rows": bad }))
-                .expect_err("refused")
-                .to_string();
-            assert_eq!(
-                e,
-                format!(
-                    "sync definition: source.batch_rows must be a positive number of rows, \
-                     got {bad}"
-                )
-            );
+    fn postgres(batch_rows: Option<u64>) -> SourceDef {
+        SourceDef::Postgres {
+            url: "postgres://127.0.0.1/shop".into(),
+            batch_rows,
         }
     }
 
     #[test]
-    fn lanes_come_from_the_options_then_the_destination_within_bounds() {
-        let dst = json!({"type": "parquet", "lanes": 4});
-        assert_eq!(lanes_of(None, &dst), 4);
-        assert_eq!(lanes_of(Some(2), &dst), 2);
-        assert_eq!(lanes_of(None, &json!({"type": "parquet"})), 1);
-        assert_eq!(lanes_of(Some(0), &dst), 1);
+    fn batch_rows_is_a_positive_number_or_absent() {
+        assert_eq!(batch_rows_of(&postgres(None)).ok(), Some(None));
+        assert_eq!(batch_rows_of(&postgres(Some(500))).ok(), Some(Some(500)));
+        let files: SourceDef =
+            serde_json::from_value(json!({"type": "files", "url": "/in", "format": "csv"}))
+                .expect("a files source");
+        assert_eq!(batch_rows_of(&files).ok(), Some(None));
+        let e = batch_rows_of(&postgres(Some(0)))
+            .expect_err("refused")
+            .to_string();
         assert_eq!(
-            lanes_of(Some(1000), &dst),
-            orca_core::sync::MAX_LANES as usize
+            e,
+            "sync definition: source.batch_rows must be a positive number of rows, got 0"
         );
     }
 
     #[test]
-    fn only_overwrite_streams_are_refreshed() {
-        let def = json!({"streams": [
-            {"name": "orders", "mode": "append"},
-            {"name": "prices", "mode": "overwrite"},
-            {"name": "users", "mode": "merge"},
-        ]});
+    fn lanes_come_from_the_options_then_the_destination_within_bounds() {
+        let dst = |lanes| Destination::Parquet {
+            url: "/out".into(),
+            lanes,
+        };
+        assert_eq!(lanes_of(None, &dst(Some(4))), 4);
+        assert_eq!(lanes_of(Some(2), &dst(Some(4))), 2);
+        assert_eq!(lanes_of(None, &dst(None)), 1);
+        assert_eq!(lanes_of(Some(0), &dst(Some(4))), 1);
         assert_eq!(
-            overwrite_streams(&def),
+            lanes_of(Some(1000), &dst(None)),
+            orca_core::sync::MAX_LANES as usize
+        );
+    }
+
+    fn stream(name: &str, mode: &str) -> Stream {
+        serde_json::from_value(json!({
+            "name": name, "mode": mode, "primary_key": ["id"],
+            "schema_policy": "evolve", "delivery": "at_least_once",
+            "pattern": format!("{name}/*.jsonl"),
+        }))
+        .expect("a stream")
+    }
+
+    #[test]
+    fn only_overwrite_streams_are_refreshed() {
+        let streams = [
+            stream("orders", "append"),
+            stream("prices", "overwrite"),
+            stream("users", "merge"),
+        ];
+        assert_eq!(
+            overwrite_streams(&streams),
             BTreeSet::from(["prices".to_string()])
         );
+    }
+
+    #[test]
+    fn the_plan_carries_the_source_and_streams_as_the_definition_stores_them() {
+        let def: SyncDef = serde_json::from_value(json!({
+            "name": "shop",
+            "source": {"type": "files", "url": "/in", "format": "jsonl"},
+            "destination": {"type": "parquet", "url": "/out"},
+            "streams": [{"name": "orders", "mode": "append", "primary_key": [],
+                         "schema_policy": "freeze", "delivery": "at_least_once",
+                         "pattern": "orders/*.jsonl"}],
+            "schedule": null,
+            "delivery": "at_least_once",
+        }))
+        .expect("a definition");
+        let stored = def.to_json();
+        assert_eq!(to_json(&def.source), stored["source"]);
+        assert_eq!(to_json(&def.streams), stored["streams"]);
+        // The pump reads the plan's JSON with the same lookups as before.
+        assert_eq!(to_json(&def.source)["format"], "jsonl");
+        assert_eq!(to_json(&def.streams)[0]["pattern"], "orders/*.jsonl");
     }
 }

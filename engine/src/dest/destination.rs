@@ -9,10 +9,11 @@
 
 use std::collections::HashMap;
 
+use orca_core::delivery::WriteMode;
+use orca_core::sync::{Destination, Stream};
 use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
-use serde_json::Value;
 
-use crate::commit::record::{Refresh, Staged};
+use crate::commit::record::{Layout, Refresh, Staged};
 use crate::commit::store::Store;
 use crate::dest::error::DestError;
 use crate::dest::held::Held;
@@ -21,7 +22,6 @@ use crate::dest::parquet::ParquetDest;
 use crate::dest::postgres::{self, PgDest, StreamMode};
 use crate::dest::staged::read_all;
 use crate::source::pg_table::{self, PgTable};
-use crate::util::strings;
 
 /// How an epoch of a stream is applied.
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,80 +55,55 @@ impl Dest {
     /// Opens the destination a definition names; Iceberg tables are created
     /// with the streams' destination schemas if they do not exist.
     pub fn open(
-        destination: &Value,
+        destination: &Destination,
         database_url: &str,
         org: &str,
         sync: &str,
-        streams: &[PgTable],
-        definition: &Value,
+        tables: &[PgTable],
+        streams: &[Stream],
     ) -> Result<Dest, DestError> {
-        let opt = |k: &str| {
-            destination
-                .get(k)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| DestError::Definition(format!("destination.{k} is missing")))
-        };
-        match opt("type")?.as_str() {
-            "parquet" => Ok(Dest::Parquet(ParquetDest {
-                store: Store::open(&opt("url")?)?,
+        match destination {
+            Destination::Parquet { url, .. } => Ok(Dest::Parquet(ParquetDest {
+                store: Store::open(url)?,
             })),
-            "postgres" => {
-                let schema = destination
-                    .get("schema")
-                    .and_then(Value::as_str)
-                    .unwrap_or("public");
-                let modes = definition
-                    .get("streams")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| {
-                        let name = s.get("name")?.as_str()?.to_string();
+            Destination::Postgres { url, schema, .. } => {
+                let modes = streams
+                    .iter()
+                    .map(|s| {
                         let mode = StreamMode {
-                            merge: s.get("mode").and_then(Value::as_str) == Some("merge"),
-                            overwrite: s.get("mode").and_then(Value::as_str) == Some("overwrite"),
-                            primary_key: strings(s, "primary_key"),
+                            merge: s.mode == WriteMode::Merge,
+                            overwrite: s.mode == WriteMode::Overwrite,
+                            primary_key: s.primary_key.clone(),
                         };
-                        Some((name, mode))
+                        (s.name.clone(), mode)
                     })
                     .collect();
                 Ok(Dest::Postgres {
-                    pg: PgDest::open(&opt("url")?, schema, sync)?,
+                    pg: PgDest::open(url, schema.as_deref().unwrap_or("public"), sync)?,
                     modes,
                 })
             }
-            "iceberg" => {
-                let tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
-                let namespace = opt("namespace")?;
-                for t in streams {
+            Destination::Iceberg { namespace, .. } => {
+                let sync_tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
+                for t in tables {
                     let dataset = format!("{namespace}.{}", t.spec.name);
-                    tables
+                    sync_tables
                         .ensure(&dataset, &pg_table::destination_schema(t))
                         .map_err(iceberg_error)?;
                 }
-                let merge_keys = definition
-                    .get("streams")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter(|s| s.get("mode").and_then(Value::as_str) == Some("merge"))
-                    .filter_map(|s| {
-                        let name = s.get("name")?.as_str()?.to_string();
-                        Some((name, strings(s, "primary_key")))
-                    })
+                let merge_keys = streams
+                    .iter()
+                    .filter(|s| s.mode == WriteMode::Merge)
+                    .map(|s| (s.name.clone(), s.primary_key.clone()))
                     .collect();
                 Ok(Dest::Iceberg {
-                    tables,
-                    namespace,
+                    tables: sync_tables,
+                    namespace: namespace.clone(),
                     sync: sync.to_string(),
                     merge_keys,
-                    root: crate::commit::record::Layout::new(org, sync).root,
+                    root: Layout::new(org, sync).root,
                 })
             }
-            other => Err(DestError::NotBuilt(format!(
-                "the {other} destination's data path"
-            ))),
         }
     }
 

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use orca_core::sync::SchemaPolicy;
 use serde_json::{Map, Value};
 
 /// A column's type.
@@ -98,6 +99,16 @@ pub enum Policy {
     /// New columns are dropped from the records; a value that would widen a
     /// column is quarantined.
     Discard,
+}
+
+impl From<SchemaPolicy> for Policy {
+    fn from(p: SchemaPolicy) -> Policy {
+        match p {
+            SchemaPolicy::Evolve => Policy::Evolve,
+            SchemaPolicy::Freeze => Policy::Freeze,
+            SchemaPolicy::Discard => Policy::Discard,
+        }
+    }
 }
 
 impl Policy {

@@ -3,6 +3,7 @@
 //! sends a runner's pump in its open frame, and what the engine reads by
 //! itself when no runner hosts the source.
 
+use orca_core::sync::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -10,7 +11,7 @@ use crate::source::error::ReadError;
 use crate::source::files::Format;
 use crate::source::pg_table::{describe, StreamSpec};
 use crate::source::readers::{spawn_file_reader, spawn_reader, Reader};
-use crate::util::{str_of, strings};
+use crate::util::{str_of, strings, Missing};
 
 /// What the engine asks a pump to read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -101,7 +102,26 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
     }
 }
 
-/// The streams of a definition, for the Postgres source.
+/// The streams of a typed definition, for the Postgres source: each needs
+/// its table and cursor.
+pub(crate) fn table_specs(streams: &[Stream]) -> Result<Vec<StreamSpec>, Missing> {
+    streams
+        .iter()
+        .map(|s| {
+            Ok(StreamSpec {
+                name: s.name.clone(),
+                table: s.table.clone().ok_or_else(|| Missing::of("table", s))?,
+                cursor: s.cursor.clone().ok_or_else(|| Missing::of("cursor", s))?,
+                primary_key: s.primary_key.clone(),
+                schema_policy: s.schema_policy.name().to_string(),
+                lookback: s.lookback.as_ref().map(|l| l.as_str().to_string()),
+            })
+        })
+        .collect()
+}
+
+/// The streams of a definition as the data edge carries it (JSON), for the
+/// Postgres source.
 pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, ReadError> {
     let streams = def
         .get("streams")
