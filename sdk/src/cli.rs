@@ -15,7 +15,7 @@ use crate::driver::{execute, Outcome, StepResult};
 use crate::error::SdkError;
 use crate::manifest::validate;
 use crate::pipeline::{registry_hash, Fills, Partitioning, Pipeline};
-use crate::store::{build_json, MemStore, PgStore};
+use crate::store::{MemStore, PgStore};
 
 #[derive(Parser, Debug)]
 #[command(about = "An Orca pipeline binary", disable_version_flag = true)]
@@ -479,7 +479,7 @@ fn attempt<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Resu
     let steps = P::steps();
     let hash = registry_hash(&steps);
     let params = P::params();
-    let mut store = PgStore::connect(url, org, lease, &build_json(&hash, &params.build))?;
+    let mut store = PgStore::connect(url, org, lease, &params.build.to_json(&hash))?;
     let ctx = store.context.clone();
     if ctx.registry_hash != hash {
         return Err(SdkError::Control(format!(

@@ -31,6 +31,18 @@ impl Build {
     pub fn dirty(&self) -> Option<bool> {
         self.dirty.map(|d| matches!(d.trim(), "1" | "true" | "yes"))
     }
+
+    /// What a binary reports of itself with each attempt
+    /// (`orca.attempt_context`'s build).
+    pub fn to_json(&self, registry_hash: &str) -> serde_json::Value {
+        serde_json::json!({
+            "registry_hash": registry_hash,
+            "source": self.source,
+            "commit": self.commit,
+            "dirty": self.dirty(),
+            "image": self.image,
+        })
+    }
 }
 
 /// How a pipeline is partitioned.

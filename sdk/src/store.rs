@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use orca_client::Control;
 use orca_core::api::{LeaseToken, StepStatus};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::SdkError;
 
@@ -260,15 +260,4 @@ impl Store for PgStore {
             self.lease, step, partition, dataset, snapshot, commit_no, operation,
         )?)
     }
-}
-
-/// The build metadata a binary reports with each attempt.
-pub fn build_json(registry_hash: &str, build: &crate::pipeline::Build) -> Value {
-    json!({
-        "registry_hash": registry_hash,
-        "source": build.source,
-        "commit": build.commit,
-        "dirty": build.dirty(),
-        "image": build.image,
-    })
 }
