@@ -33,9 +33,13 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Register a pipeline binary: its `describe --json`, plus <binary>.source.json if present.
-    Register { binary: PathBuf },
+    Register {
+        /// The pipeline binary (built on the Orca SDK).
+        binary: PathBuf,
+    },
     /// Queue one run per partition and follow them until they finish.
     Backfill {
+        /// The pipeline's name.
         pipeline: String,
         /// 2024-01..2024-06, 2024-01,2024-03, @all, or @file:path (one partition a line).
         partitions: String,
@@ -45,15 +49,19 @@ enum Cmd {
     },
     /// List runs, newest first.
     Runs {
+        /// Only this pipeline's runs.
         #[arg(long)]
         pipeline: Option<String>,
-        #[arg(long)]
+        /// Only runs in this state.
+        #[arg(long, value_parser = ["queued", "running", "succeeded", "failed", "cancelled"])]
         status: Option<String>,
-        #[arg(long, default_value_t = 50)]
+        /// How many runs at most.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=10_000))]
         limit: i64,
     },
     /// One run: its steps by partition, its attempts, and the tail of its log.
     Run {
+        /// The run's id (`orca runs` lists them).
         id: i64,
         /// Where runners on this host write attempt logs.
         #[arg(long, env = "ORCA_LOGS", default_value = "orca-logs")]
@@ -61,12 +69,15 @@ enum Cmd {
     },
     /// The next fires of a pipeline's schedule.
     Fires {
+        /// The pipeline's name.
         pipeline: String,
-        #[arg(default_value_t = 10)]
+        /// How many fires.
+        #[arg(default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=10_000))]
         n: i32,
     },
     /// A keyed pipeline's current keys: done or not, and the run that has them.
     Keys {
+        /// The keyed pipeline's name.
         pipeline: String,
         /// Only the keys that are not done.
         #[arg(long)]
@@ -80,6 +91,7 @@ enum Cmd {
     /// Queue a run of a sync (from its checkpoint; --backfill: everything
     /// again from the start) and follow it until it finishes.
     Sync {
+        /// The sync's name (`orca syncs` lists them).
         name: String,
         /// Read every stream again from its start (orca.backfill '@all').
         #[arg(long)]
@@ -89,12 +101,20 @@ enum Cmd {
         detach: bool,
     },
     /// Cancel a queued or running run.
-    Cancel { id: i64 },
+    Cancel {
+        /// The run's id.
+        id: i64,
+    },
     /// Queue a failed or cancelled run again.
-    Retry { id: i64 },
+    Retry {
+        /// The run's id.
+        id: i64,
+    },
     /// Find each step's and the pipeline's source line; writes <binary>.source.json.
     Locate {
+        /// The pipeline binary.
         binary: PathBuf,
+        /// Where its source tree is.
         #[arg(long, default_value = ".")]
         root: PathBuf,
     },
@@ -140,5 +160,35 @@ fn main() {
             eprintln!("orca: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn every_command_and_argument_says_what_it_is() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let mut missing = Vec::new();
+        for arg in cli.get_arguments() {
+            if arg.get_help().is_none() && arg.get_id() != "help" && arg.get_id() != "version" {
+                missing.push(format!("orca --{}", arg.get_id()));
+            }
+        }
+        for sub in cli.get_subcommands() {
+            if sub.get_about().is_none() {
+                missing.push(format!("orca {}", sub.get_name()));
+            }
+            for arg in sub.get_arguments() {
+                if arg.get_help().is_none() && arg.get_id() != "help" {
+                    missing.push(format!("orca {} {}", sub.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no help text: {missing:?}");
     }
 }

@@ -54,13 +54,17 @@ fn io_error(what: &str, path: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Unexpected, format!("{what} {path}: {e}"))
 }
 
-/// Where a path lives: a bucket and a key in it, or the local file system.
-enum Place {
+/// Where a URL lives: a bucket and a key in it, or the local file system.
+/// The one reading of store URLs: the Iceberg storage below and the
+/// engine's store both use it.
+pub enum Place {
     Bucket { bucket: String, key: Path },
     Local,
 }
 
-fn place(path: &str) -> Result<Place> {
+/// `s3://bucket/key` (or `s3a://`) is a bucket; a path or `file://` is local;
+/// any other scheme is refused.
+pub fn place(path: &str) -> Result<Place> {
     let Some(rest) = path
         .strip_prefix("s3://")
         .or_else(|| path.strip_prefix("s3a://"))
@@ -95,30 +99,7 @@ impl ObjectStorage {
         if let Some(s) = stores.get(bucket) {
             return Ok(s.clone());
         }
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        let prop = |k: &str| self.props.get(k).filter(|v| !v.is_empty());
-        if let Some(v) = prop("s3.endpoint") {
-            b = b
-                .with_endpoint(v)
-                .with_allow_http(v.starts_with("http://"))
-                .with_virtual_hosted_style_request(false);
-        }
-        if let Some(v) = prop("s3.access-key-id") {
-            b = b.with_access_key_id(v);
-        }
-        if let Some(v) = prop("s3.secret-access-key") {
-            b = b.with_secret_access_key(v);
-        }
-        if let Some(v) = prop("s3.session-token") {
-            b = b.with_token(v);
-        }
-        if let Some(v) = prop("s3.region").or_else(|| prop("client.region")) {
-            b = b.with_region(v);
-        }
-        let store: Arc<dyn ObjectStore> = Arc::new(
-            b.build()
-                .map_err(|e| io_error("cannot open bucket", bucket, e))?,
-        );
+        let store = bucket_store(bucket, &self.props)?;
         stores.insert(bucket.to_string(), store.clone());
         Ok(store)
     }
@@ -129,6 +110,35 @@ impl ObjectStorage {
             Place::Bucket { bucket, key } => Ok(Some((self.store(&bucket)?, key))),
         }
     }
+}
+
+/// An S3 (or S3-compatible) bucket: credentials, region and endpoint from the
+/// usual `AWS_*` variables, or from `s3.*` properties, which win.
+pub fn bucket_store(bucket: &str, props: &HashMap<String, String>) -> Result<Arc<dyn ObjectStore>> {
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let prop = |k: &str| props.get(k).filter(|v| !v.is_empty());
+    if let Some(v) = prop("s3.endpoint") {
+        b = b
+            .with_endpoint(v)
+            .with_allow_http(v.starts_with("http://"))
+            .with_virtual_hosted_style_request(false);
+    }
+    if let Some(v) = prop("s3.access-key-id") {
+        b = b.with_access_key_id(v);
+    }
+    if let Some(v) = prop("s3.secret-access-key") {
+        b = b.with_secret_access_key(v);
+    }
+    if let Some(v) = prop("s3.session-token") {
+        b = b.with_token(v);
+    }
+    if let Some(v) = prop("s3.region").or_else(|| prop("client.region")) {
+        b = b.with_region(v);
+    }
+    Ok(Arc::new(
+        b.build()
+            .map_err(|e| io_error("cannot open bucket", bucket, e))?,
+    ))
 }
 
 struct ObjectRead {

@@ -56,6 +56,9 @@ pub async fn register_runner(
 }
 
 /// Leases up to `max` attempts of the pool whose command this runner can run.
+/// A control plane older than 0.2.0 has no `commands` parameter: this runner
+/// then claims as runners did before, whatever the command (until the
+/// server is upgraded, which a running runner sees at its next claim).
 pub async fn claim(
     db: &PgPool,
     name: &str,
@@ -63,19 +66,33 @@ pub async fn claim(
     max: i32,
     commands: &[&str],
 ) -> Result<Vec<Lease>, ControlError> {
-    let rows: Vec<Value> =
+    let with_commands =
         sqlx::query_scalar("SELECT to_jsonb(l) FROM orca.claim($1, $2, $3, $4) AS l")
             .bind(name)
             .bind(pool)
             .bind(max)
             .bind(commands)
             .fetch_all(db)
-            .await
-            .map_err(ControlError::classify)?;
+            .await;
+    let rows: Vec<Value> = match with_commands {
+        Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some(UNDEFINED_FUNCTION) => {
+            sqlx::query_scalar("SELECT to_jsonb(l) FROM orca.claim($1, $2, $3) AS l")
+                .bind(name)
+                .bind(pool)
+                .bind(max)
+                .fetch_all(db)
+                .await
+                .map_err(ControlError::classify)?
+        }
+        other => other.map_err(ControlError::classify)?,
+    };
     rows.into_iter()
         .map(|r| api::from_json("orca.lease", r).map_err(ControlError::from))
         .collect()
 }
+
+/// PostgreSQL's SQLSTATE for a call no function matches.
+const UNDEFINED_FUNCTION: &str = "42883";
 
 pub async fn heartbeat(db: &PgPool, lease: LeaseToken) -> Result<DateTime<Utc>, ControlError> {
     sqlx::query_scalar("SELECT orca.heartbeat($1)")

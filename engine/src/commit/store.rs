@@ -1,7 +1,8 @@
 //! Object storage for a sync: the checkpoint log, staged epochs and attempt
 //! logs under `{org}/{sync}/`, and the files of a parquet destination.
 //!
-//! A URL picks the store: a path or `file://` for the local file system,
+//! A URL picks the store, read by `orca_lake::objstore` as the Iceberg
+//! warehouse's is: a path or `file://` for the local file system,
 //! `s3://bucket/prefix` for S3 (or an S3-compatible server; credentials,
 //! region and endpoint from the usual `AWS_*` variables). The engine is
 //! synchronous, so each call blocks on a small runtime of its own.
@@ -10,7 +11,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
@@ -58,18 +58,14 @@ impl Store {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (os, prefix): (Arc<dyn ObjectStore>, Path) =
-            if let Some(rest) = url.strip_prefix("s3://") {
-                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-                if bucket.is_empty() {
-                    return Err(bad("no bucket".into()));
-                }
-                let s3 = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?;
-                (Arc::new(s3), Path::from(prefix))
-            } else {
+        let place = orca_lake::objstore::place(url).map_err(|e| bad(e.message().to_string()))?;
+        let (os, prefix): (Arc<dyn ObjectStore>, Path) = match place {
+            orca_lake::objstore::Place::Bucket { bucket, key } => (
+                orca_lake::objstore::bucket_store(&bucket, &Default::default())
+                    .map_err(|e| bad(e.message().to_string()))?,
+                key,
+            ),
+            orca_lake::objstore::Place::Local => {
                 let dir = url.strip_prefix("file://").unwrap_or(url);
                 if !dir.starts_with('/') {
                     return Err(bad(
@@ -83,7 +79,8 @@ impl Store {
                 }
                 let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
                 (Arc::new(fs), Path::default())
-            };
+            }
+        };
         Ok(Store {
             rt,
             os,
