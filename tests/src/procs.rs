@@ -183,3 +183,19 @@ pub fn outputs(runners: &[&Runner]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// (step, partition) -> how many times the probe pipeline's step function
+/// ran, from the `calls.log` it keeps in its `PROBE_DIR`.
+pub fn probe_calls(dir: &std::path::Path) -> std::collections::HashMap<(String, String), usize> {
+    let mut out = std::collections::HashMap::new();
+    for line in std::fs::read_to_string(dir.join("calls.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 2 {
+            *out.entry((f[0].to_string(), f[1].to_string())).or_default() += 1;
+        }
+    }
+    out
+}

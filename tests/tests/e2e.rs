@@ -3,12 +3,11 @@
 //! CLI. Runners tick themselves (`--tick-ms`) since this server does not
 //! preload the extension.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use orca_tests::procs::{bin, outputs, Runner};
+use orca_tests::procs::{bin, outputs, probe_calls as calls, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::Value;
@@ -34,21 +33,6 @@ async fn register_probe(db: &TestDb) {
         "orca register: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// (step, partition) -> how many times the step function was called.
-fn calls(dir: &Path) -> HashMap<(String, String), usize> {
-    let mut out = HashMap::new();
-    for line in std::fs::read_to_string(dir.join("calls.log"))
-        .unwrap_or_default()
-        .lines()
-    {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 2 {
-            *out.entry((f[0].to_string(), f[1].to_string())).or_default() += 1;
-        }
-    }
-    out
 }
 
 /// The gather step's output of an undisturbed in-memory run.

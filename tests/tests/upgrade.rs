@@ -11,14 +11,13 @@
 //! the runner, pipeline and engine binaries are this build's (the SQL API
 //! they call is the same in both releases).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use orca_tests::cluster::PrivateCluster;
 use orca_tests::install::{installed_library, release_library, Installation};
-use orca_tests::procs::{bin, outputs, Runner};
+use orca_tests::procs::{bin, outputs, probe_calls as calls, Runner};
 use orca_tests::releases::{catalog, catalog_difference, current_version};
 use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::*;
@@ -42,21 +41,6 @@ async fn scalar_i64(c: &mut PgConnection, sql: &str) -> i64 {
         .fetch_one(c)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// (step, partition) -> how many times the probe's step function ran.
-fn calls(dir: &Path) -> HashMap<(String, String), usize> {
-    let mut out = HashMap::new();
-    for line in std::fs::read_to_string(dir.join("calls.log"))
-        .unwrap_or_default()
-        .lines()
-    {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 2 {
-            *out.entry((f[0].to_string(), f[1].to_string())).or_default() += 1;
-        }
-    }
-    out
 }
 
 /// Rows and distinct ids in the Parquet files of the stream `orders`.
