@@ -46,10 +46,13 @@ BEGIN
         ORDER BY r.id
         RETURNING *
     ), q AS (
-        -- Joined to the runs table for the kind: the attempts know only the run.
+        -- The run's kind by primary key, a row at a time (a subquery in the
+        -- select list, which the planner cannot turn into a join): a join
+        -- let it hash the whole runs table, whose size is the history.
         INSERT INTO orca.queue (org_id, pool, attempt_id, command)
-        SELECT a.org_id, a.pool, a.id, orca._command(r.kind)
-        FROM att a JOIN orca.runs r ON r.id = a.run_id
+        SELECT a.org_id, a.pool, a.id,
+               orca._command((SELECT x.kind FROM orca.runs x WHERE x.id = a.run_id))
+        FROM att a
     )
     SELECT array_agg(a ORDER BY a.id) INTO v_made FROM att a;
     PERFORM pg_notify('orca_work', p)
@@ -78,11 +81,14 @@ BEGIN
     IF v_started IS NULL THEN
         RETURN 0;
     END IF;
-    -- Joined to the runs table for the pipeline: the attempts know only the run.
+    -- The run's pipeline by primary key, a row at a time (a subquery in the
+    -- select list, which the planner cannot turn into a join): joined, it
+    -- hashed the whole runs table on every start, whose size is the history.
     INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-    SELECT a.org_id, 'run.started', r.pipeline_id, a.run_id, a.id,
+    SELECT a.org_id, 'run.started',
+           (SELECT x.pipeline_id FROM orca.runs x WHERE x.id = a.run_id), a.run_id, a.id,
            jsonb_build_object('attempt', a.number, 'pool', a.pool)
-    FROM orca._enqueue_attempts(v_started) a JOIN orca.runs r ON r.id = a.run_id
+    FROM orca._enqueue_attempts(v_started) a
     ORDER BY a.id;
     RETURN cardinality(v_started);
 END

@@ -39,17 +39,33 @@ DECLARE
     n_runs    integer := 0;
     n_skipped integer := 0;
     n_missed  integer := 0;
+    v_got     integer;
+    v_capped  bigint[] := '{}';
 BEGIN
+    -- The due schedules, a batch of 100 at a time in next-fire order: ORDER BY
+    -- and LIMIT keep the read on schedules_due whatever the statistics say of
+    -- next_fire_at (they go stale as time passes the values they saw, and
+    -- then a plain filter reads every schedule), and each one's pipeline and
+    -- version are found by primary key. A schedule whose catch-up was capped
+    -- is still due after its turn; v_capped keeps it to one turn a tick.
+    LOOP
+    v_got := 0;
     FOR s IN
-        SELECT sc.*, p.paused, v.id AS version_id, v.partition_kind, v.partition_start,
-               v.run_retries
+        SELECT sc.*, x.paused, x.version_id, x.partition_kind, x.partition_start, x.run_retries
         FROM orca.schedules sc
-        JOIN orca.pipelines p ON p.id = sc.pipeline_id
-        JOIN orca.pipeline_versions v ON v.id = p.current_version
+        CROSS JOIN LATERAL (
+            SELECT p.paused, v.id AS version_id, v.partition_kind, v.partition_start,
+                   v.run_retries
+            FROM orca.pipelines p JOIN orca.pipeline_versions v ON v.id = p.current_version
+            WHERE p.id = sc.pipeline_id
+        ) x
         WHERE sc.next_fire_at <= p_now AND sc.org_id = ANY (p_orgs)
-        ORDER BY sc.pipeline_id
+          AND NOT (sc.pipeline_id = ANY (v_capped))
+        ORDER BY sc.next_fire_at
+        LIMIT 100
         FOR UPDATE OF sc SKIP LOCKED
     LOOP
+        v_got := v_got + 1;
         v_from := coalesce(s.fired_until, least(s.registered_at, p_now));
         IF p_now <= v_from THEN
             -- The schedule's first tick: its clock starts here.
@@ -75,6 +91,7 @@ BEGIN
             -- More than one tick may make: the rest waits for the next tick.
             v_fires := v_fires[1:v_max];
             v_until := v_fires[v_max];
+            v_capped := v_capped || s.pipeline_id;
         END IF;
         v_ids := '{}';
         IF NOT s.paused THEN
@@ -110,6 +127,8 @@ BEGIN
         WHERE pipeline_id = s.pipeline_id;
         n_runs := n_runs + cardinality(v_ids);
         PERFORM orca._runs_created(s.org_id, s.pipeline_id, v_ids);
+    END LOOP;
+    EXIT WHEN v_got < 100;
     END LOOP;
     RETURN jsonb_build_object('fires', n_fires, 'runs_created', n_runs,
                               'fires_skipped', n_skipped, 'fires_missed', n_missed);
