@@ -730,13 +730,19 @@ async fn a_runner_runs_a_sync_and_a_cancelled_run_stops_its_engine_mid_sync() {
         "the runner asked the engine to stop: {first_log}\n{}",
         runner.output()
     );
-    assert!(
-        runner
-            .output()
-            .contains("the engine stopped at a resume point"),
-        "{}",
-        runner.output()
-    );
+    // The runner says so after the engine's log has its "done": wait for it.
+    wait_until(
+        "the runner to see the engine stop at a resume point",
+        Duration::from_secs(30),
+        || async {
+            runner
+                .output()
+                .contains("the engine stopped at a resume point")
+                .then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
     // The runner follows the engine's progress on the control channel.
     assert!(first_log.contains("runner: engine at epoch"), "{first_log}");
     let (n, _, _, _) = tally(&published(&out, "orders"));
