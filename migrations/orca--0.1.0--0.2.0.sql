@@ -300,6 +300,15 @@ BEGIN
         RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
+    -- Time is injected by admins only (tests, replays): anyone else's tick
+    -- acts at the transaction's clock, so nobody can fire schedules early or
+    -- expire other runners' leases by naming a later instant.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+                        v_now, pg_catalog.now()
+            USING ERRCODE = 'OR086',
+                  HINT = 'call orca.tick() without now';
+    END IF;
     RETURN jsonb_build_object('now', v_now)
         || orca._tick_fires(v_orgs, v_now)
         || orca._tick_leases(v_orgs, v_now)
@@ -313,7 +322,8 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
-'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';
+'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
+'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
 
 CREATE OR REPLACE FUNCTION orca.register(manifest jsonb) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -353,14 +363,15 @@ BEGIN
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
             partition_kind, partition_start, keys_dataset, keys_column, keys_per_run,
             max_runs, run_retries, catchup, fills,
-            cron, tz, source, commit, dirty, image, sensor)
+            cron, tz, source, commit, dirty, image, sensor, binary_sha256)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
                k.key, CASE WHEN k.key = 'keyed' THEN '' ELSE k.value #>> '{}' END,
                k.value->>'dataset', k.value->>'column', (m->>'keys_per_run')::int,
                (m->>'max_runs')::int, (m->>'run_retries')::int,
                (m->>'catchup')::boolean, coalesce(m->>'fills', 'previous'), m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
-               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
+               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false),
+               m->>'binary_sha256'
         FROM jsonb_each(m->'partitions') AS k
         RETURNING id INTO v_vid;
         INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries, code)
@@ -681,12 +692,14 @@ COMMENT ON FUNCTION orca.retry(bigint) IS
 -- and changes nothing.
 ---------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text)
+DROP FUNCTION orca.advance_head(text, integer, bigint, text);
+CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text,
+                                  lease uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := (orca._sync_caller(advance_head.sync, advance_head.lease, 'moving HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, advance_head.sync);
 BEGIN
     IF advance_head.generation IS NULL OR advance_head.epoch IS NULL
@@ -697,6 +710,7 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     PERFORM orca._owned(s, advance_head.generation);
+    PERFORM orca._check_record(s, advance_head.record);
     IF advance_head.epoch = s.head_epoch AND advance_head.record = s.head_record THEN
         -- This very commit again: its answer was lost on the way (a server
         -- restart), and the attempt asks once more. It is in already.
@@ -716,19 +730,22 @@ BEGIN
                            'epoch', advance_head.epoch, 'record', advance_head.record));
 END
 $$;
-COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text) IS
+COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text, uuid) IS
 'The commit point of an epoch: moves the sync''s HEAD to the checkpoint record of epoch '
 '(HEAD epoch + 1), as a compare-and-swap under the row lock. An attempt whose generation is '
 'no longer the sync''s gets OR070 (fenced) and changes nothing; an epoch out of order OR071. '
 'The same commit again (same generation, epoch and record: a retry whose first answer was '
-'lost) succeeds and changes nothing.';
+'lost) succeeds and changes nothing. lease: the live lease of the attempt (required except for '
+'admins: OR084); record must be an object <org>/<sync>/_checkpoints/<name> (OR085).';
 
-CREATE OR REPLACE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text)
+DROP FUNCTION orca.rewind_head(text, integer, bigint, text);
+CREATE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text,
+                                  lease uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := (orca._sync_caller(rewind_head.sync, rewind_head.lease, 'rewinding HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, rewind_head.sync);
 BEGIN
     IF rewind_head.generation IS NULL OR rewind_head.epoch IS NULL
@@ -739,6 +756,7 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     PERFORM orca._owned(s, rewind_head.generation);
+    PERFORM orca._check_record(s, rewind_head.record);
     -- (The CASE in parentheses: a bare THEN would end the IF's condition.)
     IF rewind_head.epoch = s.head_epoch
        AND s.head_record IS NOT DISTINCT FROM
@@ -761,11 +779,12 @@ BEGIN
                            'epoch', rewind_head.epoch, 'record', rewind_head.record));
 END
 $$;
-COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text) IS
+COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text, uuid) IS
 'Recovery''s way back when HEAD''s epoch is lost (nothing of it is visible and its staged files '
 'are gone): moves HEAD back to the record of the epoch before (HEAD epoch - 1; NULL record for '
 'epoch 0), so the attempt reads that epoch again from there. Fenced like orca.advance_head '
-'(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing.';
+'(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing. '
+'lease and record as for orca.advance_head (OR084, OR085).';
 
 ---------------------------------------------------------------------------
 -- One rule for keys, in Rust (orca_core::keyed::valid_key), where SQL had a
@@ -786,7 +805,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;
     p orca.pipelines;
@@ -937,7 +956,8 @@ RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
     v_ttl interval := make_interval(secs => orca._lease_seconds());
     v_ids  bigint[];
@@ -951,6 +971,7 @@ BEGIN
         RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
             USING ERRCODE = 'OR050';
     END IF;
+    PERFORM orca._runner_pool(t, claim.pool);
     IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
             USING ERRCODE = 'OR050';
@@ -1007,8 +1028,8 @@ BEGIN
         WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
     ), live AS (
-        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline)
-        SELECT v_org, l.id, l.lease, claim.runner, l.deadline FROM leased l
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
     ), info AS (
         -- LATERAL keeps these lookups on primary keys whatever the planner
         -- guesses about how many rows the UPDATE returns.
@@ -1016,7 +1037,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -1028,7 +1049,8 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           orca._command(i.run_kind)
+           orca._command(i.run_kind),
+           CASE WHEN i.run_kind = 'sync' THEN NULL ELSE i.binary_sha256 END
     FROM info i
     ORDER BY i.id;
 END
@@ -1060,3 +1082,936 @@ REVOKE ALL ON FUNCTION
     orca._valid_key(text),
     orca._command(text)
 FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- The trust boundary (sql/security.sql): runner tokens bind a runner to an
+-- org and pool; a lease token is its attempt's capability (orca_attempt);
+-- sync HEAD calls need the sync's lease and name records under its prefix;
+-- only admins move the clock; versions pin their binary's sha256.
+---------------------------------------------------------------------------
+
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_attempt') THEN
+        CREATE ROLE orca_attempt NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('orca_runner', 'orca_attempt', 'MEMBER') THEN
+        GRANT orca_attempt TO orca_runner;
+    END IF;
+END
+$roles$;
+
+ALTER TABLE orca.leases ADD COLUMN token_id bigint;
+ALTER TABLE orca.pipeline_versions ADD COLUMN binary_sha256 text
+    CHECK (binary_sha256 ~ '^[0-9a-f]{64}$');
+ALTER TYPE orca.lease ADD ATTRIBUTE binary_sha256 text;
+-- A version registered under 0.1.0 by a newer orca register carries the hash
+-- in its manifest already: it stays pinned.
+UPDATE orca.pipeline_versions SET binary_sha256 = manifest->>'binary_sha256'
+WHERE manifest->>'binary_sha256' ~ '^[0-9a-f]{64}$';
+
+-- Runner tokens: 32 random bytes shown once, stored as their sha256. A
+-- rotation keeps the old secret working until previous_until, so runners can
+-- be given the new one without a gap.
+CREATE TABLE orca.runner_tokens (
+    org_id         bigint NOT NULL REFERENCES orca.orgs (id),
+    id             bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    name           text NOT NULL,
+    pool           text NOT NULL,
+    hash           bytea NOT NULL UNIQUE,
+    previous_hash  bytea UNIQUE,
+    previous_until timestamptz,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    created_by     name NOT NULL DEFAULT session_user,
+    rotated_at     timestamptz,
+    revoked_at     timestamptz,
+    UNIQUE (org_id, name)
+);
+COMMENT ON TABLE orca.runner_tokens IS
+'Runner tokens (orca.create_runner_token): each binds a runner to one org and pool. Only '
+'their hashes are stored, and viewers cannot read those.';
+ALTER TABLE orca.runner_tokens ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.runner_tokens USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.runner_tokens', '');
+SELECT pg_catalog.pg_extension_config_dump(
+    pg_catalog.pg_get_serial_sequence('orca.runner_tokens', 'id')::regclass, '');
+
+CREATE FUNCTION orca._token_hash(p_token text) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT pg_catalog.sha256(pg_catalog.convert_to(p_token, 'UTF8'))
+$$;
+
+-- 32 bytes drawn from three v4 UUIDs (366 random bits from the server's
+-- strong random source) through sha256.
+CREATE FUNCTION orca._new_token() RETURNS text
+LANGUAGE sql VOLATILE AS $$
+    SELECT 'orca_rt_' || pg_catalog.encode(pg_catalog.sha256(
+               pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+               || pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+               || pg_catalog.uuid_send(pg_catalog.gen_random_uuid())), 'hex')
+$$;
+
+-- The token this session presents (SET orca.runner_token), checked: its row,
+-- or for an admin without a token a row with only org_id (the session's
+-- org). Anyone else without a valid token is refused.
+CREATE FUNCTION orca._runner_session() RETURNS orca.runner_tokens
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_token text := nullif(current_setting('orca.runner_token', true), '');
+    v_named text := nullif(current_setting('orca.org', true), '');
+    v_hash  bytea;
+    t       orca.runner_tokens;
+BEGIN
+    IF v_token IS NULL THEN
+        IF orca._is_admin() THEN
+            t.org_id := orca.current_org_id();
+            RETURN t;
+        END IF;
+        RAISE EXCEPTION 'role % presents no runner token: runners work with one', session_user
+            USING ERRCODE = 'OR080',
+                  HINT = 'an operator creates one with SELECT orca.create_runner_token(pool); '
+                         'give it to orca-runner --token-file (or ORCA_RUNNER_TOKEN)';
+    END IF;
+    v_hash := orca._token_hash(v_token);
+    SELECT * INTO t FROM orca.runner_tokens x WHERE x.hash = v_hash;
+    IF NOT FOUND THEN
+        SELECT * INTO t FROM orca.runner_tokens x
+        WHERE x.previous_hash = v_hash AND x.previous_until > now();
+    END IF;
+    IF NOT FOUND THEN
+        -- The token itself is never echoed: error messages reach logs.
+        RAISE EXCEPTION 'runner token refused: it is not a token of this installation, or it was rotated'
+            USING ERRCODE = 'OR080',
+                  HINT = 'orca.runner_tokens lists the tokens by name; ask for a new one';
+    END IF;
+    IF t.revoked_at IS NOT NULL THEN
+        RAISE EXCEPTION 'runner token ''%'' was revoked at %', t.name, t.revoked_at
+            USING ERRCODE = 'OR080';
+    END IF;
+    IF v_named IS NOT NULL
+       AND v_named <> (SELECT o.name FROM orca.orgs o WHERE o.id = t.org_id) THEN
+        RAISE EXCEPTION 'runner token ''%'' is for org ''%'', not ''%''', t.name,
+                        (SELECT o.name FROM orca.orgs o WHERE o.id = t.org_id), v_named
+            USING ERRCODE = 'OR081',
+                  HINT = 'leave orca.org unset: the token names its org';
+    END IF;
+    RETURN t;
+END
+$$;
+
+-- A token session works for its pool only.
+CREATE FUNCTION orca._runner_pool(t orca.runner_tokens, p_pool text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF t.id IS NOT NULL AND p_pool IS DISTINCT FROM t.pool THEN
+        RAISE EXCEPTION 'runner token ''%'' is for pool ''%'', not %', t.name, t.pool,
+                        quote_nullable(p_pool)
+            USING ERRCODE = 'OR081';
+    END IF;
+END
+$$;
+
+-- Refuses a live lease of the org that another token's runner holds.
+CREATE FUNCTION orca._lease_holder(t orca.runner_tokens, p_lease uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_holder bigint;
+BEGIN
+    IF t.id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT l.token_id INTO v_holder FROM orca.leases l
+    WHERE l.attempt_id = orca._lease_attempt(p_lease) AND l.lease = p_lease
+      AND l.org_id = t.org_id;
+    IF FOUND AND v_holder IS DISTINCT FROM t.id THEN
+        RAISE EXCEPTION 'lease % is held by another runner, not by token ''%''', p_lease, t.name
+            USING ERRCODE = 'OR082',
+                  HINT = 'a runner heartbeats, finishes and releases only the leases it claimed';
+    END IF;
+END
+$$;
+
+-- The org of the attempt a lease token was given for: the lease is the
+-- capability, so no membership is asked. A session that names an org
+-- (orca.org) must name the lease's.
+CREATE FUNCTION orca._lease_org(p_lease uuid) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_named text := nullif(current_setting('orca.org', true), '');
+    v_org   bigint;
+BEGIN
+    SELECT a.org_id INTO v_org FROM orca.attempts a
+    WHERE a.id = orca._lease_attempt(p_lease) AND a.lease = p_lease;
+    IF v_org IS NULL
+       OR (v_named IS NOT NULL
+           AND v_named IS DISTINCT FROM (SELECT o.name FROM orca.orgs o WHERE o.id = v_org)) THEN
+        RAISE EXCEPTION 'unknown lease %', coalesce(p_lease::text, 'NULL')
+            USING ERRCODE = 'OR012',
+                  HINT = 'use the lease token orca.claim returned, in the org that claimed it';
+    END IF;
+    RETURN v_org;
+END
+$$;
+
+CREATE FUNCTION orca.create_runner_token(pool text, name text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org   bigint := orca.current_org_id();
+    v_token text := orca._new_token();
+    v_name  text := create_runner_token.name;
+    v_id    bigint;
+BEGIN
+    IF create_runner_token.pool IS NULL OR length(create_runner_token.pool) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_runner_token.pool)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF v_name IS NOT NULL AND v_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid runner token name %', quote_nullable(v_name)
+            USING ERRCODE = 'OR050',
+                  HINT = 'use 1 to 128 letters, digits, ''_'', ''.'' or ''-''';
+    END IF;
+    INSERT INTO orca.runner_tokens AS t (org_id, name, pool, hash)
+    VALUES (v_org, coalesce(v_name, 'runner-' || substr(md5(v_token), 1, 8)),
+            create_runner_token.pool, orca._token_hash(v_token))
+    ON CONFLICT (org_id, name) DO NOTHING
+    RETURNING t.id, t.name INTO v_id, v_name;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'runner token ''%'' already exists', create_runner_token.name
+            USING ERRCODE = 'OR050',
+                  HINT = 'orca.rotate_runner_token gives it a new secret';
+    END IF;
+    PERFORM orca._event(v_org, 'runner_token.created', NULL, NULL, NULL,
+        jsonb_build_object('name', v_name, 'pool', create_runner_token.pool, 'by', session_user));
+    RETURN v_token;
+END
+$$;
+COMMENT ON FUNCTION orca.create_runner_token(text, text) IS
+'Creates a runner token for a pool of the session''s org and returns it: shown this once, '
+'stored only as its sha256. A runner given it (orca-runner --token-file, ORCA_RUNNER_TOKEN) '
+'claims, heartbeats, finishes and releases only that pool''s attempts, in that org, and only '
+'the leases it holds; its database login needs orca_runner and nothing else. Operators and '
+'admins. Example: SELECT orca.create_runner_token(''default'', name => ''host-a'');';
+
+CREATE FUNCTION orca.revoke_runner_token(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens;
+    v_n   integer;
+BEGIN
+    UPDATE orca.runner_tokens x SET revoked_at = coalesce(x.revoked_at, now())
+    WHERE x.org_id = v_org AND x.name = revoke_runner_token.name
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner token %', quote_nullable(revoke_runner_token.name)
+            USING ERRCODE = 'OR083',
+                  HINT = 'orca.runner_tokens lists the tokens of the org';
+    END IF;
+    -- Its leases lapse now: the next tick hands their attempts on.
+    UPDATE orca.leases l SET deadline = least(l.deadline, now())
+    WHERE l.org_id = v_org AND l.token_id = t.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    PERFORM orca._event(v_org, 'runner_token.revoked', NULL, NULL, NULL,
+        jsonb_build_object('name', t.name, 'pool', t.pool, 'leases', v_n, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.revoke_runner_token(text) IS
+'Revokes a runner token: the runner''s next call is refused (OR080) and the leases it holds '
+'lapse at once, so the next tick hands their attempts to other runners. Operators and admins.';
+
+CREATE FUNCTION orca.rotate_runner_token(name text, grace interval DEFAULT '1 hour')
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org   bigint := orca.current_org_id();
+    v_token text := orca._new_token();
+    t       orca.runner_tokens;
+BEGIN
+    IF rotate_runner_token.grace IS NULL OR rotate_runner_token.grace < interval '0'
+       OR rotate_runner_token.grace > interval '7 days' THEN
+        RAISE EXCEPTION 'grace must be from 0 to 7 days, got %',
+                        coalesce(rotate_runner_token.grace::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    UPDATE orca.runner_tokens x
+    SET previous_hash = x.hash, previous_until = now() + rotate_runner_token.grace,
+        hash = orca._token_hash(v_token), rotated_at = now()
+    WHERE x.org_id = v_org AND x.name = rotate_runner_token.name AND x.revoked_at IS NULL
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown or revoked runner token %', quote_nullable(rotate_runner_token.name)
+            USING ERRCODE = 'OR083',
+                  HINT = 'orca.runner_tokens lists the tokens of the org';
+    END IF;
+    PERFORM orca._event(v_org, 'runner_token.rotated', NULL, NULL, NULL,
+        jsonb_build_object('name', t.name, 'pool', t.pool, 'old_until', t.previous_until,
+                           'by', session_user));
+    RETURN v_token;
+END
+$$;
+COMMENT ON FUNCTION orca.rotate_runner_token(text, interval) IS
+'Gives a runner token a new secret and returns it (shown this once). The old secret keeps '
+'working for grace (default 1 hour, at most 7 days; 0 ends it now), so runners can be given '
+'the new one without a gap. Operators and admins. '
+'Example: SELECT orca.rotate_runner_token(''host-a'', interval ''10 minutes'');';
+
+CREATE FUNCTION orca._sync_caller(p_sync text, p_lease uuid, p_what text) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    IF p_lease IS NULL THEN
+        IF orca._is_admin() THEN
+            a.org_id := orca.current_org_id();
+            RETURN a;
+        END IF;
+        RAISE EXCEPTION '% sync % needs the lease of an attempt of its run', p_what,
+                        quote_nullable(p_sync)
+            USING ERRCODE = 'OR084',
+                  HINT = 'the runner gives orca-engine the lease (ORCA_LEASE); only admins drive a sync without one';
+    END IF;
+    a := orca._live_attempt(orca._lease_org(p_lease), p_lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'sync'
+       OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) IS DISTINCT FROM p_sync THEN
+        RAISE EXCEPTION 'lease % is an attempt of run %, not of sync %', p_lease, r.id,
+                        quote_nullable(p_sync)
+            USING ERRCODE = 'OR084';
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION orca._check_record(s orca.syncs, p_record text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_prefix text := (SELECT o.name FROM orca.orgs o WHERE o.id = s.org_id) || '/' || s.name
+                     || '/_checkpoints/';
+BEGIN
+    IF p_record IS NOT NULL
+       AND (NOT starts_with(p_record, v_prefix)
+            OR substr(p_record, length(v_prefix) + 1) !~ '^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}$'
+            OR strpos(p_record, '..') > 0) THEN
+        RAISE EXCEPTION 'checkpoint record % is not under the prefix % of sync ''%''',
+                        quote_literal(p_record), v_prefix, s.name
+            USING ERRCODE = 'OR085',
+                  HINT = 'records are objects <org>/<sync>/_checkpoints/<name> of the sync''s own store prefix';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._tick_orgs() RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.runner_token', true), '') IS NOT NULL THEN
+        RETURN ARRAY[(orca._runner_session()).org_id];
+    END IF;
+    IF nullif(current_setting('orca.org', true), '') IS NULL AND orca._is_admin() THEN
+        RETURN ARRAY(SELECT id FROM orca.orgs ORDER BY id);
+    END IF;
+    RETURN ARRAY[orca.current_org_id()];
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.register_runner(name text, pool text DEFAULT 'default',
+                                     slots integer DEFAULT NULL, host text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+BEGIN
+    PERFORM orca._runner_pool(t, coalesce(register_runner.pool, 'default'));
+    IF register_runner.name IS NULL OR length(register_runner.name) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %',
+            quote_nullable(register_runner.name) USING ERRCODE = 'OR050';
+    END IF;
+    INSERT INTO orca.runners (org_id, name, pool, slots, host)
+    VALUES (v_org, register_runner.name, coalesce(register_runner.pool, 'default'),
+            register_runner.slots, register_runner.host)
+    ON CONFLICT (org_id, name) DO UPDATE
+    SET pool = excluded.pool, slots = excluded.slots, host = excluded.host, last_seen = now();
+    PERFORM orca._event(v_org, 'runner.registered', NULL, NULL, NULL,
+        jsonb_strip_nulls(jsonb_build_object('runner', register_runner.name,
+                                             'pool', register_runner.pool,
+                                             'slots', register_runner.slots,
+                                             'host', register_runner.host)));
+END
+$$;
+COMMENT ON FUNCTION orca.register_runner(text, text, integer, text) IS
+'Records a runner (name, pool, slots, host) in orca.runners. orca.claim also records the '
+'runners it sees, so calling this is optional.';
+
+CREATE OR REPLACE FUNCTION orca.heartbeat(lease uuid) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    v_deadline timestamptz;
+BEGIN
+    UPDATE orca.leases l
+    SET deadline = now() + make_interval(secs => orca._lease_seconds()), heartbeat_at = now()
+    WHERE l.attempt_id = orca._lease_attempt(heartbeat.lease) AND l.lease = heartbeat.lease
+      AND l.org_id = v_org AND (t.id IS NULL OR l.token_id = t.id)
+    RETURNING l.deadline INTO v_deadline;
+    IF v_deadline IS NULL THEN
+        PERFORM orca._lease_holder(t, heartbeat.lease);
+        PERFORM orca._lease_refused(v_org, heartbeat.lease);
+    END IF;
+    RETURN v_deadline;
+END
+$$;
+COMMENT ON FUNCTION orca.heartbeat(uuid) IS
+'Extends a lease by orca.lease_seconds and returns the new deadline. Errors: OR012 unknown '
+'lease, OR014 lease no longer active (lost or finished: stop the attempt), OR015 run cancelled '
+'(stop the attempt).';
+
+CREATE OR REPLACE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    a     orca.attempts;
+BEGIN
+    IF finish.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._lease_holder(t, finish.lease);
+    a := orca._leased_attempt(v_org, finish.lease);
+    RETURN orca._attempt_ended(
+        a.id,
+        CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
+        CASE WHEN finish.ok THEN NULL
+             ELSE coalesce(finish.error, 'the attempt failed without a message') END);
+END
+$$;
+COMMENT ON FUNCTION orca.finish(uuid, boolean, text) IS
+'Ends a leased attempt: ok => true marks the run succeeded; ok => false records the error and '
+'retries the run while its run_retries last, else fails it. Returns the run''s status '
+'afterwards (succeeded, running when retried, failed). A stale or foreign lease gets OR012, '
+'OR014 or OR015 and changes nothing.';
+
+CREATE OR REPLACE FUNCTION orca.finish_many(leases uuid[], ok boolean DEFAULT true, error text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    v_ids bigint[];
+    v_bad uuid;
+    v_id  bigint;
+    v_n   integer;
+    v_done      uuid[];
+    v_pipelines bigint[];
+    v_sense     boolean;
+BEGIN
+    IF finish_many.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
+    END IF;
+    IF finish_many.leases IS NULL OR cardinality(finish_many.leases) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF cardinality(finish_many.leases) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 leases at once, got %', cardinality(finish_many.leases)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(finish_many.leases) AS x WHERE x IS NULL) THEN
+        PERFORM orca._lease_refused(v_org, NULL);
+    END IF;
+    IF t.id IS NOT NULL THEN
+        -- Only leases this token's runner holds, all or nothing.
+        SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
+        WHERE EXISTS (SELECT 1 FROM orca.leases l
+                      WHERE l.attempt_id = orca._lease_attempt(x) AND l.lease = x
+                        AND l.org_id = v_org AND l.token_id IS DISTINCT FROM t.id)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM orca._lease_holder(t, v_bad);
+        END IF;
+    END IF;
+    v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
+    -- Runs first, in id order: the lock order every API function keeps. The
+    -- same statement learns their pipelines and whether any is a sensor's.
+    -- LATERAL keeps each run a primary-key lookup: for a batch of a few
+    -- hundred the planner otherwise scans the whole runs table, which costs
+    -- more than all of the batch's writes once the history is large.
+    SELECT array_agg(DISTINCT x.pipeline_id), coalesce(bool_or(x.kind = 'sense'), false)
+    INTO v_pipelines, v_sense
+    FROM (SELECT DISTINCT a.run_id FROM orca.attempts a
+          WHERE a.id = ANY (v_ids) AND a.org_id = v_org
+          ORDER BY a.run_id) u
+    CROSS JOIN LATERAL (SELECT r.pipeline_id, r.kind FROM orca.runs r
+                        WHERE r.id = u.run_id FOR UPDATE) x;
+
+    -- Failures (retries) and a sensor's polls (whose run stays running) take
+    -- the one-at-a-time path.
+    IF NOT finish_many.ok OR v_sense THEN
+        -- All or nothing: one lease that is not live refuses the whole call.
+        SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
+        WHERE x IS NULL OR NOT EXISTS (
+            SELECT 1 FROM orca.leases l
+            WHERE l.attempt_id = orca._lease_attempt(x) AND l.lease = x AND l.org_id = v_org)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM orca._lease_refused(v_org, v_bad);
+        END IF;
+        v_n := 0;
+        FOR v_id IN SELECT DISTINCT unnest(v_ids) ORDER BY 1 LOOP
+            PERFORM orca._attempt_ended(v_id,
+                CASE WHEN finish_many.ok THEN 'succeeded' ELSE 'failed' END,
+                CASE WHEN finish_many.ok THEN NULL
+                     ELSE coalesce(finish_many.error, 'the attempt failed without a message') END);
+            v_n := v_n + 1;
+        END LOOP;
+        RETURN v_n;
+    END IF;
+
+    -- Success, set-based: what _attempt_ended does for one attempt, for all.
+    -- The lease check is the delete itself: a token that is not live deletes
+    -- nothing, and the error below then undoes the whole call.
+    WITH live AS (
+        DELETE FROM orca.leases l
+        WHERE l.attempt_id = ANY (v_ids) AND l.org_id = v_org AND l.lease = ANY (finish_many.leases)
+        RETURNING l.attempt_id, l.deadline, l.heartbeat_at
+    ), a AS (
+        UPDATE orca.attempts x
+        SET status = 'succeeded', finished_at = now(), error = NULL,
+            deadline = live.deadline, heartbeat_at = live.heartbeat_at
+        FROM live WHERE x.id = live.attempt_id
+        RETURNING x.org_id, x.id, x.run_id, x.number, x.runner, x.lease
+    ), r AS (
+        UPDATE orca.runs y SET status = 'succeeded', finished_at = now(), error = NULL
+        FROM a WHERE y.id = a.run_id AND y.status = 'running'
+        RETURNING y.org_id, y.id, y.pipeline_id, y.attempts, a.id AS attempt_id,
+                  a.number, a.runner
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT r.org_id, e.kind, r.pipeline_id, r.id, r.attempt_id, e.data
+        FROM r
+        CROSS JOIN LATERAL (VALUES
+            (1, 'attempt.succeeded', jsonb_strip_nulls(jsonb_build_object('attempt', r.number, 'runner', r.runner))),
+            (2, 'run.succeeded', jsonb_build_object('attempts', r.attempts))) AS e(ord, kind, data)
+        ORDER BY r.attempt_id, e.ord
+    )
+    SELECT array_agg(a.lease) INTO v_done FROM a;
+    v_n := coalesce(cardinality(v_done), 0);
+    IF v_n < (SELECT count(DISTINCT x) FROM unnest(finish_many.leases) AS x) THEN
+        SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
+        WHERE NOT (x = ANY (coalesce(v_done, '{}')))
+        LIMIT 1;
+        PERFORM orca._lease_refused(v_org, v_bad);
+    END IF;
+    FOREACH v_id IN ARRAY coalesce(v_pipelines, '{}') LOOP
+        PERFORM orca._slot_freed(v_org, v_id);
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION orca.finish_many(uuid[], boolean, text) IS
+'orca.finish for many leases in one call (up to 10000), for runners that finish attempts in '
+'batches: all succeeded (ok => true) or all failed with the same error. All or nothing: one '
+'lease that is not active refuses the call (OR012/OR014/OR015) and nothing changes. Returns '
+'how many attempts it finished.';
+
+CREATE OR REPLACE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    a     orca.attempts;
+BEGIN
+    PERFORM orca._lease_holder(t, release.lease);
+    a := orca._leased_attempt(v_org, release.lease);
+    PERFORM orca._attempt_ended(a.id, 'released',
+                                coalesce(release.reason, 'released by its runner'));
+END
+$$;
+COMMENT ON FUNCTION orca.release(uuid, text) IS
+'Hands a leased attempt back unfinished, for a runner that is shutting down: the run gets a '
+'new pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. '
+'Errors: OR012/OR014/OR015 for the lease.';
+
+CREATE OR REPLACE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
+                                 error text DEFAULT NULL, output jsonb DEFAULT NULL,
+                                 code text DEFAULT NULL, input_hash text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(report_step.lease);
+    a orca.attempts;
+    v_pipeline bigint;
+    v_attempts integer;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(report_step.lease) AND l.lease = report_step.lease
+      AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, report_step.lease);
+    END IF;
+    IF report_step.status IS NULL
+       OR report_step.status NOT IN ('running', 'succeeded', 'failed', 'skipped') THEN
+        RAISE EXCEPTION 'step status must be running, succeeded, failed or skipped, got %',
+            quote_nullable(report_step.status) USING ERRCODE = 'OR050';
+    END IF;
+    UPDATE orca.step_states s
+    SET status = report_step.status,
+        attempts = s.attempts + (report_step.status = 'running')::int,
+        error = report_step.error,
+        output = CASE WHEN report_step.status = 'succeeded' THEN report_step.output
+                      ELSE s.output END,
+        code = CASE WHEN report_step.status = 'succeeded' THEN report_step.code ELSE s.code END,
+        input_hash = CASE WHEN report_step.status = 'succeeded' THEN report_step.input_hash
+                          ELSE s.input_hash END,
+        updated_at = now()
+    WHERE s.run_id = a.run_id AND s.step = report_step.step
+      AND s.partition = report_step.partition
+    RETURNING s.attempts INTO v_attempts;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % has no step % for partition %', a.run_id,
+            quote_nullable(report_step.step), quote_nullable(report_step.partition)
+            USING ERRCODE = 'OR016', HINT = 'a gather step''s partition is ''*''';
+    END IF;
+    SELECT pipeline_id INTO v_pipeline FROM orca.runs WHERE id = a.run_id;
+    PERFORM orca._event(v_org, 'step.' || report_step.status, v_pipeline, a.run_id, a.id,
+        jsonb_strip_nulls(jsonb_build_object('step', report_step.step,
+                                             'partition', report_step.partition,
+                                             'attempt', a.number, 'step_attempt', v_attempts,
+                                             'error', report_step.error)));
+    RETURN v_attempts;
+END
+$$;
+COMMENT ON FUNCTION orca.report_step(uuid, text, text, text, text, jsonb, text, text) IS
+'Records the state of one (step, partition) of the run a lease belongs to: running (counts a '
+'step attempt), succeeded (with its output, the step''s code hash and its input''s hash), '
+'failed (with its error) or skipped. Returns the pair''s attempt count. Pipeline binaries call '
+'it as they go. Errors: OR012/OR014/OR015 for the lease, OR016 unknown step or partition.';
+
+CREATE OR REPLACE FUNCTION orca.attempt_context(lease uuid, build jsonb DEFAULT '{}') RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(attempt_context.lease);
+    a orca.attempts;
+    r orca.runs;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT x.* INTO a FROM orca.leases l JOIN orca.attempts x ON x.id = l.attempt_id
+    WHERE l.attempt_id = orca._lease_attempt(attempt_context.lease)
+      AND l.lease = attempt_context.lease AND l.org_id = v_org;
+    IF NOT FOUND THEN
+        PERFORM orca._lease_refused(v_org, attempt_context.lease);
+    END IF;
+    UPDATE orca.attempts SET build = coalesce(attempt_context.build, '{}') WHERE id = a.id;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = a.version_id;
+    RETURN jsonb_build_object(
+        'org', (SELECT name FROM orca.orgs WHERE id = v_org),
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'run', r.id,
+        'attempt', a.number,
+        'version', v.version,
+        'registry_hash', v.registry_hash,
+        'partitions', to_jsonb(r.partitions),
+        'states', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'step', s.step, 'partition', s.partition, 'status', s.status,
+                       'attempts', s.attempts, 'code', s.code, 'input_hash', s.input_hash,
+                       'output', s.output) ORDER BY s.step, s.partition)
+            FROM orca.step_states s WHERE s.run_id = r.id), '[]'));
+END
+$$;
+COMMENT ON FUNCTION orca.attempt_context(uuid, jsonb) IS
+'What a pipeline binary needs to run a leased attempt: the run, its partitions, the version''s '
+'registry hash, and every (step, partition) state with the output, code hash and input hash it '
+'succeeded with. Records the binary''s build (registry hash, source, commit, dirty, image) on '
+'the attempt. Errors: OR012/OR014/OR015 for the lease.';
+
+CREATE OR REPLACE FUNCTION orca.pin_read(lease uuid, step text, partition text, dataset text, snapshot bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(pin_read.lease);
+    a orca.attempts;
+    v_pinned bigint;
+    v_new integer;
+BEGIN
+    a := orca._dataset_access(v_org, pin_read.lease, pin_read.step, pin_read.partition,
+                              pin_read.dataset, 'read');
+    INSERT INTO orca.reads (org_id, run_id, step, partition, dataset, snapshot_id, attempt_id)
+    VALUES (v_org, a.run_id, pin_read.step, pin_read.partition, pin_read.dataset,
+            pin_read.snapshot, a.id)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    SELECT r.snapshot_id INTO v_pinned FROM orca.reads r
+    WHERE r.run_id = a.run_id AND r.step = pin_read.step AND r.partition = pin_read.partition
+      AND r.dataset = pin_read.dataset;
+    IF v_new > 0 THEN
+        PERFORM orca._event(v_org, 'dataset.read', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
+            a.run_id, a.id,
+            jsonb_build_object('dataset', pin_read.dataset, 'snapshot', v_pinned,
+                               'step', pin_read.step, 'partition', pin_read.partition));
+    END IF;
+    RETURN v_pinned;
+END
+$$;
+COMMENT ON FUNCTION orca.pin_read(uuid, text, text, text, bigint) IS
+'Pins the snapshot a (step, partition) of the leased run reads of a dataset: the first call '
+'records the given snapshot (NULL: the table has none, and stays empty for that step), every '
+'later call, from any retry or resume of the run, returns that same snapshot. The SDK''s scan '
+'calls it. Errors: OR016 unknown step or partition, OR017 the step does not declare the '
+'dataset in its reads.';
+
+CREATE OR REPLACE FUNCTION orca.record_commit(lease uuid, step text, partition text, dataset text,
+                                   snapshot bigint, commit_no integer,
+                                   operation text DEFAULT 'append')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(record_commit.lease);
+    a orca.attempts;
+    v_new integer;
+BEGIN
+    IF record_commit.snapshot IS NULL OR record_commit.commit_no IS NULL
+       OR record_commit.commit_no < 1 THEN
+        RAISE EXCEPTION 'a commit needs a snapshot id and a commit number from 1, got % and %',
+            coalesce(record_commit.snapshot::text, 'NULL'), coalesce(record_commit.commit_no::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF coalesce(record_commit.operation, 'append') NOT IN ('append', 'replace', 'overwrite', 'delete') THEN
+        RAISE EXCEPTION 'operation must be append, replace, overwrite or delete, got %',
+            quote_literal(record_commit.operation)
+            USING ERRCODE = 'OR050';
+    END IF;
+    a := orca._dataset_access(v_org, record_commit.lease, record_commit.step,
+                              record_commit.partition, record_commit.dataset, 'write');
+    INSERT INTO orca.commits (org_id, run_id, attempt_id, step, partition, dataset, snapshot_id,
+                              commit_no, operation)
+    VALUES (v_org, a.run_id, a.id, record_commit.step, record_commit.partition,
+            record_commit.dataset, record_commit.snapshot, record_commit.commit_no,
+            coalesce(record_commit.operation, 'append'))
+    ON CONFLICT (run_id, step, partition, dataset, commit_no) DO NOTHING;
+    GET DIAGNOSTICS v_new = ROW_COUNT;
+    IF v_new > 0 THEN
+        PERFORM orca._event(v_org, 'dataset.committed', (SELECT pipeline_id FROM orca.runs WHERE id = a.run_id),
+            a.run_id, a.id,
+            jsonb_build_object('dataset', record_commit.dataset, 'snapshot', record_commit.snapshot,
+                               'operation', coalesce(record_commit.operation, 'append'),
+                               'step', record_commit.step, 'partition', record_commit.partition));
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION orca.record_commit(uuid, text, text, text, bigint, integer, text) IS
+'Records a snapshot a (step, partition) of the leased run committed to a dataset, as its '
+'commit_no-th commit. Recording the same commit again changes nothing. The SDK''s append and '
+'commit call it right after the table commit. Errors: OR016, OR017 (not in the step''s '
+'writes), OR050.';
+
+CREATE OR REPLACE FUNCTION orca.sense_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(sense_context.lease);
+    a orca.attempts;
+    r orca.runs;
+    sn orca.sensors;
+BEGIN
+    a := orca._live_attempt(v_org, sense_context.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'sense' THEN
+        RAISE EXCEPTION 'lease % is not a sensor''s poll: run % is a pipeline run',
+            sense_context.lease, r.id USING ERRCODE = 'OR050';
+    END IF;
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'since', sn.registered_at,
+        'datasets', coalesce((
+            SELECT jsonb_agg(DISTINCT d.dataset ORDER BY d.dataset)
+            FROM orca.step_datasets d
+            JOIN orca.pipelines p ON p.current_version = d.version_id
+            WHERE p.id = r.pipeline_id AND d.mode = 'read'
+              -- A keyed sensor watches its keys dataset only.
+              AND d.dataset = coalesce((SELECT pv.keys_dataset FROM orca.pipeline_versions pv
+                                        WHERE pv.id = d.version_id), d.dataset)
+              AND NOT EXISTS (SELECT 1 FROM orca.step_datasets w
+                              WHERE w.version_id = d.version_id AND w.dataset = d.dataset
+                                AND w.mode = 'write')), '[]'));
+END
+$$;
+COMMENT ON FUNCTION orca.sense_context(uuid) IS
+'What a sensor''s poll looks at: the datasets the pipeline reads and does not write, and the '
+'time it started watching (snapshots older than that are already seen). The SDK''s sense '
+'command calls it.';
+
+CREATE OR REPLACE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(report_snapshots.lease);
+    ctx jsonb := orca.sense_context(report_snapshots.lease);
+    r orca.runs;
+    sn orca.sensors;
+    s jsonb;
+    v_started integer := 0;
+BEGIN
+    IF jsonb_typeof(report_snapshots.snapshots) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'snapshots must be a JSON array, got %', coalesce(report_snapshots.snapshots::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT x.* INTO r FROM orca.runs x
+    JOIN orca.attempts a ON a.run_id = x.id
+    WHERE a.id = orca._lease_attempt(report_snapshots.lease);
+    SELECT * INTO sn FROM orca.sensors WHERE pipeline_id = r.pipeline_id;
+    FOR s IN SELECT value FROM jsonb_array_elements(report_snapshots.snapshots) ORDER BY (value->>'timestamp_ms')::bigint NULLS FIRST LOOP
+        CONTINUE WHEN NOT (ctx->'datasets') ? (s->>'dataset');
+        -- Orca's own commits are seen from the control plane once their run succeeds.
+        CONTINUE WHEN s->>'orca_run' IS NOT NULL;
+        CONTINUE WHEN (s->>'snapshot') IS NULL;
+        CONTINUE WHEN to_timestamp(((s->>'timestamp_ms')::bigint) / 1000.0) <= sn.registered_at;
+        IF orca._sensed(v_org, r.pipeline_id, s->>'dataset', (s->>'snapshot')::bigint, 'outside',
+                        CASE WHEN coalesce(s->>'partitions', '') = '' THEN '{}'::text[]
+                             ELSE string_to_array(s->>'partitions', ',') END) IS NOT NULL THEN
+            v_started := v_started + 1;
+        END IF;
+    END LOOP;
+    RETURN v_started;
+END
+$$;
+COMMENT ON FUNCTION orca.report_snapshots(uuid, jsonb) IS
+'A sensor''s poll reports the snapshots its datasets hold: [{dataset, snapshot, timestamp_ms, '
+'partitions, orca_run}]. Each snapshot made by a writer outside Orca after the sensor started '
+'watching starts exactly one run (trigger sensor), however often it is reported; partitions '
+'come from the snapshot''s orca.partitions property (a day maps to its month, a month to its '
+'days), or else from the schedule. Returns how many runs it started.';
+
+CREATE OR REPLACE FUNCTION orca.keys_context(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca._lease_org(keys_context.lease);
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    a := orca._live_attempt(v_org, keys_context.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', keys_context.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN jsonb_build_object(
+        'pipeline', (SELECT name FROM orca.pipelines WHERE id = r.pipeline_id),
+        'run', r.id, 'attempt', a.number,
+        'registry_hash', (SELECT registry_hash FROM orca.pipeline_versions WHERE id = r.version_id))
+        || r.request;
+END
+$$;
+COMMENT ON FUNCTION orca.keys_context(uuid) IS
+'What a keys task asks for: the pipeline, its keys dataset and column, and the mode (all: queue '
+'runs for every key not done; new: for the keys a sensor''s snapshot added; refresh: only read '
+'them). The SDK''s keys command calls it.';
+
+CREATE OR REPLACE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
+    v_org bigint := a.org_id;
+    s orca.syncs;
+    r orca.runs;
+BEGIN
+    -- A run's attempt says which run it is: its lease must be live and of
+    -- this sync (locks run, then attempt, then the sync, as finish does).
+    IF claim_sync.lease IS NOT NULL THEN
+        a := orca._leased_attempt(v_org, claim_sync.lease);
+        SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    END IF;
+    s := orca._sync(v_org, claim_sync.sync);
+    -- A HEAD set under an older rule or by hand: the engine checks it too.
+    PERFORM orca._check_record(s, s.head_record);
+    UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
+    PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
+    RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
+                              'epoch', s.head_epoch, 'record', s.head_record,
+                              'definition', s.definition, 'run', r.id,
+                              'request', coalesce(r.request, '{}'::jsonb));
+END
+$$;
+COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
+'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
+'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
+'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
+'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
+'({"mode": "full"} for a backfill: read everything again). The lease is required (OR084) '
+'except for admins, who may drive a sync by hand in their session''s org.';
+
+REVOKE ALL ON orca.runner_tokens FROM PUBLIC;
+REVOKE ALL ON SEQUENCE orca.runner_tokens_id_seq FROM PUBLIC;
+REVOKE SELECT ON orca.attempts, orca.leases FROM orca_viewer;
+GRANT SELECT (org_id, id, run_id, version_id, number, status, runner, pool, created_at,
+              leased_at, heartbeat_at, deadline, finished_at, error, build)
+    ON orca.attempts TO orca_viewer;
+GRANT SELECT (org_id, attempt_id, runner, deadline, heartbeat_at, token_id)
+    ON orca.leases TO orca_viewer;
+GRANT SELECT (org_id, id, name, pool, previous_until, created_at, created_by, rotated_at,
+              revoked_at)
+    ON orca.runner_tokens TO orca_viewer;
+GRANT USAGE ON SCHEMA orca TO orca_attempt;
+GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint) TO orca_attempt;
+REVOKE ALL ON FUNCTION
+    orca._token_hash(text),
+    orca._new_token(),
+    orca._runner_session(),
+    orca._runner_pool(orca.runner_tokens, text),
+    orca._lease_holder(orca.runner_tokens, uuid),
+    orca._lease_org(uuid),
+    orca._sync_caller(text, uuid, text),
+    orca._check_record(orca.syncs, text),
+    orca.create_runner_token(text, text),
+    orca.revoke_runner_token(text),
+    orca.rotate_runner_token(text, interval),
+    orca.advance_head(text, integer, bigint, text, uuid),
+    orca.rewind_head(text, integer, bigint, text, uuid)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    orca.create_runner_token(text, text),
+    orca.revoke_runner_token(text),
+    orca.rotate_runner_token(text, interval)
+    TO orca_operator;
+REVOKE EXECUTE ON FUNCTION
+    orca.report_step(uuid, text, text, text, text, jsonb, text, text),
+    orca.attempt_context(uuid, jsonb),
+    orca.pin_read(uuid, text, text, text, bigint),
+    orca.sense_context(uuid),
+    orca.report_snapshots(uuid, jsonb),
+    orca.keys_context(uuid),
+    orca.report_keys(uuid, bigint, bigint, text[]),
+    orca.claim_sync(text, uuid),
+    orca.record_commit(uuid, text, text, text, bigint, integer, text)
+    FROM orca_runner;
+GRANT EXECUTE ON FUNCTION
+    orca.report_step(uuid, text, text, text, text, jsonb, text, text),
+    orca.attempt_context(uuid, jsonb),
+    orca.pin_read(uuid, text, text, text, bigint),
+    orca.sense_context(uuid),
+    orca.report_snapshots(uuid, jsonb),
+    orca.keys_context(uuid),
+    orca.report_keys(uuid, bigint, bigint, text[]),
+    orca.claim_sync(text, uuid),
+    orca.advance_head(text, integer, bigint, text, uuid),
+    orca.rewind_head(text, integer, bigint, text, uuid),
+    orca.record_commit(uuid, text, text, text, bigint, integer, text)
+    TO orca_attempt;

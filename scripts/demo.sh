@@ -80,6 +80,7 @@ rm -rf "$ORCA_STORE"
 say "starting a runner (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
 mkdir -p "$LOGS" "$ORCA_WAREHOUSE"
 "$BIN/orca-runner" --name demo-runner --slots 2 --logs "$LOGS" --grace-seconds 5 \
+    --pipelines "$BIN" \
     >"$LOGS/runner.out" 2>&1 &
 RUNNER_PID=$!
 stop_runner() { kill -TERM "$RUNNER_PID" 2>/dev/null && wait "$RUNNER_PID" 2>/dev/null || true; }

@@ -37,7 +37,7 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(pin_read.lease);
     a orca.attempts;
     v_pinned bigint;
     v_new integer;
@@ -75,7 +75,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(record_commit.lease);
     a orca.attempts;
     v_new integer;
 BEGIN

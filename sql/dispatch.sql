@@ -170,8 +170,10 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
 BEGIN
+    PERFORM orca._runner_pool(t, coalesce(register_runner.pool, 'default'));
     IF register_runner.name IS NULL OR length(register_runner.name) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %',
             quote_nullable(register_runner.name) USING ERRCODE = 'OR050';
@@ -198,7 +200,8 @@ RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
     v_ttl interval := make_interval(secs => orca._lease_seconds());
     v_ids  bigint[];
@@ -212,6 +215,7 @@ BEGIN
         RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
             USING ERRCODE = 'OR050';
     END IF;
+    PERFORM orca._runner_pool(t, claim.pool);
     IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
             USING ERRCODE = 'OR050';
@@ -268,8 +272,8 @@ BEGIN
         WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
         RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
     ), live AS (
-        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline)
-        SELECT v_org, l.id, l.lease, claim.runner, l.deadline FROM leased l
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
     ), info AS (
         -- LATERAL keeps these lookups on primary keys whatever the planner
         -- guesses about how many rows the UPDATE returns.
@@ -277,7 +281,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -289,7 +293,8 @@ BEGIN
     )
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           orca._command(i.run_kind)
+           orca._command(i.run_kind),
+           CASE WHEN i.run_kind = 'sync' THEN NULL ELSE i.binary_sha256 END
     FROM info i
     ORDER BY i.id;
 END
@@ -306,15 +311,17 @@ CREATE FUNCTION orca.heartbeat(lease uuid) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     v_deadline timestamptz;
 BEGIN
     UPDATE orca.leases l
     SET deadline = now() + make_interval(secs => orca._lease_seconds()), heartbeat_at = now()
     WHERE l.attempt_id = orca._lease_attempt(heartbeat.lease) AND l.lease = heartbeat.lease
-      AND l.org_id = v_org
+      AND l.org_id = v_org AND (t.id IS NULL OR l.token_id = t.id)
     RETURNING l.deadline INTO v_deadline;
     IF v_deadline IS NULL THEN
+        PERFORM orca._lease_holder(t, heartbeat.lease);
         PERFORM orca._lease_refused(v_org, heartbeat.lease);
     END IF;
     RETURN v_deadline;
@@ -329,12 +336,14 @@ CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL) RET
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     a     orca.attempts;
 BEGIN
     IF finish.ok IS NULL THEN
         RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
     END IF;
+    PERFORM orca._lease_holder(t, finish.lease);
     a := orca._leased_attempt(v_org, finish.lease);
     RETURN orca._attempt_ended(
         a.id,
@@ -354,7 +363,8 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     v_ids bigint[];
     v_bad uuid;
     v_id  bigint;
@@ -375,6 +385,17 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(finish_many.leases) AS x WHERE x IS NULL) THEN
         PERFORM orca._lease_refused(v_org, NULL);
+    END IF;
+    IF t.id IS NOT NULL THEN
+        -- Only leases this token's runner holds, all or nothing.
+        SELECT x INTO v_bad FROM unnest(finish_many.leases) AS x
+        WHERE EXISTS (SELECT 1 FROM orca.leases l
+                      WHERE l.attempt_id = orca._lease_attempt(x) AND l.lease = x
+                        AND l.org_id = v_org AND l.token_id IS DISTINCT FROM t.id)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM orca._lease_holder(t, v_bad);
+        END IF;
     END IF;
     v_ids := ARRAY(SELECT orca._lease_attempt(x) FROM unnest(finish_many.leases) AS x);
     -- Runs first, in id order: the lock order every API function keeps. The
@@ -464,9 +485,11 @@ CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
     a     orca.attempts;
 BEGIN
+    PERFORM orca._lease_holder(t, release.lease);
     a := orca._leased_attempt(v_org, release.lease);
     PERFORM orca._attempt_ended(a.id, 'released',
                                 coalesce(release.reason, 'released by its runner'));
@@ -484,7 +507,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(report_step.lease);
     a orca.attempts;
     v_pipeline bigint;
     v_attempts integer;
@@ -537,7 +560,7 @@ CREATE FUNCTION orca.attempt_context(lease uuid, build jsonb DEFAULT '{}') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(attempt_context.lease);
     a orca.attempts;
     r orca.runs;
     v orca.pipeline_versions;

@@ -2,20 +2,36 @@
 -- acts in comes from orca.members. Nothing is granted to PUBLIC.
 --   orca_viewer   reads tables and views of its orgs, orca.fires
 --   orca_operator + registers pipelines, queues, cancels and retries runs, ticks
---   orca_runner   claims, heartbeats and finishes attempts, reports steps, ticks
+--   orca_attempt  what a lease token allows: report steps, pin reads, record
+--                 commits, move a sync's HEAD (a runner's children)
+--   orca_runner   + claims, heartbeats and finishes attempts (with a runner
+--                 token unless admin), ticks
 --   orca_admin    + both, creates orgs and manages members, sees every org
 
 REVOKE ALL ON SCHEMA orca FROM PUBLIC;
-GRANT USAGE ON SCHEMA orca TO orca_viewer, orca_runner;
+GRANT USAGE ON SCHEMA orca TO orca_viewer, orca_runner, orca_attempt;
 
 REVOKE ALL ON ALL TABLES IN SCHEMA orca FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA orca FROM PUBLIC;
 GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
 
+-- Secrets stay with their holders: a lease token is the capability of an
+-- attempt, and a runner token's hash is the runner's. Viewers read every
+-- other column.
+REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens FROM orca_viewer;
+GRANT SELECT (org_id, id, run_id, version_id, number, status, runner, pool, created_at,
+              leased_at, heartbeat_at, deadline, finished_at, error, build)
+    ON orca.attempts TO orca_viewer;
+GRANT SELECT (org_id, attempt_id, runner, deadline, heartbeat_at, token_id)
+    ON orca.leases TO orca_viewer;
+GRANT SELECT (org_id, id, name, pool, previous_until, created_at, created_by, rotated_at,
+              revoked_at)
+    ON orca.runner_tokens TO orca_viewer;
+
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
 GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
-    TO orca_viewer, orca_runner;
+    TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
     orca.key_status(text)
     TO orca_viewer;
@@ -29,14 +45,15 @@ GRANT EXECUTE ON FUNCTION
     orca.unpause(text),
     orca.refresh_keys(text),
     orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
+    orca.create_runner_token(text, text),
+    orca.revoke_runner_token(text),
+    orca.rotate_runner_token(text, interval),
     orca.tick(timestamptz)
     TO orca_operator;
+-- What an attempt's lease allows: the functions a pipeline binary or an
+-- engine calls. orca_attempt is what a runner's children log in with
+-- (orca-runner --attempt-database-url); runners have it too.
 GRANT EXECUTE ON FUNCTION
-    orca.claim(text, text, integer, text[]),
-    orca.heartbeat(uuid),
-    orca.finish(uuid, boolean, text),
-    orca.finish_many(uuid[], boolean, text),
-    orca.release(uuid, text),
     orca.report_step(uuid, text, text, text, text, jsonb, text, text),
     orca.attempt_context(uuid, jsonb),
     orca.pin_read(uuid, text, text, text, bigint),
@@ -45,9 +62,16 @@ GRANT EXECUTE ON FUNCTION
     orca.keys_context(uuid),
     orca.report_keys(uuid, bigint, bigint, text[]),
     orca.claim_sync(text, uuid),
-    orca.advance_head(text, integer, bigint, text),
-    orca.rewind_head(text, integer, bigint, text),
-    orca.record_commit(uuid, text, text, text, bigint, integer, text),
+    orca.advance_head(text, integer, bigint, text, uuid),
+    orca.rewind_head(text, integer, bigint, text, uuid),
+    orca.record_commit(uuid, text, text, text, bigint, integer, text)
+    TO orca_attempt;
+GRANT EXECUTE ON FUNCTION
+    orca.claim(text, text, integer, text[]),
+    orca.heartbeat(uuid),
+    orca.finish(uuid, boolean, text),
+    orca.finish_many(uuid[], boolean, text),
+    orca.release(uuid, text),
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)
     TO orca_runner;

@@ -192,7 +192,7 @@ CREATE FUNCTION orca.keys_context(lease uuid) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(keys_context.lease);
     a orca.attempts;
     r orca.runs;
 BEGIN
@@ -219,7 +219,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;
     p orca.pipelines;

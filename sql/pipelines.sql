@@ -110,14 +110,15 @@ BEGIN
             org_id, pipeline_id, version, registry_hash, manifest, binary_path, pool,
             partition_kind, partition_start, keys_dataset, keys_column, keys_per_run,
             max_runs, run_retries, catchup, fills,
-            cron, tz, source, commit, dirty, image, sensor)
+            cron, tz, source, commit, dirty, image, sensor, binary_sha256)
         SELECT v_org, v_pid, v_n, m->>'registry_hash', m, m->>'binary', m->>'pool',
                k.key, CASE WHEN k.key = 'keyed' THEN '' ELSE k.value #>> '{}' END,
                k.value->>'dataset', k.value->>'column', (m->>'keys_per_run')::int,
                (m->>'max_runs')::int, (m->>'run_retries')::int,
                (m->>'catchup')::boolean, coalesce(m->>'fills', 'previous'), m->'schedule'->>'cron',
                coalesce(m->'schedule'->>'tz', 'UTC'), m->>'source', m->>'commit',
-               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false)
+               (m->>'dirty')::boolean, m->>'image', coalesce((m->>'sensor')::boolean, false),
+               m->>'binary_sha256'
         FROM jsonb_each(m->'partitions') AS k
         RETURNING id INTO v_vid;
         INSERT INTO orca.steps (org_id, version_id, position, name, kind, after, retries, code)

@@ -16,6 +16,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_runner') THEN
         CREATE ROLE orca_runner NOLOGIN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_attempt') THEN
+        CREATE ROLE orca_attempt NOLOGIN;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_admin') THEN
         CREATE ROLE orca_admin NOLOGIN;
     END IF;
@@ -24,6 +27,9 @@ BEGIN
     END IF;
     IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_operator', 'MEMBER') THEN
         GRANT orca_operator TO orca_admin;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('orca_runner', 'orca_attempt', 'MEMBER') THEN
+        GRANT orca_attempt TO orca_runner;
     END IF;
     IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_runner', 'MEMBER') THEN
         GRANT orca_runner TO orca_admin;
@@ -100,6 +106,9 @@ CREATE TABLE orca.pipeline_versions (
     sensor          boolean NOT NULL DEFAULT false,
     registered_at   timestamptz NOT NULL DEFAULT now(),
     registered_by   name NOT NULL DEFAULT session_user,
+    -- The sha256 of the binary (orca register hashes it): runners run only a
+    -- file with this hash. NULL: registered without one, and no runner runs it.
+    binary_sha256   text CHECK (binary_sha256 ~ '^[0-9a-f]{64}$'),
     UNIQUE (pipeline_id, version),
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id)
@@ -286,7 +295,9 @@ CREATE TABLE orca.leases (
     lease        uuid NOT NULL,
     runner       text NOT NULL,
     deadline     timestamptz NOT NULL,
-    heartbeat_at timestamptz NOT NULL DEFAULT now()
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    -- The runner token whose runner claimed it (NULL: an admin's runner).
+    token_id     bigint
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE orca.leases IS
 'Live leases: the attempts runners hold now, with their deadlines and last heartbeats.';
@@ -484,9 +495,12 @@ CREATE TYPE orca.lease AS (
     registry_hash   text,
     pool            text,
     org             text,
-    -- What the runner runs: `<binary> attempt|sense|keys --lease <token>`, or
-    -- for a sync `orca-engine sync --lease <token>`.
-    command         text
+    -- What the runner runs: `<binary> attempt|sense|keys`, or for a sync
+    -- `orca-engine sync`, with the lease in ORCA_LEASE.
+    command         text,
+    -- The sha256 of the binary registered with the version: a runner runs
+    -- only a file with this hash (NULL for syncs and unpinned versions).
+    binary_sha256   text
 );
 
 INSERT INTO orca.orgs (name) VALUES ('default');

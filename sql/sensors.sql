@@ -75,7 +75,7 @@ CREATE FUNCTION orca.sense_context(lease uuid) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(sense_context.lease);
     a orca.attempts;
     r orca.runs;
     sn orca.sensors;
@@ -112,7 +112,7 @@ CREATE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RETURNS integ
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := orca._lease_org(report_snapshots.lease);
     ctx jsonb := orca.sense_context(report_snapshots.lease);
     r orca.runs;
     sn orca.sensors;

@@ -80,6 +80,58 @@ BEGIN
 END
 $$;
 
+-- The org a sync HEAD call acts in, and the attempt whose lease it came
+-- with. HEAD moves only under the live lease of an attempt of the sync's own
+-- run; admins may drive a sync by hand (repairs, tests) in their session's org.
+CREATE FUNCTION orca._sync_caller(p_sync text, p_lease uuid, p_what text) RETURNS orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    IF p_lease IS NULL THEN
+        IF orca._is_admin() THEN
+            a.org_id := orca.current_org_id();
+            RETURN a;
+        END IF;
+        RAISE EXCEPTION '% sync % needs the lease of an attempt of its run', p_what,
+                        quote_nullable(p_sync)
+            USING ERRCODE = 'OR084',
+                  HINT = 'the runner gives orca-engine the lease (ORCA_LEASE); only admins drive a sync without one';
+    END IF;
+    a := orca._live_attempt(orca._lease_org(p_lease), p_lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'sync'
+       OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) IS DISTINCT FROM p_sync THEN
+        RAISE EXCEPTION 'lease % is an attempt of run %, not of sync %', p_lease, r.id,
+                        quote_nullable(p_sync)
+            USING ERRCODE = 'OR084';
+    END IF;
+    RETURN a;
+END
+$$;
+
+-- A checkpoint record is an object of the sync's own prefix in the store,
+-- `<org>/<sync>/_checkpoints/<name>`: HEAD never names another org's or
+-- sync's object, nor one outside the store.
+CREATE FUNCTION orca._check_record(s orca.syncs, p_record text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_prefix text := (SELECT o.name FROM orca.orgs o WHERE o.id = s.org_id) || '/' || s.name
+                     || '/_checkpoints/';
+BEGIN
+    IF p_record IS NOT NULL
+       AND (NOT starts_with(p_record, v_prefix)
+            OR substr(p_record, length(v_prefix) + 1) !~ '^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}$'
+            OR strpos(p_record, '..') > 0) THEN
+        RAISE EXCEPTION 'checkpoint record % is not under the prefix % of sync ''%''',
+                        quote_literal(p_record), v_prefix, s.name
+            USING ERRCODE = 'OR085',
+                  HINT = 'records are objects <org>/<sync>/_checkpoints/<name> of the sync''s own store prefix';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
                                  schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
                                  pool text DEFAULT 'default', run_retries integer DEFAULT 2)
@@ -143,9 +195,9 @@ CREATE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS json
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
+    v_org bigint := a.org_id;
     s orca.syncs;
-    a orca.attempts;
     r orca.runs;
 BEGIN
     -- A run's attempt says which run it is: its lease must be live and of
@@ -153,14 +205,10 @@ BEGIN
     IF claim_sync.lease IS NOT NULL THEN
         a := orca._leased_attempt(v_org, claim_sync.lease);
         SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
-        IF r.kind <> 'sync'
-           OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) <> claim_sync.sync THEN
-            RAISE EXCEPTION 'lease % is an attempt of run %, not of sync ''%''',
-                            claim_sync.lease, r.id, claim_sync.sync
-                USING ERRCODE = 'OR050';
-        END IF;
     END IF;
     s := orca._sync(v_org, claim_sync.sync);
+    -- A HEAD set under an older rule or by hand: the engine checks it too.
+    PERFORM orca._check_record(s, s.head_record);
     UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
     PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
         jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
@@ -175,14 +223,16 @@ COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
 'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
 'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
-'({"mode": "full"} for a backfill: read everything again).';
+'({"mode": "full"} for a backfill: read everything again). The lease is required (OR084) '
+'except for admins, who may drive a sync by hand in their session''s org.';
 
-CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text)
+CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text,
+                                  lease uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := (orca._sync_caller(advance_head.sync, advance_head.lease, 'moving HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, advance_head.sync);
 BEGIN
     IF advance_head.generation IS NULL OR advance_head.epoch IS NULL
@@ -193,6 +243,7 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     PERFORM orca._owned(s, advance_head.generation);
+    PERFORM orca._check_record(s, advance_head.record);
     IF advance_head.epoch = s.head_epoch AND advance_head.record = s.head_record THEN
         -- This very commit again: its answer was lost on the way (a server
         -- restart), and the attempt asks once more. It is in already.
@@ -212,19 +263,21 @@ BEGIN
                            'epoch', advance_head.epoch, 'record', advance_head.record));
 END
 $$;
-COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text) IS
+COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text, uuid) IS
 'The commit point of an epoch: moves the sync''s HEAD to the checkpoint record of epoch '
 '(HEAD epoch + 1), as a compare-and-swap under the row lock. An attempt whose generation is '
 'no longer the sync''s gets OR070 (fenced) and changes nothing; an epoch out of order OR071. '
 'The same commit again (same generation, epoch and record: a retry whose first answer was '
-'lost) succeeds and changes nothing.';
+'lost) succeeds and changes nothing. lease: the live lease of the attempt (required except for '
+'admins: OR084); record must be an object <org>/<sync>/_checkpoints/<name> (OR085).';
 
-CREATE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text)
+CREATE FUNCTION orca.rewind_head(sync text, generation integer, epoch bigint, record text,
+                                  lease uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_org bigint := orca.current_org_id();
+    v_org bigint := (orca._sync_caller(rewind_head.sync, rewind_head.lease, 'rewinding HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, rewind_head.sync);
 BEGIN
     IF rewind_head.generation IS NULL OR rewind_head.epoch IS NULL
@@ -235,6 +288,7 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     PERFORM orca._owned(s, rewind_head.generation);
+    PERFORM orca._check_record(s, rewind_head.record);
     -- (The CASE in parentheses: a bare THEN would end the IF's condition.)
     IF rewind_head.epoch = s.head_epoch
        AND s.head_record IS NOT DISTINCT FROM
@@ -257,8 +311,9 @@ BEGIN
                            'epoch', rewind_head.epoch, 'record', rewind_head.record));
 END
 $$;
-COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text) IS
+COMMENT ON FUNCTION orca.rewind_head(text, integer, bigint, text, uuid) IS
 'Recovery''s way back when HEAD''s epoch is lost (nothing of it is visible and its staged files '
 'are gone): moves HEAD back to the record of the epoch before (HEAD epoch - 1; NULL record for '
 'epoch 0), so the attempt reads that epoch again from there. Fenced like orca.advance_head '
-'(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing.';
+'(OR070); any other epoch is OR071, but the same rewind again succeeds and changes nothing. '
+'lease and record as for orca.advance_head (OR084, OR085).';

@@ -11,6 +11,9 @@
 CREATE FUNCTION orca._tick_orgs() RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    IF nullif(current_setting('orca.runner_token', true), '') IS NOT NULL THEN
+        RETURN ARRAY[(orca._runner_session()).org_id];
+    END IF;
     IF nullif(current_setting('orca.org', true), '') IS NULL AND orca._is_admin() THEN
         RETURN ARRAY(SELECT id FROM orca.orgs ORDER BY id);
     END IF;
@@ -289,6 +292,15 @@ BEGIN
         RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
+    -- Time is injected by admins only (tests, replays): anyone else's tick
+    -- acts at the transaction's clock, so nobody can fire schedules early or
+    -- expire other runners' leases by naming a later instant.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+                        v_now, pg_catalog.now()
+            USING ERRCODE = 'OR086',
+                  HINT = 'call orca.tick() without now';
+    END IF;
     RETURN jsonb_build_object('now', v_now)
         || orca._tick_fires(v_orgs, v_now)
         || orca._tick_leases(v_orgs, v_now)
@@ -302,4 +314,5 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
-'orca.org ticks every org; anyone else ticks the session''s org. Returns counts.';
+'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
+'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';

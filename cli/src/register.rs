@@ -40,6 +40,12 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
             m.insert("locations".into(), locations);
         }
     }
+    // The binary is pinned by what this command hashed, whatever the binary
+    // says of itself: runners run only a file with this sha256.
+    let sha = sha256_of(&binary)?;
+    if let Some(m) = manifest.as_object_mut() {
+        m.insert("binary_sha256".into(), Value::String(sha));
+    }
     // Checked here too, so that a bad manifest names its field before
     // anything is sent.
     let name = orca_core::manifest::parse(&manifest)
@@ -62,4 +68,27 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
         binary.display()
     );
     Ok(0)
+}
+
+fn sha256_of(path: &Path) -> anyhow::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }

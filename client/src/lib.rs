@@ -359,19 +359,30 @@ impl Control {
         Ok(api::from_json(WHAT, v)?)
     }
 
-    /// `orca.advance_head`: the commit point of an epoch.
+    /// `orca.advance_head`: the commit point of an epoch, under the lease of
+    /// the sync's run (required by 0.2.0 except for admins).
     pub fn advance_head(
         &mut self,
         sync: &str,
         generation: Generation,
         epoch: Epoch,
         record: &str,
+        lease: Option<LeaseToken>,
     ) -> Result<(), ClientError> {
-        self.execute(
+        let lease = lease.map(|l| l.0);
+        let r = self.execute(
             "orca.advance_head",
-            "SELECT orca.advance_head($1, $2, $3, $4)",
-            &[&sync, &generation.0, &epoch.sql(), &record],
-        )
+            "SELECT orca.advance_head($1, $2, $3, $4, $5)",
+            &[&sync, &generation.0, &epoch.sql(), &record, &lease],
+        );
+        match r {
+            Err(e) if e.code() == Some(UNDEFINED_FUNCTION) => self.execute(
+                "orca.advance_head",
+                "SELECT orca.advance_head($1, $2, $3, $4)",
+                &[&sync, &generation.0, &epoch.sql(), &record],
+            ),
+            other => other,
+        }
     }
 
     /// `orca.rewind_head`: back to the epoch before a lost one.
@@ -381,11 +392,25 @@ impl Control {
         generation: Generation,
         epoch: Epoch,
         record: Option<&str>,
+        lease: Option<LeaseToken>,
     ) -> Result<(), ClientError> {
-        self.execute(
+        let lease = lease.map(|l| l.0);
+        let r = self.execute(
             "orca.rewind_head",
-            "SELECT orca.rewind_head($1, $2, $3, $4)",
-            &[&sync, &generation.0, &epoch.sql(), &record],
-        )
+            "SELECT orca.rewind_head($1, $2, $3, $4, $5)",
+            &[&sync, &generation.0, &epoch.sql(), &record, &lease],
+        );
+        match r {
+            Err(e) if e.code() == Some(UNDEFINED_FUNCTION) => self.execute(
+                "orca.rewind_head",
+                "SELECT orca.rewind_head($1, $2, $3, $4)",
+                &[&sync, &generation.0, &epoch.sql(), &record],
+            ),
+            other => other,
+        }
     }
 }
+
+/// PostgreSQL's SQLSTATE for a call no function matches: a control plane
+/// older than the call (0.1.0 has HEAD calls without the lease).
+const UNDEFINED_FUNCTION: &str = "42883";

@@ -167,6 +167,11 @@ pub struct Lease {
     pub pool: String,
     pub org: String,
     pub command: Command,
+    /// The sha256 of the version's binary, which the runner checks before
+    /// it runs it (absent from a 0.1.0 control plane, NULL for a version
+    /// registered without one, and for syncs).
+    #[serde(default)]
+    pub binary_sha256: Option<String>,
 }
 
 /// The state of one (step, partition) of a run (`orca.step_states.status`).

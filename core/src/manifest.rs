@@ -539,6 +539,18 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             "a sensor pipeline must read a dataset that it does not write itself",
         ));
     }
+    if let Some(h) = get_str(obj, "binary_sha256")? {
+        if h.len() != 64
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(bad(
+                "binary_sha256",
+                format!("must be 64 lowercase hex digits (the binary's sha256), got \"{h}\""),
+            ));
+        }
+    }
     for field in ["source", "commit", "image"] {
         get_str(obj, field)?;
     }

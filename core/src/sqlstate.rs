@@ -69,6 +69,13 @@ sqlstates! {
     NAME_TAKEN = "OR065": "a sync and a pipeline cannot share a name";
     FENCED = "OR070": "fenced: a newer attempt claimed the sync";
     EPOCH_OUT_OF_ORDER = "OR071": "an epoch that does not follow the sync's HEAD";
+    NO_RUNNER_TOKEN = "OR080": "no valid runner token: none presented, unknown, rotated out or revoked";
+    WRONG_RUNNER_SCOPE = "OR081": "the runner token is for another org or pool";
+    NOT_LEASE_HOLDER = "OR082": "the lease is held by another runner's token";
+    UNKNOWN_RUNNER_TOKEN = "OR083": "unknown (or revoked) runner token name";
+    NOT_SYNC_LEASE = "OR084": "a sync's HEAD call without the live lease of an attempt of its run";
+    RECORD_OUTSIDE_SYNC = "OR085": "a checkpoint record outside the sync's own prefix";
+    CLOCK_ADMIN_ONLY = "OR086": "only admins pass orca.tick a time other than the transaction's";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

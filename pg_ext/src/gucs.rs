@@ -13,6 +13,11 @@ use pgrx::pg_sys;
 /// `search_path`: membership, not this value, is what protects an org.
 pub static ORG: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
+/// The runner token a runner's session presents (docs/security.md): which
+/// org and pool its claims, heartbeats and finishes act for. Kept out of
+/// SHOW ALL and pg_settings' listings, like any secret a session holds.
+pub static RUNNER_TOKEN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
 /// How often the background worker ticks. Short enough that a cron fire is
 /// late by at most this much; each tick is one small transaction.
 pub static TICK_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -61,6 +66,14 @@ pub fn init() {
         &ORG,
         GucContext::Userset,
         GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"orca.runner_token",
+        c"The runner token this session works with (orca.create_runner_token).",
+        c"Binds orca.claim, orca.heartbeat, orca.finish and orca.release to the token's org and pool.",
+        &RUNNER_TOKEN,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
     );
     GucRegistry::define_int_guc(
         c"orca.tick_ms",

@@ -46,9 +46,14 @@ extension_sql_file!(
 );
 extension_sql_file!("../../sql/orgs.sql", name = "orgs", requires = ["base"]);
 extension_sql_file!(
+    "../../sql/security.sql",
+    name = "security",
+    requires = ["orgs"]
+);
+extension_sql_file!(
     "../../sql/pipelines.sql",
     name = "pipelines",
-    requires = ["orgs"]
+    requires = ["security"]
 );
 extension_sql_file!(
     "../../sql/runs.sql",

@@ -24,7 +24,12 @@ use orca_engine::pump::{self, PumpError, Pumped};
 /// What the runner shares with every attempt it runs.
 pub struct Shared {
     pub db: PgPool,
+    /// What the children log in with: the runner's own login unless
+    /// --attempt-database-url names another. Never the runner's token.
     pub database_url: String,
+    /// The pipeline root and the hashes of the binaries run from it (None:
+    /// this runner runs syncs only).
+    pub pins: Option<crate::pinned::Pins>,
     pub logs: PathBuf,
     /// What runs a sync's attempts (`orca-engine`).
     pub engine: PathBuf,
@@ -107,19 +112,46 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
+/// What to run for a lease: this runner's engine for a sync, else the
+/// version's pinned binary under the pipeline root.
+fn program(shared: &Shared, l: &Lease) -> Result<PathBuf, String> {
+    if l.command == Work::Sync {
+        return Ok(shared.engine.clone());
+    }
+    let Some(pins) = &shared.pins else {
+        return Err(format!(
+            "this runner has no pipeline root (--pipelines) and runs no pipeline binaries, \
+             but claimed {}",
+            l.binary_path
+        ));
+    };
+    match pins.verify(l) {
+        Ok(v) => {
+            if v.unpinned {
+                println!(
+                    "[{} run {} attempt {}] running {} unpinned (--allow-unpinned): version {} \
+                     has no registered sha256",
+                    l.pipeline,
+                    l.run,
+                    l.attempt_number,
+                    v.path.display(),
+                    l.version.0
+                );
+            }
+            Ok(v.path)
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn spawn_child(
     shared: &Shared,
     l: &Lease,
+    program: &Path,
     log: &Path,
     socket: Option<&Path>,
     edge: Option<&Path>,
 ) -> std::io::Result<Child> {
-    // A sync's attempts run this runner's engine, not a binary of the sync's.
-    let program = if l.command == Work::Sync {
-        shared.engine.clone()
-    } else {
-        PathBuf::from(&l.binary_path)
-    };
     let mut cmd = Command::new(program);
     cmd.arg(l.command.name());
     if let Some(s) = socket {
@@ -128,8 +160,11 @@ fn spawn_child(
     if let Some(e) = edge {
         cmd.arg("--edge").arg(e);
     }
-    cmd.arg("--lease")
-        .arg(l.lease.to_string())
+    // The lease goes in the environment, which only this user can read, not
+    // on the command line, which `ps` shows everyone. The runner's token
+    // stays with the runner.
+    cmd.env_remove("ORCA_RUNNER_TOKEN")
+        .env_remove("ORCA_RUNNER_TOKEN_FILE")
         .env("DATABASE_URL", &shared.database_url)
         .env("ORCA_ORG", &l.org)
         .env("ORCA_LEASE", l.lease.to_string())
@@ -149,6 +184,12 @@ fn spawn_child(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
+}
+
+async fn write_line(file: &tokio::sync::Mutex<tokio::fs::File>, line: &str) -> std::io::Result<()> {
+    let mut f = file.lock().await;
+    f.write_all(line.as_bytes()).await?;
+    f.write_all(b"\n").await
 }
 
 async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
@@ -283,15 +324,18 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let socket = socket.as_deref();
     let edge = (l.command == Work::Sync)
         .then(|| shared.sockets.join(format!("attempt-{}.edge", l.attempt)));
-    let mut child = match spawn_child(&shared, &l, &log, socket, edge.as_deref()) {
+    let program = match program(&shared, &l) {
+        Ok(p) => p,
+        Err(msg) => {
+            println!("{prefix} refused: {msg}");
+            let _ = write_line(&file, &format!("orca-runner refused to run it: {msg}")).await;
+            return report(&shared, &l, false, Some(msg)).await;
+        }
+    };
+    let mut child = match spawn_child(&shared, &l, &program, &log, socket, edge.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            let program = if l.command == Work::Sync {
-                shared.engine.display().to_string()
-            } else {
-                l.binary_path.clone()
-            };
-            let msg = format!("cannot start {program}: {e}");
+            let msg = format!("cannot start {}: {e}", program.display());
             println!("{prefix} {msg}");
             return report(&shared, &l, false, Some(msg)).await;
         }

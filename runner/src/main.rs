@@ -7,6 +7,7 @@
 mod attempt;
 mod control;
 mod engine;
+mod pinned;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,6 +67,43 @@ struct Args {
     /// Also call orca.tick() this often (0: leave it to the background worker).
     #[arg(long, env = "ORCA_TICK_MS", default_value_t = 0)]
     tick_ms: u64,
+    /// The runner token (orca.create_runner_token) that binds this runner
+    /// to its org and pool. Prefer --token-file: a command line is public.
+    /// Without a token the login must be an admin's.
+    #[arg(long, env = "ORCA_RUNNER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A file holding the runner token (readable by this user only).
+    #[arg(long, env = "ORCA_RUNNER_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// The directory of the pipeline binaries this runner may run: it runs
+    /// only files under it whose sha256 is the one their version was
+    /// registered with. Without it, this runner runs syncs only.
+    #[arg(long, env = "ORCA_PIPELINES")]
+    pipelines: Option<PathBuf>,
+    /// Also run versions registered without a binary sha256 (before Orca
+    /// 0.2.0), still only from under --pipelines. For upgrades: register
+    /// them again and drop this.
+    #[arg(long, env = "ORCA_ALLOW_UNPINNED")]
+    allow_unpinned: bool,
+    /// The database URL pipeline binaries and engines get (default: this
+    /// runner's). A login with orca_attempt only: what a lease allows.
+    #[arg(long, env = "ORCA_ATTEMPT_DATABASE_URL")]
+    attempt_database_url: Option<String>,
+}
+
+/// The runner token from --token or --token-file, if any.
+fn token(args: &Args) -> anyhow::Result<Option<String>> {
+    let raw = match (&args.token, &args.token_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the runner token from {}", f.display()))?,
+        (None, None) => return Ok(None),
+    };
+    let t = raw.trim().to_string();
+    if t.is_empty() {
+        anyhow::bail!("the runner token is empty");
+    }
+    Ok(Some(t))
 }
 
 fn default_engine() -> PathBuf {
@@ -92,9 +130,21 @@ fn runnable(program: &std::path::Path) -> bool {
 
 /// What this runner can run, and a line for each kind of work it leaves to
 /// other runners, naming what it lacks.
-fn commands(store: Option<&str>, engine: &std::path::Path) -> (Vec<&'static str>, Vec<String>) {
-    let mut can = vec!["attempt", "sense", "keys"];
+fn commands(
+    pipelines: Option<&std::path::Path>,
+    store: Option<&str>,
+    engine: &std::path::Path,
+) -> (Vec<&'static str>, Vec<String>) {
+    let mut can = Vec::new();
     let mut not = Vec::new();
+    match pipelines {
+        Some(_) => can.extend(["attempt", "sense", "keys"]),
+        None => not.push(
+            "not running pipelines: no --pipelines (ORCA_PIPELINES), the directory of the \
+             binaries it may run"
+                .to_string(),
+        ),
+    }
     match store {
         None => not.push(
             "not running syncs: no --store (ORCA_STORE), where syncs keep their checkpoints"
@@ -130,14 +180,22 @@ async fn main() -> anyhow::Result<()> {
         .context("DATABASE_URL is not a PostgreSQL URL")?;
     let connect = connect.application_name(&format!("orca-runner {name}"));
     let org = args.org.clone();
+    let runner_token = token(&args)?;
     let db = PgPoolOptions::new()
         .max_connections(u32::from(args.slots) + 2)
         .after_connect(move |conn, _| {
             let org = org.clone();
+            let runner_token = runner_token.clone();
             Box::pin(async move {
                 if let Some(org) = org {
                     sqlx::query("SELECT set_config('orca.org', $1, false)")
                         .bind(org)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                if let Some(t) = runner_token {
+                    sqlx::query("SELECT set_config('orca.runner_token', $1, false)")
+                        .bind(t)
                         .execute(&mut *conn)
                         .await?;
                 }
@@ -154,7 +212,18 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("registering the runner")?;
     let engine = args.engine.clone().unwrap_or_else(default_engine);
-    let (can, cannot) = commands(args.store.as_deref(), &engine);
+    let pins = match &args.pipelines {
+        Some(root) => Some(
+            pinned::Pins::new(root, args.allow_unpinned)
+                .with_context(|| format!("pipeline root {}", root.display()))?,
+        ),
+        None => None,
+    };
+    let (can, cannot) = commands(
+        pins.as_ref().map(pinned::Pins::root),
+        args.store.as_deref(),
+        &engine,
+    );
     let mut listener = PgListener::connect_with(&db)
         .await
         .context("LISTEN connection")?;
@@ -173,11 +242,28 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // Socket paths are short (108 bytes at most), so not under the logs.
-    let sockets = std::env::temp_dir().join(format!("orca-runner-{}", std::process::id()));
-    std::fs::create_dir_all(&sockets).with_context(|| format!("creating {}", sockets.display()))?;
+    // A fresh directory of an unguessable name that only this user can
+    // enter, as mkdtemp makes: nobody else can connect to an engine's
+    // sockets or put one in their place.
+    let sockets = std::env::temp_dir().join(format!(
+        "orca-runner-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&sockets)
+            .with_context(|| format!("creating {}", sockets.display()))?;
+    }
     let shared = Arc::new(attempt::Shared {
         db: db.clone(),
-        database_url: args.database_url.clone(),
+        database_url: args
+            .attempt_database_url
+            .clone()
+            .unwrap_or_else(|| args.database_url.clone()),
+        pins,
         logs: args.logs.clone(),
         engine,
         sockets: sockets.clone(),

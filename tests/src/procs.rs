@@ -104,6 +104,9 @@ impl Runner {
         ])
         .arg("--logs")
         .arg(logs)
+        // The workspace's binaries are the pipelines tests register.
+        .arg("--pipelines")
+        .arg(bin_dir())
         .args([
             "--poll-ms",
             "200",

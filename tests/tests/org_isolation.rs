@@ -25,6 +25,7 @@ const API: &[&str] = &[
     "claim",
     "claim_sync",
     "create_org",
+    "create_runner_token",
     "create_sync",
     "current_org_id",
     "finish",
@@ -47,6 +48,8 @@ const API: &[&str] = &[
     "report_snapshots",
     "report_step",
     "retry",
+    "revoke_runner_token",
+    "rotate_runner_token",
     "run",
     "sense_context",
     "tick",
@@ -76,7 +79,7 @@ async fn snapshot(db: &TestDb, org: i64) -> Value {
 
 /// Fills an org with a pipeline named `lake` and one named `only`, runs in
 /// every state, a live lease and a failed run. Returns (run ids, live lease).
-async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, i64) {
+async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, i64, i64) {
     let mut c = connect_org(db, "postgres", org).await;
     for name in ["lake", only] {
         let mut m = lake_manifest(name);
@@ -102,6 +105,13 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .fetch_all(&mut c)
     .await
     .expect("backfill");
+    let token: String =
+        sqlx::query_scalar("SELECT orca.create_runner_token('default', $1 || '-token')")
+            .bind(org)
+            .fetch_one(&mut c)
+            .await
+            .expect("runner token");
+    assert!(token.starts_with("orca_rt_"), "{token}");
     c.execute(
         format!("SELECT orca.register_runner('{org}-runner', 'default', 4, 'host')").as_str(),
     )
@@ -212,12 +222,13 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("claim the sync");
-    sqlx::query("SELECT orca.advance_head($1, 1, 1, 'r1')")
+    sqlx::query("SELECT orca.advance_head($1, 1, 1, $2)")
         .bind(format!("{org}_sync"))
+        .bind(format!("{org}/{org}_sync/_checkpoints/r1"))
         .execute(&mut c)
         .await
         .expect("commit an epoch");
-    (runs, leases[1].lease, leases[0].run)
+    (runs, leases[1].lease, leases[0].run, leases[1].attempt)
 }
 
 async fn code_of(c: &mut PgConnection, sql: &str) -> String {
@@ -247,7 +258,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         .await
         .expect("members");
     populate(&db, "acme", "acme_only").await;
-    let (g_runs, g_lease, g_failed_run) = populate(&db, "globex", "globex_only").await;
+    let (g_runs, g_lease, g_failed_run, g_attempt) = populate(&db, "globex", "globex_only").await;
 
     // The list of functions is what this test covers.
     let defined: BTreeSet<String> = db
@@ -275,6 +286,17 @@ async fn no_table_view_or_function_crosses_orgs() {
 
     let before = snapshot(&db, globex).await;
     let mut a = connect_org(&db, ALICE, "acme").await;
+    // Alice's runner works with a token of her org, as any runner must.
+    let alice_token: String =
+        sqlx::query_scalar("SELECT orca.create_runner_token('default', 'alice-runner')")
+            .fetch_one(&mut a)
+            .await
+            .expect("alice's token");
+    sqlx::query("SELECT set_config('orca.runner_token', $1, false)")
+        .bind(&alice_token)
+        .execute(&mut a)
+        .await
+        .expect("present the token");
 
     // Reads: every table and view shows acme's rows only.
     let relations = db
@@ -284,11 +306,22 @@ async fn no_table_view_or_function_crosses_orgs() {
         )
         .await;
     for rel in &relations {
-        let rows: Vec<Value> =
-            sqlx::query_scalar(&format!("SELECT to_jsonb(x) FROM orca.\"{rel}\" x"))
-                .fetch_all(&mut a)
-                .await
-                .unwrap_or_else(|e| panic!("alice reads orca.{rel}: {e}"));
+        // Secrets (lease tokens, token hashes) are columns viewers cannot
+        // read: every other column is read.
+        let cols = db
+            .strings(&format!(
+                "SELECT quote_ident(attname) FROM pg_attribute \
+                 WHERE attrelid = 'orca.\"{rel}\"'::regclass AND attnum > 0 AND NOT attisdropped \
+                 AND has_column_privilege('{ALICE}', attrelid, attnum, 'SELECT') ORDER BY attnum"
+            ))
+            .await
+            .join(", ");
+        let rows: Vec<Value> = sqlx::query_scalar(&format!(
+            "SELECT to_jsonb(x) FROM (SELECT {cols} FROM orca.\"{rel}\") x"
+        ))
+        .fetch_all(&mut a)
+        .await
+        .unwrap_or_else(|e| panic!("alice reads orca.{rel}: {e}"));
         assert!(!rows.is_empty(), "orca.{rel} shows alice nothing");
         for row in rows {
             let org_ok = match (row.get("org_id"), row.get("org"), rel.as_str()) {
@@ -331,12 +364,28 @@ async fn no_table_view_or_function_crosses_orgs() {
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR010", "{sql}");
     }
+    // A sync's HEAD moves only under its run's lease: without one, alice is
+    // refused whatever the sync; with globex's, the lease is not her org's.
     for sql in [
-        "SELECT orca.claim_sync('globex_sync')",
-        "SELECT orca.advance_head('globex_sync', 1, 2, 'r2')",
-        "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)",
+        "SELECT orca.claim_sync('globex_sync')".to_string(),
+        "SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2')"
+            .to_string(),
+        "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)".to_string(),
     ] {
-        assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
+        assert_eq!(code_of(&mut a, &sql).await, "OR084", "{sql}");
+    }
+    for sql in [
+        format!("SELECT orca.claim_sync('globex_sync', '{g_lease}')"),
+        format!("SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2', '{g_lease}')"),
+        format!("SELECT orca.rewind_head('globex_sync', 1, 0, NULL, '{g_lease}')"),
+    ] {
+        assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
+    }
+    for sql in [
+        "SELECT orca.revoke_runner_token('globex-token')",
+        "SELECT orca.rotate_runner_token('globex-token')",
+    ] {
+        assert_eq!(code_of(&mut a, sql).await, "OR083", "{sql}");
     }
     for r in &g_runs {
         assert_eq!(
@@ -400,9 +449,19 @@ async fn no_table_view_or_function_crosses_orgs() {
         got.iter().all(|l| mine.contains(&l.run)),
         "claimed a run that is not acme's"
     );
-    // Far in the future every lease has lapsed: alice's tick reclaims acme's only.
+    // Only admins move the clock; alice ticks at the transaction's time.
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.tick(now() + interval '1 day')").await,
+        "OR086"
+    );
+    a.execute("SELECT orca.tick()")
+        .await
+        .expect("alice ticks now");
+    // Far in the future every lease has lapsed: an admin's tick in acme
+    // reclaims acme's only.
+    let mut admin = connect_org(&db, "postgres", "acme").await;
     let t: Value = sqlx::query_scalar("SELECT orca.tick(now() + interval '1 day')")
-        .fetch_one(&mut a)
+        .fetch_one(&mut admin)
         .await
         .expect("tick");
     assert!(t["attempts_lost"].as_i64().unwrap_or(0) > 0, "{t}");
@@ -418,21 +477,24 @@ async fn no_table_view_or_function_crosses_orgs() {
     assert!(!may);
     // Switching to an org she does not belong to is refused everywhere.
     a.execute("SET orca.org = 'globex'").await.expect("set");
-    assert_eq!(code_of(&mut a, "SELECT orca.tick()").await, "OR002");
+    // (A tick with her runner token acts in the token's org, and the token
+    // is acme's.)
+    assert_eq!(code_of(&mut a, "SELECT orca.tick()").await, "OR081");
     assert_eq!(
         code_of(&mut a, "SELECT count(*) FROM orca.runs").await,
         "OR002"
     );
+    // Her token is acme's: it does not follow her to globex.
     assert_eq!(
         code_of(&mut a, "SELECT * FROM orca.claim('x')").await,
-        "OR002"
+        "OR081"
     );
 
     assert_eq!(snapshot(&db, globex).await, before, "globex changed");
     // And bob, in globex, still sees his lease alive.
     let mut b = connect_org(&db, BOB, "globex").await;
-    let row = sqlx::query("SELECT status FROM orca.attempts WHERE lease = $1")
-        .bind(g_lease)
+    let row = sqlx::query("SELECT status FROM orca.attempts WHERE id = $1")
+        .bind(g_attempt)
         .fetch_one(&mut b)
         .await
         .expect("bob reads his attempt");

@@ -144,7 +144,7 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
         .expect("claim");
     assert_eq!(first["generation"], 1);
     assert_eq!(first["epoch"], 0);
-    sqlx::query("SELECT orca.advance_head('shop', 1, 1, 'shop/_checkpoints/00000001')")
+    sqlx::query("SELECT orca.advance_head('shop', 1, 1, 'default/shop/_checkpoints/00000001')")
         .execute(&db.pool)
         .await
         .expect("epoch 1");
@@ -156,12 +156,12 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
         .expect("claim again");
     assert_eq!(second["generation"], 2);
     assert_eq!(second["epoch"], 1);
-    assert_eq!(second["record"], "shop/_checkpoints/00000001");
+    assert_eq!(second["record"], "default/shop/_checkpoints/00000001");
 
     // The first one, still running, is fenced and changes nothing.
     let (code, msg) = expect_error(
         &db.pool,
-        "SELECT orca.advance_head('shop', 1, 2, 'shop/_checkpoints/zombie')",
+        "SELECT orca.advance_head('shop', 1, 2, 'default/shop/_checkpoints/zombie')",
     )
     .await;
     assert_eq!(code, "OR070");
@@ -169,30 +169,30 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
     // Epochs go one at a time.
     let (code, _) = expect_error(
         &db.pool,
-        "SELECT orca.advance_head('shop', 2, 3, 'shop/_checkpoints/00000003')",
+        "SELECT orca.advance_head('shop', 2, 3, 'default/shop/_checkpoints/00000003')",
     )
     .await;
     assert_eq!(code, "OR071");
-    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/00000002')")
+    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'default/shop/_checkpoints/00000002')")
         .execute(&db.pool)
         .await
         .expect("epoch 2");
     let head = db
         .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
         .await;
-    assert_eq!(head, ["2 shop/_checkpoints/00000002"]);
+    assert_eq!(head, ["2 default/shop/_checkpoints/00000002"]);
     // The same commit again (its answer was lost in a server restart)
     // succeeds and changes nothing; another record for the epoch does not.
     let commits = "SELECT count(*) FROM orca.events WHERE kind = 'sync.committed'";
     let before = db.scalar_i64(commits).await;
-    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/00000002')")
+    sqlx::query("SELECT orca.advance_head('shop', 2, 2, 'default/shop/_checkpoints/00000002')")
         .execute(&db.pool)
         .await
         .expect("the same commit again");
     assert_eq!(db.scalar_i64(commits).await, before);
     let (code, _) = expect_error(
         &db.pool,
-        "SELECT orca.advance_head('shop', 2, 2, 'shop/_checkpoints/other')",
+        "SELECT orca.advance_head('shop', 2, 2, 'default/shop/_checkpoints/other')",
     )
     .await;
     assert_eq!(code, "OR071");
@@ -203,22 +203,22 @@ async fn a_zombie_attempt_is_fenced_at_its_next_commit() {
     // epoch back, only for the current generation.
     let (code, _) = expect_error(
         &db.pool,
-        "SELECT orca.rewind_head('shop', 1, 1, 'shop/_checkpoints/00000001')",
+        "SELECT orca.rewind_head('shop', 1, 1, 'default/shop/_checkpoints/00000001')",
     )
     .await;
     assert_eq!(code, "OR070", "a zombie cannot rewind");
     let (code, msg) = expect_error(&db.pool, "SELECT orca.rewind_head('shop', 2, 0, NULL)").await;
     assert_eq!(code, "OR071");
     assert!(msg.contains("HEAD is at epoch 2"), "{msg}");
-    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'shop/_checkpoints/00000001')")
+    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'default/shop/_checkpoints/00000001')")
         .execute(&db.pool)
         .await
         .expect("rewind");
     let head = db
         .strings("SELECT head_epoch || ' ' || head_record FROM orca.syncs")
         .await;
-    assert_eq!(head, ["1 shop/_checkpoints/00000001"]);
-    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'shop/_checkpoints/00000001')")
+    assert_eq!(head, ["1 default/shop/_checkpoints/00000001"]);
+    sqlx::query("SELECT orca.rewind_head('shop', 2, 1, 'default/shop/_checkpoints/00000001')")
         .execute(&db.pool)
         .await
         .expect("the same rewind again changes nothing");
@@ -432,7 +432,7 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
         &format!("SELECT orca.claim_sync('other', '{}')", leases[0].lease),
     )
     .await;
-    assert_eq!(code, "OR050");
+    assert_eq!(code, "OR084");
     assert!(msg.contains("not of sync 'other'"), "{msg}");
     assert_eq!(
         db.scalar_i64("SELECT generation::bigint FROM orca.syncs WHERE name = 'other'")

@@ -117,6 +117,7 @@ impl Attempt {
             Generation(self.generation),
             Epoch(record.epoch),
             &path,
+            self.opts.lease_token(),
         );
         match r {
             Ok(()) => Ok(path),

@@ -30,6 +30,13 @@ pub struct Options {
     pub crash: Option<Crash>,
 }
 
+impl Options {
+    /// The lease as a token (the claim refused a malformed one already).
+    pub fn lease_token(&self) -> Option<orca_core::api::LeaseToken> {
+        self.lease.as_deref().and_then(|l| l.parse().ok())
+    }
+}
+
 /// Where in an epoch an injected crash strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {

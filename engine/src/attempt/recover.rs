@@ -24,6 +24,15 @@ pub(super) struct Recovered {
 
 impl Attempt {
     pub(super) fn read_record(&self, path: &str) -> Result<Record, EngineError> {
+        if !self.layout.owns_record(path) {
+            return Err(EngineError::BadRecord {
+                path: path.to_string(),
+                reason: format!(
+                    "not a checkpoint record of this sync (they are {}/_checkpoints/<name>)",
+                    self.layout.root
+                ),
+            });
+        }
         let bytes = self.store.get(path)?.ok_or_else(|| EngineError::NoRecord {
             path: self.store.url_of(path),
         })?;
@@ -104,6 +113,7 @@ impl Attempt {
                     Generation(self.generation),
                     Epoch(to),
                     previous.as_deref(),
+                    self.opts.lease_token(),
                 );
                 match r {
                     Ok(()) => {}

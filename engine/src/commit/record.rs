@@ -92,6 +92,22 @@ impl Layout {
         format!("{}/_checkpoints/{epoch:010}-g{generation}.json", self.root)
     }
 
+    /// Whether a record path is one of this sync's own records: HEAD comes
+    /// from the control plane, which checks the same rule (orca._check_record),
+    /// and a record never makes the engine read another sync's or org's
+    /// objects, or leave the store.
+    pub fn owns_record(&self, path: &str) -> bool {
+        let prefix = format!("{}/_checkpoints/", self.root);
+        path.strip_prefix(&prefix).is_some_and(|name| {
+            !name.is_empty()
+                && !name.starts_with('.')
+                && !name.contains("..")
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        })
+    }
+
     pub fn staged(&self, epoch: u64, generation: i32, stream: &str, lane: usize) -> String {
         format!(
             "{}/_staging/{epoch:010}-g{generation}/{stream}-lane{lane}.parquet",
@@ -130,6 +146,18 @@ mod tests {
             "default/shop/_checkpoints/0000000007-g2.json"
         );
         assert!(l.record(9, 3) < l.record(10, 1));
+        assert!(l.owns_record(&l.record(7, 2)));
+        for other in [
+            "default/other/_checkpoints/0000000007-g2.json",
+            "acme/shop/_checkpoints/0000000007-g2.json",
+            "default/shop/_checkpoints/../../acme/shop/_checkpoints/x.json",
+            "default/shop/_checkpoints/sub/x.json",
+            "/etc/passwd",
+            "default/shop/_staging/x.json",
+            "default/shop/_checkpoints/",
+        ] {
+            assert!(!l.owns_record(other), "{other}");
+        }
         let r = Record {
             sync: "shop".into(),
             epoch: 7,

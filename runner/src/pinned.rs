@@ -1,0 +1,257 @@
+//! Which file an attempt may run: one under the runner's pipeline root
+//! (`--pipelines`) whose sha256 is the one its version was registered with.
+//! A bare name is a file in the root, never a PATH lookup; a symlink counts
+//! where it points.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::control::Lease;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("binary {path} is outside this runner's pipeline root {root} (--pipelines)")]
+    Outside { path: String, root: String },
+    #[error("binary {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "binary {path} has sha256 {found}, but version {version} of pipeline {pipeline} was \
+         registered with sha256 {expected}: install the registered binary, or register this \
+         one (orca register)"
+    )]
+    Mismatch {
+        path: String,
+        found: String,
+        expected: String,
+        version: i64,
+        pipeline: String,
+    },
+    #[error(
+        "version {version} of pipeline {pipeline} was registered without its binary's sha256 \
+         (before Orca 0.2.0?): register it again with orca register, or let this runner run \
+         unpinned versions (--allow-unpinned)"
+    )]
+    Unpinned { version: i64, pipeline: String },
+}
+
+/// What a file looked like when it was hashed: a file rewritten, renamed
+/// over or touched since then has another ctime (which no user can set).
+#[derive(Clone, PartialEq, Eq)]
+struct Seen {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// The pipeline root and the hashes of the binaries run so far.
+pub struct Pins {
+    root: PathBuf,
+    allow_unpinned: bool,
+    hashed: Mutex<HashMap<PathBuf, (Seen, String)>>,
+}
+
+/// A binary that passed: its real path, and whether it was run unpinned.
+#[derive(Debug)]
+pub struct Verified {
+    pub path: PathBuf,
+    pub unpinned: bool,
+}
+
+impl Pins {
+    /// `root` must exist; it is resolved once, symlinks and all.
+    pub fn new(root: &Path, allow_unpinned: bool) -> std::io::Result<Pins> {
+        Ok(Pins {
+            root: root.canonicalize()?,
+            allow_unpinned,
+            hashed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The file to run for a lease, or why it may not run.
+    pub fn verify(&self, l: &Lease) -> Result<Verified, PinError> {
+        let named = Path::new(&l.binary_path);
+        let joined = if named.is_absolute() {
+            named.to_path_buf()
+        } else {
+            self.root.join(named)
+        };
+        let io = |source| PinError::Io {
+            path: joined.display().to_string(),
+            source,
+        };
+        let path = joined.canonicalize().map_err(io)?;
+        if !path.starts_with(&self.root) {
+            return Err(PinError::Outside {
+                path: path.display().to_string(),
+                root: self.root.display().to_string(),
+            });
+        }
+        let Some(expected) = l.binary_sha256.as_deref() else {
+            if self.allow_unpinned {
+                return Ok(Verified {
+                    path,
+                    unpinned: true,
+                });
+            }
+            return Err(PinError::Unpinned {
+                version: l.version.0,
+                pipeline: l.pipeline.clone(),
+            });
+        };
+        let found = self.sha256(&path).map_err(io)?;
+        if found != expected {
+            return Err(PinError::Mismatch {
+                path: path.display().to_string(),
+                found,
+                expected: expected.to_string(),
+                version: l.version.0,
+                pipeline: l.pipeline.clone(),
+            });
+        }
+        Ok(Verified {
+            path,
+            unpinned: false,
+        })
+    }
+
+    fn sha256(&self, path: &Path) -> std::io::Result<String> {
+        let mut file = std::fs::File::open(path)?;
+        let seen = seen(&file.metadata()?);
+        if let Ok(cache) = self.hashed.lock() {
+            if let Some((s, h)) = cache.get(path) {
+                if *s == seen {
+                    return Ok(h.clone());
+                }
+            }
+        }
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let hash = hex(&hasher.finalize());
+        // Changed while it was read: hash it again next time.
+        if seen == self::seen(&file.metadata()?) {
+            if let Ok(mut cache) = self.hashed.lock() {
+                cache.insert(path.to_path_buf(), (seen, hash.clone()));
+            }
+        }
+        Ok(hash)
+    }
+}
+
+fn seen(m: &std::fs::Metadata) -> Seen {
+    Seen {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orca_core::api::{AttemptId, Command, LeaseToken, RunId, VersionId};
+
+    fn lease(binary: &str, sha: Option<&str>) -> Lease {
+        Lease {
+            attempt: AttemptId(1),
+            run: RunId(1),
+            lease: "00000000-0000-0000-0000-000000000001"
+                .parse::<LeaseToken>()
+                .expect("token"),
+            pipeline: "lake".into(),
+            version: VersionId(3),
+            binary_path: binary.into(),
+            partitions: vec![],
+            attempt_number: 1,
+            deadline: chrono::Utc::now(),
+            registry_hash: "h".into(),
+            pool: "default".into(),
+            org: "default".into(),
+            command: Command::Attempt,
+            binary_sha256: sha.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn only_files_under_the_root_with_the_registered_hash_run() {
+        let dir = std::env::temp_dir().join(format!("orca-pins-{}", std::process::id()));
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).expect("root");
+        std::fs::write(root.join("lake"), b"binary one").expect("write");
+        std::fs::write(dir.join("outside"), b"binary one").expect("write");
+        std::os::unix::fs::symlink(dir.join("outside"), root.join("link")).expect("symlink");
+        let good = hex(&Sha256::digest(b"binary one"));
+        let pins = Pins::new(&root, false).expect("pins");
+
+        let ok = pins
+            .verify(&lease("lake", Some(&good)))
+            .expect("bare name in the root");
+        assert_eq!(ok.path, pins.root().join("lake"));
+        let abs = root.join("lake").display().to_string();
+        assert!(pins.verify(&lease(&abs, Some(&good))).is_ok());
+
+        let e = pins
+            .verify(&lease(&abs, Some(&"0".repeat(64))))
+            .expect_err("refused");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, PinError::Mismatch { .. }) && msg.contains(&good) && msg.contains("lake"),
+            "{msg}"
+        );
+        for escape in [
+            dir.join("outside").display().to_string(),
+            "../outside".to_string(),
+            "link".to_string(),
+            "/bin/sh".to_string(),
+        ] {
+            let e = pins
+                .verify(&lease(&escape, Some(&good)))
+                .expect_err("refused");
+            assert!(matches!(e, PinError::Outside { .. }), "{escape}: {e}");
+        }
+        // "true" is on PATH, never looked up there.
+        let e = pins
+            .verify(&lease("true", Some(&good)))
+            .expect_err("refused");
+        assert!(matches!(e, PinError::Io { .. }), "{e}");
+        let e = pins.verify(&lease("lake", None)).expect_err("refused");
+        assert!(matches!(e, PinError::Unpinned { .. }), "{e}");
+        let lax = Pins::new(&root, true).expect("pins");
+        assert!(lax.verify(&lease("lake", None)).is_ok_and(|v| v.unpinned));
+
+        // Rewritten after it was hashed: the new bytes are hashed again.
+        std::fs::write(root.join("lake"), b"binary two").expect("rewrite");
+        let e = pins
+            .verify(&lease("lake", Some(&good)))
+            .expect_err("refused");
+        assert!(matches!(e, PinError::Mismatch { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
