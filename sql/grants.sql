@@ -86,8 +86,9 @@ COMMENT ON FUNCTION orca.current_org_id() IS
 'OR002 the session''s role is not a member.';
 
 -- The Iceberg catalog (catalog.sql): pipeline binaries and engines commit
--- tables with their runner's role; everyone who reads runs reads tables.
+-- tables with their attempt's login (orca_attempt, which runners have too);
+-- everyone who reads runs reads tables.
 REVOKE ALL ON public.iceberg_tables, public.iceberg_namespace_properties FROM PUBLIC;
-GRANT SELECT ON public.iceberg_tables, public.iceberg_namespace_properties TO orca_viewer, orca_runner;
+GRANT SELECT ON public.iceberg_tables, public.iceberg_namespace_properties TO orca_viewer, orca_attempt;
 GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
-    TO orca_runner;
+    TO orca_attempt;

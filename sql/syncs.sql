@@ -86,8 +86,9 @@ $$;
 CREATE FUNCTION orca._sync_caller(p_sync text, p_lease uuid, p_what text) RETURNS orca.attempts
 LANGUAGE plpgsql AS $$
 DECLARE
-    a orca.attempts;
-    r orca.runs;
+    a     orca.attempts;
+    r     orca.runs;
+    v_org bigint;
 BEGIN
     IF p_lease IS NULL THEN
         IF orca._is_admin() THEN
@@ -99,7 +100,17 @@ BEGIN
             USING ERRCODE = 'OR084',
                   HINT = 'the runner gives orca-engine the lease (ORCA_LEASE); only admins drive a sync without one';
     END IF;
-    a := orca._live_attempt(orca._lease_org(p_lease), p_lease);
+    v_org := orca._lease_org(p_lease);
+    SELECT * INTO a FROM orca.attempts x
+    WHERE x.id = orca._lease_attempt(p_lease) AND x.lease = p_lease AND x.org_id = v_org;
+    -- An attempt stopping because its run was cancelled may still commit
+    -- (or rewind) its epoch in flight, for a lease's length: that is what
+    -- stopping at a resume point means. Claiming needs a live lease.
+    IF NOT (a.status = 'leased'
+            OR (a.status = 'cancelled' AND p_what <> 'claiming'
+                AND a.finished_at > now() - make_interval(secs => orca._lease_seconds()))) THEN
+        PERFORM orca._lease_refused(v_org, p_lease);
+    END IF;
     SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
     IF r.kind <> 'sync'
        OR (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id) IS DISTINCT FROM p_sync THEN

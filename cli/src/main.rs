@@ -7,6 +7,7 @@ mod locate;
 mod register;
 mod show;
 mod syncs;
+mod tokens;
 
 use std::path::PathBuf;
 
@@ -110,6 +111,11 @@ enum Cmd {
         /// The run's id.
         id: i64,
     },
+    /// Runner tokens of the org: each binds a runner to the org and a pool.
+    Tokens {
+        #[command(subcommand)]
+        cmd: TokensCmd,
+    },
     /// Find each step's and the pipeline's source line; writes <binary>.source.json.
     Locate {
         /// The pipeline binary.
@@ -117,6 +123,39 @@ enum Cmd {
         /// Where its source tree is.
         #[arg(long, default_value = ".")]
         root: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokensCmd {
+    /// Create a token for a pool; prints it once (or writes it to --out).
+    Create {
+        /// The pool its runner takes work from.
+        pool: String,
+        /// Its name in the list (default: runner-<8 hex digits>).
+        #[arg(long)]
+        name: Option<String>,
+        /// Write the token to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// List the org's tokens (never their secrets).
+    List,
+    /// Give a token a new secret; the old one works for --grace-seconds more.
+    Rotate {
+        /// The token's name.
+        name: String,
+        /// How long the old secret keeps working (at most 7 days).
+        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(i64).range(0..=604_800))]
+        grace_seconds: i64,
+        /// Write the new token to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Revoke a token: its runner's next call is refused, its leases lapse.
+    Revoke {
+        /// The token's name.
+        name: String,
     },
 }
 
@@ -151,6 +190,18 @@ fn main() {
             } => syncs::run(&mut c, &name, backfill, detach),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
+            Cmd::Tokens { cmd } => match cmd {
+                TokensCmd::Create { pool, name, out } => {
+                    tokens::create(&mut c, &pool, name.as_deref(), out.as_deref())
+                }
+                TokensCmd::List => tokens::list(&mut c),
+                TokensCmd::Rotate {
+                    name,
+                    grace_seconds,
+                    out,
+                } => tokens::rotate(&mut c, &name, grace_seconds, out.as_deref()),
+                TokensCmd::Revoke { name } => tokens::revoke(&mut c, &name),
+            },
             Cmd::Locate { .. } => Ok(0),
         }),
     };

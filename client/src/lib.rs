@@ -34,7 +34,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server answered with an error: the SQLSTATE says which.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", refusal(source))]
     Refused {
         what: &'static str,
         #[source]
@@ -49,6 +49,15 @@ pub enum ClientError {
     },
     #[error(transparent)]
     Malformed(#[from] api::Malformed),
+}
+
+/// A server error as its message and SQLSTATE (the driver's own text is
+/// only "db error").
+fn refusal(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({})", d.message(), d.code().code()),
+        None => e.to_string(),
+    }
 }
 
 impl ClientError {

@@ -176,6 +176,10 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
         ("PROBE_SLEEP_MS", "1500"),
         ("ORCA_STORE", store_s.as_str()),
         ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        // What 0.1.0 leases carry has no binary hash: the documented way
+        // through an upgrade is to let runners run unpinned versions until
+        // they are registered again.
+        ("ORCA_ALLOW_UNPINNED", "true"),
     ];
     let a = Runner::start(&url, "runner-a", 3, &logs, &env);
     let b = Runner::start(&url, "runner-b", 3, &logs, &env);

@@ -1,0 +1,105 @@
+//! `orca tokens`: runner tokens of the org (create, list, rotate, revoke).
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use postgres::Client;
+
+use crate::db::explain;
+
+fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+/// Prints the token, or writes it to a new file only this user can read.
+fn hand_over(token: &str, out: Option<&Path>, what: &str) -> anyhow::Result<()> {
+    match out {
+        None => println!("{token}"),
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("creating {} (it must not exist)", path.display()))?;
+            writeln!(f, "{token}").with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("{what}; the token is in {} (mode 600)", path.display());
+        }
+    }
+    Ok(())
+}
+
+pub fn create(
+    c: &mut Client,
+    pool: &str,
+    name: Option<&str>,
+    out: Option<&Path>,
+) -> anyhow::Result<i32> {
+    let token: String = c
+        .query_one("SELECT orca.create_runner_token($1, $2)", &[&pool, &name])
+        .map_err(explain)?
+        .get(0);
+    hand_over(
+        &token,
+        out,
+        &format!("created a runner token for pool {pool}"),
+    )?;
+    Ok(0)
+}
+
+pub fn rotate(
+    c: &mut Client,
+    name: &str,
+    grace_seconds: i64,
+    out: Option<&Path>,
+) -> anyhow::Result<i32> {
+    let token: String = c
+        .query_one(
+            "SELECT orca.rotate_runner_token($1, make_interval(secs => $2::bigint))",
+            &[&name, &grace_seconds],
+        )
+        .map_err(explain)?
+        .get(0);
+    hand_over(
+        &token,
+        out,
+        &format!("rotated {name}; the old secret works for {grace_seconds} s more"),
+    )?;
+    Ok(0)
+}
+
+pub fn revoke(c: &mut Client, name: &str) -> anyhow::Result<i32> {
+    c.execute("SELECT orca.revoke_runner_token($1)", &[&name])
+        .map_err(explain)?;
+    println!("revoked {name}: its runner's next call is refused and its leases lapse");
+    Ok(0)
+}
+
+pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+    let rows = c
+        .query(
+            "SELECT name, pool, created_at, created_by::text, rotated_at, revoked_at
+             FROM orca.runner_tokens ORDER BY name",
+            &[],
+        )
+        .map_err(explain)?;
+    println!(
+        "{:<24} {:<12} {:<19}  {:<16} {:<19}  revoked",
+        "token", "pool", "created", "by", "rotated"
+    );
+    for r in &rows {
+        println!(
+            "{:<24} {:<12} {:<19}  {:<16} {:<19}  {}",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            time(r.get::<_, Option<DateTime<Utc>>>(2)),
+            r.get::<_, String>(3),
+            time(r.get::<_, Option<DateTime<Utc>>>(4)),
+            time(r.get::<_, Option<DateTime<Utc>>>(5)),
+        );
+    }
+    Ok(0)
+}
