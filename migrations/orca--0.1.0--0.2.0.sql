@@ -2031,3 +2031,41 @@ GRANT EXECUTE ON FUNCTION
 REVOKE ALL ON public.iceberg_tables, public.iceberg_namespace_properties FROM orca_runner;
 GRANT SELECT, INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
     TO orca_attempt;
+
+-- The Iceberg catalog is org-scoped like every other table: by the lease a
+-- pipeline binary presents, or by membership.
+CREATE FUNCTION orca._lease_usable_org(p_lease uuid) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT a.org_id FROM orca.attempts a
+    WHERE a.id = orca._lease_attempt(p_lease) AND a.lease = p_lease
+      AND (a.status = 'leased'
+           OR (a.status = 'cancelled'
+               AND a.finished_at > now() - make_interval(secs => orca._lease_seconds())))
+$$;
+
+CREATE FUNCTION orca._catalog_visible(p_catalog text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_lease text := nullif(current_setting('orca.lease', true), '');
+BEGIN
+    IF orca._is_admin() THEN
+        RETURN true;
+    END IF;
+    IF v_lease IS NOT NULL THEN
+        IF v_lease !~ '^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$' THEN
+            RETURN false;
+        END IF;
+        RETURN EXISTS (SELECT 1 FROM orca.orgs o
+                       WHERE o.id = orca._lease_usable_org(v_lease::uuid) AND o.name = p_catalog);
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM orca.orgs o WHERE o.name = p_catalog AND orca._may_use_org(o.id));
+END
+$$;
+ALTER TABLE public.iceberg_tables ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON public.iceberg_tables
+    USING (orca._catalog_visible(catalog_name)) WITH CHECK (orca._catalog_visible(catalog_name));
+ALTER TABLE public.iceberg_namespace_properties ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON public.iceberg_namespace_properties
+    USING (orca._catalog_visible(catalog_name)) WITH CHECK (orca._catalog_visible(catalog_name));
+REVOKE ALL ON FUNCTION orca._lease_usable_org(uuid), orca._catalog_visible(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca._catalog_visible(text) TO orca_viewer, orca_runner, orca_attempt;

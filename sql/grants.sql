@@ -30,7 +30,8 @@ GRANT SELECT (org_id, id, name, pool, previous_until, created_at, created_by, ro
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
-GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint)
+GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
+    orca._catalog_visible(text)
     TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
     orca.key_status(text)

@@ -257,3 +257,45 @@ COMMENT ON FUNCTION orca.rotate_runner_token(text, interval) IS
 'working for grace (default 1 hour, at most 7 days; 0 ends it now), so runners can be given '
 'the new one without a gap. Operators and admins. '
 'Example: SELECT orca.rotate_runner_token(''host-a'', interval ''10 minutes'');';
+
+-- The org of a usable lease token, or NULL: live, or an attempt that is
+-- stopping because its run was cancelled (for a lease's length, so it can
+-- finish its epoch or commit in flight; see orca._sync_caller).
+CREATE FUNCTION orca._lease_usable_org(p_lease uuid) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT a.org_id FROM orca.attempts a
+    WHERE a.id = orca._lease_attempt(p_lease) AND a.lease = p_lease
+      AND (a.status = 'leased'
+           OR (a.status = 'cancelled'
+               AND a.finished_at > now() - make_interval(secs => orca._lease_seconds())))
+$$;
+
+-- Which catalogs of the Iceberg catalog (one per org, catalog_name = the
+-- org's name) a session sees and writes: a pipeline binary or engine, by the
+-- lease it presents (SET orca.lease); anyone else, by membership; admins,
+-- all. Row-level security on the catalog's tables evaluates it per row.
+CREATE FUNCTION orca._catalog_visible(p_catalog text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_lease text := nullif(current_setting('orca.lease', true), '');
+BEGIN
+    IF orca._is_admin() THEN
+        RETURN true;
+    END IF;
+    IF v_lease IS NOT NULL THEN
+        IF v_lease !~ '^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$' THEN
+            RETURN false;
+        END IF;
+        RETURN EXISTS (SELECT 1 FROM orca.orgs o
+                       WHERE o.id = orca._lease_usable_org(v_lease::uuid) AND o.name = p_catalog);
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM orca.orgs o WHERE o.name = p_catalog AND orca._may_use_org(o.id));
+END
+$$;
+
+ALTER TABLE public.iceberg_tables ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON public.iceberg_tables
+    USING (orca._catalog_visible(catalog_name)) WITH CHECK (orca._catalog_visible(catalog_name));
+ALTER TABLE public.iceberg_namespace_properties ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON public.iceberg_namespace_properties
+    USING (orca._catalog_visible(catalog_name)) WITH CHECK (orca._catalog_visible(catalog_name));

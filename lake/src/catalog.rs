@@ -24,13 +24,16 @@ pub struct LakeConfig {
     pub catalog_url: Option<String>,
     pub warehouse: String,
     pub org: String,
+    /// The attempt's lease (`ORCA_LEASE`): the catalog shows a session that
+    /// presents it its attempt's org only (docs/security.md).
+    pub lease: Option<String>,
 }
 
 impl LakeConfig {
     /// `ORCA_CATALOG_URL` (else the control plane's URL, else
     /// `DATABASE_URL`), `ORCA_WAREHOUSE` (else `./warehouse`;
     /// `s3://bucket/prefix` for S3, see [`crate::objstore`]), `ORCA_ORG` (else
-    /// `default`).
+    /// `default`), `ORCA_LEASE`.
     pub fn from_env(database_url: Option<&str>) -> Self {
         let catalog_url = std::env::var("ORCA_CATALOG_URL")
             .ok()
@@ -41,7 +44,30 @@ impl LakeConfig {
             catalog_url,
             warehouse: absolute_warehouse(&warehouse),
             org: std::env::var("ORCA_ORG").unwrap_or_else(|_| "default".into()),
+            lease: std::env::var("ORCA_LEASE").ok().filter(|l| !l.is_empty()),
         }
+    }
+
+    /// Where this org's tables go: `<warehouse>/<org>`, so that no org's
+    /// files land among another's.
+    pub fn org_warehouse(&self) -> String {
+        format!("{}/{}", self.warehouse.trim_end_matches('/'), self.org)
+    }
+
+    /// The catalog URL with the lease as a session setting (`orca.lease`),
+    /// sent in the connection's startup packet.
+    pub fn session_url(&self) -> Option<String> {
+        let url = self.catalog_url.clone()?;
+        let Some(lease) = &self.lease else {
+            return Some(url);
+        };
+        // A lease is a UUID: nothing in it needs escaping but the option's
+        // own "-c name=value" syntax.
+        if !lease.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Some(url);
+        }
+        let sep = if url.contains('?') { '&' } else { '?' };
+        Some(format!("{url}{sep}options=-c%20orca.lease%3D{lease}"))
     }
 }
 
@@ -96,7 +122,7 @@ impl Lake {
     pub fn open(config: &LakeConfig) -> Result<Lake> {
         static DRIVERS: Once = Once::new();
         DRIVERS.call_once(sqlx::any::install_default_drivers);
-        let url = config.catalog_url.clone().ok_or_else(|| {
+        let url = config.session_url().ok_or_else(|| {
             LakeError::Config("no catalog: set ORCA_CATALOG_URL or DATABASE_URL".into())
         })?;
         if !config.warehouse.starts_with("file://") && !config.warehouse.starts_with("s3://") {
@@ -114,7 +140,7 @@ impl Lake {
             .block_on(
                 SqlCatalogBuilder::default()
                     .uri(url.clone())
-                    .warehouse_location(config.warehouse.clone())
+                    .warehouse_location(config.org_warehouse())
                     .sql_bind_style(SqlBindStyle::DollarNumeric)
                     .with_storage_factory(Arc::new(crate::objstore::ObjectStoreFactory))
                     // One process needs few connections; many run at once.

@@ -18,6 +18,11 @@ pub static ORG: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new
 /// SHOW ALL and pg_settings' listings, like any secret a session holds.
 pub static RUNNER_TOKEN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
+/// The lease token a pipeline binary's or engine's catalog connection
+/// presents: row-level security on the Iceberg catalog shows it its
+/// attempt's org only.
+pub static LEASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
 /// How often the background worker ticks. Short enough that a cron fire is
 /// late by at most this much; each tick is one small transaction.
 pub static TICK_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -72,6 +77,14 @@ pub fn init() {
         c"The runner token this session works with (orca.create_runner_token).",
         c"Binds orca.claim, orca.heartbeat, orca.finish and orca.release to the token's org and pool.",
         &RUNNER_TOKEN,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
+    );
+    GucRegistry::define_string_guc(
+        c"orca.lease",
+        c"The lease token this session works under (a pipeline binary's or engine's).",
+        c"The Iceberg catalog's tables show such a session its attempt's org only.",
+        &LEASE,
         GucContext::Userset,
         GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
     );

@@ -282,7 +282,7 @@ async fn no_table_view_or_function_crosses_orgs() {
              AND proname LIKE '\\_%' AND has_function_privilege('{ALICE}', oid, 'EXECUTE') ORDER BY 1"
         ))
         .await;
-    assert_eq!(callable_internal, ["_may_use_org"]);
+    assert_eq!(callable_internal, ["_catalog_visible", "_may_use_org"]);
 
     let before = snapshot(&db, globex).await;
     let mut a = connect_org(&db, ALICE, "acme").await;

@@ -749,15 +749,15 @@ async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
         [("2013-01".into(), 27004), ("2013-02".into(), 24951)]
     );
     // Data and metadata are objects in the bucket, under <warehouse>/<ns>/<table>.
-    let keys = s3.keys("orca-lake", "warehouse/lake/clean/");
+    let keys = s3.keys("orca-lake", "warehouse/default/lake/clean/");
     assert!(
         keys.iter()
-            .any(|k| k.starts_with("warehouse/lake/clean/data/") && k.ends_with(".parquet")),
+            .any(|k| k.starts_with("warehouse/default/lake/clean/data/") && k.ends_with(".parquet")),
         "{keys:?}"
     );
     assert!(
         keys.iter()
-            .any(|k| k.starts_with("warehouse/lake/clean/metadata/")
+            .any(|k| k.starts_with("warehouse/default/lake/clean/metadata/")
                 && k.ends_with(".metadata.json")),
         "{keys:?}"
     );
