@@ -742,7 +742,11 @@ async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
 
     // PyIceberg reads the tables back from the bucket through the same catalog.
     let monthly = py_env(&["read", &db.url(), warehouse, "lake.monthly"], &s3.env());
-    assert_eq!(monthly["location"], "s3://orca-lake/warehouse/lake/monthly");
+    // Each org's tables are under a prefix of its own.
+    assert_eq!(
+        monthly["location"],
+        "s3://orca-lake/warehouse/default/lake/monthly"
+    );
     let flights = pairs(&monthly, "month", "flights");
     assert_eq!(
         flights,
