@@ -104,4 +104,16 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start
 fi
+# 7. The installation key for secrets (docs/security.md): 32 random bytes as
+# hex in a file only the server's user reads, outside the database; made once.
+KEY_FILE="${ORCA_SECRETS_KEY_FILE:-/var/lib/postgresql/orca/secrets.key}"
+if [ ! -s "$KEY_FILE" ]; then
+    say "making the installation key for secrets: $KEY_FILE"
+    as_root install -d -o postgres -g postgres -m 700 "$(dirname "$KEY_FILE")"
+    as_root sh -c "umask 077; head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \n' > '$KEY_FILE'"
+    as_root chown postgres:postgres "$KEY_FILE"
+fi
+as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
+    -c "LOAD 'orca'" -c "ALTER SYSTEM SET orca.secrets_key_file = '$KEY_FILE'" \
+    -c "SELECT pg_reload_conf()" >/dev/null
 say "setup done: extension orca $current installed for PostgreSQL $PG_MAJOR"

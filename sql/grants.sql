@@ -18,7 +18,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
 -- Secrets stay with their holders: a lease token is the capability of an
 -- attempt, and a runner token's hash is the runner's. Viewers read every
 -- other column.
-REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens FROM orca_viewer;
+REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens, orca.secrets, orca.org_keys
+    FROM orca_viewer;
+GRANT SELECT (org_id, name, created_at, created_by, updated_at, updated_by)
+    ON orca.secrets TO orca_viewer;
+GRANT SELECT (org_id, created_at, rewrapped_at) ON orca.org_keys TO orca_viewer;
 GRANT SELECT (org_id, id, run_id, version_id, number, status, runner, pool, created_at,
               leased_at, heartbeat_at, deadline, finished_at, error, build)
     ON orca.attempts TO orca_viewer;
@@ -49,6 +53,8 @@ GRANT EXECUTE ON FUNCTION
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),
+    orca.set_secret(text, text),
+    orca.drop_secret(text),
     orca.tick(timestamptz)
     TO orca_operator;
 -- What an attempt's lease allows: the functions a pipeline binary or an
@@ -65,7 +71,8 @@ GRANT EXECUTE ON FUNCTION
     orca.claim_sync(text, uuid),
     orca.advance_head(text, integer, bigint, text, uuid),
     orca.rewind_head(text, integer, bigint, text, uuid),
-    orca.record_commit(uuid, text, text, text, bigint, integer, text)
+    orca.record_commit(uuid, text, text, text, bigint, integer, text),
+    orca.attempt_secret(uuid, text)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),
@@ -79,7 +86,8 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     orca.create_org(text),
     orca.add_member(text, text),
-    orca.remove_member(text, text)
+    orca.remove_member(text, text),
+    orca.rewrap_data_keys()
     TO orca_admin;
 
 COMMENT ON FUNCTION orca.current_org_id() IS

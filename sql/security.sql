@@ -299,3 +299,192 @@ CREATE POLICY org_scope ON public.iceberg_tables
 ALTER TABLE public.iceberg_namespace_properties ENABLE ROW LEVEL SECURITY;
 CREATE POLICY org_scope ON public.iceberg_namespace_properties
     USING (orca._catalog_visible(catalog_name)) WITH CHECK (orca._catalog_visible(catalog_name));
+
+-- Secrets: values encrypted with their org's data key, which is wrapped by
+-- the installation's key (a file outside the database, named by
+-- orca.secrets_key_file). Only ciphertext is stored; viewers see names.
+CREATE TABLE orca.org_keys (
+    org_id       bigint PRIMARY KEY REFERENCES orca.orgs (id),
+    -- key id (8 bytes) || nonce || the data key sealed by the installation key
+    wrapped      bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    rewrapped_at timestamptz
+);
+COMMENT ON TABLE orca.org_keys IS
+'Each org''s data key, wrapped by the installation''s key (orca.secrets_key_file).';
+
+CREATE TABLE orca.secrets (
+    org_id     bigint NOT NULL REFERENCES orca.orgs (id),
+    name       text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9_.-]{0,127}$'),
+    -- nonce || the value sealed by the org's data key, bound to org and name
+    sealed     bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    created_by name NOT NULL DEFAULT session_user,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    updated_by name NOT NULL DEFAULT session_user,
+    PRIMARY KEY (org_id, name)
+);
+COMMENT ON TABLE orca.secrets IS
+'Secrets (orca.set_secret): connector options write {"secret": "name"} where a password would '
+'be. Values are encrypted; viewers see names and dates only.';
+
+DO $secrets$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['org_keys', 'secrets'] LOOP
+        EXECUTE format('ALTER TABLE orca.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('CREATE POLICY org_scope ON orca.%I USING (org_id = (SELECT orca.current_org_id()))', t);
+        PERFORM pg_catalog.pg_extension_config_dump(('orca.' || t)::regclass, '');
+    END LOOP;
+END
+$secrets$;
+
+-- The org's data key, made the first time the org keeps a secret.
+CREATE FUNCTION orca._org_data_key(p_org bigint) RETURNS bytea
+LANGUAGE plpgsql AS $$
+DECLARE
+    v bytea;
+BEGIN
+    SELECT k.wrapped INTO v FROM orca.org_keys k WHERE k.org_id = p_org;
+    IF v IS NULL THEN
+        INSERT INTO orca.org_keys (org_id, wrapped)
+        VALUES (p_org, decode(orca._unwrap(orca._new_data_key(p_org)) #>> '{}', 'hex'))
+        ON CONFLICT (org_id) DO NOTHING;
+        SELECT k.wrapped INTO v FROM orca.org_keys k WHERE k.org_id = p_org;
+    END IF;
+    RETURN v;
+END
+$$;
+
+CREATE FUNCTION orca._check_secret_name(p_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9_.-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid secret name %', quote_nullable(p_name)
+            USING ERRCODE = 'OR091',
+                  HINT = 'use 1 to 128 lowercase letters, digits, ''_'', ''-'' or ''.''';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION orca.set_secret(name text, value text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org    bigint := orca.current_org_id();
+    v_sealed bytea;
+BEGIN
+    PERFORM orca._check_secret_name(set_secret.name);
+    IF set_secret.value IS NULL OR length(set_secret.value) NOT BETWEEN 1 AND 65536 THEN
+        RAISE EXCEPTION 'the value of secret % must be 1 to 65536 characters, got %',
+                        set_secret.name, coalesce(length(set_secret.value)::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    v_sealed := decode(orca._unwrap(orca._seal_secret(orca._org_data_key(v_org), v_org,
+                                                      set_secret.name, set_secret.value)) #>> '{}',
+                       'hex');
+    INSERT INTO orca.secrets AS s (org_id, name, sealed)
+    VALUES (v_org, set_secret.name, v_sealed)
+    ON CONFLICT (org_id, name) DO UPDATE
+    SET sealed = excluded.sealed, updated_at = now(), updated_by = session_user;
+    PERFORM orca._event(v_org, 'secret.set', NULL, NULL, NULL,
+        jsonb_build_object('name', set_secret.name, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.set_secret(text, text) IS
+'Keeps a secret of the session''s org, encrypted (AES-256-GCM with the org''s data key, which '
+'the installation key in orca.secrets_key_file wraps); setting it again replaces the value. '
+'Connector options name it as {"secret": "name"}; runners read it under an attempt''s lease. '
+'Operators and admins. Errors: OR091 invalid name, OR050 empty or over 64 KiB, OR090 secrets '
+'not set up. Example: SELECT orca.set_secret(''shop-db'', ''postgres://app:pw@db/shop'');';
+
+CREATE FUNCTION orca.drop_secret(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+BEGIN
+    DELETE FROM orca.secrets s WHERE s.org_id = v_org AND s.name = drop_secret.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown secret % in org ''%''', quote_nullable(drop_secret.name),
+                        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org)
+            USING ERRCODE = 'OR091', HINT = 'orca.secrets lists the org''s secrets';
+    END IF;
+    PERFORM orca._event(v_org, 'secret.dropped', NULL, NULL, NULL,
+        jsonb_build_object('name', drop_secret.name, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.drop_secret(text) IS
+'Drops a secret of the session''s org. Operators and admins. OR091 for an unknown name.';
+
+CREATE FUNCTION orca.attempt_secret(lease uuid, name text) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org    bigint;
+    v_sealed bytea;
+    v_value  text;
+BEGIN
+    IF attempt_secret.lease IS NULL AND orca._is_admin() THEN
+        v_org := orca.current_org_id();
+    ELSE
+        v_org := orca._lease_usable_org(attempt_secret.lease);
+        IF v_org IS NULL
+           OR v_org IS DISTINCT FROM orca._lease_org(attempt_secret.lease) THEN
+            PERFORM orca._lease_refused(orca._lease_org(attempt_secret.lease), attempt_secret.lease);
+        END IF;
+    END IF;
+    PERFORM orca._check_secret_name(attempt_secret.name);
+    SELECT s.sealed INTO v_sealed FROM orca.secrets s
+    WHERE s.org_id = v_org AND s.name = attempt_secret.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown secret % in org ''%''', quote_nullable(attempt_secret.name),
+                        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org)
+            USING ERRCODE = 'OR091',
+                  HINT = 'an operator sets it with orca.set_secret(name, value)';
+    END IF;
+    v_value := orca._unwrap(orca._open_secret(orca._org_data_key(v_org), v_org,
+                                              attempt_secret.name, v_sealed)) #>> '{}';
+    PERFORM orca._event(v_org, 'secret.read', NULL, NULL,
+        orca._lease_attempt(attempt_secret.lease),
+        jsonb_strip_nulls(jsonb_build_object('name', attempt_secret.name,
+                                             'by', CASE WHEN attempt_secret.lease IS NULL
+                                                        THEN session_user END)));
+    RETURN v_value;
+END
+$$;
+COMMENT ON FUNCTION orca.attempt_secret(uuid, text) IS
+'A secret''s value, for the attempt whose live lease is given (the engine and runners resolve '
+'{"secret": "name"} options with it at attempt time); admins may pass a NULL lease for their '
+'session''s org. Each read is an event (secret.read). Errors: OR012/OR014/OR015 for the lease, '
+'OR091 unknown secret, OR090/OR092 keys.';
+
+CREATE FUNCTION orca.rewrap_data_keys() RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k   record;
+    r   jsonb;
+    v_n integer := 0;
+BEGIN
+    IF NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins rewrap the data keys' USING ERRCODE = '42501';
+    END IF;
+    FOR k IN SELECT * FROM orca.org_keys ORDER BY org_id FOR UPDATE LOOP
+        r := orca._unwrap(orca._rewrap_data_key(k.wrapped, k.org_id));
+        IF (r->>'changed')::boolean THEN
+            UPDATE orca.org_keys SET wrapped = decode(r->>'wrapped', 'hex'), rewrapped_at = now()
+            WHERE org_id = k.org_id;
+            PERFORM orca._event(k.org_id, 'secrets.rewrapped', NULL, NULL, NULL,
+                                jsonb_build_object('by', session_user));
+            v_n := v_n + 1;
+        END IF;
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION orca.rewrap_data_keys() IS
+'Rotates the installation key: with the new key in orca.secrets_key_file and the old one in '
+'orca.secrets_previous_key_file, wraps every org''s data key with the new key (values are not '
+'re-encrypted: the data keys stay the same) and returns how many changed. Then unset '
+'orca.secrets_previous_key_file. Admins only.';

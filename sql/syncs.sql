@@ -220,6 +220,14 @@ BEGIN
     s := orca._sync(v_org, claim_sync.sync);
     -- A HEAD set under an older rule or by hand: the engine checks it too.
     PERFORM orca._check_record(s, s.head_record);
+    -- A definition made before passwords were refused still runs, with a
+    -- warning on every claim until it is defined again with a secret.
+    IF cardinality(orca._inline_passwords(s.definition)) > 0 THEN
+        PERFORM orca._event(v_org, 'sync.inline_password', r.pipeline_id, r.id, a.id,
+            jsonb_build_object('sync', s.name, 'at', to_jsonb(orca._inline_passwords(s.definition)),
+                               'hint', 'keep the connection string in a secret (orca.set_secret) '
+                                       'and define the sync again with {"secret": "name"}'));
+    END IF;
     UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
     PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
         jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));

@@ -5,6 +5,7 @@ mod backfill;
 mod db;
 mod locate;
 mod register;
+mod secrets;
 mod show;
 mod syncs;
 mod tokens;
@@ -111,6 +112,11 @@ enum Cmd {
         /// The run's id.
         id: i64,
     },
+    /// Secrets of the org: values kept encrypted, named by connector options.
+    Secrets {
+        #[command(subcommand)]
+        cmd: SecretsCmd,
+    },
     /// Runner tokens of the org: each binds a runner to the org and a pool.
     Tokens {
         #[command(subcommand)]
@@ -123,6 +129,22 @@ enum Cmd {
         /// Where its source tree is.
         #[arg(long, default_value = ".")]
         root: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SecretsCmd {
+    /// Set a secret to the value on standard input (never on the command line).
+    Set {
+        /// Its name: lowercase letters, digits, '_', '-', '.'.
+        name: String,
+    },
+    /// List the org's secrets (names and dates, never values).
+    List,
+    /// Drop a secret.
+    Drop {
+        /// Its name.
+        name: String,
     },
 }
 
@@ -190,6 +212,11 @@ fn main() {
             } => syncs::run(&mut c, &name, backfill, detach),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
+            Cmd::Secrets { cmd } => match cmd {
+                SecretsCmd::Set { name } => secrets::set(&mut c, &name),
+                SecretsCmd::List => secrets::list(&mut c),
+                SecretsCmd::Drop { name } => secrets::drop(&mut c, &name),
+            },
             Cmd::Tokens { cmd } => match cmd {
                 TokensCmd::Create { pool, name, out } => {
                     tokens::create(&mut c, &pool, name.as_deref(), out.as_deref())

@@ -420,6 +420,53 @@ impl Control {
     }
 }
 
+impl Control {
+    /// `orca.attempt_secret`: a secret's value, under the attempt's lease.
+    pub fn attempt_secret(
+        &mut self,
+        lease: Option<LeaseToken>,
+        name: &str,
+    ) -> Result<String, ClientError> {
+        let lease = lease.map(|l| l.0);
+        self.with_retry("orca.attempt_secret", |c| {
+            c.query_one("SELECT orca.attempt_secret($1, $2)", &[&lease, &name])?
+                .try_get::<_, String>(0)
+        })
+    }
+}
+
+/// Resolves the secrets a definition references: Orca's own through
+/// `orca.attempt_secret` under the attempt's lease; the cloud providers'
+/// clients are not built.
+pub struct Secrets<'a> {
+    control: &'a mut Control,
+    lease: Option<LeaseToken>,
+}
+
+impl<'a> Secrets<'a> {
+    pub fn new(control: &'a mut Control, lease: Option<LeaseToken>) -> Self {
+        Secrets { control, lease }
+    }
+}
+
+impl orca_core::secret::Resolver for Secrets<'_> {
+    fn resolve(
+        &mut self,
+        provider: &orca_core::secret::Provider,
+    ) -> Result<String, orca_core::secret::SecretError> {
+        match provider {
+            orca_core::secret::Provider::Local { name } => self
+                .control
+                .attempt_secret(self.lease, name)
+                .map_err(|e| orca_core::secret::SecretError::Resolve {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                }),
+            other => Err(orca_core::secret::not_built(other)),
+        }
+    }
+}
+
 /// PostgreSQL's SQLSTATE for a call no function matches: a control plane
 /// older than the call (0.1.0 has HEAD calls without the lease).
 const UNDEFINED_FUNCTION: &str = "42883";

@@ -11,6 +11,7 @@ pub mod error;
 pub mod keyed;
 pub mod manifest;
 pub mod partition;
+pub mod secret;
 pub mod sqlstate;
 pub mod sync;
 

@@ -76,6 +76,9 @@ sqlstates! {
     NOT_SYNC_LEASE = "OR084": "a sync's HEAD call without the live lease of an attempt of its run";
     RECORD_OUTSIDE_SYNC = "OR085": "a checkpoint record outside the sync's own prefix";
     CLOCK_ADMIN_ONLY = "OR086": "only admins pass orca.tick a time other than the transaction's";
+    SECRETS_NOT_SET_UP = "OR090": "secrets are not set up: no readable installation key (`orca.secrets_key_file`)";
+    UNKNOWN_SECRET = "OR091": "unknown secret, or an invalid secret name";
+    SECRET_UNREADABLE = "OR092": "a secret or data key cannot be decrypted with the installation keys";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,
@@ -135,9 +138,14 @@ mod tests {
         out
     }
 
-    /// The codes `Error::sqlstate` maps to, by the constants error.rs names.
+    /// The codes `Error::sqlstate` maps to, by the constants error.rs names,
+    /// and those the extension's secrets raise.
     fn raised_in_rust() -> BTreeSet<String> {
-        let src = include_str!("error.rs");
+        let src = format!(
+            "{}{}",
+            include_str!("error.rs"),
+            include_str!("../../pg_ext/src/secrets.rs")
+        );
         NAMES
             .iter()
             .filter(|(name, _)| src.contains(&format!("sqlstate::{name}")))

@@ -9,6 +9,7 @@ use crate::cron::Schedule;
 use crate::delivery::{self, Delivery, DestClass, Replay, StreamFacts, WriteMode};
 use crate::error::{Error, Result};
 use crate::manifest::NAME_MAX;
+use crate::secret::{self, Resolver, SecretError, SecretRef, Setting};
 
 /// A sync's definition as [`check`] normalizes it and `orca.syncs.definition`
 /// stores it: what `orca.claim_sync` hands the engine.
@@ -30,13 +31,15 @@ pub struct SyncDef {
 pub enum Source {
     /// Tables read incrementally by a cursor column and their primary key.
     Postgres {
-        url: String,
+        /// The database: a URL or conninfo string without a password, or a
+        /// secret holding one (`{"secret": "shop-db"}`).
+        url: Setting,
         /// Rows per stream per epoch.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch_rows: Option<u64>,
     },
     /// JSON lines or CSV files under a path or an `s3://` prefix.
-    Files { url: String, format: FileFormat },
+    Files { url: Setting, format: FileFormat },
 }
 
 impl Source {
@@ -47,7 +50,7 @@ impl Source {
         }
     }
 
-    pub fn url(&self) -> &str {
+    pub fn url(&self) -> &Setting {
         match self {
             Source::Postgres { url, .. } | Source::Files { url, .. } => url,
         }
@@ -68,7 +71,7 @@ pub enum FileFormat {
 pub enum Destination {
     /// Parquet files under a path or an `s3://` prefix.
     Parquet {
-        url: String,
+        url: Setting,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lanes: Option<u64>,
     },
@@ -80,7 +83,7 @@ pub enum Destination {
     },
     /// Tables of a Postgres database.
     Postgres {
-        url: String,
+        url: Setting,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         schema: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -308,6 +311,17 @@ fn connector(
     for opt in c.required {
         match obj.get(*opt) {
             Some(Value::String(s)) if !s.trim().is_empty() => {}
+            // Any string option may be a secret instead.
+            Some(v @ Value::Object(_)) if *opt != "format" => {
+                let r: SecretRef = serde_json::from_value(v.clone()).map_err(|_| {
+                    bad(
+                        format!("{side}.{opt}"),
+                        format!("must be a string or {{\"secret\": \"<name>\"}}, got {v}"),
+                    )
+                })?;
+                r.provider()
+                    .map_err(|e| bad(format!("{side}.{opt}"), e.to_string()))?;
+            }
             Some(other) if !other.is_null() => {
                 return Err(bad(
                     format!("{side}.{opt}"),
@@ -366,6 +380,28 @@ fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
 /// level each stream keeps. Every error names the connector, option or stream
 /// at fault.
 pub fn check(
+    name: &str,
+    source: &Value,
+    destination: &Value,
+    streams: &Value,
+    schedule: Option<&str>,
+    required: &str,
+) -> Result<SyncDef> {
+    // A password in a definition is readable by every viewer of the org and
+    // lands in dumps: it belongs in a secret.
+    for (side, options) in [("source", source), ("destination", destination)] {
+        if let Some(at) = secret::inline_passwords(side, options).first() {
+            return Err(bad(
+                at,
+                "carries a password: keep the connection string in a secret \
+                 (SELECT orca.set_secret('name', '<url>')) and write {\"secret\": \"name\"} here",
+            ));
+        }
+    }
+    check_rules(name, source, destination, streams, schedule, required)
+}
+
+fn check_rules(
     name: &str,
     source: &Value,
     destination: &Value,
@@ -635,6 +671,8 @@ impl SyncDef {
     /// Checks a stored definition again, as this build's rules see it: a
     /// definition stored by an older control plane, or one whose rules
     /// changed, must still hold before anything moves.
+    /// Definitions stored before inline passwords were refused keep working
+    /// (their runs warn): this does not refuse them.
     pub fn recheck(&self) -> Result<SyncDef> {
         let streams: Vec<Value> = self
             .streams
@@ -647,7 +685,7 @@ impl SyncDef {
                 v
             })
             .collect();
-        check(
+        check_rules(
             &self.name,
             &serde_json::to_value(&self.source).unwrap_or(Value::Null),
             &serde_json::to_value(&self.destination).unwrap_or(Value::Null),
@@ -655,6 +693,38 @@ impl SyncDef {
             self.schedule.as_deref(),
             self.delivery.name(),
         )
+    }
+
+    /// Replaces every secret reference with the secret's value, for the
+    /// attempt that is about to connect.
+    pub fn resolve_secrets(
+        &mut self,
+        resolver: &mut dyn Resolver,
+    ) -> std::result::Result<(), SecretError> {
+        match &mut self.source {
+            Source::Postgres { url, .. } | Source::Files { url, .. } => url.resolve(resolver)?,
+        }
+        match &mut self.destination {
+            Destination::Parquet { url, .. } | Destination::Postgres { url, .. } => {
+                url.resolve(resolver)?
+            }
+            Destination::Iceberg { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Where the definition keeps a password in plain text (a definition
+    /// made before that was refused).
+    pub fn inline_passwords(&self) -> Vec<String> {
+        let mut at = secret::inline_passwords(
+            "source",
+            &serde_json::to_value(&self.source).unwrap_or(Value::Null),
+        );
+        at.extend(secret::inline_passwords(
+            "destination",
+            &serde_json::to_value(&self.destination).unwrap_or(Value::Null),
+        ));
+        at
     }
 
     /// The definition as `orca.syncs.definition` stores it.

@@ -23,6 +23,15 @@ pub static RUNNER_TOKEN: GucSetting<Option<CString>> = GucSetting::<Option<CStri
 /// attempt's org only.
 pub static LEASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
+/// The installation's key for secrets: a file of 64 hex digits outside the
+/// database. Superusers set it (postgresql.conf or ALTER SYSTEM).
+pub static SECRETS_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// The key before the current one, while orca.rewrap_data_keys() moves the
+/// orgs' data keys to the new one.
+pub static SECRETS_PREVIOUS_KEY_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(None);
+
 /// How often the background worker ticks. Short enough that a cron fire is
 /// late by at most this much; each tick is one small transaction.
 pub static TICK_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -87,6 +96,22 @@ pub fn init() {
         &LEASE,
         GucContext::Userset,
         GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
+    );
+    GucRegistry::define_string_guc(
+        c"orca.secrets_key_file",
+        c"The file holding the installation's key for secrets (64 hex digits).",
+        c"Org data keys are wrapped by it; it stays outside the database.",
+        &SECRETS_KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"orca.secrets_previous_key_file",
+        c"The installation key before the current one, while data keys are rewrapped.",
+        c"Set it, call orca.rewrap_data_keys(), then unset it.",
+        &SECRETS_PREVIOUS_KEY_FILE,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
     );
     GucRegistry::define_int_guc(
         c"orca.tick_ms",

@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 
 mod gucs;
 mod helpers;
+mod secrets;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn pg_bindir() -> PathBuf {
+pub fn pg_bindir() -> PathBuf {
     let pg_config = std::env::var("ORCA_PG_CONFIG")
         .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".to_string());
     let out = Command::new(&pg_config)

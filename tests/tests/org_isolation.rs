@@ -20,6 +20,7 @@ const API: &[&str] = &[
     "add_member",
     "advance_head",
     "attempt_context",
+    "attempt_secret",
     "backfill",
     "cancel",
     "claim",
@@ -28,6 +29,7 @@ const API: &[&str] = &[
     "create_runner_token",
     "create_sync",
     "current_org_id",
+    "drop_secret",
     "finish",
     "finish_many",
     "fires",
@@ -49,9 +51,11 @@ const API: &[&str] = &[
     "report_step",
     "retry",
     "revoke_runner_token",
+    "rewrap_data_keys",
     "rotate_runner_token",
     "run",
     "sense_context",
+    "set_secret",
     "tick",
     "unpause",
 ];
@@ -105,6 +109,12 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .fetch_all(&mut c)
     .await
     .expect("backfill");
+    // A secret (the machine's installation key is scripts/setup.sh's).
+    sqlx::query("SELECT orca.set_secret($1 || '-db', 'postgres://app:pw@db/' || $1)")
+        .bind(org)
+        .execute(&mut c)
+        .await
+        .expect("a secret");
     let token: String =
         sqlx::query_scalar("SELECT orca.create_runner_token('default', $1 || '-token')")
             .bind(org)
@@ -411,9 +421,19 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.record_commit('{g_lease}', 'one', '2024-02', 'lake.raw', 1, 1)"),
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
+        format!("SELECT orca.attempt_secret('{g_lease}', 'globex-db')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.drop_secret('globex-db')").await,
+        "OR091",
+        "globex's secret is not acme's to drop"
+    );
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.rewrap_data_keys()").await,
+        "42501"
+    );
     for sql in [
         "SELECT orca.create_org('mine')",
         "SELECT orca.add_member('globex', 'orca_t_alice')",

@@ -70,7 +70,14 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         .definition
         .recheck()
         .map_err(|e| EngineError::Definition(e.to_string()))?;
-    let def = &claim.definition;
+    // Secrets are read now, under this attempt's lease, and live only in
+    // this process (and the source pump of the runner that hosts it).
+    let mut resolved = claim.definition.clone();
+    let mut secrets = orca_client::Secrets::new(&mut control, lease);
+    resolved
+        .resolve_secrets(&mut secrets)
+        .map_err(|e| EngineError::Definition(e.to_string()))?;
+    let def = &resolved;
     let batch_rows = opts
         .batch_rows
         .or(batch_rows_of(&def.source)?)
@@ -191,6 +198,9 @@ fn look_up(
                     tables
                 }
                 None => {
+                    let url = url
+                        .plain()
+                        .map_err(|e| EngineError::Definition(e.to_string()))?;
                     let mut probe = postgres::Client::connect(url, postgres::NoTls)?;
                     specs
                         .iter()

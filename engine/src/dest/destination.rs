@@ -51,6 +51,10 @@ pub enum Dest {
     },
 }
 
+fn unresolved(e: orca_core::secret::SecretError) -> DestError {
+    DestError::Definition(e.to_string())
+}
+
 impl Dest {
     /// Opens the destination a definition names; Iceberg tables are created
     /// with the streams' destination schemas if they do not exist.
@@ -64,7 +68,7 @@ impl Dest {
     ) -> Result<Dest, DestError> {
         match destination {
             Destination::Parquet { url, .. } => Ok(Dest::Parquet(ParquetDest {
-                store: Store::open(url)?,
+                store: Store::open(url.plain().map_err(unresolved)?)?,
             })),
             Destination::Postgres { url, schema, .. } => {
                 let modes = streams
@@ -79,7 +83,11 @@ impl Dest {
                     })
                     .collect();
                 Ok(Dest::Postgres {
-                    pg: PgDest::open(url, schema.as_deref().unwrap_or("public"), sync)?,
+                    pg: PgDest::open(
+                        url.plain().map_err(unresolved)?,
+                        schema.as_deref().unwrap_or("public"),
+                        sync,
+                    )?,
                     modes,
                 })
             }
