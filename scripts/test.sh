@@ -32,9 +32,15 @@ cargo clippy -q --workspace --all-targets -- -D warnings
 if [ "$fast" = 1 ]; then
     # A test file that starts a private cluster says so by using PrivateCluster.
     targets=()
-    for f in tests/tests/*.rs; do
-        grep -q PrivateCluster "$f" && continue
-        targets+=(--test "$(basename "$f" .rs)")
+    for f in tests/tests/*.rs tests/tests/*/main.rs; do
+        [ -e "$f" ] || continue
+        if [ "$(basename "$f")" = main.rs ]; then
+            grep -rq PrivateCluster "$(dirname "$f")" && continue
+            targets+=(--test "$(basename "$(dirname "$f")")")
+        else
+            grep -q PrivateCluster "$f" && continue
+            targets+=(--test "$(basename "$f" .rs)")
+        fi
     done
     say "unit tests and simulations"
     cargo test -q --workspace --exclude orca-ext --exclude orca-tests -- --test-threads 4

@@ -1,0 +1,404 @@
+//! Secrets: encrypted at rest, read only under a live lease of their org,
+//! and surviving a rotation of the installation key.
+
+use super::*;
+
+/// Secrets are kept encrypted, read only under a live lease of their org,
+/// and the installation key can be rotated without re-encrypting values. A
+/// private cluster, whose key files this test owns.
+#[tokio::test]
+async fn secrets_are_encrypted_read_under_their_org_s_lease_and_survive_key_rotation() {
+    use orca_tests::cluster::PrivateCluster;
+    use sqlx::Connection;
+    let keys = scratch("keys");
+    let key_a = keys.join("a.key");
+    let key_b = keys.join("b.key");
+    std::fs::write(&key_a, "11".repeat(32)).expect("key a");
+    std::fs::write(&key_b, format!("{}\n", "22".repeat(32))).expect("key b");
+    let cluster = PrivateCluster::start(&[]);
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .expect("connect");
+    admin
+        .execute("CREATE EXTENSION orca")
+        .await
+        .expect("extension");
+    for (role, grants) in [
+        (ATTEMPT_LOGIN, "orca_attempt"),
+        (OPERATOR, "orca_operator"),
+        (VIEWER, "orca_viewer"),
+        (RUNNER_LOGIN, "orca_runner"),
+    ] {
+        admin
+            .execute(format!("CREATE ROLE {role} LOGIN IN ROLE {grants}").as_str())
+            .await
+            .expect("role");
+    }
+    let connect_as = |user: &'static str, org: &'static str| {
+        let url = cluster
+            .url("postgres")
+            .replacen("postgres@", &format!("{user}@"), 1);
+        async move {
+            let mut c = PgConnection::connect(&url).await.expect("connect");
+            c.execute(format!("SET orca.org = '{org}'").as_str())
+                .await
+                .expect("org");
+            c
+        }
+    };
+    admin
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme'), orca.create_org('globex'); \
+                 SELECT orca.add_member('acme', '{OPERATOR}'), orca.add_member('acme', '{VIEWER}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("orgs");
+    let mut op = connect_as(OPERATOR, "acme").await;
+    // Without an installation key there are no secrets.
+    assert_eq!(
+        code_of(&mut op, "SELECT orca.set_secret('shop-db', 'x')").await,
+        "OR090"
+    );
+    alter_system(
+        &mut admin,
+        &format!("SET orca.secrets_key_file = '{}'", key_a.display()),
+    )
+    .await;
+    let mut op = connect_as(OPERATOR, "acme").await;
+    let value = "postgres://app:hunter2@db.internal/shop";
+    sqlx::query("SELECT orca.set_secret('shop-db', $1)")
+        .bind(value)
+        .execute(&mut op)
+        .await
+        .expect("set a secret");
+    for (sql, code) in [
+        ("SELECT orca.set_secret('Shop DB', 'x')", "OR091"),
+        ("SELECT orca.set_secret('empty', '')", "OR050"),
+        ("SELECT orca.drop_secret('nope')", "OR091"),
+        ("SELECT orca.attempt_secret(NULL, 'shop-db')", "42501"),
+    ] {
+        assert_eq!(code_of(&mut op, sql).await, code, "{sql}");
+    }
+    // Stored as ciphertext only: not in the table, not in a dump.
+    let plain_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orca.secrets s, orca.org_keys k \
+         WHERE position(convert_to('hunter2', 'UTF8') IN s.sealed) > 0 \
+            OR position(convert_to('hunter2', 'UTF8') IN k.wrapped) > 0",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("look for the value");
+    assert_eq!(plain_rows, 0);
+    let dump = Command::new(orca_tests::cluster::pg_bindir().join("pg_dump"))
+        .arg(cluster.url("postgres"))
+        .output()
+        .expect("pg_dump");
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("shop-db"), "the dump keeps the secret's row");
+    assert!(
+        !dump.contains("hunter2"),
+        "the dump holds the value in clear"
+    );
+    // Viewers see names, never ciphertext.
+    let mut v = connect_as(VIEWER, "acme").await;
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM orca.secrets")
+        .fetch_all(&mut v)
+        .await
+        .expect("names");
+    assert_eq!(names, ["shop-db"]);
+    assert_eq!(
+        code_of(&mut v, "SELECT sealed FROM orca.secrets").await,
+        "42501"
+    );
+    assert_eq!(
+        code_of(&mut v, "SELECT wrapped FROM orca.org_keys").await,
+        "42501"
+    );
+
+    // An attempt of acme reads it under its lease; nothing else does.
+    let mut acme_admin = connect_as("postgres", "acme").await;
+    let mut m = lake_manifest("lake");
+    m["max_runs"] = json!(null);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut acme_admin)
+        .await
+        .expect("register");
+    acme_admin
+        .execute("SELECT orca.backfill('lake', '2024-01..2024-02')")
+        .await
+        .expect("backfill");
+    let leases: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT lease FROM orca.claim('r', max => 2)")
+        .fetch_all(&mut acme_admin)
+        .await
+        .expect("claim");
+    let mut globex_admin = connect_as("postgres", "globex").await;
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut globex_admin)
+        .await
+        .expect("register");
+    globex_admin
+        .execute("SELECT orca.run('lake', '2024-01')")
+        .await
+        .expect("run");
+    let g_lease: uuid::Uuid = sqlx::query_scalar("SELECT lease FROM orca.claim('r')")
+        .fetch_one(&mut globex_admin)
+        .await
+        .expect("claim");
+    let url = cluster
+        .url("postgres")
+        .replacen("postgres@", &format!("{ATTEMPT_LOGIN}@"), 1);
+    let mut child = PgConnection::connect(&url).await.expect("child");
+    let got: String = sqlx::query_scalar("SELECT orca.attempt_secret($1, 'shop-db')")
+        .bind(leases[0])
+        .fetch_one(&mut child)
+        .await
+        .expect("read under the lease");
+    assert_eq!(got, value);
+    for (sql, code) in [
+        (
+            format!("SELECT orca.attempt_secret('{g_lease}', 'shop-db')"),
+            "OR091",
+        ),
+        (
+            "SELECT orca.attempt_secret(NULL, 'shop-db')".to_string(),
+            "OR012",
+        ),
+        (
+            format!(
+                "SELECT orca.attempt_secret('{}', 'shop-db')",
+                uuid::Uuid::new_v4()
+            ),
+            "OR012",
+        ),
+    ] {
+        assert_eq!(code_of(&mut child, &sql).await, code, "{sql}");
+    }
+    acme_admin
+        .execute(format!("SELECT orca.finish('{}', true)", leases[0]).as_str())
+        .await
+        .expect("finish");
+    assert_eq!(
+        code_of(
+            &mut child,
+            &format!("SELECT orca.attempt_secret('{}', 'shop-db')", leases[0])
+        )
+        .await,
+        "OR014"
+    );
+    let reads: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orca.events WHERE kind = 'secret.read' AND data->>'name' = 'shop-db'",
+    )
+    .fetch_one(&mut acme_admin)
+    .await
+    .expect("events");
+    assert_eq!(reads, 1, "each read is an event");
+
+    // Definitions name secrets; passwords in them are refused.
+    let files = r#"{"type": "files", "url": "/in", "format": "jsonl"}"#;
+    let streams = r#"[{"name": "events", "pattern": "*.jsonl"}]"#;
+    for (dest, code) in [
+        (
+            format!(r#"{{"type": "postgres", "url": "{value}"}}"#),
+            "OR063",
+        ),
+        (
+            r#"{"type": "postgres", "url": "host=db user=app password=hunter2"}"#.to_string(),
+            "OR063",
+        ),
+        (
+            r#"{"type": "postgres", "url": {"secret": "vault://x"}}"#.to_string(),
+            "OR063",
+        ),
+        (
+            r#"{"type": "postgres", "url": {"secret": "shop-db", "x": 1}}"#.to_string(),
+            "OR063",
+        ),
+    ] {
+        let (c, msg) = expect_error(
+            &mut op,
+            &format!("SELECT orca.create_sync('shop', '{files}', '{dest}', '{streams}', delivery => 'at_least_once')"),
+        )
+        .await;
+        assert_eq!(c, code, "{dest}: {msg}");
+        assert!(
+            !msg.contains("hunter2"),
+            "the error repeats the password: {msg}"
+        );
+    }
+    for dest in [
+        r#"{"type": "postgres", "url": {"secret": "shop-db"}}"#,
+        r#"{"type": "postgres", "url": {"secret": "aws-sm://prod/shop"}}"#,
+    ] {
+        op.execute(
+            format!("SELECT orca.create_sync('shop', '{files}', '{dest}', '{streams}', delivery => 'at_least_once')")
+                .as_str(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{dest}: {e}"));
+    }
+    // A definition stored before passwords were refused still runs, warned.
+    acme_admin
+        .execute(
+            format!(
+                "UPDATE orca.syncs SET definition = jsonb_set(definition, '{{destination,url}}', to_jsonb('{value}'::text))"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("an old definition");
+    acme_admin
+        .execute("SELECT orca.claim_sync('shop')")
+        .await
+        .expect("claimed as before");
+    let warned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orca.events WHERE kind = 'sync.inline_password' \
+         AND data->'at' = '[\"destination.url\"]'",
+    )
+    .fetch_one(&mut acme_admin)
+    .await
+    .expect("warning");
+    assert_eq!(warned, 1);
+
+    // Rotation: the new key wraps the data keys again; values stay as they are.
+    let before: (Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT s.sealed, k.wrapped FROM orca.secrets s JOIN orca.org_keys k USING (org_id)",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("before");
+    alter_system(
+        &mut admin,
+        &format!("SET orca.secrets_key_file = '{}'", key_b.display()),
+    )
+    .await;
+    let mut acme_admin = connect_as("postgres", "acme").await;
+    assert_eq!(
+        code_of(
+            &mut acme_admin,
+            "SELECT orca.attempt_secret(NULL, 'shop-db')"
+        )
+        .await,
+        "OR092",
+        "key b alone cannot open what key a wrapped"
+    );
+    assert_eq!(
+        code_of(&mut acme_admin, "SELECT orca.rewrap_data_keys()").await,
+        "OR092"
+    );
+    alter_system(
+        &mut admin,
+        &format!("SET orca.secrets_previous_key_file = '{}'", key_a.display()),
+    )
+    .await;
+    let mut acme_admin = connect_as("postgres", "acme").await;
+    let n: i32 = sqlx::query_scalar("SELECT orca.rewrap_data_keys()")
+        .fetch_one(&mut acme_admin)
+        .await
+        .expect("rewrap");
+    assert_eq!(n, 1);
+    let n: i32 = sqlx::query_scalar("SELECT orca.rewrap_data_keys()")
+        .fetch_one(&mut acme_admin)
+        .await
+        .expect("rewrap again");
+    assert_eq!(n, 0, "nothing left to rewrap");
+    alter_system(&mut admin, "RESET orca.secrets_previous_key_file").await;
+    let mut acme_admin = connect_as("postgres", "acme").await;
+    let got: String = sqlx::query_scalar("SELECT orca.attempt_secret(NULL, 'shop-db')")
+        .fetch_one(&mut acme_admin)
+        .await
+        .expect("read with key b only");
+    assert_eq!(got, value);
+    let after: (Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT s.sealed, k.wrapped FROM orca.secrets s JOIN orca.org_keys k USING (org_id)",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("after");
+    assert_eq!(after.0, before.0, "values were not re-encrypted");
+    assert_ne!(after.1, before.1, "the data key was wrapped again");
+    let _ = std::fs::remove_dir_all(&keys);
+}
+
+/// The whole way: a sync whose source and destination are a secret runs on
+/// a runner; the engine reads the secret under its lease, and the value is
+/// nowhere a viewer can look.
+#[tokio::test]
+async fn a_sync_connects_with_a_secret_its_engine_reads_under_its_lease() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
+         INSERT INTO public.orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', g
+         FROM generate_series(1, 5000) g;
+         CREATE SCHEMA raw;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    // The URL as an operator would keep it: with a password (this server
+    // trusts local logins, so it is not checked, only carried).
+    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+    sqlx::query("SELECT orca.set_secret('shop-db', $1)")
+        .bind(&url)
+        .execute(&db.pool)
+        .await
+        .expect("set the secret (scripts/setup.sh configures the installation key)");
+    sqlx::query(
+        "SELECT orca.create_sync('shop', '{\"type\": \"postgres\", \"url\": {\"secret\": \"shop-db\"}, \"batch_rows\": 1000}', \
+         '{\"type\": \"postgres\", \"url\": {\"secret\": \"shop-db\"}, \"schema\": \"raw\"}', \
+         '[{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}]')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a sync that names the secret");
+    let logs = scratch("secret-sync");
+    let store = logs.join("store");
+    let store_s = store.to_string_lossy().to_string();
+    let engine = bin("orca-engine");
+    let env = [
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+    ];
+    let runner = Runner::start(&db.url(), "r1", 1, &logs, &env);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_for_sql(
+        &db,
+        "the sync's run to succeed",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM raw.orders").await, 5000);
+    let reads = db
+        .scalar_i64("SELECT count(*) FROM orca.events WHERE kind = 'secret.read' AND attempt_id IS NOT NULL")
+        .await;
+    assert!(reads >= 1, "the engine read the secret under its lease");
+    // Nowhere in the control plane's rows, the attempt's log or the runner's output.
+    let leaked = db
+        .scalar_i64(
+            "SELECT (SELECT count(*) FROM orca.syncs WHERE definition::text LIKE '%hunter2%') \
+                  + (SELECT count(*) FROM orca.events WHERE data::text LIKE '%hunter2%') \
+                  + (SELECT count(*) FROM orca.runs WHERE coalesce(error, '') LIKE '%hunter2%')",
+        )
+        .await;
+    assert_eq!(leaked, 0);
+    let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{run}/attempt-1.log")))
+        .unwrap_or_default();
+    assert!(!log.is_empty() && !log.contains("hunter2"), "{log}");
+    assert!(!runner.output().contains("hunter2"));
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&logs);
+}
