@@ -1966,7 +1966,8 @@ BEGIN
     RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
                               'epoch', s.head_epoch, 'record', s.head_record,
                               'definition', s.definition, 'run', r.id,
-                              'request', coalesce(r.request, '{}'::jsonb));
+                              'request', coalesce(r.request, '{}'::jsonb),
+                              'allowlist', to_jsonb(orca._allowlist(v_org)));
 END
 $$;
 COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
@@ -1974,7 +1975,8 @@ COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
 'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
 'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
-'({"mode": "full"} for a backfill: read everything again). The lease is required (OR084) '
+'({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
+'(what its connectors may reach besides public addresses). The lease is required (OR084) '
 'except for admins, who may drive a sync by hand in their session''s org.';
 
 REVOKE ALL ON orca.runner_tokens FROM PUBLIC;
@@ -2342,3 +2344,220 @@ SELECT orca._event(s.org_id, 'sync.inline_password', NULL, NULL, NULL,
                                               'and define the sync again with {"secret": "name"}'))
 FROM orca.syncs s
 WHERE cardinality(orca._inline_passwords(s.definition)) > 0;
+
+---------------------------------------------------------------------------
+-- Netguard (sql/security.sql): each org's allowlist of what its connectors
+-- may reach besides public addresses; create_sync judges what a definition
+-- names as written, and claim_sync hands the engine the allowlist.
+---------------------------------------------------------------------------
+
+CREATE  FUNCTION "_allow_rule"(
+	"target" TEXT /* & str */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'allow_rule_wrapper';
+
+CREATE  FUNCTION "_netguard_definition"(
+	"org" TEXT, /* & str */
+	"definition" jsonb, /* JsonB */
+	"allowlist" TEXT[] /* Vec < String > */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'netguard_definition_wrapper';
+
+CREATE  FUNCTION "_allowlist_for"(
+	"definition" jsonb /* JsonB */
+) RETURNS TEXT[] /* Vec < String > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'allowlist_for_wrapper';
+-- Netguard's allowlist (orca_core::netguard decides; docs/security.md): what
+-- an org's connectors may reach besides public addresses — host names,
+-- networks, and local directories. Engines read it with their sync's claim
+-- and check every address a name resolves to against it before connecting,
+-- and every local path after resolving its symlinks. Admins manage it.
+CREATE TABLE orca.allowlist (
+    org_id     bigint NOT NULL REFERENCES orca.orgs (id),
+    -- as orca._allow_rule normalises it: 'db.internal', '*.corp.example',
+    -- '10.0.0.0/8', '127.0.0.1/32', '/srv/data'
+    target     text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('host', 'network', 'path')),
+    note       text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    created_by name NOT NULL DEFAULT session_user,
+    PRIMARY KEY (org_id, target)
+);
+COMMENT ON TABLE orca.allowlist IS
+'What an org''s connectors may reach besides public addresses (orca.allow): host names, '
+'networks and local directories. Loopback, private, link-local, metadata and other non-public '
+'addresses, and every local path, are refused unless an entry permits them.';
+ALTER TABLE orca.allowlist ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.allowlist USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.allowlist', '');
+
+CREATE FUNCTION orca._allowlist(p_org bigint) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(a.target ORDER BY a.target), '{}')
+    FROM orca.allowlist a WHERE a.org_id = p_org
+$$;
+
+-- An org named by an admin's call, or OR001.
+CREATE FUNCTION orca._org_named(p_name text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    SELECT o.id INTO v_org FROM orca.orgs o WHERE o.name = p_name;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org %', quote_nullable(p_name) USING ERRCODE = 'OR001';
+    END IF;
+    RETURN v_org;
+END
+$$;
+
+CREATE FUNCTION orca.allow(org text, target text, note text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca._org_named(allow.org);
+    v_rule jsonb;
+BEGIN
+    IF allow.target IS NULL THEN
+        RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
+    END IF;
+    v_rule := orca._unwrap(orca._allow_rule(allow.target));
+    INSERT INTO orca.allowlist AS a (org_id, target, kind, note)
+    VALUES (v_org, v_rule->>'target', v_rule->>'kind', allow.note)
+    ON CONFLICT (org_id, target) DO UPDATE SET note = coalesce(excluded.note, a.note);
+    PERFORM orca._event(v_org, 'allowlist.added', NULL, NULL, NULL,
+        jsonb_build_object('target', v_rule->>'target', 'kind', v_rule->>'kind',
+                           'by', session_user));
+    RETURN v_rule->>'target';
+END
+$$;
+COMMENT ON FUNCTION orca.allow(text, text, text) IS
+'Lets an org''s connectors reach a host name (''db.internal''), every subdomain of one '
+'(''*.corp.example''), a network (''10.0.0.0/8'', ''127.0.0.1'') or a local directory '
+'(''/srv/data'') that netguard refuses otherwise; returns the entry as stored. Public '
+'addresses need no entry. Admins only. Errors: OR001 unknown org, OR093 invalid entry. '
+'Example: SELECT orca.allow(''acme'', ''10.20.0.0/16'', note => ''the warehouse VPC'');';
+
+CREATE FUNCTION orca.disallow(org text, target text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca._org_named(disallow.org);
+    v_rule jsonb;
+BEGIN
+    IF disallow.target IS NULL THEN
+        RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
+    END IF;
+    v_rule := orca._unwrap(orca._allow_rule(disallow.target));
+    DELETE FROM orca.allowlist a WHERE a.org_id = v_org AND a.target = v_rule->>'target';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'org ''%'' has no allowlist entry %', disallow.org, v_rule->>'target'
+            USING ERRCODE = 'OR093', HINT = 'orca.allowlist lists the org''s entries';
+    END IF;
+    PERFORM orca._event(v_org, 'allowlist.removed', NULL, NULL, NULL,
+        jsonb_build_object('target', v_rule->>'target', 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.disallow(text, text) IS
+'Removes an entry of an org''s allowlist (written as orca.allow took it or as stored); the '
+'next attempt of each sync is refused what it permitted. Admins only. Errors: OR001, OR093.';
+
+CREATE OR REPLACE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
+                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    d     jsonb;
+    v_id  bigint;
+BEGIN
+    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
+       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
+        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
+        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_sync.pool)
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
+                        coalesce(create_sync.run_retries::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
+                                       create_sync.destination, create_sync.streams,
+                                       create_sync.schedule, create_sync.delivery));
+    -- Netguard, as far as the definition shows it: hosts written as
+    -- addresses, sockets and local paths (names are judged when resolved).
+    PERFORM orca._unwrap(orca._netguard_definition(
+        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
+    -- Defining a sync again replaces its definition; its HEAD and generation stay.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery)
+    VALUES (v_org, create_sync.name, d, d->>'delivery')
+    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                                             delivery = excluded.delivery
+    RETURNING s.id INTO v_id;
+    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
+                                create_sync.pool, create_sync.run_retries);
+    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
+        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
+                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
+                                       FROM jsonb_array_elements(d->'streams') AS x),
+                           'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
+'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
+'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
+'run orca-engine; a failed run is tried again run_retries times. '
+'Each stream''s delivery level is worked out from the destination''s class, the source''s '
+'replay, the write mode and the primary key, and must reach the required level. Errors: '
+'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
+'OR094 netguard refuses a host written as an address, a socket or a local path it names '
+'(orca.allowlist). '
+'docs/syncs.md lists the connectors. '
+'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
+'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
+'"cursor":"updated_at","primary_key":["id"]}]'');';
+
+
+REVOKE ALL ON orca.allowlist FROM PUBLIC;
+GRANT SELECT ON orca.allowlist TO orca_viewer;
+REVOKE ALL ON FUNCTION
+    orca._allow_rule(text),
+    orca._netguard_definition(text, jsonb, text[]),
+    orca._allowlist_for(jsonb),
+    orca._allowlist(bigint),
+    orca._org_named(text),
+    orca.allow(text, text, text),
+    orca.disallow(text, text)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.allow(text, text, text), orca.disallow(text, text) TO orca_admin;
+
+-- What ran before netguard keeps running: each existing sync gets the
+-- entries its definition needs as written (its hosts and local paths).
+INSERT INTO orca.allowlist (org_id, target, kind, note)
+SELECT DISTINCT ON (s.org_id, r->>'target') s.org_id, r->>'target', r->>'kind',
+       'added by the upgrade to 0.2.0: sync ' || s.name || ' reached it before netguard'
+FROM orca.syncs s,
+     unnest(orca._allowlist_for(s.definition)) AS t(target),
+     LATERAL (SELECT orca._unwrap(orca._allow_rule(t.target)) AS r) x(r)
+ORDER BY s.org_id, r->>'target', s.name
+ON CONFLICT (org_id, target) DO NOTHING;
+SELECT orca._event(a.org_id, 'allowlist.added', NULL, NULL, NULL,
+                   jsonb_build_object('target', a.target, 'kind', a.kind, 'by', a.created_by,
+                                      'note', a.note))
+FROM orca.allowlist a;

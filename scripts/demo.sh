@@ -131,6 +131,9 @@ CREATE TABLE demo_orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL
 INSERT INTO demo_orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 minute',
                                'customer ' || (g % 97), g / 10.0
 FROM generate_series(1, 50000) g;
+-- Netguard refuses loopback addresses unless the org's allowlist permits
+-- them (docs/security.md): this sync reads and writes this machine's cluster.
+SELECT orca.allow('default', '127.0.0.1', note => 'the quick start: its sync is on this machine');
 SELECT orca.create_sync('orders_mirror',
     jsonb_build_object('type', 'postgres', 'url', '$DATABASE_URL', 'batch_rows', 10000),
     jsonb_build_object('type', 'postgres', 'url', '$DATABASE_URL', 'schema', 'raw'),

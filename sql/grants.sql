@@ -87,7 +87,9 @@ GRANT EXECUTE ON FUNCTION
     orca.create_org(text),
     orca.add_member(text, text),
     orca.remove_member(text, text),
-    orca.rewrap_data_keys()
+    orca.rewrap_data_keys(),
+    orca.allow(text, text, text),
+    orca.disallow(text, text)
     TO orca_admin;
 
 COMMENT ON FUNCTION orca.current_org_id() IS

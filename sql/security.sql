@@ -488,3 +488,98 @@ COMMENT ON FUNCTION orca.rewrap_data_keys() IS
 'orca.secrets_previous_key_file, wraps every org''s data key with the new key (values are not '
 're-encrypted: the data keys stay the same) and returns how many changed. Then unset '
 'orca.secrets_previous_key_file. Admins only.';
+
+-- Netguard's allowlist (orca_core::netguard decides; docs/security.md): what
+-- an org's connectors may reach besides public addresses — host names,
+-- networks, and local directories. Engines read it with their sync's claim
+-- and check every address a name resolves to against it before connecting,
+-- and every local path after resolving its symlinks. Admins manage it.
+CREATE TABLE orca.allowlist (
+    org_id     bigint NOT NULL REFERENCES orca.orgs (id),
+    -- as orca._allow_rule normalises it: 'db.internal', '*.corp.example',
+    -- '10.0.0.0/8', '127.0.0.1/32', '/srv/data'
+    target     text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('host', 'network', 'path')),
+    note       text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    created_by name NOT NULL DEFAULT session_user,
+    PRIMARY KEY (org_id, target)
+);
+COMMENT ON TABLE orca.allowlist IS
+'What an org''s connectors may reach besides public addresses (orca.allow): host names, '
+'networks and local directories. Loopback, private, link-local, metadata and other non-public '
+'addresses, and every local path, are refused unless an entry permits them.';
+ALTER TABLE orca.allowlist ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.allowlist USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.allowlist', '');
+
+CREATE FUNCTION orca._allowlist(p_org bigint) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(a.target ORDER BY a.target), '{}')
+    FROM orca.allowlist a WHERE a.org_id = p_org
+$$;
+
+-- An org named by an admin's call, or OR001.
+CREATE FUNCTION orca._org_named(p_name text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    SELECT o.id INTO v_org FROM orca.orgs o WHERE o.name = p_name;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org %', quote_nullable(p_name) USING ERRCODE = 'OR001';
+    END IF;
+    RETURN v_org;
+END
+$$;
+
+CREATE FUNCTION orca.allow(org text, target text, note text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca._org_named(allow.org);
+    v_rule jsonb;
+BEGIN
+    IF allow.target IS NULL THEN
+        RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
+    END IF;
+    v_rule := orca._unwrap(orca._allow_rule(allow.target));
+    INSERT INTO orca.allowlist AS a (org_id, target, kind, note)
+    VALUES (v_org, v_rule->>'target', v_rule->>'kind', allow.note)
+    ON CONFLICT (org_id, target) DO UPDATE SET note = coalesce(excluded.note, a.note);
+    PERFORM orca._event(v_org, 'allowlist.added', NULL, NULL, NULL,
+        jsonb_build_object('target', v_rule->>'target', 'kind', v_rule->>'kind',
+                           'by', session_user));
+    RETURN v_rule->>'target';
+END
+$$;
+COMMENT ON FUNCTION orca.allow(text, text, text) IS
+'Lets an org''s connectors reach a host name (''db.internal''), every subdomain of one '
+'(''*.corp.example''), a network (''10.0.0.0/8'', ''127.0.0.1'') or a local directory '
+'(''/srv/data'') that netguard refuses otherwise; returns the entry as stored. Public '
+'addresses need no entry. Admins only. Errors: OR001 unknown org, OR093 invalid entry. '
+'Example: SELECT orca.allow(''acme'', ''10.20.0.0/16'', note => ''the warehouse VPC'');';
+
+CREATE FUNCTION orca.disallow(org text, target text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca._org_named(disallow.org);
+    v_rule jsonb;
+BEGIN
+    IF disallow.target IS NULL THEN
+        RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
+    END IF;
+    v_rule := orca._unwrap(orca._allow_rule(disallow.target));
+    DELETE FROM orca.allowlist a WHERE a.org_id = v_org AND a.target = v_rule->>'target';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'org ''%'' has no allowlist entry %', disallow.org, v_rule->>'target'
+            USING ERRCODE = 'OR093', HINT = 'orca.allowlist lists the org''s entries';
+    END IF;
+    PERFORM orca._event(v_org, 'allowlist.removed', NULL, NULL, NULL,
+        jsonb_build_object('target', v_rule->>'target', 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.disallow(text, text) IS
+'Removes an entry of an org''s allowlist (written as orca.allow took it or as stored); the '
+'next attempt of each sync is refused what it permitted. Admins only. Errors: OR001, OR093.';

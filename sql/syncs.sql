@@ -172,6 +172,10 @@ BEGIN
     d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
                                        create_sync.destination, create_sync.streams,
                                        create_sync.schedule, create_sync.delivery));
+    -- Netguard, as far as the definition shows it: hosts written as
+    -- addresses, sockets and local paths (names are judged when resolved).
+    PERFORM orca._unwrap(orca._netguard_definition(
+        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
     -- Defining a sync again replaces its definition; its HEAD and generation stay.
     INSERT INTO orca.syncs AS s (org_id, name, definition, delivery)
     VALUES (v_org, create_sync.name, d, d->>'delivery')
@@ -196,7 +200,9 @@ COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text
 'Each stream''s delivery level is worked out from the destination''s class, the source''s '
 'replay, the write mode and the primary key, and must reach the required level. Errors: '
 'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
-'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule. '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
+'OR094 netguard refuses a host written as an address, a socket or a local path it names '
+'(orca.allowlist). '
 'docs/syncs.md lists the connectors. '
 'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
 '''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
@@ -234,7 +240,8 @@ BEGIN
     RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
                               'epoch', s.head_epoch, 'record', s.head_record,
                               'definition', s.definition, 'run', r.id,
-                              'request', coalesce(r.request, '{}'::jsonb));
+                              'request', coalesce(r.request, '{}'::jsonb),
+                              'allowlist', to_jsonb(orca._allowlist(v_org)));
 END
 $$;
 COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
@@ -242,7 +249,8 @@ COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
 'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
 'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
-'({"mode": "full"} for a backfill: read everything again). The lease is required (OR084) '
+'({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
+'(what its connectors may reach besides public addresses). The lease is required (OR084) '
 'except for admins, who may drive a sync by hand in their session''s org.';
 
 CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text,

@@ -19,8 +19,10 @@ use orca_core::api::{
 };
 use orca_core::sqlstate::{self, SqlState};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row};
+use postgres::{Client, Row};
 use serde_json::Value;
+
+pub mod tls;
 
 /// How long a call keeps trying while the server is unreachable: longer than
 /// a restart takes, shorter than a lease (30 s by default), so that a binary
@@ -49,6 +51,9 @@ pub enum ClientError {
     },
     #[error(transparent)]
     Malformed(#[from] api::Malformed),
+    /// The connection string's TLS settings cannot be honoured.
+    #[error(transparent)]
+    Tls(tls::TlsError),
 }
 
 /// A server error as its message and SQLSTATE (the driver's own text is
@@ -109,7 +114,9 @@ pub fn is_transient(e: &postgres::Error) -> bool {
 
 /// One connection to the control plane, in one org.
 pub struct Control {
-    url: String,
+    /// The connection string read once: its config and TLS connector.
+    config: postgres::Config,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
     org: Option<String>,
     client: Option<Client>,
     retry_for: Duration,
@@ -119,8 +126,10 @@ impl Control {
     /// Connects (retrying while the server is unreachable) and sets the
     /// session's org.
     pub fn connect(url: &str, org: Option<&str>) -> Result<Control, ClientError> {
+        let p = tls::prepare(url).map_err(ClientError::Tls)?;
         let mut c = Control {
-            url: url.to_string(),
+            config: p.config,
+            tls: p.tls,
             org: org.map(str::to_string),
             client: None,
             retry_for: RETRY_FOR_DEFAULT,
@@ -136,7 +145,7 @@ impl Control {
     }
 
     fn open(&self) -> Result<Client, postgres::Error> {
-        let mut client = Client::connect(&self.url, NoTls)?;
+        let mut client = self.config.connect(self.tls.clone())?;
         if let Some(org) = &self.org {
             client.execute("SELECT set_config('orca.org', $1, false)", &[org])?;
         }

@@ -331,6 +331,12 @@ pub struct ClaimedSync {
     /// The run whose attempt claimed, when a lease was given.
     pub run: Option<RunId>,
     pub request: SyncRequest,
+    /// The org's netguard allowlist (`orca.allowlist`): what its connectors
+    /// may reach besides public addresses. Absent from a control plane that
+    /// predates netguard (0.1.0), whose connections go unchecked; an empty
+    /// list refuses every non-public address and every local path.
+    #[serde(default)]
+    pub allowlist: Option<Vec<String>>,
 }
 
 /// What one `orca.tick` did.

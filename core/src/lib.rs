@@ -5,11 +5,13 @@
 //! plain `cargo test` exercises the logic without a running Postgres.
 
 pub mod api;
+pub mod conninfo;
 pub mod cron;
 pub mod delivery;
 pub mod error;
 pub mod keyed;
 pub mod manifest;
+pub mod netguard;
 pub mod partition;
 pub mod secret;
 pub mod sqlstate;

@@ -428,6 +428,33 @@ fn parse_partitions(v: Option<&Value>) -> Result<Partitions> {
 }
 
 /// Validates a manifest and fills in defaults.
+/// Where in a manifest a URL carries a password (`https://user:token@...`),
+/// by its JSON path.
+fn password_at(path: &str, v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) if s.contains("://") && crate::conninfo::has_password(s) => {
+            Some(if path.is_empty() {
+                "manifest".into()
+            } else {
+                path.to_string()
+            })
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| password_at(&format!("{path}[{i}]"), x)),
+        Value::Object(m) => m.iter().find_map(|(k, x)| {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            password_at(&p, x)
+        }),
+        _ => None,
+    }
+}
+
 pub fn parse(manifest: &Value) -> Result<Manifest> {
     let obj = manifest.as_object().ok_or_else(|| {
         bad(
@@ -435,6 +462,14 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             format!("must be a JSON object, got {}", show(manifest)),
         )
     })?;
+    if let Some(at) = password_at("", manifest) {
+        return Err(bad(
+            &at,
+            "holds a URL with a password; a manifest is stored with the version and read by \
+             the org's viewers: leave credentials out of it (a source repository's URL \
+             included), and keep connection strings in secrets (orca.set_secret)",
+        ));
+    }
     let name = match obj.get("name") {
         None | Some(Value::Null) => return Err(bad("name", "is required")),
         Some(v) => check_name("name", v)?,
@@ -649,6 +684,22 @@ mod tests {
         patch(&mut m);
         let e = parse(&m).expect_err("refused");
         e.to_string()
+    }
+
+    #[test]
+    fn a_url_with_a_password_anywhere_is_refused_by_its_path() {
+        let e = refused(|m| m["source"] = json!("https://ci:ghp_token@github.com/acme/lake.git"));
+        assert!(e.contains("source") && e.contains("password"), "{e}");
+        assert!(
+            !e.contains("ghp_token"),
+            "the error shows the password: {e}"
+        );
+        let e = refused(|m| m["steps"][0]["meta"] = json!({"dsn": "postgres://app:pw@db/shop"}));
+        assert!(e.contains("steps[0].meta.dsn"), "{e}");
+        let mut ok = lake();
+        ok["source"] = json!("https://github.com/acme/lake.git");
+        ok["description"] = json!("asks for the password= of nobody");
+        parse(&ok).expect("no password in a URL");
     }
 
     #[test]

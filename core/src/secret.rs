@@ -186,26 +186,7 @@ pub fn not_built(provider: &Provider) -> SecretError {
 /// Whether a connection string carries a password: `user:password@` in a
 /// URL, or `password=` in a key=value conninfo string.
 pub fn has_inline_password(conn: &str) -> bool {
-    let c = conn.trim();
-    if let Some((_, rest)) = c.split_once("://") {
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-        if let Some((userinfo, _)) = authority.rsplit_once('@') {
-            if userinfo.contains(':') {
-                return true;
-            }
-        }
-        let query = rest.split_once('?').map_or("", |(_, q)| q);
-        return query.split('&').any(|kv| {
-            kv.split('=')
-                .next()
-                .is_some_and(|k| k.eq_ignore_ascii_case("password"))
-        });
-    }
-    c.split_whitespace().any(|kv| {
-        kv.split('=')
-            .next()
-            .is_some_and(|k| k.trim().eq_ignore_ascii_case("password"))
-    })
+    crate::conninfo::has_password(conn)
 }
 
 /// The JSON paths of a definition's inline passwords (for warnings about

@@ -79,6 +79,8 @@ sqlstates! {
     SECRETS_NOT_SET_UP = "OR090": "secrets are not set up: no readable installation key (`orca.secrets_key_file`)";
     UNKNOWN_SECRET = "OR091": "unknown secret, or an invalid secret name";
     SECRET_UNREADABLE = "OR092": "a secret or data key cannot be decrypted with the installation keys";
+    BAD_ALLOWLIST_ENTRY = "OR093": "invalid allowlist entry, or an entry the org does not have";
+    NETGUARD_REFUSED = "OR094": "netguard refused an address or local path a sync's definition names";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,
@@ -139,13 +141,17 @@ mod tests {
     }
 
     /// The codes `Error::sqlstate` maps to, by the constants error.rs names,
-    /// and those the extension's secrets raise.
+    /// and those the extension's own helpers (`pg_ext/src/*.rs`) raise.
     fn raised_in_rust() -> BTreeSet<String> {
-        let src = format!(
-            "{}{}",
-            include_str!("error.rs"),
-            include_str!("../../pg_ext/src/secrets.rs")
-        );
+        let mut src = include_str!("error.rs").to_string();
+        let dir = repo().join("pg_ext/src");
+        let entries =
+            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "rs") {
+                src.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
         NAMES
             .iter()
             .filter(|(name, _)| src.contains(&format!("sqlstate::{name}")))

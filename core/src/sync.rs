@@ -9,6 +9,7 @@ use crate::cron::Schedule;
 use crate::delivery::{self, Delivery, DestClass, Replay, StreamFacts, WriteMode};
 use crate::error::{Error, Result};
 use crate::manifest::NAME_MAX;
+use crate::netguard::Reach;
 use crate::secret::{self, Resolver, SecretError, SecretRef, Setting};
 
 /// A sync's definition as [`check`] normalizes it and `orca.syncs.definition`
@@ -725,6 +726,39 @@ impl SyncDef {
             &serde_json::to_value(&self.destination).unwrap_or(Value::Null),
         ));
         at
+    }
+
+    /// What the connectors reach, by where the definition says it: the
+    /// options netguard judges (those that name a secret are judged once
+    /// the attempt has read it).
+    pub fn reaches(&self) -> Vec<(&'static str, Reach<'_>)> {
+        let mut out = Vec::new();
+        match &self.source {
+            Source::Postgres { url, .. } => {
+                if let Ok(u) = url.plain() {
+                    out.push(("source.url", Reach::Postgres(u)));
+                }
+            }
+            Source::Files { url, .. } => {
+                if let Ok(u) = url.plain() {
+                    out.push(("source.url", Reach::Place(u)));
+                }
+            }
+        }
+        match &self.destination {
+            Destination::Postgres { url, .. } => {
+                if let Ok(u) = url.plain() {
+                    out.push(("destination.url", Reach::Postgres(u)));
+                }
+            }
+            Destination::Parquet { url, .. } => {
+                if let Ok(u) = url.plain() {
+                    out.push(("destination.url", Reach::Place(u)));
+                }
+            }
+            Destination::Iceberg { .. } => {}
+        }
+        out
     }
 
     /// The definition as `orca.syncs.definition` stores it.

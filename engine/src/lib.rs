@@ -9,11 +9,13 @@
 //!   writer lanes' routing by key group;
 //! - [`transport`]: the control channel a runner talks to, and the data edge
 //!   over which a runner's source pump sends what it reads to the engine;
+//! - [`netguard`]: what the connectors may reach (the org's allowlist);
 //! - [`release`] of held cells.
 
 pub mod attempt;
 pub mod commit;
 pub mod dest;
+pub mod netguard;
 pub mod release;
 pub mod source;
 pub mod transport;

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use crate::commit::record::Layout;
 use crate::commit::store::{Store, StoreError};
+use crate::netguard::{Guard, NetError, Scope};
 use crate::util::{pg_text, quote_ident};
 
 /// Why a release stopped. The texts are an attempt's own for the same
@@ -34,6 +35,10 @@ pub enum ReleaseError {
     BadRecord { path: String, reason: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Netguard(#[from] NetError),
+    #[error("control plane: {0}")]
+    Control(#[from] orca_client::ClientError),
 }
 
 /// How text holding NUL is made to fit a text column.
@@ -136,7 +141,7 @@ enum Target {
 
 /// Writes the held cells of a sync back into its Postgres destination.
 pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
-    let mut control = postgres::Client::connect(&opts.database_url, postgres::NoTls)?;
+    let mut control = orca_client::tls::connect(&opts.database_url)?;
     control.execute("SELECT set_config('orca.org', $1, false)", &[&opts.org])?;
     let def: Value = control
         .query_opt(
@@ -168,7 +173,20 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
         .get("schema")
         .and_then(Value::as_str)
         .unwrap_or("public");
-    let mut pg = postgres::Client::connect(url, postgres::NoTls)?;
+    // The destination under the org's netguard, as the sync's attempts
+    // reach it.
+    let allowlist: Vec<String> = control
+        .query("SELECT target FROM orca.allowlist ORDER BY target", &[])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let guard = Guard::new(&Scope {
+        org: opts.org.clone(),
+        allowlist: Some(allowlist),
+        store: Some(opts.store_url.clone()),
+        warehouse: None,
+    })?;
+    let mut pg = guard.postgres(url)?;
     let store = Store::open_existing(&opts.store_url)?;
     let layout = Layout::new(&opts.org, &opts.sync);
     let all = store.list(&format!("{}/_held", layout.root))?;

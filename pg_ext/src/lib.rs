@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 
 mod gucs;
 mod helpers;
+mod netguard;
 mod secrets;
 mod worker;
 

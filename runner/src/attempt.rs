@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
@@ -39,6 +39,8 @@ pub struct Shared {
     /// The syncs' store and the Iceberg warehouse, handed to the children.
     pub store: Option<String>,
     pub warehouse: Option<String>,
+    /// The longest line of a child's output taken (`--output-line-max`).
+    pub output_line_max: usize,
 }
 
 /// How an attempt ended, from the runner's point of view.
@@ -90,15 +92,39 @@ fn log_path(root: &Path, l: &Lease) -> PathBuf {
 }
 
 /// Copies a child's output, line by line, to the log file and our stdout.
+/// A line longer than `line_max` bytes is not taken: `overlong` is told,
+/// and the attempt stops the child.
 fn pump<R: AsyncRead + Unpin + Send + 'static>(
     stream: R,
     prefix: String,
     file: Arc<tokio::sync::Mutex<tokio::fs::File>>,
     last: Arc<Mutex<Option<String>>>,
+    line_max: usize,
+    overlong: tokio::sync::mpsc::Sender<String>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let limit = u64::try_from(line_max)
+                .unwrap_or(u64::MAX)
+                .saturating_add(1);
+            match (&mut reader).take(limit).read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if buf.len() > line_max && buf.last() != Some(&b'\n') {
+                let _ = overlong
+                    .send(format!(
+                        "the child wrote a line of more than {line_max} bytes to its output; \
+                         the runner takes lines of at most that (--output-line-max) and stopped it"
+                    ))
+                    .await;
+                break;
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']).to_string();
             println!("{prefix} {line}");
             let mut f = file.lock().await;
             let _ = f.write_all(line.as_bytes()).await;
@@ -343,12 +369,28 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let engine_gone = SetOnDrop(Arc::new(AtomicBool::new(false)));
     let source_pump = edge.map(|e| start_source_pump(e, engine_gone.0.clone()));
     let last = Arc::new(Mutex::new(None));
+    let (overlong_tx, mut overlong) = tokio::sync::mpsc::channel::<String>(2);
     let mut pumps = Vec::new();
+    let max = shared.output_line_max;
     if let Some(out) = child.stdout.take() {
-        pumps.push(pump(out, prefix.clone(), file.clone(), last.clone()));
+        pumps.push(pump(
+            out,
+            prefix.clone(),
+            file.clone(),
+            last.clone(),
+            max,
+            overlong_tx.clone(),
+        ));
     }
     if let Some(err) = child.stderr.take() {
-        pumps.push(pump(err, prefix.clone(), file.clone(), last.clone()));
+        pumps.push(pump(
+            err,
+            prefix.clone(),
+            file.clone(),
+            last.clone(),
+            max,
+            overlong_tx,
+        ));
     }
 
     let ttl = (l.deadline - chrono::Utc::now())
@@ -361,6 +403,15 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
+            Some(why) = overlong.recv() => {
+                println!("{prefix} {why}");
+                let _ = write_line(&file, &format!("orca-runner: {why}")).await;
+                stop_child(&mut child, None, &prefix).await;
+                for p in pumps {
+                    p.abort();
+                }
+                return report(&shared, &l, false, Some(why)).await;
+            }
             _ = beat.tick() => match control::heartbeat(&shared.db, l.lease).await {
                 Ok(d) => {
                     deadline = d;

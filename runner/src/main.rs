@@ -89,6 +89,11 @@ struct Args {
     /// runner's). A login with orca_attempt only: what a lease allows.
     #[arg(long, env = "ORCA_ATTEMPT_DATABASE_URL")]
     attempt_database_url: Option<String>,
+    /// The longest line of a child's output the runner takes (bytes): a
+    /// child that writes a longer one is stopped and its attempt fails,
+    /// rather than the runner buffering it without end.
+    #[arg(long, env = "ORCA_OUTPUT_LINE_MAX", default_value_t = 1 << 20)]
+    output_line_max: usize,
 }
 
 /// The runner token from --token or --token-file, if any.
@@ -269,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
         sockets: sockets.clone(),
         store: args.store.clone(),
         warehouse: args.warehouse.clone(),
+        output_line_max: args.output_line_max.max(1024),
     });
     let (release_tx, release_rx) = watch::channel(false);
     let mut running: JoinSet<attempt::Outcome> = JoinSet::new();

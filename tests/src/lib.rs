@@ -32,6 +32,18 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(tests).join("..")
 }
 
+/// Where tests keep their scratch directories (the system's temporary
+/// directory, symlinks resolved): the default org of every test database
+/// may name local paths under it.
+pub fn scratch_root() -> String {
+    let t = std::env::temp_dir();
+    std::fs::canonicalize(&t)
+        .unwrap_or(t)
+        .to_string_lossy()
+        .trim_end_matches('/')
+        .to_string()
+}
+
 /// The maintenance database URL tests create their databases from.
 pub fn base_url() -> String {
     std::env::var("ORCA_TEST_URL")
@@ -80,6 +92,24 @@ impl TestDb {
         pool.execute("CREATE EXTENSION orca")
             .await
             .expect("CREATE EXTENSION orca (is the extension installed? run scripts/setup.sh)");
+        // Netguard refuses loopback addresses and local paths unless an
+        // org's allowlist permits them. The tests' sources and destinations
+        // are this machine's cluster and scratch directories, so the default
+        // org allows exactly those (written here rather than through
+        // orca.allow, which would add an event to every test's outbox).
+        // Tests of other orgs allow what they need themselves.
+        sqlx::query(
+            "INSERT INTO orca.allowlist (org_id, target, kind, note)
+             SELECT o.id, t.target, t.kind, 'the test suite: its sources are on this machine'
+             FROM orca.orgs o,
+                  (VALUES ('127.0.0.1/32', 'network'), ('::1/128', 'network'), ($1, 'path'))
+                      AS t(target, kind)
+             WHERE o.name = 'default'",
+        )
+        .bind(scratch_root())
+        .execute(&pool)
+        .await
+        .expect("allow the test suite's loopback and scratch directories");
         TestDb { name, pool }
     }
 

@@ -18,6 +18,7 @@ const BOB: &str = "orca_t_bob"; // member of globex
 /// function fails this test until it is added here and tried across orgs.
 const API: &[&str] = &[
     "add_member",
+    "allow",
     "advance_head",
     "attempt_context",
     "attempt_secret",
@@ -29,6 +30,7 @@ const API: &[&str] = &[
     "create_runner_token",
     "create_sync",
     "current_org_id",
+    "disallow",
     "drop_secret",
     "finish",
     "finish_many",
@@ -77,6 +79,18 @@ async fn snapshot(db: &TestDb, org: i64) -> Value {
         .await
         .expect("snapshot");
         out.insert(t, rows);
+    }
+    // The org's Iceberg catalog (catalog_name is the org's name).
+    for t in ["iceberg_tables", "iceberg_namespace_properties"] {
+        let rows: Value = sqlx::query_scalar(&format!(
+            "SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY to_jsonb(x)::text), '[]') \
+             FROM public.{t} x WHERE catalog_name = (SELECT name FROM orca.orgs WHERE id = $1)"
+        ))
+        .bind(org)
+        .fetch_one(&db.pool)
+        .await
+        .expect("catalog snapshot");
+        out.insert(t.to_string(), rows);
     }
     Value::Object(out)
 }
@@ -218,7 +232,29 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("report keys");
-    // A sync that has committed an epoch.
+    // A table and a namespace in the org's Iceberg catalog.
+    sqlx::query(
+        "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
+         metadata_location, iceberg_type) VALUES ($1, 'lake', 'clean', $2, 'TABLE')",
+    )
+    .bind(org)
+    .bind(format!("file:///w/{org}/lake/clean/metadata/1.json"))
+    .execute(&mut c)
+    .await
+    .expect("a catalog table");
+    sqlx::query(
+        "INSERT INTO public.iceberg_namespace_properties VALUES ($1, 'lake', 'exists', 'true')",
+    )
+    .bind(org)
+    .execute(&mut c)
+    .await
+    .expect("a catalog namespace");
+    // A sync that has committed an epoch (its local paths allowed).
+    sqlx::query("SELECT orca.allow($1, '/in'), orca.allow($1, '/out')")
+        .bind(org)
+        .execute(&mut c)
+        .await
+        .expect("allow the sync's paths");
     sqlx::query(
         "SELECT orca.create_sync($1, '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \
          '{\"type\": \"parquet\", \"url\": \"/out\"}', '[{\"name\": \"events\", \"pattern\": \"*.jsonl\"}]')",
@@ -343,6 +379,33 @@ async fn no_table_view_or_function_crosses_orgs() {
             assert!(org_ok, "orca.{rel} shows alice a row of another org: {row}");
         }
     }
+    // The Iceberg catalog shows her acme's only, and her writes (she has
+    // a runner's rights, which include the catalog's) reach acme's only.
+    for t in ["iceberg_tables", "iceberg_namespace_properties"] {
+        let seen: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT DISTINCT catalog_name::text FROM public.{t}"
+        ))
+        .fetch_all(&mut a)
+        .await
+        .unwrap_or_else(|e| panic!("alice reads public.{t}: {e}"));
+        assert_eq!(seen, ["acme"], "public.{t}");
+        for sql in [
+            format!("DELETE FROM public.{t} WHERE catalog_name = 'globex'"),
+            format!("UPDATE public.{t} SET catalog_name = 'acme' WHERE catalog_name = 'globex'"),
+        ] {
+            let done = a.execute(sql.as_str()).await.expect("a write");
+            assert_eq!(done.rows_affected(), 0, "{sql}");
+        }
+    }
+    assert_eq!(
+        code_of(
+            &mut a,
+            "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
+             metadata_location) VALUES ('globex', 'lake', 'planted', 'file:///w/acme/x.json')"
+        )
+        .await,
+        "42501"
+    );
     // Writes: no table takes a direct write.
     for rel in db
         .strings("SELECT tablename::text FROM pg_tables WHERE schemaname = 'orca' ORDER BY 1")
@@ -436,6 +499,9 @@ async fn no_table_view_or_function_crosses_orgs() {
     );
     for sql in [
         "SELECT orca.create_org('mine')",
+        "SELECT orca.allow('globex', '10.0.0.0/8')",
+        "SELECT orca.allow('acme', '10.0.0.0/8')",
+        "SELECT orca.disallow('globex', '/in')",
         "SELECT orca.add_member('globex', 'orca_t_alice')",
         "SELECT orca.remove_member('globex', 'orca_t_bob')",
     ] {

@@ -42,7 +42,7 @@ fn orders(mode: &str) -> Value {
 async fn definitions_are_validated_and_keep_their_delivery_levels() {
     let db = TestDb::new().await;
     let iceberg = json!({"type": "iceberg", "namespace": "raw"});
-    let parquet = json!({"type": "parquet", "url": "/var/tmp/out"});
+    let parquet = json!({"type": "parquet", "url": "/tmp/orca-never-written/out"});
 
     for (source, destination, streams, delivery, code, needle) in [
         (
@@ -87,7 +87,7 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
         ),
         (
             pg(),
-            json!({"type": "parquet", "url": "/var/tmp/out", "lanes": 0}),
+            json!({"type": "parquet", "url": "/tmp/orca-never-written/out", "lanes": 0}),
             orders("append"),
             "at_least_once",
             "OR063",
@@ -240,7 +240,7 @@ async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
         "SELECT orca.create_sync('shop', $1, $2, $3, '*/15 * * * *', 'at_least_once', 'etl', 1)",
     )
     .bind(pg())
-    .bind(json!({"type": "parquet", "url": "/var/tmp/out"}))
+    .bind(json!({"type": "parquet", "url": "/tmp/orca-never-written/out"}))
     .bind(orders("append"))
     .execute(&db.pool)
     .await
@@ -348,7 +348,7 @@ async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
     let err = create(
         &db,
         &pg(),
-        &json!({"type": "parquet", "url": "/x"}),
+        &json!({"type": "parquet", "url": "/tmp/orca-never-written/x"}),
         &orders("append"),
         "at_least_once",
     )
@@ -356,8 +356,8 @@ async fn a_sync_is_runs_like_any_other_scheduled_manual_leased_one_at_a_time() {
     assert!(err.is_ok(), "redefining shop is fine: {err:?}");
     let (code, msg) = expect_error(
         &db.pool,
-        "SELECT orca.create_sync('lake', '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \
-         '{\"type\": \"parquet\", \"url\": \"/out\"}', '[{\"name\": \"events\", \"pattern\": \"*.jsonl\"}]')",
+        "SELECT orca.create_sync('lake', '{\"type\": \"files\", \"url\": \"/tmp/orca-never-written/in\", \"format\": \"jsonl\"}', \
+         '{\"type\": \"parquet\", \"url\": \"/tmp/orca-never-written/out\"}', '[{\"name\": \"events\", \"pattern\": \"*.jsonl\"}]')",
     )
     .await;
     assert_eq!(code, "OR065");
@@ -375,7 +375,7 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
     create(
         &db,
         &pg(),
-        &json!({"type": "parquet", "url": "/var/tmp/out"}),
+        &json!({"type": "parquet", "url": "/tmp/orca-never-written/out"}),
         &orders("append"),
         "at_least_once",
     )
@@ -422,7 +422,7 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
     assert!(code.starts_with("OR01"), "{code}");
     sqlx::query("SELECT orca.create_sync('other', $1, $2, $3, NULL, 'at_least_once')")
         .bind(pg())
-        .bind(json!({"type": "parquet", "url": "/var/tmp/out"}))
+        .bind(json!({"type": "parquet", "url": "/tmp/orca-never-written/out"}))
         .bind(orders("append"))
         .execute(&db.pool)
         .await
@@ -450,7 +450,7 @@ async fn a_runner_claims_only_the_commands_it_can_run() {
     create(
         &db,
         &pg(),
-        &json!({"type": "parquet", "url": "/var/tmp/out"}),
+        &json!({"type": "parquet", "url": "/tmp/orca-never-written/out"}),
         &orders("append"),
         "at_least_once",
     )

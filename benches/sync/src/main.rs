@@ -117,6 +117,12 @@ fn orca(url: &str, out: &std::path::Path, edge: bool) -> Result<(u64, f64)> {
     let dest = serde_json::json!({"type": "parquet", "url": out.join("data").to_string_lossy()});
     let streams = serde_json::json!([{"name": TABLE, "table": format!("public.{TABLE}"),
                                       "cursor": "updated_at", "primary_key": ["id"]}]);
+    // Netguard: the bench's source is this machine's cluster, its
+    // destination a local directory.
+    c.execute(
+        "SELECT orca.allow('default', '127.0.0.1'), orca.allow('default', $1)",
+        &[&out.to_string_lossy().trim_end_matches('/')],
+    )?;
     c.execute(
         "SELECT orca.create_sync($1, $2, $3, $4, NULL, 'at_least_once')",
         &[&name, &source, &dest, &streams],

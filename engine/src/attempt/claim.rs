@@ -16,6 +16,7 @@ use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::Layout;
 use crate::commit::store::Store;
 use crate::dest::destination::Dest;
+use crate::netguard::{Guard, Scope};
 use crate::source::normalize::Policy;
 use crate::source::pg_table::{self, PgTable};
 use crate::source::plan::{table_specs, Plan};
@@ -78,12 +79,30 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         .resolve_secrets(&mut secrets)
         .map_err(|e| EngineError::Definition(e.to_string()))?;
     let def = &resolved;
+    // What the connectors may reach: the org's allowlist, outside the
+    // installation's own store and warehouse.
+    let scope = Scope {
+        org: opts.org.clone(),
+        allowlist: claim.allowlist.clone(),
+        store: Some(opts.store_url.clone()),
+        warehouse: std::env::var("ORCA_WAREHOUSE")
+            .ok()
+            .filter(|w| !w.is_empty())
+            .map(|w| orca_lake::catalog::absolute_warehouse(&w)),
+    };
+    let guard = Guard::new(&scope)?;
+    if !guard.enforced() {
+        eprintln!(
+            "orca-engine: the control plane predates netguard (no allowlist in its claim): \
+             the sync's connections are not checked"
+        );
+    }
     let batch_rows = opts
         .batch_rows
         .or(batch_rows_of(&def.source)?)
         .unwrap_or(DEFAULT_BATCH_ROWS);
     let stop = || channel.as_ref().is_some_and(Control::stop_requested);
-    let source = look_up(def, edge.as_mut(), stop)?;
+    let source = look_up(def, edge.as_mut(), stop, &guard, &scope)?;
     let tables: &[PgTable] = match &source {
         Source::Tables(t) => t,
         Source::Files { .. } => &[],
@@ -92,6 +111,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
     let store = Store::open(&opts.store_url)?;
     let dest = Dest::open(
         &def.destination,
+        &guard,
         &opts.database_url,
         &opts.org,
         &opts.sync,
@@ -134,6 +154,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         streams: to_json(&def.streams),
         batch_rows,
         start: Vec::new(),
+        guard: scope,
     };
     Ok(Claimed {
         attempt: a,
@@ -179,14 +200,17 @@ fn look_up(
     def: &SyncDef,
     edge: Option<&mut Edge>,
     stop: impl Fn() -> bool,
+    guard: &Guard,
+    scope: &Scope,
 ) -> Result<Source, EngineError> {
     match &def.source {
         SourceDef::Postgres { url, .. } => {
             let specs = table_specs(&def.streams)?;
             let tables = match edge {
                 Some(e) => {
-                    let asked =
-                        json!({"source": to_json(&def.source), "streams": to_json(&def.streams)});
+                    let asked = json!({"source": to_json(&def.source),
+                                       "streams": to_json(&def.streams),
+                                       "guard": scope});
                     let tables = e.describe(asked, stop)?;
                     let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
                     let want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -201,7 +225,7 @@ fn look_up(
                     let url = url
                         .plain()
                         .map_err(|e| EngineError::Definition(e.to_string()))?;
-                    let mut probe = postgres::Client::connect(url, postgres::NoTls)?;
+                    let mut probe = guard.postgres(url)?;
                     specs
                         .iter()
                         .map(|spec| pg_table::describe(&mut probe, spec))
@@ -210,7 +234,11 @@ fn look_up(
             };
             Ok(Source::Tables(tables))
         }
-        SourceDef::Files { .. } => {
+        SourceDef::Files { url, .. } => {
+            guard.place(
+                url.plain()
+                    .map_err(|e| EngineError::Definition(e.to_string()))?,
+            )?;
             let streams = def
                 .streams
                 .iter()

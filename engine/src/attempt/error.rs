@@ -7,6 +7,7 @@ use crate::commit::protocol::ProtocolError;
 use crate::commit::recovery::RecoveryError;
 use crate::commit::store::StoreError;
 use crate::dest::error::DestError;
+use crate::netguard::NetError;
 use crate::source::error::ReadError;
 use crate::source::files::FilesError;
 use crate::source::pg_copy::CopyError;
@@ -55,6 +56,8 @@ pub enum EngineError {
     Crashed { at: CrashPoint, epoch: u64 },
     #[error("data edge {path}: {reason}")]
     Edge { path: String, reason: String },
+    #[error(transparent)]
+    Netguard(#[from] NetError),
     #[error("control channel at {path}: {source}")]
     Channel {
         path: String,
@@ -82,6 +85,7 @@ impl From<ReadError> for EngineError {
             ReadError::Stream { stream, reason } => EngineError::Reader { stream, reason },
             ReadError::Files(e) => EngineError::Files(e),
             ReadError::Store(e) => EngineError::Store(e),
+            ReadError::Netguard(e) => EngineError::Netguard(e),
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::dest::iceberg::{committed, hold_narrower, iceberg_error, refresh_iceb
 use crate::dest::parquet::ParquetDest;
 use crate::dest::postgres::{self, PgDest, StreamMode};
 use crate::dest::staged::read_all;
+use crate::netguard::Guard;
 use crate::source::pg_table::{self, PgTable};
 
 /// How an epoch of a stream is applied.
@@ -60,6 +61,7 @@ impl Dest {
     /// with the streams' destination schemas if they do not exist.
     pub fn open(
         destination: &Destination,
+        guard: &Guard,
         database_url: &str,
         org: &str,
         sync: &str,
@@ -67,9 +69,13 @@ impl Dest {
         streams: &[Stream],
     ) -> Result<Dest, DestError> {
         match destination {
-            Destination::Parquet { url, .. } => Ok(Dest::Parquet(ParquetDest {
-                store: Store::open(url.plain().map_err(unresolved)?)?,
-            })),
+            Destination::Parquet { url, .. } => {
+                let url = url.plain().map_err(unresolved)?;
+                guard.place(url)?;
+                Ok(Dest::Parquet(ParquetDest {
+                    store: Store::open(url)?,
+                }))
+            }
             Destination::Postgres { url, schema, .. } => {
                 let modes = streams
                     .iter()
@@ -84,6 +90,7 @@ impl Dest {
                     .collect();
                 Ok(Dest::Postgres {
                     pg: PgDest::open(
+                        guard,
                         url.plain().map_err(unresolved)?,
                         schema.as_deref().unwrap_or("public"),
                         sync,

@@ -1,6 +1,7 @@
 //! Why a destination failed.
 
 use crate::commit::store::StoreError;
+use crate::netguard::NetError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DestError {
@@ -24,4 +25,6 @@ pub enum DestError {
     Definition(String),
     #[error("{0} is not built yet")]
     NotBuilt(String),
+    #[error(transparent)]
+    Netguard(#[from] NetError),
 }

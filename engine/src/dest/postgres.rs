@@ -31,6 +31,7 @@ use arrow_schema::{DataType, Schema, TimeUnit};
 use crate::commit::record::Refresh;
 use crate::dest::error::DestError;
 use crate::dest::held::Held;
+use crate::netguard::Guard;
 use crate::util::{pg_text, quote_ident};
 
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
@@ -256,8 +257,8 @@ pub struct StreamMode {
 }
 
 impl PgDest {
-    pub fn open(url: &str, schema: &str, sync: &str) -> Result<PgDest, DestError> {
-        let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(pg)?;
+    pub fn open(guard: &Guard, url: &str, schema: &str, sync: &str) -> Result<PgDest, DestError> {
+        let mut client = guard.postgres(url)?;
         let s = quote_ident(schema);
         client
             .batch_execute(&format!(

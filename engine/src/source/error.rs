@@ -4,6 +4,7 @@
 //! and a pump sends them over the data edge as they are.
 
 use crate::commit::store::StoreError;
+use crate::netguard::NetError;
 use crate::source::files::FilesError;
 use crate::source::pg_copy::CopyError;
 use crate::source::pg_table::SourceError;
@@ -29,6 +30,8 @@ pub enum ReadError {
     Files(#[from] FilesError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Netguard(#[from] NetError),
 }
 
 impl From<Missing> for ReadError {

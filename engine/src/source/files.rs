@@ -28,6 +28,15 @@ pub enum FilesError {
     BadPosition(Vec<String>),
     #[error("{file}: the CSV header cannot be read: {reason}")]
     Header { file: String, reason: String },
+    #[error(
+        "{file}: the record at byte {offset} is longer than {limit} bytes (a line without its \
+         end?): the files source reads records of at most that size"
+    )]
+    RecordTooLarge {
+        file: String,
+        offset: usize,
+        limit: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +64,9 @@ pub struct FileReader {
     next_file: usize,
     /// The file being read, a window of it, where the next record starts.
     current: Option<Open>,
+    /// The longest record (or CSV header) read; a longer one fails the
+    /// stream rather than growing the window without end.
+    record_max: usize,
     /// How many bytes a read fetches at least.
     window: usize,
 }
@@ -75,6 +87,9 @@ struct Open {
 
 /// Bytes fetched per read unless a record needs more.
 pub const WINDOW: usize = 8 << 20;
+/// The longest record a files source reads: a file with no line ends (or
+/// a CSV quote left open) must not make the reader hold all of it.
+pub const RECORD_BYTES_MAX: usize = 64 << 20;
 
 /// Records read, or lines that are not records with the reason.
 pub type RawRecords = Vec<Result<Raw, (Raw, String)>>;
@@ -117,6 +132,7 @@ impl FileReader {
             next_file: 0,
             current: None,
             window: WINDOW,
+            record_max: RECORD_BYTES_MAX,
         };
         match after {
             None => reader.files = files,
@@ -136,6 +152,20 @@ impl FileReader {
     pub fn with_window(mut self, window: usize) -> Self {
         self.window = window.max(1);
         self
+    }
+
+    /// Reads records of at most `max` bytes (tests use small limits).
+    pub fn with_record_max(mut self, max: usize) -> Self {
+        self.record_max = max.max(1);
+        self
+    }
+
+    fn too_large(&self, file: &str, offset: usize) -> FilesError {
+        FilesError::RecordTooLarge {
+            file: file.to_string(),
+            offset,
+            limit: self.record_max,
+        }
     }
 
     fn fetch(
@@ -165,6 +195,9 @@ impl FileReader {
                     let head = self.fetch(file, 0, len, size)?;
                     if head.contains(&b'\n') || head.len() >= size {
                         break head;
+                    }
+                    if len > self.record_max {
+                        return Err(self.too_large(file, 0));
                     }
                     len *= 2;
                 };
@@ -242,12 +275,12 @@ impl FileReader {
                 // The window ran out before a whole record: read on from
                 // where the next one starts, twice as far if a single record
                 // did not fit.
-                let len = if used == 0 {
-                    (o.data.len() - rel).max(1) * 2
-                } else {
-                    0
+                let pending = o.data.len() - rel;
+                if used == 0 && pending > self.record_max {
+                    let (file, offset) = (o.file.clone(), o.offset);
+                    return Err(self.too_large(&file, offset));
                 }
-                .max(self.window);
+                let len = if used == 0 { pending.max(1) * 2 } else { 0 }.max(self.window);
                 let (file, offset, size) = (o.file.clone(), o.offset, o.size);
                 let data = self.fetch(&file, offset, len, size)?;
                 if let Some(o) = self.current.as_mut() {
@@ -391,7 +424,7 @@ mod tests {
 
     fn store_with(files: &[(&str, &str)]) -> (Store, std::path::PathBuf) {
         let dir =
-            std::env::temp_dir().join(format!("orca-files-{}-{}", std::process::id(), files.len()));
+            std::env::temp_dir().join(format!("orca-files-{}", uuid::Uuid::new_v4().simple()));
         let _ = std::fs::remove_dir_all(&dir);
         let s = Store::open(dir.to_str().expect("utf-8")).expect("store");
         for (name, body) in files {
@@ -480,6 +513,32 @@ mod tests {
                     "{format:?} through windows of {window} bytes"
                 );
             }
+        }
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_record_longer_than_the_limit_fails_the_stream_without_reading_on() {
+        let long = format!(
+            "{{\"id\": 1}}\n{{\"id\": 2, \"pad\": \"{}\"}}\n",
+            "x".repeat(5000)
+        );
+        let (store, dir) = store_with(&[("l/a.jsonl", &long), ("l/b.csv", &"h".repeat(5000))]);
+        let dir_s = dir.to_str().expect("utf-8").to_string();
+        for (format, pattern) in [(Format::Jsonl, "l/*.jsonl"), (Format::Csv, "l/*.csv")] {
+            let store = Store::open(&dir_s).expect("store");
+            let mut r = FileReader::open(store, format, "s", pattern, None).and_then(|r| {
+                let mut r = r.with_window(64).with_record_max(1024);
+                // The first record fits; the second does not.
+                while r.next_chunk(10)?.is_some() {}
+                Ok(r)
+            });
+            let e = match r.as_mut() {
+                Ok(_) => panic!("{format:?}: read a record over the limit"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains("longer than 1024 bytes"), "{format:?}: {e}");
         }
         drop(store);
         let _ = std::fs::remove_dir_all(dir);

@@ -7,6 +7,7 @@ use orca_core::sync::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
 use crate::source::files::Format;
 use crate::source::pg_table::{describe, StreamSpec};
@@ -26,6 +27,9 @@ pub struct Plan {
     /// The streams to read, in frame order (a frame's `stream` is an index
     /// here).
     pub start: Vec<Start>,
+    /// What the source may reach: a runner's pump holds to it as the
+    /// engine does.
+    pub guard: Scope,
 }
 
 /// Where one stream resumes.
@@ -51,10 +55,11 @@ impl Plan {
 pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
     let url = str_of(&plan.source, "url")?;
     let definition = serde_json::json!({ "streams": plan.streams });
+    let guard = Guard::new(&plan.guard)?;
     match str_of(&plan.source, "type")?.as_str() {
         "postgres" => {
             let specs = stream_specs(&definition)?;
-            let mut probe = postgres::Client::connect(&url, postgres::NoTls)?;
+            let mut probe = guard.postgres(&url)?;
             plan.start
                 .iter()
                 .map(|s| {
@@ -62,11 +67,18 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
                         ReadError::Definition(format!("stream {} is not defined", s.name))
                     })?;
                     let table = describe(&mut probe, spec)?.under_policy(&s.recorded)?;
-                    spawn_reader(url.clone(), table, s.after.clone(), plan.batch_rows)
+                    spawn_reader(
+                        guard.clone(),
+                        url.clone(),
+                        table,
+                        s.after.clone(),
+                        plan.batch_rows,
+                    )
                 })
                 .collect()
         }
         "files" => {
+            guard.place(&url)?;
             let format = Format::parse(&str_of(&plan.source, "format")?).ok_or_else(|| {
                 ReadError::Definition(format!(
                     "source.format of {} is not jsonl or csv",

@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use arrow_array::ArrayRef;
 
 use crate::commit::store::Store;
+use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::files::{FileChunk, FileReader, Format};
 use crate::source::normalize::StreamSchema;
@@ -106,6 +107,7 @@ pub(crate) fn spawn_file_reader(
 /// Reads a table over a connection of its own, as binary COPY into Arrow,
 /// from its resume point.
 pub(crate) fn spawn_reader(
+    guard: Guard,
     url: String,
     table: PgTable,
     after: Option<Vec<String>>,
@@ -119,7 +121,7 @@ pub(crate) fn spawn_reader(
             stream: stream.clone(),
             source,
         };
-        let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+        let mut client = guard.postgres(&url)?;
         let input = client.copy_out(query.as_str())?;
         let mut r = CopyReader::new(input, t.columns.clone())
             .map_err(copy)?

@@ -29,8 +29,9 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -40,6 +41,12 @@ pub const PROTOCOL: u32 = 1;
 /// The longest request line the engine reads (a bound on what a client can
 /// make it buffer).
 pub const MAX_LINE: usize = 64 * 1024;
+/// The most clients served at once (the runner needs one; each takes a
+/// thread): another is answered with an error and hung up on.
+pub const CONNECTIONS_MAX: usize = 8;
+/// A client that sends nothing for this long is hung up on, so idle
+/// connections cannot hold every place.
+pub const IDLE_MAX: Duration = Duration::from_secs(60);
 
 /// What the attempt is doing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -195,15 +202,35 @@ impl Control {
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (status.clone(), stop.clone());
+        let open = Arc::new(AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                for conn in listener.incoming().flatten() {
+                for mut conn in listener.incoming().flatten() {
+                    if let Err(why) = crate::transport::peer::check_same_user(&conn) {
+                        let r = json!({"id": null, "ok": false, "error": why});
+                        let _ = writeln!(conn, "{r}");
+                        continue;
+                    }
+                    if open.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        let r = json!({"id": null, "ok": false,
+                                       "error": format!("the engine serves at most {CONNECTIONS_MAX} clients at once")});
+                        let _ = writeln!(conn, "{r}");
+                        continue;
+                    }
+                    let _ = conn.set_read_timeout(Some(IDLE_MAX));
+                    // Gives the place back however the client's thread ends
+                    // (or if it cannot start).
+                    let slot = Slot(open.clone());
                     let (st, sp) = (st.clone(), sp.clone());
                     // A client that never sends must not hold up the others.
                     let _ = std::thread::Builder::new()
                         .name("control-conn".into())
-                        .spawn(move || serve(conn, &st, &sp));
+                        .spawn(move || {
+                            let _slot = slot;
+                            serve(conn, &st, &sp);
+                        });
                 }
             })?;
         Ok(Control {
@@ -221,6 +248,15 @@ impl Control {
 
     pub fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// A client's place among [`CONNECTIONS_MAX`], given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -399,5 +435,81 @@ mod tests {
         assert!(err.to_string().contains("not a socket"), "{err}");
         assert_eq!(std::fs::read(&path).expect("kept"), b"data");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_socket_serves_a_bounded_number_of_clients_of_its_own_user() {
+        let dir = std::env::temp_dir().join(format!("orca-control-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("e.sock");
+        let c = Control::listen(&path, "shop").expect("listen");
+        // Idle clients take every place; the next is told so and hung up on.
+        let idle: Vec<UnixStream> = (0..CONNECTIONS_MAX)
+            .map(|_| UnixStream::connect(&path).expect("connect"))
+            .collect();
+        // Each took its place once it was answered.
+        for mut conn in idle.iter().map(|c| c.try_clone().expect("clone")) {
+            writeln!(conn, r#"{{"id": 1, "method": "hello"}}"#).expect("write");
+            let mut line = String::new();
+            BufReader::new(conn).read_line(&mut line).expect("read");
+            assert!(line.contains("\"ok\":true"), "{line}");
+        }
+        let extra = UnixStream::connect(&path).expect("connect");
+        let mut line = String::new();
+        BufReader::new(extra).read_line(&mut line).expect("read");
+        assert!(line.contains("at most 8 clients"), "{line}");
+        drop(idle);
+        // The places come back once the clients leave.
+        let again = wait_for_place(&path);
+        assert!(again.contains("\"ok\":true"), "{again}");
+
+        // Another user may not stop the attempt, even with the socket in
+        // reach (only root can be another user here).
+        if crate::transport::peer::own_uid() == 0 {
+            let _ = std::process::Command::new("chmod")
+                .args(["755"])
+                .arg(&dir)
+                .status();
+            let _ = std::process::Command::new("chmod")
+                .args(["777"])
+                .arg(&path)
+                .status();
+            let out = std::process::Command::new("runuser")
+                .args(["-u", "nobody", "--", "python3", "-c"])
+                .arg(
+                    "import socket,sys\n\
+                     s = socket.socket(socket.AF_UNIX)\n\
+                     s.connect(sys.argv[1])\n\
+                     try:\n    s.sendall(b'{\"id\": 1, \"method\": \"stop\"}\\n')\n\
+                     except OSError:\n    pass\n\
+                     print(s.makefile().readline())",
+                )
+                .arg(&path)
+                .output()
+                .expect("runuser");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                said.contains("refused a connection from user"),
+                "{said} {out:?}"
+            );
+            assert!(!c.stop_requested(), "another user stopped the attempt");
+        }
+        drop(c);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The answer to a hello once the engine has a place again.
+    fn wait_for_place(path: &Path) -> String {
+        for _ in 0..200 {
+            let mut conn = UnixStream::connect(path).expect("connect");
+            let _ = writeln!(conn, r#"{{"id": 1, "method": "hello"}}"#);
+            let mut line = String::new();
+            let _ = BufReader::new(conn).read_line(&mut line);
+            if line.contains("\"ok\":true") {
+                return line;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        "no place came back".into()
     }
 }

@@ -27,6 +27,11 @@ use crate::transport::wire::{raw_records, ORCA_ID};
 
 /// How long the engine waits for the runner's pump to connect.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
+/// The most a stream's batches may hold between two of its barriers (in
+/// Arrow memory): a pump that never places a barrier fails its stream here
+/// instead of filling the engine's memory. An epoch's rows are a few
+/// hundred megabytes at most with the default `batch_rows`.
+pub const PENDING_BYTES_MAX: usize = 1 << 30;
 
 /// What went wrong on the data edge itself (a stream's failure travels as
 /// the stream's [`ReadError`]).
@@ -42,6 +47,8 @@ pub struct Edge {
     listener: UnixListener,
     path: PathBuf,
     conn: Option<UnixStream>,
+    /// [`PENDING_BYTES_MAX`] unless a test says otherwise.
+    pending_max: usize,
 }
 
 impl Edge {
@@ -52,6 +59,7 @@ impl Edge {
         listener.set_nonblocking(true)?;
         Ok(Edge {
             listener,
+            pending_max: PENDING_BYTES_MAX,
             path: path.to_path_buf(),
             conn: None,
         })
@@ -71,7 +79,13 @@ impl Edge {
             let started = Instant::now();
             let conn = loop {
                 match self.listener.accept() {
-                    Ok((c, _)) => break c,
+                    // Rows come from this engine's own runner only.
+                    Ok((c, _)) => match crate::transport::peer::check_same_user(&c) {
+                        Ok(()) => break c,
+                        Err(why) => {
+                            eprintln!("orca-engine: data edge {}: {why}", self.path.display())
+                        }
+                    },
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         if started.elapsed() > CONNECT_WAIT || stop() {
                             return Err(self.err(format!(
@@ -173,6 +187,8 @@ impl Edge {
             typed: plan.typed(),
             senders,
             pending: vec![Vec::new(); plan.start.len()],
+            pending_bytes: vec![0; plan.start.len()],
+            pending_max: self.pending_max,
             epochs: vec![first; plan.start.len()],
             ended: vec![false; plan.start.len()],
         };
@@ -198,8 +214,10 @@ struct Demux {
     names: Vec<String>,
     typed: bool,
     senders: Vec<SyncSender<Result<Msg, ReadError>>>,
-    /// Each stream's batches since its last barrier.
+    /// Each stream's batches since its last barrier, and their size.
     pending: Vec<Vec<RecordBatch>>,
+    pending_bytes: Vec<usize>,
+    pending_max: usize,
     /// The epoch each stream's next chunk belongs to.
     epochs: Vec<u32>,
     ended: Vec<bool>,
@@ -315,11 +333,22 @@ impl Demux {
         }
         let msg = match frame {
             Frame::Batch { batch, .. } => {
+                self.pending_bytes[i] += batch.get_array_memory_size();
+                if self.pending_bytes[i] > self.pending_max {
+                    return self.fail(
+                        i,
+                        format!(
+                            "the runner sent more than {} bytes of the stream without a barrier",
+                            self.pending_max
+                        ),
+                    );
+                }
                 self.pending[i].push(batch);
                 return Ok(true);
             }
             Frame::Barrier { position, .. } => {
                 self.epochs[i] = self.epochs[i].saturating_add(1);
+                self.pending_bytes[i] = 0;
                 let batches = std::mem::take(&mut self.pending[i]);
                 match self.chunk(batches, position) {
                     Ok(m) => m,
@@ -421,6 +450,13 @@ mod tests {
                 after,
                 recorded: Vec::new(),
             }],
+            // The files are in a scratch directory this plan may read.
+            guard: crate::netguard::Scope {
+                org: "acme".into(),
+                allowlist: Some(vec![dir.display().to_string()]),
+                store: None,
+                warehouse: None,
+            },
         }
     }
 
@@ -514,8 +550,17 @@ mod tests {
 
     /// A hand-written pump that sends `frames` after the open frame.
     fn fake_pump(dir: &Path, frames: Vec<Frame>) -> Vec<Result<String, String>> {
+        fake_pump_held_to(dir, frames, PENDING_BYTES_MAX)
+    }
+
+    fn fake_pump_held_to(
+        dir: &Path,
+        frames: Vec<Frame>,
+        pending_max: usize,
+    ) -> Vec<Result<String, String>> {
         let path = dir.join("edge.sock");
         let mut edge = Edge::listen(&path).expect("listen");
+        edge.pending_max = pending_max;
         let pump = std::thread::spawn(move || {
             let gone = AtomicBool::new(false);
             let conn = pump::connect(&path, Duration::from_secs(10), &gone).expect("connect");
@@ -591,6 +636,14 @@ mod tests {
         );
         let e = seen[0].as_ref().expect_err("rows without a barrier");
         assert!(e.contains("after the stream's last barrier"), "{e}");
+        // More rows without a barrier than the engine holds.
+        let one = raw("a:1").get_array_memory_size();
+        let seen = fake_pump_held_to(&s.0, (0..5).map(|_| batch(5)).collect(), one * 3);
+        let e = seen[0].as_ref().expect_err("too much pending");
+        assert!(
+            e.contains(&format!("more than {} bytes", one * 3)) && e.contains("without a barrier"),
+            "{e}"
+        );
     }
 }
 

@@ -6,5 +6,6 @@
 pub mod control;
 pub mod edge;
 pub mod frame;
+pub mod peer;
 pub mod pump;
 pub mod wire;

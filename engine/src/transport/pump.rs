@@ -31,6 +31,7 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{Field, Schema};
 use serde_json::Value;
 
+use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
 use crate::source::pg_table;
 use crate::source::plan::{open_readers, stream_specs, Plan};
@@ -193,7 +194,14 @@ pub fn describe(request: &Value) -> Result<Value, ReadError> {
     let source = request.get("source").cloned().unwrap_or(Value::Null);
     let url = str_of(&source, "url")?;
     let specs = stream_specs(&serde_json::json!({ "streams": request.get("streams") }))?;
-    let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
+    let scope: Scope = request
+        .get("guard")
+        .cloned()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| ReadError::Definition(format!("the request's guard: {e}")))?
+        .ok_or_else(|| ReadError::Definition("the request names no guard".into()))?;
+    let mut client = Guard::new(&scope)?.postgres(&url)?;
     let tables = specs
         .iter()
         .map(|spec| pg_table::describe(&mut client, spec))

@@ -8,6 +8,8 @@
 //! - `PROBE_STALL_ONCE=step:partition:ms`: that pair sleeps the first time,
 //!   after writing `PROBE_DIR/stalling`.
 //! - `PROBE_SLEEP_MS=ms`: every step call sleeps this long.
+//! - `PROBE_LINE_BYTES=n`: every step call prints one line of `n` bytes
+//!   (and no line end) to its stdout, as a runaway binary would.
 
 use std::io::Write;
 
@@ -63,6 +65,23 @@ fn hooks(ctx: &Ctx) -> Result<()> {
             ctx.attempt,
             std::process::id()
         )?;
+    }
+    if let Some(n) = std::env::var("PROBE_LINE_BYTES")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let mut out = std::io::stdout().lock();
+        let chunk = [b'x'; 8192];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(chunk.len());
+            // The runner may stop reading (and kill us) part way.
+            if out.write_all(&chunk[..k]).is_err() {
+                break;
+            }
+            left -= k;
+        }
+        let _ = out.flush();
     }
     if let Ok(ms) = std::env::var("PROBE_SLEEP_MS") {
         std::thread::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0)));

@@ -58,6 +58,14 @@ impl ControlPlane {
         let url = format!("{base}/{name}");
         let mut db = postgres::Client::connect(&url, postgres::NoTls).map_err(pg)?;
         db.batch_execute("CREATE EXTENSION orca").map_err(pg)?;
+        // The simulation's sources and destinations are on this machine:
+        // netguard lets its org reach loopback and the temporary directory.
+        let tmp = std::fs::canonicalize(std::env::temp_dir()).map_err(|e| e.to_string())?;
+        db.execute(
+            "SELECT orca.allow('default', '127.0.0.1'), orca.allow('default', $1)",
+            &[&tmp.to_string_lossy().trim_end_matches('/')],
+        )
+        .map_err(pg)?;
         Ok(ControlPlane { admin, name, url })
     }
 }

@@ -13,8 +13,11 @@ use orca_tests::*;
 use serde_json::{json, Value};
 
 mod catalog;
+mod limits;
+mod netguard;
 mod pinned;
 mod secrets;
+mod tls;
 mod tokens;
 
 /// A login that is in orca_runner and nothing else: no org membership.

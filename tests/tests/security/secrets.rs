@@ -204,6 +204,10 @@ async fn secrets_are_encrypted_read_under_their_org_s_lease_and_survive_key_rota
     assert_eq!(reads, 1, "each read is an event");
 
     // Definitions name secrets; passwords in them are refused.
+    acme_admin
+        .execute("SELECT orca.allow('acme', '/in')")
+        .await
+        .expect("allow the files source's directory");
     let files = r#"{"type": "files", "url": "/in", "format": "jsonl"}"#;
     let streams = r#"[{"name": "events", "pattern": "*.jsonl"}]"#;
     for (dest, code) in [

@@ -292,6 +292,10 @@ async fn a_sync_s_head_moves_only_under_its_lease_and_within_its_prefix() {
     roles(&db).await;
     two_orgs(&db).await;
     let mut admin = connect_org(&db, "postgres", "acme").await;
+    admin
+        .execute("SELECT orca.allow('acme', '/in'), orca.allow('acme', '/out')")
+        .await
+        .expect("allow the sync's paths");
     for name in ["shop", "other"] {
         sqlx::query(
             "SELECT orca.create_sync($1, '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \

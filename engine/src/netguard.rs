@@ -1,0 +1,402 @@
+//! Netguard at the connectors' edge: every connection a source or
+//! destination makes, and every place it names, is checked against the
+//! org's allowlist (`orca_core::netguard` decides) before anything is sent.
+//!
+//! A Postgres host's name is resolved here, every address it resolves to is
+//! checked, and the connection goes to the first of them (`hostaddr`), so the
+//! name cannot resolve elsewhere between the check and the connect; TLS still
+//! verifies the certificate against the name. A local place is checked after
+//! its symlinks are resolved, and never may lie inside (or hold) the
+//! installation's store or warehouse; an `s3://` place may not overlap them
+//! either, and the S3 endpoint it goes to is checked like a host.
+//!
+//! The engine builds a [`Scope`] from its sync's claim and hands it to a
+//! runner's source pump with the plan, so a source the runner hosts is held
+//! to the same rules.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Component, Path, PathBuf};
+
+use orca_core::netguard::{self, Allowlist, NetguardError, PathRefusal, Refusal};
+use postgres::config::Host;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("{0}")]
+    PathRefused(PathRefusal),
+    #[error("netguard: cannot resolve {host}: {reason}")]
+    Resolve { host: String, reason: String },
+    #[error("netguard: {0}")]
+    Rules(NetguardError),
+    #[error("netguard: {0}")]
+    Unpinnable(String),
+    #[error(transparent)]
+    Tls(#[from] orca_client::tls::TlsError),
+    #[error("postgres {url}: {}", crate::util::pg_text(.source))]
+    Connect {
+        url: String,
+        source: postgres::Error,
+    },
+}
+
+/// What an attempt's connectors may reach, as the claim gave it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Scope {
+    pub org: String,
+    /// The org's allowlist; none when the control plane predates netguard
+    /// (0.1.0), whose connections are not checked.
+    pub allowlist: Option<Vec<String>>,
+    /// The installation's store and warehouse, which no connector may name.
+    pub store: Option<String>,
+    pub warehouse: Option<String>,
+}
+
+/// An installation place, as a connector's place is compared with it.
+#[derive(Debug, Clone)]
+enum Place {
+    Local(PathBuf),
+    Bucket { bucket: String, key: String },
+}
+
+fn place_of(url: &str) -> Place {
+    match url
+        .strip_prefix("s3://")
+        .or_else(|| url.strip_prefix("s3a://"))
+    {
+        Some(rest) => {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            Place::Bucket {
+                bucket: bucket.to_string(),
+                key: key.trim_matches('/').to_string(),
+            }
+        }
+        None => Place::Local(canonical(Path::new(
+            netguard::local_path(url).unwrap_or(url),
+        ))),
+    }
+}
+
+/// A path with its symlinks resolved as far as it exists; the rest (a
+/// directory a destination will make) is appended as written.
+fn canonical(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
+    let mut rest: Vec<std::ffi::OsString> = Vec::new();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&existing) {
+            let mut out = c;
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name.to_os_string());
+                existing = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Whether two object keys overlap: one is the other or under it.
+fn keys_overlap(a: &str, b: &str) -> bool {
+    let under = |x: &str, y: &str| y.is_empty() || x == y || x.starts_with(&format!("{y}/"));
+    under(a, b) || under(b, a)
+}
+
+/// The checks of one attempt.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    /// None: the control plane predates netguard.
+    list: Option<Allowlist>,
+    roots: Vec<PathBuf>,
+    inside: Vec<(&'static str, Place)>,
+}
+
+impl Guard {
+    pub fn new(scope: &Scope) -> Result<Guard, NetError> {
+        let list = scope
+            .allowlist
+            .as_ref()
+            .map(|entries| Allowlist::new(&scope.org, entries))
+            .transpose()
+            .map_err(NetError::Rules)?;
+        let roots = list.iter().flat_map(|l| l.roots()).map(canonical).collect();
+        let inside = [("store", &scope.store), ("warehouse", &scope.warehouse)]
+            .into_iter()
+            .filter_map(|(what, url)| url.as_deref().map(|u| (what, place_of(u))))
+            .collect();
+        Ok(Guard {
+            list,
+            roots,
+            inside,
+        })
+    }
+
+    /// Whether connections are checked (the control plane has an allowlist).
+    pub fn enforced(&self) -> bool {
+        self.list.is_some()
+    }
+
+    /// Connects to a Postgres database a connector names, TLS as its
+    /// `sslmode` says, to an address netguard checked.
+    pub fn postgres(&self, conn: &str) -> Result<postgres::Client, NetError> {
+        let mut p = orca_client::tls::prepare(conn)?;
+        if let Some(list) = &self.list {
+            self.pin(list, &mut p.config)?;
+        }
+        p.config.connect(p.tls).map_err(|source| NetError::Connect {
+            url: orca_core::conninfo::redact(conn),
+            source,
+        })
+    }
+
+    fn pin(&self, list: &Allowlist, config: &mut postgres::Config) -> Result<(), NetError> {
+        let hosts = config.get_hosts().to_vec();
+        let ports = config.get_ports().to_vec();
+        let given = config.get_hostaddrs().to_vec();
+        if hosts.is_empty() {
+            // hostaddr only: the addresses are the connection.
+            for a in &given {
+                list.check(&a.to_string(), *a).map_err(NetError::Refused)?;
+            }
+            return Ok(());
+        }
+        let unix = hosts.iter().filter(|h| matches!(h, Host::Unix(_))).count();
+        if unix > 0 {
+            if unix < hosts.len() {
+                return Err(NetError::Unpinnable(
+                    "a connection string that mixes Unix sockets with TCP hosts cannot be \
+                     checked host by host; name one kind"
+                        .into(),
+                ));
+            }
+            for h in &hosts {
+                if let Host::Unix(dir) = h {
+                    self.local(list, dir)?;
+                }
+            }
+            return Ok(());
+        }
+        let mut pinned = Vec::new();
+        for (i, h) in hosts.iter().enumerate() {
+            let Host::Tcp(name) = h else { continue };
+            if let Some(a) = given.get(i) {
+                list.check(name, *a).map_err(NetError::Refused)?;
+                continue;
+            }
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            pinned.push(self.resolve(list, name, port)?.ip());
+        }
+        if given.is_empty() {
+            for a in pinned {
+                config.hostaddr(a);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a host and checks every address it resolves to; returns the
+    /// first, which the caller connects to.
+    fn resolve(&self, list: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, NetError> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => (bare, port)
+                .to_socket_addrs()
+                .map_err(|e| NetError::Resolve {
+                    host: host.to_string(),
+                    reason: e.to_string(),
+                })?
+                .collect(),
+        };
+        for a in &addrs {
+            list.check(host, a.ip()).map_err(NetError::Refused)?;
+        }
+        addrs.first().copied().ok_or_else(|| NetError::Resolve {
+            host: host.to_string(),
+            reason: "no addresses".into(),
+        })
+    }
+
+    fn local(&self, list: &Allowlist, path: &Path) -> Result<PathBuf, NetError> {
+        let refuse = |why: &str| {
+            NetError::PathRefused(PathRefusal {
+                org: list.org.clone(),
+                path: path.display().to_string(),
+                why: why.to_string(),
+            })
+        };
+        netguard::lexically_plain(path).map_err(refuse)?;
+        let real = canonical(path);
+        if real
+            .components()
+            .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+        {
+            return Err(refuse("it does not resolve to a plain absolute path"));
+        }
+        let inside: Vec<(&str, PathBuf)> = self
+            .inside
+            .iter()
+            .filter_map(|(what, p)| match p {
+                Place::Local(dir) => Some((*what, dir.clone())),
+                Place::Bucket { .. } => None,
+            })
+            .collect();
+        list.check_path(&real, &self.roots, &inside)
+            .map_err(|mut r| {
+                if real != path {
+                    r.why = format!("{} (it resolves to {})", r.why, real.display());
+                }
+                r.path = path.display().to_string();
+                NetError::PathRefused(r)
+            })?;
+        Ok(real)
+    }
+
+    /// Checks a files source's or Parquet destination's place: a local
+    /// path under an allowed root, or an `s3://` prefix outside the
+    /// installation's own and through an endpoint netguard permits.
+    pub fn place(&self, url: &str) -> Result<(), NetError> {
+        let Some(list) = &self.list else {
+            return Ok(());
+        };
+        match place_of(url) {
+            Place::Local(_) => {
+                let path = netguard::local_path(url).unwrap_or(url);
+                self.local(list, Path::new(path)).map(|_| ())
+            }
+            Place::Bucket { bucket, key } => {
+                for (what, p) in &self.inside {
+                    if let Place::Bucket { bucket: b, key: k } = p {
+                        if *b == bucket && keys_overlap(&key, k) {
+                            return Err(NetError::PathRefused(PathRefusal {
+                                org: list.org.clone(),
+                                path: url.to_string(),
+                                why: format!(
+                                    "it overlaps the installation's {what} (s3://{b}/{k})"
+                                ),
+                            }));
+                        }
+                    }
+                }
+                self.s3_endpoint(list)
+            }
+        }
+    }
+
+    /// The endpoint `s3://` places go to, where one is configured (the
+    /// `AWS_ENDPOINT` the object store reads); AWS's own are public.
+    fn s3_endpoint(&self, list: &Allowlist) -> Result<(), NetError> {
+        let Some(endpoint) = ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        else {
+            return Ok(());
+        };
+        let (scheme, rest) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, tail) = v6.split_once(']').unwrap_or((v6, ""));
+            (
+                h.to_string(),
+                tail.strip_prefix(':').and_then(|p| p.parse().ok()),
+            )
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p.parse().ok()),
+                None => (authority.to_string(), None),
+            }
+        };
+        let port = port.unwrap_or(if scheme == "http" { 80 } else { 443 });
+        self.resolve(list, &host, port).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope(allow: &[&str], store: &str) -> Scope {
+        Scope {
+            org: "acme".into(),
+            allowlist: Some(allow.iter().map(|s| s.to_string()).collect()),
+            store: Some(store.into()),
+            warehouse: Some("s3://lake/warehouse".into()),
+        }
+    }
+
+    #[test]
+    fn postgres_hosts_are_checked_before_anything_is_sent() {
+        let g = Guard::new(&scope(&[], "/nonexistent/store")).expect("guard");
+        let e = g
+            .postgres("postgres://app@127.0.0.1:1/shop")
+            .err()
+            .expect("loopback");
+        assert!(matches!(e, NetError::Refused(_)), "{e}");
+        assert!(e.to_string().contains("127.0.0.1"), "{e}");
+        let e = g
+            .postgres("host=metadata hostaddr=169.254.169.254 dbname=x")
+            .err()
+            .expect("metadata");
+        assert!(e.to_string().contains("metadata"), "{e}");
+        let e = g
+            .postgres("host=/var/run/postgresql dbname=x")
+            .err()
+            .expect("a socket");
+        assert!(matches!(e, NetError::PathRefused(_)), "{e}");
+        // Allowed: the check passes and the connect itself fails (nothing
+        // listens on port 1).
+        let g = Guard::new(&scope(&["127.0.0.1"], "/nonexistent/store")).expect("guard");
+        let e = g
+            .postgres("postgres://app@localhost:1/shop?connect_timeout=2")
+            .err()
+            .expect("nothing listens");
+        assert!(
+            matches!(e, NetError::Connect { .. }) || matches!(e, NetError::Refused(_)),
+            "{e}"
+        );
+        // Unchecked when the control plane has no netguard.
+        let none = Guard::new(&Scope::default()).expect("guard");
+        assert!(!none.enforced());
+        assert!(matches!(
+            none.postgres("postgres://app@127.0.0.1:1/shop"),
+            Err(NetError::Connect { .. })
+        ));
+    }
+
+    #[test]
+    fn places_stay_under_their_roots_and_out_of_the_installation() {
+        let dir = std::env::temp_dir().join(format!("orca-netguard-{}", std::process::id()));
+        let root = dir.join("data");
+        let store = dir.join("store");
+        std::fs::create_dir_all(root.join("in")).expect("dirs");
+        std::fs::create_dir_all(&store).expect("dirs");
+        let link = root.join("escape");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/etc", &link).expect("symlink");
+        let root_s = root.display().to_string();
+        let g =
+            Guard::new(&scope(&[root_s.as_str()], &store.display().to_string())).expect("guard");
+        g.place(&format!("{root_s}/in")).expect("under the root");
+        g.place(&format!("file://{root_s}/out/new"))
+            .expect("not made yet");
+        for bad in [
+            format!("{root_s}/escape/passwd"),
+            format!("{root_s}/../store"),
+            store.display().to_string(),
+            "/etc".to_string(),
+            "s3://lake/warehouse/globex".to_string(),
+            "s3://lake".to_string(),
+        ] {
+            let e = g.place(&bad).expect_err(&bad);
+            assert!(matches!(e, NetError::PathRefused(_)), "{bad}: {e}");
+        }
+        // Another bucket, or a sibling prefix, is not the installation's.
+        g.place("s3://lake/warehouse2/x").expect("sibling prefix");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

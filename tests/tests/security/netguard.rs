@@ -1,0 +1,303 @@
+//! Netguard: an operator of one org points a sync at what its org may not
+//! reach (the control plane's own loopback, a metadata address, the runner
+//! host's files, the installation's store) and is refused, at definition
+//! time where the definition shows it and by the engine where a name must
+//! be resolved first; only an admin's allowlist entry for that org lets it
+//! through.
+
+use super::*;
+
+/// A sync definition's pieces as JSON.
+fn pg_source(url: &str) -> Value {
+    json!({"type": "postgres", "url": url, "batch_rows": 1000})
+}
+
+fn orders_stream() -> Value {
+    json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+            "primary_key": ["id"]}])
+}
+
+async fn create_sync(
+    c: &mut PgConnection,
+    name: &str,
+    source: &Value,
+    destination: &Value,
+    streams: &Value,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT orca.create_sync($1, $2, $3, $4, NULL, 'at_least_once', 'default', 0)",
+    )
+    .bind(name)
+    .bind(source)
+    .bind(destination)
+    .bind(streams)
+    .fetch_one(c)
+    .await
+}
+
+/// The SQLSTATE and message of a failed call.
+fn refusal(e: sqlx::Error) -> (String, String) {
+    match e {
+        sqlx::Error::Database(d) => (
+            d.code().map(|c| c.to_string()).unwrap_or_default(),
+            d.message().to_string(),
+        ),
+        other => (String::new(), other.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme'), orca.create_org('globex');
+                 SELECT orca.add_member('acme', '{OPERATOR}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("two orgs");
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
+         INSERT INTO public.orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', g
+         FROM generate_series(1, 3000) g;
+         CREATE SCHEMA raw;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    let dir = scratch("netguard");
+    let store = dir.join("store");
+    let inbox = dir.join("inbox");
+    std::fs::create_dir_all(&inbox).expect("inbox");
+    std::fs::write(inbox.join("a.jsonl"), "{\"id\": 1}\n").expect("a file");
+    // A symlink under an allowed root that leads out of it.
+    std::os::unix::fs::symlink("/etc", inbox.join("etc")).expect("symlink");
+    let url_127 = db.url(); // postgres://postgres@127.0.0.1:5432/<db>
+    let url_localhost = url_127.replacen("127.0.0.1", "localhost", 1);
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    let parquet = json!({"type": "parquet", "url": dir.join("out").to_string_lossy()});
+
+    // What the definition shows is judged at once, and nothing is written.
+    let files = |url: &str| json!({"type": "files", "url": url, "format": "jsonl"});
+    let events = json!([{"name": "events", "pattern": "*.jsonl"}]);
+    for (source, destination, streams, says) in [
+        (
+            pg_source(&url_127),
+            parquet.clone(),
+            orders_stream(),
+            "at 127.0.0.1: a loopback address",
+        ),
+        (
+            pg_source("postgres://app@169.254.169.254/latest"),
+            parquet.clone(),
+            orders_stream(),
+            "a cloud metadata address",
+        ),
+        (
+            pg_source("host=db.internal hostaddr=10.1.2.3 dbname=shop"),
+            parquet.clone(),
+            orders_stream(),
+            "at 10.1.2.3: a private address (10.0.0.0/8)",
+        ),
+        (
+            pg_source("postgres://app@[::ffff:127.0.0.1]/shop"),
+            parquet.clone(),
+            orders_stream(),
+            "a loopback address",
+        ),
+        (
+            pg_source("host=/var/run/postgresql dbname=shop"),
+            parquet.clone(),
+            orders_stream(),
+            "no local roots",
+        ),
+        (
+            files("/etc"),
+            parquet.clone(),
+            events.clone(),
+            "no local roots",
+        ),
+        (
+            pg_source(&url_localhost),
+            json!({"type": "postgres", "url": url_127, "schema": "raw"}),
+            orders_stream(),
+            "a loopback address",
+        ),
+    ] {
+        let before = db.table_counts().await;
+        let (code, msg) = refusal(
+            create_sync(&mut op, "shop", &source, &destination, &streams)
+                .await
+                .expect_err("refused"),
+        );
+        assert_eq!(code, "OR094", "{source}: {msg}");
+        assert!(msg.contains(says), "{source}: {msg}");
+        assert_eq!(db.table_counts().await, before, "{source} wrote something");
+    }
+    // Only admins change an allowlist: not acme's operator, for acme or globex.
+    for sql in [
+        "SELECT orca.allow('acme', '127.0.0.1')",
+        "SELECT orca.allow('globex', '0.0.0.0/0')",
+        "SELECT orca.disallow('acme', '127.0.0.1')",
+        "INSERT INTO orca.allowlist (org_id, target, kind) VALUES (1, '127.0.0.1/32', 'network')",
+    ] {
+        assert_eq!(code_of(&mut op, sql).await, "42501", "{sql}");
+    }
+    let mut admin = db.connect().await;
+    assert_eq!(
+        code_of(&mut admin, "SELECT orca.allow('acme', '10.0.0.1/8')").await,
+        "OR093"
+    );
+    assert_eq!(
+        code_of(&mut admin, "SELECT orca.allow('nowhere', '10.0.0.0/8')").await,
+        "OR001"
+    );
+    // Another org's entry does not carry over.
+    sqlx::query("SELECT orca.allow('globex', '127.0.0.1'), orca.allow('globex', '::1')")
+        .execute(&mut admin)
+        .await
+        .expect("allow globex");
+    let (code, _) = refusal(
+        create_sync(
+            &mut op,
+            "shop",
+            &pg_source(&url_127),
+            &parquet,
+            &orders_stream(),
+        )
+        .await
+        .expect_err("globex's entry is not acme's"),
+    );
+    assert_eq!(code, "OR094");
+    let seen: Vec<String> = sqlx::query_scalar("SELECT target FROM orca.allowlist")
+        .fetch_all(&mut op)
+        .await
+        .expect("acme reads its allowlist");
+    assert!(seen.is_empty(), "acme sees globex's entries: {seen:?}");
+
+    // A name is judged when the engine resolves it: the definition passes,
+    // the attempt is refused before anything is read or written.
+    create_sync(
+        &mut op,
+        "shop",
+        &pg_source(&url_localhost),
+        &json!({"type": "postgres", "url": url_localhost, "schema": "raw"}),
+        &orders_stream(),
+    )
+    .await
+    .expect("a host name passes the definition");
+    let token = token(&db, "acme", "default", "acme-runner").await;
+    let logs = dir.join("logs");
+    let (engine, store_s) = (bin("orca-engine"), store.to_string_lossy().to_string());
+    let env = [
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("ORCA_RUNNER_TOKEN", token.as_str()),
+    ];
+    let runner = Runner::start(&url_as(&db, RUNNER_LOGIN), "acme-runner", 1, &logs, &env);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run");
+    wait_for_sql(
+        &db,
+        "the sync's run to fail",
+        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    let error: String = sqlx::query_scalar(
+        "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the attempt's error");
+    assert!(
+        error.contains("netguard refused localhost at")
+            && error.contains("a loopback address")
+            && error.contains("orca.allow('acme', 'localhost')"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'raw'")
+            .await,
+        0,
+        "the refused attempt wrote to its destination"
+    );
+
+    // The admin allows acme's loopback: the same sync runs.
+    sqlx::query("SELECT orca.allow('acme', 'localhost', note => 'the test cluster')")
+        .execute(&mut admin)
+        .await
+        .expect("allow acme");
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run again");
+    wait_for_sql(
+        &db,
+        "the allowed sync to succeed",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM raw.orders").await, 3000);
+
+    // Local paths: under an allowed root, but not through a symlink out of
+    // it, and never into the installation's store.
+    sqlx::query("SELECT orca.allow('acme', $1)")
+        .bind(dir.to_string_lossy().to_string())
+        .execute(&mut admin)
+        .await
+        .expect("allow acme's scratch directory");
+    for (name, source, says) in [
+        (
+            "through_a_link",
+            files(&inbox.join("etc").to_string_lossy()),
+            "it resolves to /etc",
+        ),
+        (
+            "into_the_store",
+            files(&store_s),
+            "the installation's store",
+        ),
+    ] {
+        create_sync(&mut op, name, &source, &parquet, &events)
+            .await
+            .expect("the definition is under the allowed root as written");
+        let run: i64 = sqlx::query_scalar("SELECT orca.run($1, 'now')")
+            .bind(name)
+            .fetch_one(&mut op)
+            .await
+            .expect("run");
+        wait_for_sql(
+            &db,
+            &format!("{name} to fail"),
+            &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
+            Duration::from_secs(120),
+            || outputs(&[&runner]),
+        )
+        .await;
+        let error: String = sqlx::query_scalar(
+            "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
+        )
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("error");
+        assert!(
+            error.contains("netguard refused the local path") && error.contains(says),
+            "{name}: {error}"
+        );
+    }
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
