@@ -46,6 +46,25 @@ fn refusal(e: sqlx::Error) -> (String, String) {
     }
 }
 
+/// Waits for a run to fail and returns its last attempt's error.
+async fn failed(db: &TestDb, run: i64, runner: &Runner) -> String {
+    wait_for_sql(
+        db,
+        &format!("run {run} to fail"),
+        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[runner]),
+    )
+    .await;
+    sqlx::query_scalar(
+        "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the attempt's error")
+}
+
 #[tokio::test]
 async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
     let db = TestDb::new().await;
@@ -203,21 +222,7 @@ async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
         .fetch_one(&mut op)
         .await
         .expect("run");
-    wait_for_sql(
-        &db,
-        "the sync's run to fail",
-        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
-        Duration::from_secs(120),
-        || outputs(&[&runner]),
-    )
-    .await;
-    let error: String = sqlx::query_scalar(
-        "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
-    )
-    .bind(run)
-    .fetch_one(&db.pool)
-    .await
-    .expect("the attempt's error");
+    let error = failed(&db, run, &runner).await;
     assert!(
         error.contains("netguard refused localhost at")
             && error.contains("a loopback address")
@@ -278,21 +283,7 @@ async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
             .fetch_one(&mut op)
             .await
             .expect("run");
-        wait_for_sql(
-            &db,
-            &format!("{name} to fail"),
-            &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
-            Duration::from_secs(120),
-            || outputs(&[&runner]),
-        )
-        .await;
-        let error: String = sqlx::query_scalar(
-            "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
-        )
-        .bind(run)
-        .fetch_one(&db.pool)
-        .await
-        .expect("error");
+        let error = failed(&db, run, &runner).await;
         assert!(
             error.contains("netguard refused the local path") && error.contains(says),
             "{name}: {error}"
