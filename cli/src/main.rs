@@ -1,6 +1,7 @@
 //! `orca`: the command line of the Orca control plane. Every command is a
 //! client of the extension's SQL API.
 
+mod allowlist;
 mod backfill;
 mod db;
 mod locate;
@@ -117,6 +118,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SecretsCmd,
     },
+    /// What the org's connectors may reach besides public addresses (netguard).
+    Allowlist {
+        #[command(subcommand)]
+        cmd: AllowlistCmd,
+    },
     /// Runner tokens of the org: each binds a runner to the org and a pool.
     Tokens {
         #[command(subcommand)]
@@ -145,6 +151,29 @@ enum SecretsCmd {
     Drop {
         /// Its name.
         name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AllowlistCmd {
+    /// The org's entries (--org, or ORCA_ORG).
+    List,
+    /// Let an org reach a host, '*.domain', a network or a local directory (admins).
+    Add {
+        /// The org the entry is for.
+        org: String,
+        /// 'db.internal', '*.corp.example', '10.0.0.0/8', '127.0.0.1' or '/srv/data'.
+        target: String,
+        /// Why it is there, for whoever reads the list later.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Remove an entry (admins).
+    Remove {
+        /// The org the entry is for.
+        org: String,
+        /// The entry, as added or as listed.
+        target: String,
     },
 }
 
@@ -216,6 +245,13 @@ fn main() {
                 SecretsCmd::Set { name } => secrets::set(&mut c, &name),
                 SecretsCmd::List => secrets::list(&mut c),
                 SecretsCmd::Drop { name } => secrets::drop(&mut c, &name),
+            },
+            Cmd::Allowlist { cmd } => match cmd {
+                AllowlistCmd::List => allowlist::list(&mut c),
+                AllowlistCmd::Add { org, target, note } => {
+                    allowlist::add(&mut c, &org, &target, note.as_deref())
+                }
+                AllowlistCmd::Remove { org, target } => allowlist::remove(&mut c, &org, &target),
             },
             Cmd::Tokens { cmd } => match cmd {
                 TokensCmd::Create { pool, name, out } => {

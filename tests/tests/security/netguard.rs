@@ -292,3 +292,90 @@ async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
     drop(runner);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_cli_keeps_allowlists_for_admins_and_shows_them_to_members() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!("SELECT orca.create_org('acme'); SELECT orca.add_member('acme', '{OPERATOR}')")
+                .as_str(),
+        )
+        .await
+        .expect("an org");
+    let orca = |url: String, org: &str, args: &[&str]| {
+        Command::new(bin("orca"))
+            .args(args)
+            .env("DATABASE_URL", url)
+            .env("ORCA_ORG", org)
+            .output()
+            .expect("run orca")
+    };
+    let out = orca(
+        db.url(),
+        "acme",
+        &[
+            "allowlist",
+            "add",
+            "acme",
+            "10.20.0.1",
+            "--note",
+            "the warehouse",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("org acme may reach 10.20.0.1/32"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A member sees the entry; only an admin changes the list.
+    let listed = orca(url_as(&db, OPERATOR), "acme", &["allowlist", "list"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && text.contains("10.20.0.1/32") && text.contains("the warehouse"),
+        "{text}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    for args in [
+        ["allowlist", "add", "acme", "0.0.0.0/0"],
+        ["allowlist", "remove", "acme", "10.20.0.1"],
+    ] {
+        let out = orca(url_as(&db, OPERATOR), "acme", &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("42501"),
+            "{args:?}: {err}"
+        );
+    }
+    let bad = orca(
+        db.url(),
+        "acme",
+        &["allowlist", "add", "acme", "10.0.0.1/8"],
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("OR093"), "{err}");
+    let out = orca(
+        db.url(),
+        "acme",
+        &["allowlist", "remove", "acme", "10.20.0.1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM orca.allowlist a JOIN orca.orgs o ON o.id = a.org_id \
+             WHERE o.name = 'acme'"
+        )
+        .await,
+        0
+    );
+}

@@ -406,3 +406,52 @@ async fn a_sync_connects_with_a_secret_its_engine_reads_under_its_lease() {
     drop(runner);
     let _ = std::fs::remove_dir_all(&logs);
 }
+
+#[tokio::test]
+async fn the_cli_sets_secrets_from_standard_input_and_never_shows_them() {
+    use std::io::Write;
+    let db = TestDb::new().await;
+    let mut set = Command::new(bin("orca"))
+        .args(["secrets", "set", "shop-db"])
+        .env("DATABASE_URL", db.url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("orca secrets set");
+    set.stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"postgres://app:hunter2@db/shop\n")
+        .expect("write the value");
+    let out = set.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sealed = db
+        .scalar_i64(
+            "SELECT count(*) FROM orca.secrets WHERE name = 'shop-db' \
+             AND position('hunter2' in encode(sealed, 'escape')) = 0",
+        )
+        .await;
+    assert_eq!(sealed, 1, "the secret is kept, encrypted");
+    let list = Command::new(bin("orca"))
+        .args(["secrets", "list"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca secrets list");
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        text.contains("shop-db") && !text.contains("hunter2"),
+        "{text}"
+    );
+    let dropped = Command::new(bin("orca"))
+        .args(["secrets", "drop", "shop-db"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca secrets drop");
+    assert!(dropped.status.success());
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.secrets").await, 0);
+}
