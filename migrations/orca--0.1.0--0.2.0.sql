@@ -2293,6 +2293,7 @@ DECLARE
     r   jsonb;
     v_n integer := 0;
 BEGIN
+    PERFORM orca._installation_admin();
     IF NOT orca._is_admin() THEN
         RAISE EXCEPTION 'only admins rewrap the data keys' USING ERRCODE = '42501';
     END IF;
@@ -2424,6 +2425,7 @@ DECLARE
     v_org  bigint := orca._org_named(allow.org);
     v_rule jsonb;
 BEGIN
+    PERFORM orca._installation_admin();
     IF allow.target IS NULL THEN
         RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
     END IF;
@@ -2451,6 +2453,7 @@ DECLARE
     v_org  bigint := orca._org_named(disallow.org);
     v_rule jsonb;
 BEGIN
+    PERFORM orca._installation_admin();
     IF disallow.target IS NULL THEN
         RAISE EXCEPTION 'invalid allowlist entry NULL' USING ERRCODE = 'OR093';
     END IF;
@@ -2561,3 +2564,309 @@ SELECT orca._event(a.org_id, 'allowlist.added', NULL, NULL, NULL,
                    jsonb_build_object('target', a.target, 'kind', a.kind, 'by', a.created_by,
                                       'note', a.note))
 FROM orca.allowlist a;
+
+---------------------------------------------------------------------------
+-- API keys (sql/security.sql): orca serve acts for each caller with the
+-- caller's key; with a key presented, the key alone decides the org
+-- (_may_use_org, current_org_id) and whether the session is an admin
+-- (_is_admin); installation administration refuses key sessions.
+---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION orca._is_admin() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- A session that presents an API key is what the key says, whatever
+    -- its login may do (orca serve's login takes the caller's key).
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN (orca._api_key()).role = 'admin';
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._may_use_org(p_org bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- With an API key (orca serve's callers), the key's org and no other.
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN p_org = (orca._api_key()).org_id;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_has_role(session_user, 'orca_admin', 'MEMBER')
+        OR EXISTS (
+            SELECT 1
+            FROM orca.members m
+            JOIN pg_roles r ON r.rolname = m.role_name
+            WHERE m.org_id = p_org AND pg_has_role(session_user, r.oid, 'MEMBER'));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.current_org_id() RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_name text := coalesce(nullif(current_setting('orca.org', true), ''), 'default');
+    v_id   bigint;
+BEGIN
+    -- An API key names its org: a session that presents one needs no orca.org.
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL
+       AND nullif(current_setting('orca.org', true), '') IS NULL THEN
+        RETURN (orca._api_key()).org_id;
+    END IF;
+    SELECT id INTO v_id FROM orca.orgs WHERE name = v_name;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'unknown org ''%''', v_name
+            USING ERRCODE = 'OR001',
+                  HINT = 'SET orca.org to an existing org; orca.orgs lists those you belong to';
+    END IF;
+    IF NOT orca._may_use_org(v_id) THEN
+        IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+            RAISE EXCEPTION 'API key ''%'' is for org ''%'', not ''%''', (orca._api_key()).name,
+                            (SELECT o.name FROM orca.orgs o WHERE o.id = (orca._api_key()).org_id),
+                            v_name
+                USING ERRCODE = 'OR002',
+                      HINT = 'leave orca.org unset: the key names its org';
+        END IF;
+        RAISE EXCEPTION 'role % is not a member of org ''%''', session_user, v_name
+            USING ERRCODE = 'OR002',
+                  HINT = 'an orca_admin adds members with orca.add_member(org, role)';
+    END IF;
+    RETURN v_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.create_org(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM orca._installation_admin();
+    IF create_org.name IS NULL OR create_org.name !~ '^[a-z][a-z0-9_-]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid org name %', quote_nullable(create_org.name)
+            USING ERRCODE = 'OR003',
+                  HINT = 'use 1 to 63 lowercase letters, digits, ''_'' or ''-'', starting with a letter';
+    END IF;
+    INSERT INTO orca.orgs (name) VALUES (create_org.name)
+    ON CONFLICT ON CONSTRAINT orgs_name_key DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'org ''%'' already exists', create_org.name USING ERRCODE = 'OR003';
+    END IF;
+    PERFORM orca._event(v_id, 'org.created', NULL, NULL, NULL,
+                        jsonb_build_object('name', create_org.name, 'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_org(text) IS
+'Creates an org and returns its id. Admins only. Example: SELECT orca.create_org(''acme'');';
+
+CREATE OR REPLACE FUNCTION orca.add_member(org text, role text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    PERFORM orca._installation_admin();
+    SELECT id INTO v_org FROM orca.orgs o WHERE o.name = add_member.org;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org ''%''', add_member.org USING ERRCODE = 'OR001';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = add_member.role) THEN
+        RAISE EXCEPTION 'unknown role %', quote_nullable(add_member.role)
+            USING ERRCODE = 'OR004', HINT = 'create the role first (CREATE ROLE ...)';
+    END IF;
+    INSERT INTO orca.members (org_id, role_name) VALUES (v_org, add_member.role)
+    ON CONFLICT DO NOTHING;
+    PERFORM orca._event(v_org, 'org.member_added', NULL, NULL, NULL,
+                        jsonb_build_object('role', add_member.role, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.add_member(text, text) IS
+'Lets a role (and every role that is a member of it) act in an org. Admins only. '
+'Permissions come from the orca_viewer, orca_operator, orca_runner and orca_admin roles; '
+'membership decides the org. Example: SELECT orca.add_member(''acme'', ''acme_ops'');';
+
+CREATE OR REPLACE FUNCTION orca.remove_member(org text, role text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_org bigint;
+BEGIN
+    PERFORM orca._installation_admin();
+    SELECT id INTO v_org FROM orca.orgs o WHERE o.name = remove_member.org;
+    IF v_org IS NULL THEN
+        RAISE EXCEPTION 'unknown org ''%''', remove_member.org USING ERRCODE = 'OR001';
+    END IF;
+    DELETE FROM orca.members m WHERE m.org_id = v_org AND m.role_name = remove_member.role;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'role % is not a member of org ''%''', quote_nullable(remove_member.role),
+                        remove_member.org
+            USING ERRCODE = 'OR004';
+    END IF;
+    PERFORM orca._event(v_org, 'org.member_removed', NULL, NULL, NULL,
+                        jsonb_build_object('role', remove_member.role, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.remove_member(text, text) IS
+'Takes a role''s membership of an org away. Admins only.';
+
+
+CREATE FUNCTION orca._installation_admin() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RAISE EXCEPTION 'installation administration takes an orca_admin login, not an API key'
+            USING ERRCODE = '42501',
+                  HINT = 'an API key acts in its own org only, even with the admin role';
+    END IF;
+END
+$$;
+
+
+-- API keys: how `orca serve` (the HTTP API and the console) acts for a
+-- caller. A key belongs to one org and has one role (viewer, operator,
+-- admin); 32 random bytes shown once, stored as their sha256. The server's
+-- login presents the caller's key for each request (SET LOCAL orca.api_key)
+-- and takes the key's role (SET LOCAL ROLE orca_<role>), so that grants
+-- decide what the caller may call and the key alone which org it sees:
+-- with a key presented, membership and superuser rights of the login do
+-- not count (orca._may_use_org, orca._is_admin).
+CREATE TABLE orca.api_keys (
+    org_id     bigint NOT NULL REFERENCES orca.orgs (id),
+    id         bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    name       text NOT NULL,
+    role       text NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+    hash       bytea NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    created_by name NOT NULL DEFAULT session_user,
+    revoked_at timestamptz,
+    UNIQUE (org_id, name)
+);
+COMMENT ON TABLE orca.api_keys IS
+'API keys (orca.create_api_key): each lets a caller of orca serve act in one org with one role. '
+'Only their hashes are stored, and viewers cannot read those.';
+ALTER TABLE orca.api_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.api_keys USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.api_keys', '');
+SELECT pg_catalog.pg_extension_config_dump(
+    pg_catalog.pg_get_serial_sequence('orca.api_keys', 'id')::regclass, '');
+
+CREATE FUNCTION orca._api_key() RETURNS orca.api_keys
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_key text := nullif(current_setting('orca.api_key', true), '');
+    k     orca.api_keys;
+BEGIN
+    IF v_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO k FROM orca.api_keys x WHERE x.hash = orca._token_hash(v_key);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'API key refused: it is not a key of this installation'
+            USING ERRCODE = 'OR087',
+                  HINT = 'an operator creates one with orca.create_api_key(name, role)';
+    END IF;
+    IF k.revoked_at IS NOT NULL THEN
+        RAISE EXCEPTION 'API key ''%'' was revoked at %', k.name, k.revoked_at
+            USING ERRCODE = 'OR087';
+    END IF;
+    RETURN k;
+END
+$$;
+
+CREATE FUNCTION orca.create_api_key(name text, role text DEFAULT 'viewer') RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_key text := 'orca_ak_' || substr(orca._new_token(), 9);
+    v_id  bigint;
+BEGIN
+    IF create_api_key.name IS NULL
+       OR create_api_key.name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid API key name %', quote_nullable(create_api_key.name)
+            USING ERRCODE = 'OR050',
+                  HINT = 'use 1 to 128 letters, digits, ''_'', ''.'' or ''-''';
+    END IF;
+    IF create_api_key.role IS NULL OR create_api_key.role NOT IN ('viewer', 'operator', 'admin') THEN
+        RAISE EXCEPTION 'an API key''s role is viewer, operator or admin, not %',
+                        quote_nullable(create_api_key.role)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF create_api_key.role = 'admin' AND NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins create admin API keys' USING ERRCODE = '42501';
+    END IF;
+    INSERT INTO orca.api_keys AS k (org_id, name, role, hash)
+    VALUES (v_org, create_api_key.name, create_api_key.role, orca._token_hash(v_key))
+    ON CONFLICT (org_id, name) DO NOTHING
+    RETURNING k.id INTO v_id;
+    IF v_id IS NULL THEN
+        RAISE EXCEPTION 'API key ''%'' already exists', create_api_key.name
+            USING ERRCODE = 'OR050',
+                  HINT = 'revoke it (orca.revoke_api_key) and create one under another name';
+    END IF;
+    PERFORM orca._event(v_org, 'api_key.created', NULL, NULL, NULL,
+        jsonb_build_object('name', create_api_key.name, 'role', create_api_key.role,
+                           'by', session_user));
+    RETURN v_key;
+END
+$$;
+COMMENT ON FUNCTION orca.create_api_key(text, text) IS
+'Creates an API key of the session''s org with a role (viewer, operator, admin) and returns '
+'it: shown this once, stored only as its sha256. orca serve''s callers send it as '
+'Authorization: Bearer <key>; the key decides the org and the role, whatever the server''s '
+'login. Operators create viewer and operator keys, admins admin keys too. '
+'Example: SELECT orca.create_api_key(''dashboard'', ''viewer'');';
+
+CREATE FUNCTION orca.revoke_api_key(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    k     orca.api_keys;
+BEGIN
+    UPDATE orca.api_keys x SET revoked_at = coalesce(x.revoked_at, now())
+    WHERE x.org_id = v_org AND x.name = revoke_api_key.name
+    RETURNING * INTO k;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown API key %', quote_nullable(revoke_api_key.name)
+            USING ERRCODE = 'OR088', HINT = 'orca.api_keys lists the keys of the org';
+    END IF;
+    PERFORM orca._event(v_org, 'api_key.revoked', NULL, NULL, NULL,
+        jsonb_build_object('name', k.name, 'role', k.role, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.revoke_api_key(text) IS
+'Revokes an API key of the session''s org: its next request is refused (OR087). Operators and '
+'admins. OR088 for an unknown name.';
+
+CREATE FUNCTION orca.api_session() RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k orca.api_keys := orca._api_key();
+BEGIN
+    IF k.id IS NULL THEN
+        RAISE EXCEPTION 'no API key: set orca.api_key to the caller''s key'
+            USING ERRCODE = 'OR087';
+    END IF;
+    RETURN jsonb_build_object('org', (SELECT o.name FROM orca.orgs o WHERE o.id = k.org_id),
+                              'role', k.role, 'key', k.name);
+END
+$$;
+COMMENT ON FUNCTION orca.api_session() IS
+'The org, role and name of the API key the session presents (SET orca.api_key): what orca '
+'serve asks before it takes the key''s role (SET LOCAL ROLE orca_<role>) for a request. '
+'OR087 for no key, an unknown or a revoked one.';
+
+
+REVOKE ALL ON orca.api_keys FROM PUBLIC;
+REVOKE ALL ON SEQUENCE orca.api_keys_id_seq FROM PUBLIC;
+GRANT SELECT (org_id, id, name, role, created_at, created_by, revoked_at)
+    ON orca.api_keys TO orca_viewer;
+REVOKE ALL ON FUNCTION
+    orca._installation_admin(),
+    orca._api_key(),
+    orca.create_api_key(text, text),
+    orca.revoke_api_key(text),
+    orca.api_session()
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.api_session() TO orca_viewer;
+GRANT EXECUTE ON FUNCTION orca.create_api_key(text, text), orca.revoke_api_key(text)
+    TO orca_operator;

@@ -39,7 +39,26 @@ $$;
 CREATE FUNCTION orca._is_admin() RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    -- A session that presents an API key is what the key says, whatever
+    -- its login may do (orca serve's login takes the caller's key).
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN (orca._api_key()).role = 'admin';
+    END IF;
     RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
+END
+$$;
+
+-- Refuses an API key session: the installation's administration (orgs,
+-- members, netguard, the installation key) is done by orca_admin logins,
+-- not by an org's API key, whatever its role.
+CREATE FUNCTION orca._installation_admin() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RAISE EXCEPTION 'installation administration takes an orca_admin login, not an API key'
+            USING ERRCODE = '42501',
+                  HINT = 'an API key acts in its own org only, even with the admin role';
+    END IF;
 END
 $$;

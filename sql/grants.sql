@@ -18,8 +18,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
 -- Secrets stay with their holders: a lease token is the capability of an
 -- attempt, and a runner token's hash is the runner's. Viewers read every
 -- other column.
-REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens, orca.secrets, orca.org_keys
+REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens, orca.secrets, orca.org_keys,
+                 orca.api_keys
     FROM orca_viewer;
+GRANT SELECT (org_id, id, name, role, created_at, created_by, revoked_at)
+    ON orca.api_keys TO orca_viewer;
 GRANT SELECT (org_id, name, created_at, created_by, updated_at, updated_by)
     ON orca.secrets TO orca_viewer;
 GRANT SELECT (org_id, created_at, rewrapped_at) ON orca.org_keys TO orca_viewer;
@@ -38,7 +41,7 @@ GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
     orca._catalog_visible(text)
     TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
-    orca.key_status(text)
+    orca.key_status(text), orca.api_session()
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
@@ -53,6 +56,8 @@ GRANT EXECUTE ON FUNCTION
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),
+    orca.create_api_key(text, text),
+    orca.revoke_api_key(text),
     orca.set_secret(text, text),
     orca.drop_secret(text),
     orca.tick(timestamptz)

@@ -8,6 +8,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_id bigint;
 BEGIN
+    PERFORM orca._installation_admin();
     IF create_org.name IS NULL OR create_org.name !~ '^[a-z][a-z0-9_-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid org name %', quote_nullable(create_org.name)
             USING ERRCODE = 'OR003',
@@ -32,6 +33,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_org bigint;
 BEGIN
+    PERFORM orca._installation_admin();
     SELECT id INTO v_org FROM orca.orgs o WHERE o.name = add_member.org;
     IF v_org IS NULL THEN
         RAISE EXCEPTION 'unknown org ''%''', add_member.org USING ERRCODE = 'OR001';
@@ -56,6 +58,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_org bigint;
 BEGIN
+    PERFORM orca._installation_admin();
     SELECT id INTO v_org FROM orca.orgs o WHERE o.name = remove_member.org;
     IF v_org IS NULL THEN
         RAISE EXCEPTION 'unknown org ''%''', remove_member.org USING ERRCODE = 'OR001';

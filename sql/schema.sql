@@ -512,6 +512,10 @@ INSERT INTO orca.orgs (name) VALUES ('default');
 CREATE FUNCTION orca._may_use_org(p_org bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- With an API key (orca serve's callers), the key's org and no other.
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN p_org = (orca._api_key()).org_id;
+    END IF;
     RETURN EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR pg_has_role(session_user, 'orca_admin', 'MEMBER')
         OR EXISTS (
@@ -528,6 +532,11 @@ DECLARE
     v_name text := coalesce(nullif(current_setting('orca.org', true), ''), 'default');
     v_id   bigint;
 BEGIN
+    -- An API key names its org: a session that presents one needs no orca.org.
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL
+       AND nullif(current_setting('orca.org', true), '') IS NULL THEN
+        RETURN (orca._api_key()).org_id;
+    END IF;
     SELECT id INTO v_id FROM orca.orgs WHERE name = v_name;
     IF v_id IS NULL THEN
         RAISE EXCEPTION 'unknown org ''%''', v_name
@@ -535,6 +544,13 @@ BEGIN
                   HINT = 'SET orca.org to an existing org; orca.orgs lists those you belong to';
     END IF;
     IF NOT orca._may_use_org(v_id) THEN
+        IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+            RAISE EXCEPTION 'API key ''%'' is for org ''%'', not ''%''', (orca._api_key()).name,
+                            (SELECT o.name FROM orca.orgs o WHERE o.id = (orca._api_key()).org_id),
+                            v_name
+                USING ERRCODE = 'OR002',
+                      HINT = 'leave orca.org unset: the key names its org';
+        END IF;
         RAISE EXCEPTION 'role % is not a member of org ''%''', session_user, v_name
             USING ERRCODE = 'OR002',
                   HINT = 'an orca_admin adds members with orca.add_member(org, role)';

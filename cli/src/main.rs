@@ -2,6 +2,7 @@
 //! client of the extension's SQL API.
 
 mod allowlist;
+mod api_keys;
 mod backfill;
 mod db;
 mod locate;
@@ -123,6 +124,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: AllowlistCmd,
     },
+    /// API keys of the org: each lets callers of `orca serve` act in it with a role.
+    ApiKeys {
+        #[command(subcommand)]
+        cmd: KeysCmd,
+    },
     /// Runner tokens of the org: each binds a runner to the org and a pool.
     Tokens {
         #[command(subcommand)]
@@ -174,6 +180,28 @@ enum AllowlistCmd {
         org: String,
         /// The entry, as added or as listed.
         target: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCmd {
+    /// Create a key; prints it once (or writes it to --out).
+    Create {
+        /// Its name in the list.
+        name: String,
+        /// viewer (read), operator (read and run) or admin (operator and the org's admin calls).
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// Write the key to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// List the org's keys (never the keys themselves).
+    List,
+    /// Revoke a key: its next request is refused.
+    Revoke {
+        /// Its name.
+        name: String,
     },
 }
 
@@ -252,6 +280,13 @@ fn main() {
                     allowlist::add(&mut c, &org, &target, note.as_deref())
                 }
                 AllowlistCmd::Remove { org, target } => allowlist::remove(&mut c, &org, &target),
+            },
+            Cmd::ApiKeys { cmd } => match cmd {
+                KeysCmd::Create { name, role, out } => {
+                    api_keys::create(&mut c, &name, &role, out.as_deref())
+                }
+                KeysCmd::List => api_keys::list(&mut c),
+                KeysCmd::Revoke { name } => api_keys::revoke(&mut c, &name),
             },
             Cmd::Tokens { cmd } => match cmd {
                 TokensCmd::Create { pool, name, out } => {

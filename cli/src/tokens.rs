@@ -14,7 +14,7 @@ fn time(t: Option<DateTime<Utc>>) -> String {
 }
 
 /// Prints the token, or writes it to a new file only this user can read.
-fn hand_over(token: &str, out: Option<&Path>, what: &str) -> anyhow::Result<()> {
+pub fn hand_over(token: &str, out: Option<&Path>, what: &str) -> anyhow::Result<()> {
     match out {
         None => println!("{token}"),
         Some(path) => {

@@ -76,6 +76,8 @@ sqlstates! {
     NOT_SYNC_LEASE = "OR084": "a sync's HEAD call without the live lease of an attempt of its run";
     RECORD_OUTSIDE_SYNC = "OR085": "a checkpoint record outside the sync's own prefix";
     CLOCK_ADMIN_ONLY = "OR086": "only admins pass orca.tick a time other than the transaction's";
+    API_KEY_REFUSED = "OR087": "the API key is unknown or revoked (or none was presented)";
+    UNKNOWN_API_KEY = "OR088": "unknown API key name";
     SECRETS_NOT_SET_UP = "OR090": "secrets are not set up: no readable installation key (`orca.secrets_key_file`)";
     UNKNOWN_SECRET = "OR091": "unknown secret, or an invalid secret name";
     SECRET_UNREADABLE = "OR092": "a secret or data key cannot be decrypted with the installation keys";

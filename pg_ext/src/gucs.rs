@@ -23,6 +23,11 @@ pub static RUNNER_TOKEN: GucSetting<Option<CString>> = GucSetting::<Option<CStri
 /// attempt's org only.
 pub static LEASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
+/// The API key a session presents: `orca serve` sets it per request to its
+/// caller's key, and then the key alone decides the session's org and
+/// whether it is an admin (orca._may_use_org, orca._is_admin).
+pub static API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
 /// The installation's key for secrets: a file of 64 hex digits outside the
 /// database. Superusers set it (postgresql.conf or ALTER SYSTEM).
 pub static SECRETS_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -94,6 +99,14 @@ pub fn init() {
         c"The lease token this session works under (a pipeline binary's or engine's).",
         c"The Iceberg catalog's tables show such a session its attempt's org only.",
         &LEASE,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
+    );
+    GucRegistry::define_string_guc(
+        c"orca.api_key",
+        c"The API key this session acts with (orca.create_api_key): orca serve's caller's.",
+        c"With a key set, the key decides the org and the admin rights, not the login.",
+        &API_KEY,
         GucContext::Userset,
         GucFlags::NO_SHOW_ALL | GucFlags::DISALLOW_IN_FILE,
     );

@@ -19,6 +19,7 @@ const BOB: &str = "orca_t_bob"; // member of globex
 const API: &[&str] = &[
     "add_member",
     "allow",
+    "api_session",
     "advance_head",
     "attempt_context",
     "attempt_secret",
@@ -26,6 +27,7 @@ const API: &[&str] = &[
     "cancel",
     "claim",
     "claim_sync",
+    "create_api_key",
     "create_org",
     "create_runner_token",
     "create_sync",
@@ -52,6 +54,7 @@ const API: &[&str] = &[
     "report_snapshots",
     "report_step",
     "retry",
+    "revoke_api_key",
     "revoke_runner_token",
     "rewrap_data_keys",
     "rotate_runner_token",
@@ -123,6 +126,12 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .fetch_all(&mut c)
     .await
     .expect("backfill");
+    // An API key.
+    sqlx::query("SELECT orca.create_api_key($1 || '-key', 'operator')")
+        .bind(org)
+        .execute(&mut c)
+        .await
+        .expect("an API key");
     // A secret (the machine's installation key is scripts/setup.sh's).
     sqlx::query("SELECT orca.set_secret($1 || '-db', 'postgres://app:pw@db/' || $1)")
         .bind(org)
@@ -488,6 +497,16 @@ async fn no_table_view_or_function_crosses_orgs() {
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.revoke_api_key('globex-key')").await,
+        "OR088",
+        "globex's API key is not acme's to revoke"
+    );
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.api_session()").await,
+        "OR087",
+        "a session without a key has no API session"
+    );
     assert_eq!(
         code_of(&mut a, "SELECT orca.drop_secret('globex-db')").await,
         "OR091",

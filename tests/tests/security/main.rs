@@ -12,6 +12,7 @@ use orca_tests::sqlx::{self, Executor, PgConnection};
 use orca_tests::*;
 use serde_json::{json, Value};
 
+mod api_keys;
 mod catalog;
 mod limits;
 mod netguard;
