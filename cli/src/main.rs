@@ -134,6 +134,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TokensCmd,
     },
+    /// Serve the HTTP API (/api/v1) over the control plane, acting with each caller's API key.
+    Serve {
+        /// Where to listen.
+        #[arg(long, env = "ORCA_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Connections to the control plane at most.
+        #[arg(long, env = "ORCA_SERVE_CONNECTIONS", default_value_t = 16)]
+        connections: u32,
+    },
     /// Find each step's and the pipeline's source line; writes <binary>.source.json.
     Locate {
         /// The pipeline binary.
@@ -238,10 +247,27 @@ enum TokensCmd {
     },
 }
 
+/// Runs the HTTP server until SIGINT or SIGTERM.
+fn serve(opts: orca_serve::Options) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(orca_serve::serve(opts))?;
+    Ok(0)
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Locate { binary, root } => locate::run(&binary, &root),
+        Cmd::Serve {
+            listen,
+            connections,
+        } => serve(orca_serve::Options {
+            database_url: cli.database_url.clone(),
+            listen,
+            connections,
+        }),
         cmd => db::connect(&cli.database_url, cli.org.as_deref()).and_then(|mut c| match cmd {
             Cmd::Register { binary } => register::run(&mut c, &binary),
             Cmd::Backfill {
@@ -300,7 +326,7 @@ fn main() {
                 } => tokens::rotate(&mut c, &name, grace_seconds, out.as_deref()),
                 TokensCmd::Revoke { name } => tokens::revoke(&mut c, &name),
             },
-            Cmd::Locate { .. } => Ok(0),
+            Cmd::Locate { .. } | Cmd::Serve { .. } => Ok(0),
         }),
     };
     match result {
