@@ -306,10 +306,23 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
             );
         }
     }
-    assert_eq!(
-        ran.get(&("total".to_string(), "*".to_string())),
-        Some(&MONTHS)
-    );
+    if ran.get(&("total".to_string(), "*".to_string())) != Some(&MONTHS) {
+        // What each run's gather step says it did, to tell a step that did
+        // not run from a call the log did not keep.
+        let states: Vec<(i64, String, i32, Option<String>)> = sqlx::query_as(
+            "SELECT run_id, status, attempts, code FROM orca.step_states WHERE step = 'total' \
+             ORDER BY run_id",
+        )
+        .fetch_all(&mut c)
+        .await
+        .expect("states");
+        panic!(
+            "the gather step ran {:?} times for {MONTHS} runs; its states: {states:?}\ncalls.log:\n{}\n{}",
+            ran.get(&("total".to_string(), "*".to_string())),
+            std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default(),
+            outputs(&[&a, &b])
+        );
+    }
     // HEAD moved on from where the upgrade found it, and every row arrived
     // once: the sync's one attempt read the table once.
     let head_after = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;

@@ -57,14 +57,17 @@ fn hooks(ctx: &Ctx) -> Result<()> {
             .append(true)
             .create(true)
             .open(format!("{d}/calls.log"))?;
-        writeln!(
-            f,
-            "{} {} {} {}",
+        // One write of the whole line: with O_APPEND it lands whole, where
+        // writeln! writes piece by piece and lines of processes running at
+        // once interleave.
+        let line = format!(
+            "{} {} {} {}\n",
             ctx.step,
             ctx.partition,
             ctx.attempt,
             std::process::id()
-        )?;
+        );
+        f.write_all(line.as_bytes())?;
     }
     if let Some(n) = std::env::var("PROBE_LINE_BYTES")
         .ok()

@@ -34,14 +34,15 @@ fn hooks(ctx: &Ctx) -> Result<()> {
             .append(true)
             .create(true)
             .open(format!("{d}/calls.log"))?;
-        writeln!(
-            f,
-            "{} {} {} {}",
+        // One write of the whole line (see main.rs's hooks).
+        let line = format!(
+            "{} {} {} {}\n",
             ctx.step,
             ctx.partition,
             ctx.attempt,
             std::process::id()
-        )?;
+        );
+        f.write_all(line.as_bytes())?;
     }
     if let Ok(spec) = std::env::var("PROBE_STALL_ONCE") {
         if let Some((p, ms)) = spec.rsplit_once(':') {
