@@ -99,6 +99,12 @@ if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
     "$PY" -m pip install -q "moto[server]==5.2.5"
 fi
 
+# The Standard Webhooks library, which the webhook test verifies deliveries with.
+if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
+    say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "standardwebhooks==1.1.0"
+fi
+
 # 6. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"

@@ -9,7 +9,7 @@
 --   orca_admin    + both, creates orgs and manages members, sees every org
 
 REVOKE ALL ON SCHEMA orca FROM PUBLIC;
-GRANT USAGE ON SCHEMA orca TO orca_viewer, orca_runner, orca_attempt;
+GRANT USAGE ON SCHEMA orca TO orca_viewer, orca_runner, orca_attempt, orca_relay;
 
 REVOKE ALL ON ALL TABLES IN SCHEMA orca FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA orca FROM PUBLIC;
@@ -19,8 +19,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
 -- attempt, and a runner token's hash is the runner's. Viewers read every
 -- other column.
 REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens, orca.secrets, orca.org_keys,
-                 orca.api_keys
+                 orca.api_keys, orca.webhooks
     FROM orca_viewer;
+GRANT SELECT (org_id, id, url, events, description, cursor, enabled, disabled_reason,
+              failing_since, failures, next_attempt_at, created_at, created_by, rotated_at)
+    ON orca.webhooks TO orca_viewer;
 GRANT SELECT (org_id, id, name, role, created_at, created_by, revoked_at)
     ON orca.api_keys TO orca_viewer;
 GRANT SELECT (org_id, name, created_at, created_by, updated_at, updated_by)
@@ -58,6 +61,10 @@ GRANT EXECUTE ON FUNCTION
     orca.rotate_runner_token(text, interval),
     orca.create_api_key(text, text),
     orca.revoke_api_key(text),
+    orca.create_webhook(text, text[], text),
+    orca.rotate_webhook_secret(bigint),
+    orca.set_webhook_enabled(bigint, boolean),
+    orca.drop_webhook(bigint),
     orca.set_secret(text, text),
     orca.drop_secret(text),
     orca.tick(timestamptz)
@@ -88,6 +95,11 @@ GRANT EXECUTE ON FUNCTION
     orca.register_runner(text, text, integer, text),
     orca.tick(timestamptz)
     TO orca_runner;
+-- Relays deliver webhooks for every org, and do nothing else.
+GRANT EXECUTE ON FUNCTION
+    orca.relay_take(integer),
+    orca.relay_done(bigint, bigint, boolean, integer, integer, text, text)
+    TO orca_relay;
 GRANT EXECUTE ON FUNCTION
     orca.create_org(text),
     orca.add_member(text, text),

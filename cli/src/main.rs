@@ -11,6 +11,7 @@ mod secrets;
 mod show;
 mod syncs;
 mod tokens;
+mod webhooks;
 
 use std::path::PathBuf;
 
@@ -129,6 +130,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: KeysCmd,
     },
+    /// Webhook endpoints of the org: its events, signed, delivered by relays.
+    Webhooks {
+        #[command(subcommand)]
+        cmd: WebhooksCmd,
+    },
     /// Runner tokens of the org: each binds a runner to the org and a pool.
     Tokens {
         #[command(subcommand)]
@@ -142,6 +148,18 @@ enum Cmd {
         /// Connections to the control plane at most.
         #[arg(long, env = "ORCA_SERVE_CONNECTIONS", default_value_t = 16)]
         connections: u32,
+        /// Do not relay webhooks from this server (run `orca relay` instead).
+        #[arg(long)]
+        no_relay: bool,
+    },
+    /// Deliver webhooks: the outbox to each endpoint, signed, at least once.
+    Relay {
+        /// This relay's name in the delivery rows (default: relay-<pid>).
+        #[arg(long, env = "ORCA_RELAY_NAME")]
+        name: Option<String>,
+        /// How long to wait, in milliseconds, when no endpoint is due.
+        #[arg(long, env = "ORCA_RELAY_IDLE_MS", default_value_t = 500)]
+        idle_ms: u64,
     },
     /// Find each step's and the pipeline's source line; writes <binary>.source.json.
     Locate {
@@ -215,6 +233,49 @@ enum KeysCmd {
 }
 
 #[derive(Subcommand, Debug)]
+enum WebhooksCmd {
+    /// Deliver events to a URL; prints the signing secret once (or writes it to --out).
+    Create {
+        /// An http(s) URL without credentials.
+        url: String,
+        /// Event kinds ('run.failed'), families ('run.*') or '*'; comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "*")]
+        events: Vec<String>,
+        /// What it is for.
+        #[arg(long)]
+        description: Option<String>,
+        /// Write the secret to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The org's endpoints: state, cursor, last delivery.
+    List,
+    /// A new signing secret for an endpoint.
+    Rotate {
+        /// The endpoint's id.
+        id: i64,
+        /// Write the secret to this new file (mode 600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Stop delivering to an endpoint (its cursor stays).
+    Disable {
+        /// The endpoint's id.
+        id: i64,
+    },
+    /// Deliver to an endpoint again, from its cursor on.
+    Enable {
+        /// The endpoint's id.
+        id: i64,
+    },
+    /// Drop an endpoint and its delivery history.
+    Drop {
+        /// The endpoint's id.
+        id: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum TokensCmd {
     /// Create a token for a pool; prints it once (or writes it to --out).
     Create {
@@ -247,6 +308,13 @@ enum TokensCmd {
     },
 }
 
+fn relay_options(name: Option<String>, idle_ms: u64) -> orca_serve::relay::RelayOptions {
+    orca_serve::relay::RelayOptions {
+        name: name.unwrap_or_else(|| format!("relay-{}", std::process::id())),
+        idle: std::time::Duration::from_millis(idle_ms.max(10)),
+    }
+}
+
 /// Runs the HTTP server until SIGINT or SIGTERM.
 fn serve(opts: orca_serve::Options) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -263,11 +331,25 @@ fn main() {
         Cmd::Serve {
             listen,
             connections,
+            no_relay,
         } => serve(orca_serve::Options {
             database_url: cli.database_url.clone(),
             listen,
             connections,
+            relay: (!no_relay).then(|| relay_options(None, 500)),
         }),
+        Cmd::Relay { name, idle_ms } => {
+            let opts = relay_options(name, idle_ms);
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| {
+                    rt.block_on(orca_serve::relay_only(&cli.database_url, opts))
+                        .map_err(anyhow::Error::from)
+                })
+                .map(|()| 0)
+        }
         cmd => db::connect(&cli.database_url, cli.org.as_deref()).and_then(|mut c| match cmd {
             Cmd::Register { binary } => register::run(&mut c, &binary),
             Cmd::Backfill {
@@ -314,6 +396,25 @@ fn main() {
                 KeysCmd::List => api_keys::list(&mut c),
                 KeysCmd::Revoke { name } => api_keys::revoke(&mut c, &name),
             },
+            Cmd::Webhooks { cmd } => match cmd {
+                WebhooksCmd::Create {
+                    url,
+                    events,
+                    description,
+                    out,
+                } => webhooks::create(
+                    &mut c,
+                    &url,
+                    &events,
+                    description.as_deref(),
+                    out.as_deref(),
+                ),
+                WebhooksCmd::List => webhooks::list(&mut c),
+                WebhooksCmd::Rotate { id, out } => webhooks::rotate(&mut c, id, out.as_deref()),
+                WebhooksCmd::Disable { id } => webhooks::set_enabled(&mut c, id, false),
+                WebhooksCmd::Enable { id } => webhooks::set_enabled(&mut c, id, true),
+                WebhooksCmd::Drop { id } => webhooks::drop(&mut c, id),
+            },
             Cmd::Tokens { cmd } => match cmd {
                 TokensCmd::Create { pool, name, out } => {
                     tokens::create(&mut c, &pool, name.as_deref(), out.as_deref())
@@ -326,7 +427,7 @@ fn main() {
                 } => tokens::rotate(&mut c, &name, grace_seconds, out.as_deref()),
                 TokensCmd::Revoke { name } => tokens::revoke(&mut c, &name),
             },
-            Cmd::Locate { .. } | Cmd::Serve { .. } => Ok(0),
+            Cmd::Locate { .. } | Cmd::Serve { .. } | Cmd::Relay { .. } => Ok(0),
         }),
     };
     match result {

@@ -16,5 +16,6 @@ pub mod partition;
 pub mod secret;
 pub mod sqlstate;
 pub mod sync;
+pub mod webhook;
 
 pub use error::{Error, Result};

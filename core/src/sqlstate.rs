@@ -82,7 +82,9 @@ sqlstates! {
     UNKNOWN_SECRET = "OR091": "unknown secret, or an invalid secret name";
     SECRET_UNREADABLE = "OR092": "a secret or data key cannot be decrypted with the installation keys";
     BAD_ALLOWLIST_ENTRY = "OR093": "invalid allowlist entry, or an entry the org does not have";
-    NETGUARD_REFUSED = "OR094": "netguard refused an address or local path a sync's definition names";
+    NETGUARD_REFUSED = "OR094": "netguard refused an address or local path a sync's definition or a webhook names";
+    BAD_WEBHOOK = "OR095": "invalid webhook endpoint or event list";
+    UNKNOWN_WEBHOOK = "OR096": "unknown webhook";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

@@ -50,6 +50,15 @@ pub static DATABASES: GucSetting<Option<CString>> =
 /// it; a lease that lapses is reclaimed by the next tick and retried.
 pub static LEASE_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30);
 
+/// The longest a relay waits before it tries a failing webhook endpoint
+/// again: its waits double from a second up to this.
+pub static WEBHOOK_BACKOFF_MAX_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(3600);
+
+/// How long a webhook endpoint may fail without a delivery getting through
+/// before it is disabled (with a webhook.disabled event): long enough for
+/// an outage, short enough that a dead endpoint stops costing retries.
+pub static WEBHOOK_DISABLE_AFTER_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(3 * 86_400);
+
 /// How many lost attempts (leases that lapsed) a run survives before it
 /// fails. Separate from a pipeline's run_retries, which count failures its
 /// own code reported, because a lost lease is usually the host's fault.
@@ -143,6 +152,26 @@ pub fn init() {
         &LEASE_SECONDS,
         1,
         86_400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"orca.webhook_backoff_max_seconds",
+        c"The longest wait before a failing webhook endpoint is tried again.",
+        c"Waits double from one second up to this, each within 50 to 150 percent.",
+        &WEBHOOK_BACKOFF_MAX_SECONDS,
+        1,
+        86_400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"orca.webhook_disable_after_seconds",
+        c"How long a webhook endpoint may fail before it is disabled.",
+        c"Counted from its first failed delivery since the last one that got through.",
+        &WEBHOOK_DISABLE_AFTER_SECONDS,
+        1,
+        30 * 86_400,
         GucContext::Suset,
         GucFlags::UNIT_S,
     );

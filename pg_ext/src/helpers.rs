@@ -192,6 +192,16 @@ fn lease_seconds() -> i32 {
     gucs::LEASE_SECONDS.get()
 }
 
+#[pg_extern(stable, parallel_safe, name = "_webhook_backoff_max")]
+fn webhook_backoff_max() -> i32 {
+    gucs::WEBHOOK_BACKOFF_MAX_SECONDS.get()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_webhook_disable_after")]
+fn webhook_disable_after() -> i32 {
+    gucs::WEBHOOK_DISABLE_AFTER_SECONDS.get()
+}
+
 #[pg_extern(stable, parallel_safe, name = "_lost_attempts_max")]
 fn lost_attempts_max() -> i32 {
     gucs::LOST_ATTEMPTS_MAX.get()

@@ -84,7 +84,16 @@ extension_sql_file!(
 );
 extension_sql_file!("../../sql/syncs.sql", name = "syncs", requires = ["keyed"]);
 extension_sql_file!("../../sql/tick.sql", name = "tick", requires = ["syncs"]);
-extension_sql_file!("../../sql/views.sql", name = "views", requires = ["tick"]);
+extension_sql_file!(
+    "../../sql/webhooks.sql",
+    name = "webhooks",
+    requires = ["tick"]
+);
+extension_sql_file!(
+    "../../sql/views.sql",
+    name = "views",
+    requires = ["webhooks"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

@@ -65,3 +65,46 @@ fn allowlist_for(definition: JsonB) -> Vec<String> {
         Err(_) => Vec::new(),
     }
 }
+
+/// Checks a webhook endpoint: its URL and event patterns (`OR095`), and its
+/// host if written as an address (`OR094`; names are judged by the relay
+/// when it resolves them).
+#[pg_extern(immutable, parallel_safe, name = "_webhook_check")]
+fn webhook_check(
+    org: &str,
+    url: Option<&str>,
+    events: Option<Vec<String>>,
+    allowlist: Vec<String>,
+) -> JsonB {
+    let bad = |m: String| {
+        fail(
+            sqlstate::BAD_WEBHOOK,
+            m,
+            "an http(s) URL without credentials, and events such as {run.failed} or {run.*}",
+        )
+    };
+    let Some(url) = url else {
+        return bad("webhook url must not be NULL".into());
+    };
+    let endpoint = match orca_core::webhook::endpoint(url) {
+        Ok(e) => e,
+        Err(e) => return bad(e.to_string()),
+    };
+    if let Err(e) = orca_core::webhook::events(&events.unwrap_or_default()) {
+        return bad(e.to_string());
+    }
+    let list = match Allowlist::new(org, &allowlist) {
+        Ok(l) => l,
+        Err(e) => return fail(sqlstate::BAD_ALLOWLIST_ENTRY, e.to_string(), ""),
+    };
+    if let Ok(addr) = endpoint.host.parse::<std::net::IpAddr>() {
+        if let Err(r) = list.check(&endpoint.host, addr) {
+            return fail(
+                sqlstate::NETGUARD_REFUSED,
+                r.to_string(),
+                "orca.allowlist lists what the org may reach besides public addresses",
+            );
+        }
+    }
+    JsonB(json!({"ok": null}))
+}

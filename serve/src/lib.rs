@@ -12,6 +12,7 @@ use sqlx::PgPool;
 
 pub mod api;
 pub mod error;
+pub mod relay;
 pub mod session;
 
 /// What a request handler reaches.
@@ -42,6 +43,9 @@ pub struct Options {
     pub listen: SocketAddr,
     /// Connections to the control plane at most.
     pub connections: u32,
+    /// Also relay webhooks (the login needs orca_relay), as this server's
+    /// name in the delivery rows.
+    pub relay: Option<relay::RelayOptions>,
 }
 
 /// The whole application: `/api/v1` and a health check.
@@ -61,6 +65,21 @@ async fn not_found() -> error::ApiError {
     error::ApiError::not_found("no such endpoint (the API is under /api/v1)")
 }
 
+/// Relays webhooks until the process is told to stop (`orca relay`).
+pub async fn relay_only(database_url: &str, opts: relay::RelayOptions) -> Result<(), ServeError> {
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(database_url)
+        .await
+        .map_err(ServeError::Connect)?;
+    println!("orca relay {}: delivering webhooks", opts.name);
+    tokio::select! {
+        _ = relay::run(pool, opts) => {}
+        _ = stopped() => {}
+    }
+    Ok(())
+}
+
 /// Serves until the process is told to stop (SIGINT or SIGTERM).
 pub async fn serve(opts: Options) -> Result<(), ServeError> {
     let pool = PgPoolOptions::new()
@@ -76,6 +95,10 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
         })?;
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
     println!("orca serve: listening on http://{addr}/api/v1");
+    if let Some(r) = opts.relay.clone() {
+        println!("orca serve: relaying webhooks as {}", r.name);
+        tokio::spawn(relay::run(pool.clone(), r));
+    }
     axum::serve(listener, app(AppState { pool }))
         .with_graceful_shutdown(stopped())
         .await

@@ -44,12 +44,17 @@ async fn serve(db: &TestDb) -> Server {
             .execute(
                 format!(
                     "CREATE ROLE {SERVE_LOGIN} LOGIN NOINHERIT \
-                     IN ROLE orca_viewer, orca_operator, orca_admin"
+                     IN ROLE orca_viewer, orca_operator, orca_admin, orca_relay"
                 )
                 .as_str(),
             )
             .await;
     }
+    // A login made before relays had their role gets it now.
+    let _ = db
+        .pool
+        .execute(format!("GRANT orca_relay TO {SERVE_LOGIN}").as_str())
+        .await;
     let port = free_port();
     let url = db
         .url()

@@ -31,9 +31,11 @@ const API: &[&str] = &[
     "create_org",
     "create_runner_token",
     "create_sync",
+    "create_webhook",
     "current_org_id",
     "disallow",
     "drop_secret",
+    "drop_webhook",
     "finish",
     "finish_many",
     "fires",
@@ -47,6 +49,8 @@ const API: &[&str] = &[
     "rewind_head",
     "record_commit",
     "refresh_keys",
+    "relay_done",
+    "relay_take",
     "register_runner",
     "release",
     "remove_member",
@@ -58,9 +62,11 @@ const API: &[&str] = &[
     "revoke_runner_token",
     "rewrap_data_keys",
     "rotate_runner_token",
+    "rotate_webhook_secret",
     "run",
     "sense_context",
     "set_secret",
+    "set_webhook_enabled",
     "tick",
     "unpause",
 ];
@@ -126,6 +132,21 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .fetch_all(&mut c)
     .await
     .expect("backfill");
+    // A webhook endpoint (public address: no netguard entry needed).
+    sqlx::query("SELECT orca.create_webhook('https://hooks.example.com/' || $1, '{run.*}')")
+        .bind(org)
+        .execute(&mut c)
+        .await
+        .expect("a webhook");
+    // A delivery try of it, as a relay records one.
+    sqlx::query(
+        "SELECT orca.relay_done(w.id, 1, false, 500, 3, 'down', 'populate') FROM orca.webhooks w \
+         JOIN orca.orgs o ON o.id = w.org_id WHERE o.name = $1",
+    )
+    .bind(org)
+    .execute(&mut c)
+    .await
+    .expect("a delivery");
     // An API key.
     sqlx::query("SELECT orca.create_api_key($1 || '-key', 'operator')")
         .bind(org)
@@ -496,6 +517,26 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.attempt_secret('{g_lease}', 'globex-db')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
+    }
+    let g_hook = db
+        .scalar_i64(
+            "SELECT w.id FROM orca.webhooks w JOIN orca.orgs o ON o.id = w.org_id \
+             WHERE o.name = 'globex'",
+        )
+        .await;
+    for sql in [
+        format!("SELECT orca.drop_webhook({g_hook})"),
+        format!("SELECT orca.rotate_webhook_secret({g_hook})"),
+        format!("SELECT orca.set_webhook_enabled({g_hook}, false)"),
+    ] {
+        assert_eq!(code_of(&mut a, &sql).await, "OR096", "{sql}");
+    }
+    for sql in [
+        "SELECT orca.relay_take(10)".to_string(),
+        format!("SELECT orca.relay_done({g_hook}, 1, true, 200, 1, NULL)"),
+        "SELECT secret_sealed FROM orca.webhooks".to_string(),
+    ] {
+        assert_eq!(code_of(&mut a, &sql).await, "42501", "{sql}");
     }
     assert_eq!(
         code_of(&mut a, "SELECT orca.revoke_api_key('globex-key')").await,
