@@ -3247,3 +3247,445 @@ GRANT EXECUTE ON FUNCTION
     orca.relay_take(integer),
     orca.relay_done(bigint, bigint, boolean, integer, integer, text, text)
     TO orca_relay;
+
+---------------------------------------------------------------------------
+-- Retention and metrics: orca.tick prunes history older than the
+-- orca.retain_* settings in bounded batches; orca.metrics() for /metrics.
+---------------------------------------------------------------------------
+
+CREATE  FUNCTION "_retain_seconds"(
+	"what" TEXT /* & str */
+) RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'retain_seconds_wrapper';
+
+CREATE  FUNCTION "_retention_batch"() RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'retention_batch_wrapper';
+
+CREATE TABLE orca.counters (
+    org_id bigint NOT NULL REFERENCES orca.orgs (id),
+    name   text NOT NULL,
+    value  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, name)
+);
+COMMENT ON TABLE orca.counters IS
+'Monotonic counters per org (leases_lapsed, pruned_runs, pruned_events, ...), which '
+'orca.metrics() reports; they survive the pruning of the rows they count.';
+ALTER TABLE orca.counters ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.counters USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.counters', '');
+
+CREATE FUNCTION orca._count(p_org bigint, p_name text, p_by bigint DEFAULT 1) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(p_by, 0) <> 0 THEN
+        INSERT INTO orca.counters AS c (org_id, name, value) VALUES (p_org, p_name, p_by)
+        ON CONFLICT (org_id, name) DO UPDATE SET value = c.value + excluded.value;
+    END IF;
+END
+$$;
+
+
+CREATE INDEX runs_finished ON orca.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE FUNCTION orca.retention()
+RETURNS TABLE (what text, setting text, keep_seconds integer, keeps text)
+LANGUAGE sql STABLE AS $$
+    SELECT x.what, x.setting, orca._retain_seconds(x.what),
+           CASE WHEN orca._retain_seconds(x.what) = 0 THEN 'forever'
+                ELSE make_interval(secs => orca._retain_seconds(x.what))::text END
+    FROM (VALUES ('runs', 'orca.retain_runs'), ('events', 'orca.retain_events'),
+                 ('webhook_deliveries', 'orca.retain_webhook_deliveries'),
+                 ('runners', 'orca.retain_runners')) AS x(what, setting)
+$$;
+COMMENT ON FUNCTION orca.retention() IS
+'How long orca.tick keeps finished runs (with their attempts, step states, reads and commits), '
+'events, webhook delivery rows and runners not seen since, from the orca.retain_* settings '
+'(0: forever); orca.retention_batch bounds the rows pruned per table per tick. '
+'Example: SELECT * FROM orca.retention();';
+
+CREATE FUNCTION orca._tick_prune(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_batch    integer := orca._retention_batch();
+    v_keep     integer;
+    v_cut      timestamptz;
+    v_protect  bigint;
+    n_runs     integer := 0;
+    n_events   integer := 0;
+    n_del      integer := 0;
+    n_runners  integer := 0;
+    c          record;
+BEGIN
+    v_keep := orca._retain_seconds('runs');
+    IF v_keep > 0 THEN
+        v_cut := p_now - make_interval(secs => v_keep);
+        FOR c IN
+            WITH gone AS (
+                DELETE FROM orca.runs d
+                WHERE d.id IN (
+                    SELECT r.id FROM orca.runs r
+                    WHERE r.finished_at IS NOT NULL AND r.finished_at < v_cut
+                      AND r.org_id = ANY (p_orgs)
+                      AND r.status IN ('succeeded', 'failed', 'cancelled')
+                      AND NOT EXISTS (
+                          SELECT 1 FROM orca.sensors s
+                          JOIN orca.commits cm ON cm.run_id = r.id AND cm.id > s.commit_cursor
+                          WHERE s.org_id = r.org_id)
+                      AND NOT EXISTS (
+                          SELECT 1 FROM orca.pipeline_versions rv
+                          JOIN orca.pipelines p ON p.id = r.pipeline_id
+                          JOIN orca.pipeline_versions cv ON cv.id = p.current_version
+                          WHERE rv.id = r.version_id AND r.kind = 'pipeline'
+                            AND cv.partition_kind = 'keyed'
+                            AND rv.registry_hash = cv.registry_hash)
+                    ORDER BY r.finished_at
+                    LIMIT v_batch)
+                RETURNING d.org_id)
+            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
+        LOOP
+            PERFORM orca._count(c.org_id, 'pruned_runs', c.n);
+            n_runs := n_runs + c.n;
+        END LOOP;
+    END IF;
+
+    v_keep := orca._retain_seconds('events');
+    IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
+                      < p_now - make_interval(secs => v_keep) THEN
+        v_cut := p_now - make_interval(secs => v_keep);
+        -- Events are read in id order, the oldest first; an enabled
+        -- endpoint's cursor is where the pruning of every org stops, since
+        -- ids are shared.
+        SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w WHERE w.enabled;
+        FOR c IN
+            WITH gone AS (
+                DELETE FROM orca.events d
+                WHERE d.id IN (SELECT e.id FROM orca.events e
+                               WHERE e.id <= coalesce(v_protect, e.id) AND e.org_id = ANY (p_orgs)
+                               ORDER BY e.id LIMIT v_batch)
+                  AND d.at < v_cut
+                RETURNING d.org_id)
+            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
+        LOOP
+            PERFORM orca._count(c.org_id, 'pruned_events', c.n);
+            n_events := n_events + c.n;
+        END LOOP;
+    END IF;
+
+    v_keep := orca._retain_seconds('webhook_deliveries');
+    IF v_keep > 0 THEN
+        v_cut := p_now - make_interval(secs => v_keep);
+        WITH gone AS (
+            DELETE FROM orca.webhook_deliveries d
+            WHERE d.id IN (SELECT x.id FROM orca.webhook_deliveries x
+                           WHERE x.org_id = ANY (p_orgs) ORDER BY x.id LIMIT v_batch)
+              AND d.at < v_cut
+            RETURNING 1)
+        SELECT count(*) INTO n_del FROM gone;
+    END IF;
+
+    v_keep := orca._retain_seconds('runners');
+    IF v_keep > 0 THEN
+        v_cut := p_now - make_interval(secs => v_keep);
+        WITH gone AS (
+            DELETE FROM orca.runners d
+            WHERE (d.org_id, d.name) IN (
+                SELECT x.org_id, x.name FROM orca.runners x
+                WHERE x.last_seen < v_cut AND x.org_id = ANY (p_orgs)
+                  AND NOT EXISTS (SELECT 1 FROM orca.leases l
+                                  WHERE l.org_id = x.org_id AND l.runner = x.name)
+                LIMIT v_batch)
+            RETURNING 1)
+        SELECT count(*) INTO n_runners FROM gone;
+    END IF;
+
+    IF n_runs + n_events + n_del + n_runners = 0 THEN
+        RETURN '{}';
+    END IF;
+    RETURN jsonb_build_object('pruned', jsonb_build_object(
+        'runs', n_runs, 'events', n_events, 'webhook_deliveries', n_del, 'runners', n_runners));
+END
+$$;
+
+CREATE FUNCTION orca.metrics()
+RETURNS TABLE (metric text, kind text, help text, labels jsonb, value double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+BEGIN
+    RETURN QUERY
+    SELECT 'orca_runs', 'gauge', 'Runs kept (see orca.retention()) by pipeline, kind and status.',
+           jsonb_build_object('pipeline', p.name, 'kind', r.kind, 'status', r.status),
+           count(*)::double precision
+    FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+    WHERE r.org_id = v_org
+    GROUP BY p.name, r.kind, r.status;
+
+    RETURN QUERY
+    WITH pools AS (
+        SELECT q.pool, count(*) AS n, min(q.attempt_id) AS oldest
+        FROM orca.queue q WHERE q.org_id = v_org GROUP BY q.pool
+    ), m AS (
+        SELECT 'orca_queue_depth' AS metric, 'Attempts waiting for a runner, by pool.' AS help,
+               pools.pool, pools.n::double precision AS value
+        FROM pools
+        UNION ALL
+        SELECT 'orca_queue_oldest_seconds', 'Age of the oldest attempt waiting for a runner, by pool.',
+               pools.pool,
+               greatest(0, extract(epoch FROM now() - a.created_at))::double precision
+        FROM pools JOIN orca.attempts a ON a.id = pools.oldest
+    )
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('pool', m.pool), m.value FROM m;
+
+    RETURN QUERY
+    SELECT 'orca_leases', 'gauge', 'Attempts leased to runners now, by pool.',
+           jsonb_build_object('pool', a.pool), count(*)::double precision
+    FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
+    WHERE l.org_id = v_org
+    GROUP BY a.pool;
+
+    RETURN QUERY
+    SELECT 'orca_queued_runs', 'gauge', 'Runs waiting to start (within max_runs), by pipeline.',
+           jsonb_build_object('pipeline', p.name), count(*)::double precision
+    FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+    WHERE r.org_id = v_org AND r.status = 'queued'
+    GROUP BY p.name;
+
+    RETURN QUERY
+    SELECT 'orca_' || c.name || '_total', 'counter',
+           CASE c.name
+               WHEN 'leases_lapsed' THEN 'Leases that passed their deadline without a heartbeat.'
+               ELSE 'Rows orca.tick pruned (' || replace(c.name, 'pruned_', '') || ').'
+           END,
+           '{}'::jsonb, c.value::double precision
+    FROM orca.counters c WHERE c.org_id = v_org;
+
+    RETURN QUERY
+    SELECT 'orca_runners', 'gauge', 'Runners seen in the last five minutes, by pool.',
+           jsonb_build_object('pool', x.pool), count(*)::double precision
+    FROM orca.runners x
+    WHERE x.org_id = v_org AND x.last_seen > now() - interval '5 minutes'
+    GROUP BY x.pool;
+
+    RETURN QUERY
+    SELECT 'orca_runner_slots', 'gauge', 'Slots of the runners seen in the last five minutes, by pool.',
+           jsonb_build_object('pool', x.pool), coalesce(sum(x.slots), 0)::double precision
+    FROM orca.runners x
+    WHERE x.org_id = v_org AND x.last_seen > now() - interval '5 minutes'
+    GROUP BY x.pool;
+
+    RETURN QUERY
+    SELECT 'orca_runner_last_seen_seconds', 'gauge', 'Seconds since each runner last claimed or heartbeat.',
+           jsonb_build_object('runner', x.name, 'pool', x.pool),
+           greatest(0, extract(epoch FROM now() - x.last_seen))::double precision
+    FROM orca.runners x WHERE x.org_id = v_org;
+
+    RETURN QUERY
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('sync', s.name), m.value
+    FROM orca.syncs s
+    CROSS JOIN LATERAL (VALUES
+        ('orca_sync_head_epoch', 'The last epoch the sync committed (its HEAD).',
+         s.head_epoch::double precision),
+        ('orca_sync_head_age_seconds', 'Seconds since the sync''s HEAD last moved.',
+         CASE WHEN s.head_at IS NULL THEN NULL
+              ELSE greatest(0, extract(epoch FROM now() - s.head_at))::double precision END)
+    ) AS m(metric, help, value)
+    WHERE s.org_id = v_org AND m.value IS NOT NULL;
+
+    RETURN QUERY
+    SELECT 'orca_webhook_backlog', 'gauge',
+           'Events after an enabled webhook endpoint''s cursor (counted up to 100000).',
+           jsonb_build_object('webhook', w.id::text),
+           (SELECT count(*) FROM (SELECT 1 FROM orca.events e
+                                  WHERE e.org_id = w.org_id AND e.id > w.cursor
+                                  LIMIT 100000) b)::double precision
+    FROM orca.webhooks w WHERE w.org_id = v_org AND w.enabled;
+
+    RETURN QUERY
+    SELECT 'orca_webhook_deliveries', 'gauge',
+           'Delivery tries kept (orca.retain_webhook_deliveries), by endpoint and status.',
+           jsonb_build_object('webhook', d.webhook_id::text, 'status', d.status),
+           count(*)::double precision
+    FROM orca.webhook_deliveries d WHERE d.org_id = v_org
+    GROUP BY d.webhook_id, d.status;
+
+    RETURN QUERY
+    SELECT 'orca_webhooks_disabled', 'gauge', 'Webhook endpoints that are disabled.',
+           '{}'::jsonb, count(*)::double precision
+    FROM orca.webhooks w WHERE w.org_id = v_org AND NOT w.enabled;
+
+    -- The scheduler's ticks, from PostgreSQL's function statistics: the
+    -- background worker tracks its own calls (track_functions), one figure
+    -- for the whole installation.
+    RETURN QUERY
+    SELECT m.metric, 'counter', m.help, '{}'::jsonb, m.value
+    FROM pg_catalog.pg_stat_user_functions f
+    CROSS JOIN LATERAL (VALUES
+        ('orca_tick_seconds_total', 'Time spent in orca.tick (the whole installation).',
+         f.total_time / 1000.0),
+        ('orca_ticks_total', 'Calls of orca.tick (the whole installation).', f.calls::double precision)
+    ) AS m(metric, help, value)
+    WHERE f.schemaname = 'orca' AND f.funcname = 'tick';
+END
+$$;
+COMMENT ON FUNCTION orca.metrics() IS
+'The session''s org''s metrics, one row per series: runs by status, queue depth and oldest '
+'queued age per pool, leases, lapsed leases, runners and slots, sync HEADs, webhook backlog '
+'and deliveries, pruned rows, and tick time. orca serve shows them at /metrics in '
+'Prometheus'' text format. Example: SELECT metric, labels, value FROM orca.metrics();';
+
+
+CREATE OR REPLACE FUNCTION orca._tick_leases(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    a      record;
+    n_lost integer := 0;
+BEGIN
+    FOR a IN
+        SELECT l.attempt_id AS id, l.deadline, l.runner FROM orca.leases l
+        WHERE l.deadline < p_now AND l.org_id = ANY (p_orgs)
+        ORDER BY l.attempt_id
+        LIMIT orca._max_lost_per_tick()
+    LOOP
+        DECLARE
+            l orca.attempts := orca._lock_attempt(a.id);
+        BEGIN
+            -- Re-checked under the lock: a heartbeat or finish may have won.
+            IF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
+                                               WHERE x.attempt_id = a.id AND x.deadline < p_now) THEN
+                PERFORM orca._attempt_ended(l.id, 'lost',
+                    format('lease expired at %s without a heartbeat from runner %s',
+                           a.deadline, a.runner));
+                n_lost := n_lost + 1;
+                PERFORM orca._count(l.org_id, 'leases_lapsed');
+            END IF;
+        END;
+    END LOOP;
+    RETURN jsonb_build_object('attempts_lost', n_lost);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now  timestamptz := tick.now;
+    v_orgs bigint[] := orca._tick_orgs();
+BEGIN
+    IF v_now IS NULL OR NOT isfinite(v_now) THEN
+        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Time is injected by admins only (tests, replays): anyone else's tick
+    -- acts at the transaction's clock, so nobody can fire schedules early or
+    -- expire other runners' leases by naming a later instant.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+                        v_now, pg_catalog.now()
+            USING ERRCODE = 'OR086',
+                  HINT = 'call orca.tick() without now';
+    END IF;
+    RETURN jsonb_build_object('now', v_now)
+        || orca._tick_fires(v_orgs, v_now)
+        || orca._tick_leases(v_orgs, v_now)
+        || orca._tick_sensors(v_orgs, v_now)
+        || orca._tick_queued(v_orgs)
+        || orca._tick_prune(v_orgs, v_now);
+END
+$$;
+COMMENT ON FUNCTION orca.tick(timestamptz) IS
+'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
+'the number of ticks), leases past their deadline are lost and their runs retried, queued '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls, and '
+'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
+'Idempotent for the same now. The background worker calls it '
+'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
+'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
+'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
+
+REVOKE ALL ON orca.counters FROM PUBLIC;
+GRANT SELECT ON orca.counters TO orca_viewer;
+REVOKE ALL ON FUNCTION
+    orca._retain_seconds(text),
+    orca._retention_batch(),
+    orca._count(bigint, text, bigint),
+    orca._tick_prune(bigint[], timestamptz),
+    orca.retention(),
+    orca.metrics()
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.metrics(), orca.retention() TO orca_viewer;
+
+---------------------------------------------------------------------------
+-- Attempt logs in the control plane: runners ship each attempt's lines
+-- (orca.append_log) so that the API and the console can show them.
+---------------------------------------------------------------------------
+
+CREATE  FUNCTION "_log_lines_max"() RETURNS INT /* i32 */
+STRICT STABLE PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'log_lines_max_wrapper';
+
+CREATE TABLE orca.attempt_logs (
+    org_id     bigint NOT NULL,
+    attempt_id bigint NOT NULL,
+    -- 1 for the attempt's first line; the runner numbers them, so a batch
+    -- sent twice (a retry after a lost answer) is kept once.
+    seq        integer NOT NULL CHECK (seq >= 1),
+    at         timestamptz NOT NULL DEFAULT now(),
+    line       text NOT NULL,
+    PRIMARY KEY (attempt_id, seq),
+    FOREIGN KEY (org_id, attempt_id) REFERENCES orca.attempts (org_id, id) ON DELETE CASCADE
+);
+COMMENT ON TABLE orca.attempt_logs IS
+'The lines of each attempt''s log (its child''s output and the runner''s own lines), shipped by '
+'the runner while the attempt runs; at most orca.log_lines_max per attempt, each at most 8 KiB. '
+'Pruned with its run.';
+ALTER TABLE orca.attempt_logs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.attempt_logs USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.attempt_logs', '');
+
+CREATE FUNCTION orca.append_log(lease uuid, first_seq integer, lines text[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    a     orca.attempts;
+    v_max integer := orca._log_lines_max();
+    v_n   integer;
+BEGIN
+    IF append_log.first_seq IS NULL OR append_log.first_seq < 1 THEN
+        RAISE EXCEPTION 'first_seq must be 1 or more, got %', coalesce(append_log.first_seq::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF append_log.lines IS NULL OR cardinality(append_log.lines) > 1000 THEN
+        RAISE EXCEPTION 'lines must be an array of at most 1000 lines, got %',
+                        coalesce(cardinality(append_log.lines)::text || ' lines', 'NULL')
+            USING ERRCODE = 'OR050',
+                  HINT = 'send a long log in batches';
+    END IF;
+    PERFORM orca._lease_holder(t, append_log.lease);
+    a := orca._leased_attempt(v_org, append_log.lease);
+    INSERT INTO orca.attempt_logs (org_id, attempt_id, seq, line)
+    SELECT a.org_id, a.id, append_log.first_seq + x.i - 1, left(coalesce(x.line, ''), 8192)
+    FROM unnest(append_log.lines) WITH ORDINALITY AS x(line, i)
+    WHERE append_log.first_seq + x.i - 1 <= v_max
+    ON CONFLICT (attempt_id, seq) DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION orca.append_log(uuid, integer, text[]) IS
+'For runners: adds lines to the log of the attempt the lease holds, numbered from first_seq '
+'(a batch sent again is kept once). Lines past orca.log_lines_max are not kept; each is cut at '
+'8 KiB. Returns the lines kept. Errors: OR050 (first_seq < 1, more than 1000 lines), OR012, '
+'OR014 (the lease is no longer active).';
+
+
+REVOKE ALL ON orca.attempt_logs FROM PUBLIC;
+GRANT SELECT ON orca.attempt_logs TO orca_viewer;
+REVOKE ALL ON FUNCTION orca._log_lines_max(), orca.append_log(uuid, integer, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.append_log(uuid, integer, text[]) TO orca_runner;

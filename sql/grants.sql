@@ -44,7 +44,7 @@ GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
     orca._catalog_visible(text)
     TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
-    orca.key_status(text), orca.api_session()
+    orca.key_status(text), orca.api_session(), orca.metrics(), orca.retention()
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
@@ -93,6 +93,7 @@ GRANT EXECUTE ON FUNCTION
     orca.finish_many(uuid[], boolean, text),
     orca.release(uuid, text),
     orca.register_runner(text, text, integer, text),
+    orca.append_log(uuid, integer, text[]),
     orca.tick(timestamptz)
     TO orca_runner;
 -- Relays deliver webhooks for every org, and do nothing else.

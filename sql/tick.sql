@@ -164,6 +164,7 @@ BEGIN
                     format('lease expired at %s without a heartbeat from runner %s',
                            a.deadline, a.runner));
                 n_lost := n_lost + 1;
+                PERFORM orca._count(l.org_id, 'leases_lapsed');
             END IF;
         END;
     END LOOP;
@@ -305,13 +306,15 @@ BEGIN
         || orca._tick_fires(v_orgs, v_now)
         || orca._tick_leases(v_orgs, v_now)
         || orca._tick_sensors(v_orgs, v_now)
-        || orca._tick_queued(v_orgs);
+        || orca._tick_queued(v_orgs)
+        || orca._tick_prune(v_orgs, v_now);
 END
 $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls, and '
+'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '

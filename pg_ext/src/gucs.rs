@@ -59,6 +59,24 @@ pub static WEBHOOK_BACKOFF_MAX_SECONDS: GucSetting<i32> = GucSetting::<i32>::new
 /// an outage, short enough that a dead endpoint stops costing retries.
 pub static WEBHOOK_DISABLE_AFTER_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(3 * 86_400);
 
+/// How long orca.tick keeps finished runs (with their attempts, step states,
+/// reads and commits), events, webhook delivery rows and runners not seen
+/// since; 0 keeps them forever. Generous by default: the history is what
+/// the console and BI tools read, and it costs little until it is large.
+pub static RETAIN_RUNS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(90 * 86_400);
+pub static RETAIN_EVENTS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
+pub static RETAIN_WEBHOOK_DELIVERIES_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
+pub static RETAIN_RUNNERS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
+
+/// How many lines of an attempt's log the control plane keeps (the runner's
+/// file has them all): enough for the console's view of a failure, bounded
+/// so that a chatty step cannot fill the database.
+pub static LOG_LINES_MAX: GucSetting<i32> = GucSetting::<i32>::new(20_000);
+
+/// A bound on the rows one tick prunes per table, so that turning retention
+/// on over a long history prunes it over many small transactions.
+pub static RETENTION_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
 /// How many lost attempts (leases that lapsed) a run survives before it
 /// fails. Separate from a pipeline's run_retries, which count failures its
 /// own code reported, because a lost lease is usually the host's fault.
@@ -174,6 +192,59 @@ pub fn init() {
         30 * 86_400,
         GucContext::Suset,
         GucFlags::UNIT_S,
+    );
+    for (name, short, setting) in [
+        (
+            c"orca.retain_runs",
+            c"How long finished runs, with their attempts and step states, are kept (0: forever).",
+            &RETAIN_RUNS_SECONDS,
+        ),
+        (
+            c"orca.retain_events",
+            c"How long events are kept (0: forever); undelivered webhook events stay.",
+            &RETAIN_EVENTS_SECONDS,
+        ),
+        (
+            c"orca.retain_webhook_deliveries",
+            c"How long webhook delivery tries are kept (0: forever).",
+            &RETAIN_WEBHOOK_DELIVERIES_SECONDS,
+        ),
+        (
+            c"orca.retain_runners",
+            c"How long a runner not seen since is kept (0: forever).",
+            &RETAIN_RUNNERS_SECONDS,
+        ),
+    ] {
+        GucRegistry::define_int_guc(
+            name,
+            short,
+            c"orca.tick prunes older rows in batches of orca.retention_batch; see orca.retention().",
+            setting,
+            0,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::UNIT_S,
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"orca.log_lines_max",
+        c"How many lines of each attempt's log the control plane keeps.",
+        c"Runners ship the lines of the attempts they run (orca.append_log); later lines stay in the runner's file only.",
+        &LOG_LINES_MAX,
+        0,
+        10_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"orca.retention_batch",
+        c"The most rows orca.tick prunes per table per tick.",
+        c"",
+        &RETENTION_BATCH,
+        1,
+        1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"orca.lost_attempts_max",

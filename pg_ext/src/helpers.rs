@@ -202,6 +202,30 @@ fn webhook_disable_after() -> i32 {
     gucs::WEBHOOK_DISABLE_AFTER_SECONDS.get()
 }
 
+/// The orca.retain_* setting for one kind of history, in seconds (0: forever).
+#[pg_extern(stable, parallel_safe, name = "_retain_seconds")]
+fn retain_seconds(what: &str) -> i32 {
+    match what {
+        "runs" => gucs::RETAIN_RUNS_SECONDS.get(),
+        "events" => gucs::RETAIN_EVENTS_SECONDS.get(),
+        "webhook_deliveries" => gucs::RETAIN_WEBHOOK_DELIVERIES_SECONDS.get(),
+        "runners" => gucs::RETAIN_RUNNERS_SECONDS.get(),
+        other => pgrx::error!(
+            "no retention setting for '{other}' (runs, events, webhook_deliveries, runners)"
+        ),
+    }
+}
+
+#[pg_extern(stable, parallel_safe, name = "_log_lines_max")]
+fn log_lines_max() -> i32 {
+    gucs::LOG_LINES_MAX.get()
+}
+
+#[pg_extern(stable, parallel_safe, name = "_retention_batch")]
+fn retention_batch() -> i32 {
+    gucs::RETENTION_BATCH.get()
+}
+
 #[pg_extern(stable, parallel_safe, name = "_lost_attempts_max")]
 fn lost_attempts_max() -> i32 {
     gucs::LOST_ATTEMPTS_MAX.get()

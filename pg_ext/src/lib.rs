@@ -89,10 +89,17 @@ extension_sql_file!(
     name = "webhooks",
     requires = ["tick"]
 );
+extension_sql_file!("../../sql/logs.sql", name = "logs", requires = ["webhooks"]);
+// retention.sql's orca.retention() is LANGUAGE sql: its helpers come first.
+extension_sql_file!(
+    "../../sql/retention.sql",
+    name = "retention",
+    requires = ["logs", helpers::retain_seconds, helpers::retention_batch]
+);
 extension_sql_file!(
     "../../sql/views.sql",
     name = "views",
-    requires = ["webhooks"]
+    requires = ["retention"]
 );
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 

@@ -89,7 +89,13 @@ fn tick_once(db: &str) {
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'orca')",
         );
         match installed {
-            Ok(Some(true)) => Spi::run("SELECT orca.tick()").map_err(|e| e.to_string()),
+            // track_functions: orca.metrics() reports the ticks' time from
+            // pg_stat_user_functions (unless the server tracks more already).
+            Ok(Some(true)) => Spi::run(
+                "SELECT CASE WHEN current_setting('track_functions') = 'none' \
+                 THEN set_config('track_functions', 'pl', false) END; SELECT orca.tick()",
+            )
+            .map_err(|e| e.to_string()),
             Ok(_) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
@@ -106,6 +112,10 @@ fn tick_once(db: &str) {
             // SAFETY: pairs with the Push/Start above on the success path.
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
+            // A background worker reports its statistics itself (a backend
+            // does it when idle): without this the tick's table changes never
+            // reach autovacuum's counts, nor its time pg_stat_user_functions.
+            pg_sys::pgstat_report_stat(false);
         },
         Err(message) => {
             warning!("orca: tick in database {db} failed and was rolled back: {message}");

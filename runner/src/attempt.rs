@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use crate::control::{self, ControlError, Lease};
 use crate::engine;
+use crate::log::AttemptLog;
 use orca_core::api::Command as Work;
 
 use orca_engine::pump::{self, PumpError, Pumped};
@@ -97,7 +98,7 @@ fn log_path(root: &Path, l: &Lease) -> PathBuf {
 fn pump<R: AsyncRead + Unpin + Send + 'static>(
     stream: R,
     prefix: String,
-    file: Arc<tokio::sync::Mutex<tokio::fs::File>>,
+    log: Arc<AttemptLog>,
     last: Arc<Mutex<Option<String>>>,
     line_max: usize,
     overlong: tokio::sync::mpsc::Sender<String>,
@@ -126,9 +127,7 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
             let line = String::from_utf8_lossy(&buf);
             let line = line.trim_end_matches(['\n', '\r']).to_string();
             println!("{prefix} {line}");
-            let mut f = file.lock().await;
-            let _ = f.write_all(line.as_bytes()).await;
-            let _ = f.write_all(b"\n").await;
+            let _ = log.line(&line).await;
             if !line.trim().is_empty() {
                 if let Ok(mut l) = last.lock() {
                     *l = Some(line);
@@ -212,12 +211,6 @@ fn spawn_child(
         .spawn()
 }
 
-async fn write_line(file: &tokio::sync::Mutex<tokio::fs::File>, line: &str) -> std::io::Result<()> {
-    let mut f = file.lock().await;
-    f.write_all(line.as_bytes()).await?;
-    f.write_all(b"\n").await
-}
-
 async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
     let t0 = std::time::Instant::now();
     let mut wait = REPORT_BACKOFF_FIRST;
@@ -295,21 +288,14 @@ impl Drop for SetOnDrop {
 }
 
 /// Writes a line of the runner's own to the attempt's log and our stdout.
-async fn say(prefix: &str, file: &tokio::sync::Mutex<tokio::fs::File>, line: &str) {
+async fn say(prefix: &str, log: &AttemptLog, line: &str) {
     println!("{prefix} {line}");
-    let mut f = file.lock().await;
-    let _ = f.write_all(line.as_bytes()).await;
-    let _ = f.write_all(b"\n").await;
+    let _ = log.line(line).await;
 }
 
 /// The engine's progress, written to the attempt's log and our stdout when
 /// it committed another epoch since the last look.
-async fn engine_progress(
-    socket: &Path,
-    seen: &mut Option<u64>,
-    prefix: &str,
-    file: &tokio::sync::Mutex<tokio::fs::File>,
-) {
+async fn engine_progress(socket: &Path, seen: &mut Option<u64>, prefix: &str, log: &AttemptLog) {
     // Not listening yet, or gone: the next heartbeat looks again.
     let Ok(status) = engine::call(socket, "status").await else {
         return;
@@ -324,7 +310,7 @@ async fn engine_progress(
         committed.unwrap_or(0),
         status["rows"].as_u64().unwrap_or(0)
     );
-    say(prefix, file, &line).await;
+    say(prefix, log, &line).await;
 }
 
 /// Runs the attempt to its end. `release` turning true asks it to stop the
@@ -339,7 +325,7 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         let _ = tokio::fs::create_dir_all(dir).await;
     }
     let file = match tokio::fs::File::create(&log).await {
-        Ok(f) => Arc::new(tokio::sync::Mutex::new(f)),
+        Ok(f) => Arc::new(AttemptLog::new(f, shared.db.clone(), l.lease)),
         Err(e) => {
             let msg = format!("cannot create log file {}: {e}", log.display());
             return report(&shared, &l, false, Some(msg)).await;
@@ -354,7 +340,10 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         Ok(p) => p,
         Err(msg) => {
             println!("{prefix} refused: {msg}");
-            let _ = write_line(&file, &format!("orca-runner refused to run it: {msg}")).await;
+            let _ = file
+                .line(&format!("orca-runner refused to run it: {msg}"))
+                .await;
+            file.flush().await;
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
@@ -405,11 +394,12 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             status = child.wait() => break status,
             Some(why) = overlong.recv() => {
                 println!("{prefix} {why}");
-                let _ = write_line(&file, &format!("orca-runner: {why}")).await;
+                let _ = file.line(&format!("orca-runner: {why}")).await;
                 stop_child(&mut child, None, &prefix).await;
                 for p in pumps {
                     p.abort();
                 }
+                file.flush().await;
                 return report(&shared, &l, false, Some(why)).await;
             }
             _ = beat.tick() => match control::heartbeat(&shared.db, l.lease).await {
@@ -461,6 +451,7 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         };
         say(&prefix, &file, &line).await;
     }
+    file.flush().await;
     match status {
         Ok(s) if s.success() => report(&shared, &l, true, None).await,
         Ok(s) => {

@@ -102,6 +102,23 @@ pub async fn heartbeat(db: &PgPool, lease: LeaseToken) -> Result<DateTime<Utc>, 
         .map_err(ControlError::classify)
 }
 
+/// Ships lines of the leased attempt's log, numbered from `first`.
+pub async fn append_log(
+    db: &PgPool,
+    lease: LeaseToken,
+    first: i32,
+    lines: &[String],
+) -> Result<(), ControlError> {
+    sqlx::query("SELECT orca.append_log($1, $2, $3)")
+        .bind(lease.0)
+        .bind(first)
+        .bind(lines)
+        .execute(db)
+        .await
+        .map(|_| ())
+        .map_err(ControlError::classify)
+}
+
 pub async fn finish(
     db: &PgPool,
     lease: LeaseToken,

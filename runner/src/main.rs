@@ -7,6 +7,7 @@
 mod attempt;
 mod control;
 mod engine;
+mod log;
 mod pinned;
 
 use std::path::PathBuf;

@@ -21,6 +21,7 @@ const API: &[&str] = &[
     "allow",
     "api_session",
     "advance_head",
+    "append_log",
     "attempt_context",
     "attempt_secret",
     "backfill",
@@ -43,6 +44,7 @@ const API: &[&str] = &[
     "key_status",
     "keys_context",
     "lineage",
+    "metrics",
     "pause",
     "pin_read",
     "register",
@@ -57,6 +59,7 @@ const API: &[&str] = &[
     "report_keys",
     "report_snapshots",
     "report_step",
+    "retention",
     "retry",
     "revoke_api_key",
     "revoke_runner_token",
@@ -204,6 +207,39 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("record a commit");
+    sqlx::query("SELECT orca.append_log($1, 1, ARRAY['step one started'])")
+        .bind(leases[1].lease)
+        .execute(&mut c)
+        .await
+        .expect("a log line");
+    // A lease that lapsed (counted in orca.counters), in a pool of its own:
+    // claimed with a one-second lease and ticked past it.
+    let mut m = lake_manifest(&format!("{org}_lapse"));
+    m["pool"] = json!("lapsing");
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut c)
+        .await
+        .expect("register the lapsing pipeline");
+    sqlx::query("SELECT orca.run($1, '2024-01')")
+        .bind(format!("{org}_lapse"))
+        .execute(&mut c)
+        .await
+        .expect("run it");
+    c.execute("SET orca.lease_seconds = 1").await.expect("set");
+    let lapsing: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT lease FROM orca.claim('lapsing-runner', 'lapsing')")
+            .fetch_all(&mut c)
+            .await
+            .expect("claim the lapsing attempt");
+    assert_eq!(lapsing.len(), 1);
+    c.execute("RESET orca.lease_seconds").await.expect("reset");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let t: Value = sqlx::query_scalar("SELECT orca.tick()")
+        .fetch_one(&mut c)
+        .await
+        .expect("tick");
+    assert_eq!(t["attempts_lost"], json!(1), "{t}");
     // A sensor that has seen a snapshot, in a pool of its own.
     let watch = json!({
         "name": format!("{org}_watch"),
@@ -467,6 +503,34 @@ async fn no_table_view_or_function_crosses_orgs() {
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR010", "{sql}");
     }
+    // Metrics and retention settings: acme's series only.
+    let series: Vec<Value> = sqlx::query_scalar("SELECT to_jsonb(m) FROM orca.metrics() m")
+        .fetch_all(&mut a)
+        .await
+        .expect("alice's metrics");
+    assert!(
+        series
+            .iter()
+            .any(|m| m["metric"] == "orca_leases_lapsed_total"),
+        "{series:?}"
+    );
+    for m in &series {
+        assert!(!m.to_string().contains("globex"), "a series of globex: {m}");
+    }
+    let lapsed = series
+        .iter()
+        .find(|m| m["metric"] == "orca_leases_lapsed_total")
+        .and_then(|m| m["value"].as_f64());
+    assert_eq!(
+        lapsed,
+        Some(1.0),
+        "acme's own lapsed lease, not globex's too"
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.retention()")
+        .fetch_one(&mut a)
+        .await
+        .expect("retention settings");
+    assert_eq!(kept, 4);
     // A sync's HEAD moves only under its run's lease: without one, alice is
     // refused whatever the sync; with globex's, the lease is not her org's.
     for sql in [
@@ -515,6 +579,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
         format!("SELECT orca.attempt_secret('{g_lease}', 'globex-db')"),
+        format!("SELECT orca.append_log('{g_lease}', 100, ARRAY['planted'])"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
