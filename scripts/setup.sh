@@ -104,6 +104,19 @@ if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
     say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "standardwebhooks==1.1.0"
 fi
+# schemathesis, which fuzzes orca serve from its OpenAPI document, in a
+# virtualenv of its own (its dependencies and moto's need not agree).
+ST="${ORCA_TEST_SCHEMATHESIS:-/var/tmp/orca-st/bin/schemathesis}"
+if ! "$ST" --version >/dev/null 2>&1; then
+    say "installing schemathesis into $(dirname "$(dirname "$ST")")"
+    python3 -m venv "$(dirname "$(dirname "$ST")")"
+    "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
+fi
+# Prometheus' own parser of the text format, which the /metrics test reads with.
+if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
+    say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "prometheus-client==0.26.0"
+fi
 
 # 6. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
+use crate::listing::Listing;
 
 /// Adds an entry for an org (admins): a host, `*.domain`, a network or a
 /// local directory; prints it as stored.
@@ -25,28 +26,24 @@ pub fn remove(c: &mut Client, org: &str, target: &str) -> anyhow::Result<i32> {
 }
 
 /// The session's org's entries.
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
-            "SELECT target, kind, coalesce(note, ''), created_at, created_by::text \
+            "SELECT target, kind, note, created_at, created_by::text \
              FROM orca.allowlist ORDER BY kind, target",
             &[],
         )
         .map_err(explain)?;
-    println!(
-        "{:<40} {:<8} {:<19}  {:<16} note",
-        "target", "kind", "added", "by"
-    );
+    let mut out = Listing::new(&["target", "kind", "added_at", "added_by", "note"]);
     for r in &rows {
-        let at: DateTime<Utc> = r.get(3);
-        println!(
-            "{:<40} {:<8} {:<19}  {:<16} {}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            at.format("%Y-%m-%d %H:%M:%S"),
-            r.get::<_, String>(4),
-            r.get::<_, String>(2)
-        );
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, DateTime<Utc>>(3).into(),
+            r.get::<_, String>(4).into(),
+            r.get::<_, Option<String>>(2).into(),
+        ]);
     }
+    out.print(json, "(no entries: only public addresses are reachable)");
     Ok(0)
 }

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
+use crate::listing::Listing;
 use crate::tokens::hand_over;
 
 pub fn create(c: &mut Client, name: &str, role: &str, out: Option<&Path>) -> anyhow::Result<i32> {
@@ -25,7 +26,7 @@ pub fn revoke(c: &mut Client, name: &str) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
             "SELECT name, role, created_at, created_by::text, revoked_at \
@@ -33,21 +34,16 @@ pub fn list(c: &mut Client) -> anyhow::Result<i32> {
             &[],
         )
         .map_err(explain)?;
-    println!(
-        "{:<32} {:<9} {:<19}  {:<16} revoked",
-        "key", "role", "created", "by"
-    );
+    let mut out = Listing::new(&["key", "role", "created_at", "created_by", "revoked_at"]);
     for r in &rows {
-        let at: DateTime<Utc> = r.get(2);
-        let revoked: Option<DateTime<Utc>> = r.get(4);
-        println!(
-            "{:<32} {:<9} {:<19}  {:<16} {}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            at.format("%Y-%m-%d %H:%M:%S"),
-            r.get::<_, String>(3),
-            revoked.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-        );
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, DateTime<Utc>>(2).into(),
+            r.get::<_, String>(3).into(),
+            r.get::<_, Option<DateTime<Utc>>>(4).into(),
+        ]);
     }
+    out.print(json, "(no API keys)");
     Ok(0)
 }

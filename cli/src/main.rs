@@ -5,6 +5,7 @@ mod allowlist;
 mod api_keys;
 mod backfill;
 mod db;
+mod listing;
 mod locate;
 mod register;
 mod secrets;
@@ -31,6 +32,9 @@ struct Cli {
     /// The org to act in (default: the 'default' org).
     #[arg(long, env = "ORCA_ORG", global = true)]
     org: Option<String>,
+    /// Listings as JSON (an array of objects, one per row) instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -326,6 +330,7 @@ fn serve(opts: orca_serve::Options) -> anyhow::Result<i32> {
 
 fn main() {
     let cli = Cli::parse();
+    let json = cli.json;
     let result = match cli.cmd {
         Cmd::Locate { binary, root } => locate::run(&binary, &root),
         Cmd::Serve {
@@ -361,15 +366,15 @@ fn main() {
                 pipeline,
                 status,
                 limit,
-            } => show::runs(&mut c, pipeline.as_deref(), status.as_deref(), limit),
+            } => show::runs(&mut c, pipeline.as_deref(), status.as_deref(), limit, json),
             Cmd::Run { id, logs } => show::run(&mut c, id, &logs),
-            Cmd::Fires { pipeline, n } => show::fires(&mut c, &pipeline, n),
+            Cmd::Fires { pipeline, n } => show::fires(&mut c, &pipeline, n, json),
             Cmd::Keys {
                 pipeline,
                 not_done,
                 refresh,
-            } => show::keys(&mut c, &pipeline, not_done, refresh),
-            Cmd::Syncs => syncs::list(&mut c),
+            } => show::keys(&mut c, &pipeline, not_done, refresh, json),
+            Cmd::Syncs => syncs::list(&mut c, json),
             Cmd::Sync {
                 name,
                 backfill,
@@ -379,11 +384,11 @@ fn main() {
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Secrets { cmd } => match cmd {
                 SecretsCmd::Set { name } => secrets::set(&mut c, &name),
-                SecretsCmd::List => secrets::list(&mut c),
+                SecretsCmd::List => secrets::list(&mut c, json),
                 SecretsCmd::Drop { name } => secrets::drop(&mut c, &name),
             },
             Cmd::Allowlist { cmd } => match cmd {
-                AllowlistCmd::List => allowlist::list(&mut c),
+                AllowlistCmd::List => allowlist::list(&mut c, json),
                 AllowlistCmd::Add { org, target, note } => {
                     allowlist::add(&mut c, &org, &target, note.as_deref())
                 }
@@ -393,7 +398,7 @@ fn main() {
                 KeysCmd::Create { name, role, out } => {
                     api_keys::create(&mut c, &name, &role, out.as_deref())
                 }
-                KeysCmd::List => api_keys::list(&mut c),
+                KeysCmd::List => api_keys::list(&mut c, json),
                 KeysCmd::Revoke { name } => api_keys::revoke(&mut c, &name),
             },
             Cmd::Webhooks { cmd } => match cmd {
@@ -409,7 +414,7 @@ fn main() {
                     description.as_deref(),
                     out.as_deref(),
                 ),
-                WebhooksCmd::List => webhooks::list(&mut c),
+                WebhooksCmd::List => webhooks::list(&mut c, json),
                 WebhooksCmd::Rotate { id, out } => webhooks::rotate(&mut c, id, out.as_deref()),
                 WebhooksCmd::Disable { id } => webhooks::set_enabled(&mut c, id, false),
                 WebhooksCmd::Enable { id } => webhooks::set_enabled(&mut c, id, true),
@@ -419,7 +424,7 @@ fn main() {
                 TokensCmd::Create { pool, name, out } => {
                     tokens::create(&mut c, &pool, name.as_deref(), out.as_deref())
                 }
-                TokensCmd::List => tokens::list(&mut c),
+                TokensCmd::List => tokens::list(&mut c, json),
                 TokensCmd::Rotate {
                     name,
                     grace_seconds,

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
+use crate::listing::Listing;
 
 /// Sets a secret to what standard input holds (a trailing newline dropped),
 /// so that the value is never on a command line.
@@ -30,22 +31,21 @@ pub fn drop(c: &mut Client, name: &str) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
             "SELECT name, updated_at, updated_by::text FROM orca.secrets ORDER BY name",
             &[],
         )
         .map_err(explain)?;
-    println!("{:<32} {:<19}  by", "secret", "updated");
+    let mut out = Listing::new(&["secret", "updated_at", "updated_by"]);
     for r in &rows {
-        let at: DateTime<Utc> = r.get(1);
-        println!(
-            "{:<32} {:<19}  {}",
-            r.get::<_, String>(0),
-            at.format("%Y-%m-%d %H:%M:%S"),
-            r.get::<_, String>(2)
-        );
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, DateTime<Utc>>(1).into(),
+            r.get::<_, String>(2).into(),
+        ]);
     }
+    out.print(json, "(no secrets)");
     Ok(0)
 }

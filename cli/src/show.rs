@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
+use crate::listing::{Cell, Listing};
 
 fn time(t: Option<DateTime<Utc>>) -> String {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
@@ -24,6 +25,7 @@ pub fn runs(
     pipeline: Option<&str>,
     status: Option<&str>,
     limit: i64,
+    json: bool,
 ) -> anyhow::Result<i32> {
     let rows = c
         .query(
@@ -36,43 +38,62 @@ pub fn runs(
             &[&pipeline, &status, &limit],
         )
         .map_err(explain)?;
-    println!(
-        "{:>7}  {:<16} {:>3}  {:<24} {:<9} {:<10} {:>3}  {:<19}  {:>8}  {:>5}",
-        "run", "pipeline", "v", "partitions", "trigger", "status", "att", "queued", "took", "steps"
-    );
+    let mut out = Listing::new(&[
+        "#run",
+        "pipeline",
+        "#version",
+        "partitions",
+        "trigger",
+        "status",
+        "#attempts",
+        "queued_at",
+        "#seconds",
+        "steps",
+        "error",
+    ]);
     for r in &rows {
         let parts: Vec<String> = r.get(3);
         let mut p = parts.join(",");
-        if p.len() > 24 {
+        if !json && p.len() > 24 {
             p.truncate(21);
             p.push_str("...");
         }
         // A sync's run has no steps: its progress is the sync's HEAD.
-        let steps = if r.get::<_, String>(13) == "sync" {
-            "  -  ".to_string()
+        let steps: Cell = if r.get::<_, String>(13) == "sync" {
+            Cell::None
         } else {
-            format!("{:>2}/{:<2}", r.get::<_, i64>(10), r.get::<_, i64>(11))
+            format!("{}/{}", r.get::<_, i64>(10), r.get::<_, i64>(11)).into()
         };
-        println!(
-            "{:>7}  {:<16} {:>3}  {:<24} {:<9} {:<10} {:>3}  {:<19}  {:>8}  {steps}{}",
-            r.get::<_, i64>(0),
-            r.get::<_, String>(1),
-            r.get::<_, i32>(2),
-            p,
-            r.get::<_, String>(4),
-            r.get::<_, String>(5),
-            r.get::<_, i32>(6),
-            time(r.get(7)),
-            secs(r.get(8), r.get(9)),
-            r.get::<_, Option<String>>(12)
-                .map(|e| format!("  {}", e.lines().next().unwrap_or_default()))
-                .unwrap_or_default()
-        );
+        let error: Option<String> = r.get(12);
+        out.push(vec![
+            r.get::<_, i64>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, i32>(2).into(),
+            if json { parts.into() } else { p.into() },
+            r.get::<_, String>(4).into(),
+            r.get::<_, String>(5).into(),
+            r.get::<_, i32>(6).into(),
+            r.get::<_, Option<DateTime<Utc>>>(7).into(),
+            took(r.get(8), r.get(9)),
+            steps,
+            if json {
+                error.into()
+            } else {
+                error
+                    .map(|e| e.lines().next().unwrap_or_default().to_string())
+                    .into()
+            },
+        ]);
     }
-    if rows.is_empty() {
-        println!("(no runs)");
-    }
+    out.print(json, "(no runs)");
     Ok(0)
+}
+
+fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Cell {
+    match (a, b) {
+        (Some(a), Some(b)) => Cell::Secs((b - a).num_milliseconds() as f64 / 1000.0),
+        _ => Cell::None,
+    }
 }
 
 pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
@@ -179,39 +200,65 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
                     println!("  {l}");
                 }
             }
-            Err(_) => println!(
-                "\n(no log of attempt {n} at {}: logs stay on the runner's host)",
-                path.display()
-            ),
+            // Not on this host: the lines the runner shipped to the control plane.
+            Err(_) => {
+                let lines = c
+                    .query(
+                        "SELECT line FROM (SELECT l.seq, l.line FROM orca.attempt_logs l \
+                         JOIN orca.attempts a ON a.id = l.attempt_id \
+                         WHERE a.run_id = $1 AND a.number = $2 ORDER BY l.seq DESC LIMIT 20) x \
+                         ORDER BY seq",
+                        &[&id, &n],
+                    )
+                    .map_err(explain)?;
+                if lines.is_empty() {
+                    println!(
+                        "\n(no log of attempt {n} at {}, and none shipped to the control plane)",
+                        path.display()
+                    );
+                } else {
+                    println!("\nlog of attempt {n} (as its runner shipped it)");
+                    for l in &lines {
+                        println!("  {}", l.get::<_, String>(0));
+                    }
+                }
+            }
         }
     }
     Ok(0)
 }
 
-pub fn fires(c: &mut Client, pipeline: &str, n: i32) -> anyhow::Result<i32> {
+pub fn fires(c: &mut Client, pipeline: &str, n: i32, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
             "SELECT fire_at, partition FROM orca.fires($1, $2)",
             &[&pipeline, &n],
         )
         .map_err(explain)?;
-    if rows.is_empty() {
-        println!("{pipeline} has no schedule");
-    }
+    let mut out = Listing::new(&["fire_at", "fills"]);
     for r in rows {
         let at: DateTime<Utc> = r.get(0);
         let p: Option<String> = r.get(1);
-        println!(
-            "{}  {}",
-            at.format("%Y-%m-%d %H:%M %Z"),
-            p.map(|p| format!("fills {p}"))
-                .unwrap_or_else(|| "(before the first partition)".into())
-        );
+        out.push(vec![
+            at.into(),
+            match p {
+                Some(p) => p.into(),
+                None if json => Cell::None,
+                None => "(before the first partition)".into(),
+            },
+        ]);
     }
+    out.print(json, &format!("{pipeline} has no schedule"));
     Ok(0)
 }
 
-pub fn keys(c: &mut Client, pipeline: &str, not_done: bool, refresh: bool) -> anyhow::Result<i32> {
+pub fn keys(
+    c: &mut Client,
+    pipeline: &str,
+    not_done: bool,
+    refresh: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
     if refresh {
         let task: i64 = c
             .query_one("SELECT orca.refresh_keys($1)", &[&pipeline])
@@ -247,22 +294,24 @@ pub fn keys(c: &mut Client, pipeline: &str, not_done: bool, refresh: bool) -> an
         )
         .map_err(explain)?;
     let (snapshot, read_at): (Option<i64>, Option<DateTime<Utc>>) = (head.get(0), head.get(1));
-    match read_at {
-        Some(at) => println!(
-            "# keys of {pipeline} from snapshot {}, read {}",
-            snapshot.map_or_else(|| "(none)".to_string(), |s| s.to_string()),
-            at.format("%Y-%m-%d %H:%M:%S %Z")
-        ),
-        None => println!("# {pipeline} has not read its keys yet (orca keys {pipeline} --refresh)"),
+    if !json {
+        match read_at {
+            Some(at) => println!(
+                "# keys of {pipeline} from snapshot {}, read {}",
+                snapshot.map_or_else(|| "(none)".to_string(), |s| s.to_string()),
+                at.format("%Y-%m-%d %H:%M:%S %Z")
+            ),
+            None => {
+                println!("# {pipeline} has not read its keys yet (orca keys {pipeline} --refresh)")
+            }
+        }
     }
+    let mut out = Listing::new(&["key", "done", "#active_run"]);
     for r in &rows {
         let (key, done, active): (String, bool, Option<i64>) = (r.get(0), r.get(1), r.get(2));
-        println!(
-            "{key:<24} {:<9} {}",
-            if done { "done" } else { "not done" },
-            active.map(|a| format!("run {a}")).unwrap_or_default()
-        );
+        out.push(vec![key.into(), done.into(), active.into()]);
     }
+    out.print(json, "(no keys)");
     Ok(0)
 }
 

@@ -4,12 +4,9 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
+use crate::listing::Listing;
 
-fn time(t: Option<DateTime<Utc>>) -> String {
-    t.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-}
-
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
             "SELECT s.name, s.delivery, s.generation, s.head_epoch, s.head_at,
@@ -23,30 +20,31 @@ pub fn list(c: &mut Client) -> anyhow::Result<i32> {
             &[],
         )
         .map_err(explain)?;
-    println!(
-        "{:<16} {:<17} {:<22} {:>4} {:>6}  {:<19}  {:<14} last run",
-        "sync", "delivery", "source -> destination", "gen", "HEAD", "committed", "schedule"
-    );
+    let mut out = Listing::new(&[
+        "sync",
+        "delivery",
+        "source",
+        "destination",
+        "#generation",
+        "#head_epoch",
+        "committed_at",
+        "schedule",
+        "last_run",
+    ]);
     for r in &rows {
-        println!(
-            "{:<16} {:<17} {:<22} {:>4} {:>6}  {:<19}  {:<14} {}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            format!(
-                "{} -> {}",
-                r.get::<_, Option<String>>(5).unwrap_or_default(),
-                r.get::<_, Option<String>>(6).unwrap_or_default()
-            ),
-            r.get::<_, i32>(2),
-            r.get::<_, i64>(3),
-            time(r.get(4)),
-            r.get::<_, Option<String>>(7).unwrap_or_else(|| "-".into()),
-            r.get::<_, Option<String>>(8).unwrap_or_else(|| "-".into()),
-        );
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, Option<String>>(5).into(),
+            r.get::<_, Option<String>>(6).into(),
+            r.get::<_, i32>(2).into(),
+            r.get::<_, i64>(3).into(),
+            r.get::<_, Option<DateTime<Utc>>>(4).into(),
+            r.get::<_, Option<String>>(7).into(),
+            r.get::<_, Option<String>>(8).into(),
+        ]);
     }
-    if rows.is_empty() {
-        println!("(no syncs: orca.create_sync defines one)");
-    }
+    out.print(json, "(no syncs: orca.create_sync defines one)");
     Ok(0)
 }
 

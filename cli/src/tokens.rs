@@ -8,10 +8,7 @@ use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::db::explain;
-
-fn time(t: Option<DateTime<Utc>>) -> String {
-    t.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
-}
+use crate::listing::Listing;
 
 /// Prints the token, or writes it to a new file only this user can read.
 pub fn hand_over(token: &str, out: Option<&Path>, what: &str) -> anyhow::Result<()> {
@@ -78,7 +75,7 @@ pub fn revoke(c: &mut Client, name: &str) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
             "SELECT name, pool, created_at, created_by::text, rotated_at, revoked_at
@@ -86,20 +83,24 @@ pub fn list(c: &mut Client) -> anyhow::Result<i32> {
             &[],
         )
         .map_err(explain)?;
-    println!(
-        "{:<24} {:<12} {:<19}  {:<16} {:<19}  revoked",
-        "token", "pool", "created", "by", "rotated"
-    );
+    let mut out = Listing::new(&[
+        "token",
+        "pool",
+        "created_at",
+        "created_by",
+        "rotated_at",
+        "revoked_at",
+    ]);
     for r in &rows {
-        println!(
-            "{:<24} {:<12} {:<19}  {:<16} {:<19}  {}",
-            r.get::<_, String>(0),
-            r.get::<_, String>(1),
-            time(r.get::<_, Option<DateTime<Utc>>>(2)),
-            r.get::<_, String>(3),
-            time(r.get::<_, Option<DateTime<Utc>>>(4)),
-            time(r.get::<_, Option<DateTime<Utc>>>(5)),
-        );
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, Option<DateTime<Utc>>>(2).into(),
+            r.get::<_, String>(3).into(),
+            r.get::<_, Option<DateTime<Utc>>>(4).into(),
+            r.get::<_, Option<DateTime<Utc>>>(5).into(),
+        ]);
     }
+    out.print(json, "(no runner tokens)");
     Ok(0)
 }

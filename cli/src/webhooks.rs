@@ -8,6 +8,7 @@ use postgres::Client;
 use serde_json::Value;
 
 use crate::db::explain;
+use crate::listing::Listing;
 use crate::tokens::hand_over;
 
 pub fn create(
@@ -57,37 +58,41 @@ pub fn drop(c: &mut Client, id: i64) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn list(c: &mut Client) -> anyhow::Result<i32> {
+pub fn list(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     let rows = c
         .query(
-            "SELECT w.id, w.url, array_to_string(w.events, ','), w.enabled, w.cursor, \
-                    coalesce(w.disabled_reason, ''), \
+            "SELECT w.id, w.url, w.events, w.enabled, w.cursor, w.disabled_reason, \
                     (SELECT max(d.at) FROM orca.webhook_deliveries d \
                      WHERE d.webhook_id = w.id AND d.status = 'delivered') \
              FROM orca.webhooks w ORDER BY w.id",
             &[],
         )
         .map_err(explain)?;
-    println!(
-        "{:>4} {:<40} {:<20} {:<8} {:>8} {:<19}  note",
-        "id", "url", "events", "state", "cursor", "last delivered"
-    );
+    let mut out = Listing::new(&[
+        "#id",
+        "url",
+        "events",
+        "state",
+        "#cursor",
+        "last_delivered_at",
+        "note",
+    ]);
     for r in &rows {
-        let last: Option<DateTime<Utc>> = r.get(6);
-        println!(
-            "{:>4} {:<40} {:<20} {:<8} {:>8} {:<19}  {}",
-            r.get::<_, i64>(0),
-            r.get::<_, String>(1),
-            r.get::<_, String>(2),
+        out.push(vec![
+            r.get::<_, i64>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, Vec<String>>(2).into(),
             if r.get::<_, bool>(3) {
                 "enabled"
             } else {
                 "disabled"
-            },
-            r.get::<_, i64>(4),
-            last.map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string()),
-            r.get::<_, String>(5)
-        );
+            }
+            .into(),
+            r.get::<_, i64>(4).into(),
+            r.get::<_, Option<DateTime<Utc>>>(6).into(),
+            r.get::<_, Option<String>>(5).into(),
+        ]);
     }
+    out.print(json, "(no webhook endpoints)");
     Ok(0)
 }

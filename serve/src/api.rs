@@ -4,13 +4,16 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::session::{Session, Whoami};
 use crate::AppState;
 
@@ -51,32 +54,141 @@ where
     }
 }
 
-/// A page of a listing is at most this long, whatever the caller asks.
-pub const PAGE_MAX: i64 = 500;
-const PAGE_DEFAULT: i64 = 50;
+/// Path parameters, refused the same way (a run id that is not a number is a
+/// 400 with a JSON body, not axum's plain-text one).
+pub struct PathOf<T>(pub T);
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/session", get(whoami))
-        .route("/pipelines", get(pipelines))
-        .route("/pipelines/{name}", get(pipeline))
-        .route("/pipelines/{name}/runs", post(run_pipeline))
-        .route("/pipelines/{name}/backfill", post(backfill))
-        .route("/runs", get(runs))
-        .route("/runs/{id}", get(run))
-        .route("/runs/{id}/cancel", post(cancel))
-        .route("/runs/{id}/retry", post(retry))
-        .route("/syncs", get(syncs))
-        .route("/events", get(events))
-        .route("/runners", get(runners))
+impl<S, T> FromRequestParts<S> for PathOf<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(PathOf(v)),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
+        }
+    }
 }
 
+/// A page of a listing is at most this long, whatever the caller asks.
+pub const PAGE_MAX: i64 = 500;
+pub const PAGE_DEFAULT: i64 = 50;
+
+/// Every endpoint under `/api/v1`, each with its OpenAPI operation: the
+/// document at `/api/v1/openapi.json` is made from these, so it cannot
+/// drift from what is served.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(whoami, login, logout))
+        .routes(routes!(pipelines))
+        .routes(routes!(pipeline))
+        .routes(routes!(run_pipeline))
+        .routes(routes!(backfill))
+        .routes(routes!(runs))
+        .routes(routes!(run))
+        .routes(routes!(cancel))
+        .routes(routes!(retry))
+        .routes(routes!(syncs))
+        .routes(routes!(events))
+        .routes(routes!(runners))
+        .routes(routes!(datasets))
+        .routes(routes!(dataset))
+        .routes(routes!(lineage_graph))
+        .routes(routes!(sensors))
+        .routes(routes!(crate::logs::log))
+        .routes(routes!(crate::logs::log_stream))
+}
+
+/// The key's org, role and name.
+#[utoipa::path(get, path = "/session", tag = "session",
+    responses(
+        (status = 200, description = "Who is calling", body = Whoami),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn whoami(s: Session) -> Json<Whoami> {
     Json(s.who.clone())
 }
 
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Login {
+    /// An API key of the org (`orca_ak_...`).
+    pub key: String,
+}
+
+/// Starts a console session: checks the key and keeps it in an HttpOnly,
+/// SameSite=Strict cookie, with a CSRF token cookie that writes send back
+/// in `X-CSRF-Token`. Revoking the key ends every session made with it.
+#[utoipa::path(post, path = "/session", tag = "session", security(()),
+    request_body = Login,
+    responses(
+        (status = 200, description = "The session started (Set-Cookie)", body = Whoami),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "The key was refused", body = ErrorBody),
+    ))]
+async fn login(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    Body(body): Body<Login>,
+) -> Result<impl axum::response::IntoResponse, ApiError> {
+    let key = body.key.trim().to_string();
+    if key.is_empty()
+        || key.len() > 256
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.+/=".contains(c))
+    {
+        return Err(ApiError::unauthorized(
+            "the key is empty, too long or not a key",
+        ));
+    }
+    let s = crate::session::open(&state, &key).await?;
+    let who = s.who.clone();
+    drop(s);
+    let csrf = uuid::Uuid::new_v4().simple().to_string();
+    let cookies = [
+        (
+            axum::http::header::SET_COOKIE,
+            format!(
+                "{}={key}; Path=/; HttpOnly; SameSite=Strict",
+                crate::session::KEY_COOKIE
+            ),
+        ),
+        (
+            axum::http::header::SET_COOKIE,
+            format!(
+                "{}={csrf}; Path=/; SameSite=Strict",
+                crate::session::CSRF_COOKIE
+            ),
+        ),
+    ];
+    Ok((axum::response::AppendHeaders(cookies), Json(who)))
+}
+
+/// Ends the console session (clears its cookies).
+#[utoipa::path(delete, path = "/session", tag = "session", security(()),
+    responses((status = 204, description = "The cookies are cleared")))]
+async fn logout() -> impl axum::response::IntoResponse {
+    let gone = |name: &str| format!("{name}=; Path=/; Max-Age=0; SameSite=Strict");
+    (
+        axum::http::StatusCode::NO_CONTENT,
+        axum::response::AppendHeaders([
+            (
+                axum::http::header::SET_COOKIE,
+                gone(crate::session::KEY_COOKIE),
+            ),
+            (
+                axum::http::header::SET_COOKIE,
+                gone(crate::session::CSRF_COOKIE),
+            ),
+        ]),
+    )
+}
+
 /// A page of rows and where the next one starts.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     /// Pass as `cursor` for the next page; absent on the last.
@@ -84,7 +196,7 @@ pub struct Page<T> {
     pub next_cursor: Option<i64>,
 }
 
-fn limit(asked: Option<i64>) -> Result<i64, ApiError> {
+pub fn limit(asked: Option<i64>) -> Result<i64, ApiError> {
     match asked {
         None => Ok(PAGE_DEFAULT),
         Some(n) if (1..=PAGE_MAX).contains(&n) => Ok(n),
@@ -96,7 +208,7 @@ fn limit(asked: Option<i64>) -> Result<i64, ApiError> {
 
 // --- Pipelines --------------------------------------------------------------
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Pipeline {
     pub pipeline: String,
     pub version: i64,
@@ -117,6 +229,13 @@ const PIPELINE_COLUMNS: &str = "pipeline, version::bigint AS version, registry_h
     partition_kind, cron, tz, paused, max_runs::int AS max_runs, commit, registered_at, \
     queued, running, last_finished_at";
 
+/// The org's pipelines.
+#[utoipa::path(get, path = "/pipelines", tag = "pipelines",
+    responses(
+        (status = 200, description = "Every pipeline, by name", body = Vec<Pipeline>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn pipelines(mut s: Session) -> Result<Json<Vec<Pipeline>>, ApiError> {
     let rows = sqlx::query_as::<_, Pipeline>(&format!(
         "SELECT {PIPELINE_COLUMNS} FROM orca.pipeline_overview ORDER BY pipeline"
@@ -126,7 +245,7 @@ async fn pipelines(mut s: Session) -> Result<Json<Vec<Pipeline>>, ApiError> {
     Ok(Json(rows))
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Version {
     pub version: i64,
     pub registry_hash: String,
@@ -138,13 +257,13 @@ pub struct Version {
     pub registered_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Fire {
     pub fire_at: DateTime<Utc>,
     pub partition: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PipelineDetail {
     #[serde(flatten)]
     pub pipeline: Pipeline,
@@ -153,9 +272,19 @@ pub struct PipelineDetail {
     pub next_fires: Vec<Fire>,
 }
 
+/// One pipeline with its versions and next fires.
+#[utoipa::path(get, path = "/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "The pipeline", example = "lake")),
+    responses(
+        (status = 200, description = "The pipeline", body = PipelineDetail),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
 async fn pipeline(
     mut s: Session,
-    Path(name): Path<String>,
+    PathOf(name): PathOf<String>,
 ) -> Result<Json<PipelineDetail>, ApiError> {
     let pipeline = sqlx::query_as::<_, Pipeline>(&format!(
         "SELECT {PIPELINE_COLUMNS} FROM orca.pipeline_overview WHERE pipeline = $1"
@@ -188,20 +317,32 @@ async fn pipeline(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct Partitions {
     /// One partition, a comma list, a range (`2024-01..2024-06`) or `@all`.
+    #[schema(example = "2024-03")]
     pub partitions: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Queued {
     pub runs: Vec<i64>,
 }
 
+/// Queues one run over the partitions (`orca.run`).
+#[utoipa::path(post, path = "/pipelines/{name}/runs", tag = "runs",
+    params(("name" = String, Path, description = "The pipeline", example = "lake")),
+    request_body = Partitions,
+    responses(
+        (status = 200, description = "The run queued", body = Queued),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
 async fn run_pipeline(
     mut s: Session,
-    Path(name): Path<String>,
+    PathOf(name): PathOf<String>,
     Body(body): Body<Partitions>,
 ) -> Result<Json<Queued>, ApiError> {
     let run: i64 = sqlx::query_scalar("SELECT orca.run($1, $2)")
@@ -213,9 +354,20 @@ async fn run_pipeline(
     Ok(Json(Queued { runs: vec![run] }))
 }
 
+/// Queues a run per partition (`orca.backfill`).
+#[utoipa::path(post, path = "/pipelines/{name}/backfill", tag = "runs",
+    params(("name" = String, Path, description = "The pipeline", example = "lake")),
+    request_body = Partitions,
+    responses(
+        (status = 200, description = "The runs queued", body = Queued),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
 async fn backfill(
     mut s: Session,
-    Path(name): Path<String>,
+    PathOf(name): PathOf<String>,
     Body(body): Body<Partitions>,
 ) -> Result<Json<Queued>, ApiError> {
     let runs: Vec<i64> = sqlx::query_scalar("SELECT * FROM orca.backfill($1, $2)")
@@ -229,7 +381,7 @@ async fn backfill(
 
 // --- Runs ---------------------------------------------------------------------
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Run {
     pub run: i64,
     pub pipeline: String,
@@ -258,7 +410,8 @@ const RUN_COLUMNS: &str = "run, pipeline, version::bigint AS version, partitions
     extract(epoch FROM duration)::float8 AS duration_s, steps_succeeded, steps_total";
 
 /// Which runs a listing shows, newest first.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RunFilter {
     pub pipeline: Option<String>,
     pub status: Option<String>,
@@ -269,11 +422,22 @@ pub struct RunFilter {
     pub since: Option<DateTime<Utc>>,
     /// Runs created before this instant.
     pub until: Option<DateTime<Utc>>,
+    /// Runs a page holds (1 to 500, default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// The `next_cursor` of the page before.
     pub cursor: Option<i64>,
 }
 
+/// Runs, newest first, a page at a time.
+#[utoipa::path(get, path = "/runs", tag = "runs",
+    params(RunFilter),
+    responses(
+        (status = 200, description = "A page of runs", body = Page<Run>),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn runs(mut s: Session, Params(f): Params<RunFilter>) -> Result<Json<Page<Run>>, ApiError> {
     let n = limit(f.limit)?;
     let mut rows = sqlx::query_as::<_, Run>(&format!(
@@ -304,7 +468,7 @@ async fn runs(mut s: Session, Params(f): Params<RunFilter>) -> Result<Json<Page<
     }))
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct StepState {
     pub step: String,
     pub partition: String,
@@ -314,7 +478,7 @@ pub struct StepState {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Attempt {
     pub attempt: i64,
     pub number: i32,
@@ -329,7 +493,7 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Event {
     pub id: i64,
     pub at: DateTime<Utc>,
@@ -340,7 +504,7 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
@@ -349,7 +513,17 @@ pub struct RunDetail {
     pub events: Vec<Event>,
 }
 
-async fn run(mut s: Session, Path(id): Path<i64>) -> Result<Json<RunDetail>, ApiError> {
+/// A run with its (step, partition) states, attempts and events.
+#[utoipa::path(get, path = "/runs/{id}", tag = "runs",
+    params(("id" = i64, Path, description = "The run", example = 1)),
+    responses(
+        (status = 200, description = "The run", body = RunDetail),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>, ApiError> {
     let run = sqlx::query_as::<_, Run>(&format!(
         "SELECT {RUN_COLUMNS} FROM orca.run_overview WHERE run = $1"
     ))
@@ -387,13 +561,24 @@ async fn run(mut s: Session, Path(id): Path<i64>) -> Result<Json<RunDetail>, Api
     }))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Changed {
     pub run: i64,
     pub status: String,
 }
 
-async fn cancel(mut s: Session, Path(id): Path<i64>) -> Result<Json<Changed>, ApiError> {
+/// Cancels a run (`orca.cancel`).
+#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs",
+    params(("id" = i64, Path, description = "The run", example = 1)),
+    responses(
+        (status = 200, description = "The run's status after", body = Changed),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+        (status = 409, description = "The run's state does not allow it", body = ErrorBody),
+    ))]
+async fn cancel(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<Changed>, ApiError> {
     sqlx::query("SELECT orca.cancel($1)")
         .bind(id)
         .execute(&mut *s.tx)
@@ -406,7 +591,18 @@ async fn cancel(mut s: Session, Path(id): Path<i64>) -> Result<Json<Changed>, Ap
     Ok(Json(Changed { run: id, status }))
 }
 
-async fn retry(mut s: Session, Path(id): Path<i64>) -> Result<Json<Changed>, ApiError> {
+/// Retries a failed or cancelled run (`orca.retry`).
+#[utoipa::path(post, path = "/runs/{id}/retry", tag = "runs",
+    params(("id" = i64, Path, description = "The run", example = 1)),
+    responses(
+        (status = 200, description = "The run queued again", body = Changed),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+        (status = 409, description = "The run's state does not allow it", body = ErrorBody),
+    ))]
+async fn retry(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<Changed>, ApiError> {
     let run: i64 = sqlx::query_scalar("SELECT orca.retry($1)")
         .bind(id)
         .fetch_one(&mut *s.tx)
@@ -421,7 +617,7 @@ async fn retry(mut s: Session, Path(id): Path<i64>) -> Result<Json<Changed>, Api
 
 // --- Syncs, events, runners -----------------------------------------------------
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct SyncRow {
     pub sync: String,
     pub delivery: String,
@@ -441,6 +637,13 @@ pub struct SyncRow {
     pub running: i64,
 }
 
+/// The org's syncs with their HEADs.
+#[utoipa::path(get, path = "/syncs", tag = "syncs",
+    responses(
+        (status = 200, description = "Every sync, by name", body = Vec<SyncRow>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
     let rows = sqlx::query_as::<_, SyncRow>(
         "SELECT sync, delivery, source, destination, streams, schedule, pool, generation, \
@@ -453,14 +656,26 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
     Ok(Json(rows))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventFilter {
     /// Events after this id (the last one seen), oldest first.
     pub after: Option<i64>,
     pub kind: Option<String>,
+    /// Events a page holds (1 to 500, default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
 }
 
+/// The outbox, oldest first, a page at a time.
+#[utoipa::path(get, path = "/events", tag = "events",
+    params(EventFilter),
+    responses(
+        (status = 200, description = "A page of events", body = Page<Event>),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn events(
     mut s: Session,
     Params(f): Params<EventFilter>,
@@ -485,7 +700,7 @@ async fn events(
     }))
 }
 
-#[derive(Debug, Serialize, FromRow)]
+#[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Runner {
     pub name: String,
     pub host: Option<String>,
@@ -495,9 +710,251 @@ pub struct Runner {
     pub last_seen: DateTime<Utc>,
 }
 
+/// Runners seen.
+#[utoipa::path(get, path = "/runners", tag = "runners",
+    responses(
+        (status = 200, description = "Every runner, by name", body = Vec<Runner>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
 async fn runners(mut s: Session) -> Result<Json<Vec<Runner>>, ApiError> {
     let rows = sqlx::query_as::<_, Runner>(
         "SELECT name, host, pool, slots, first_seen, last_seen FROM orca.runners ORDER BY name",
+    )
+    .fetch_all(&mut *s.tx)
+    .await?;
+    Ok(Json(rows))
+}
+
+// --- Datasets, lineage, sensors -------------------------------------------------
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Dataset {
+    /// `namespace.table`.
+    pub dataset: String,
+    /// Pipelines whose current version declares they write it.
+    pub writers: Vec<String>,
+    /// Pipelines whose current version declares they read it.
+    pub readers: Vec<String>,
+    /// Snapshots Orca's runs committed to it (kept runs).
+    pub commits: i64,
+    pub last_snapshot: Option<i64>,
+    pub last_committed_at: Option<DateTime<Utc>>,
+}
+
+/// The same query answers the listing and one dataset.
+const DATASETS: &str = "WITH declared AS (
+        SELECT d.dataset, p.name AS pipeline, d.mode
+        FROM orca.step_datasets d
+        JOIN orca.pipelines p ON p.current_version = d.version_id
+    ), names AS (
+        SELECT dataset FROM declared UNION SELECT dataset FROM orca.commits
+    )
+    SELECT n.dataset,
+           coalesce(array(SELECT DISTINCT x.pipeline FROM declared x
+                          WHERE x.dataset = n.dataset AND x.mode = 'write' ORDER BY 1), '{}') AS writers,
+           coalesce(array(SELECT DISTINCT x.pipeline FROM declared x
+                          WHERE x.dataset = n.dataset AND x.mode = 'read' ORDER BY 1), '{}') AS readers,
+           (SELECT count(*) FROM orca.commits c WHERE c.dataset = n.dataset) AS commits,
+           (SELECT c.snapshot_id FROM orca.commits c WHERE c.dataset = n.dataset
+            ORDER BY c.id DESC LIMIT 1) AS last_snapshot,
+           (SELECT max(c.committed_at) FROM orca.commits c WHERE c.dataset = n.dataset)
+               AS last_committed_at
+    FROM names n
+    WHERE $1::text IS NULL OR n.dataset = $1
+    ORDER BY n.dataset";
+
+/// The datasets the org's pipelines declare or committed to.
+#[utoipa::path(get, path = "/datasets", tag = "datasets",
+    responses(
+        (status = 200, description = "Every dataset, by name", body = Vec<Dataset>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
+async fn datasets(mut s: Session) -> Result<Json<Vec<Dataset>>, ApiError> {
+    let rows = sqlx::query_as::<_, Dataset>(DATASETS)
+        .bind(Option::<String>::None)
+        .fetch_all(&mut *s.tx)
+        .await?;
+    Ok(Json(rows))
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Commit {
+    pub snapshot: i64,
+    pub operation: String,
+    pub pipeline: String,
+    pub run: i64,
+    pub step: String,
+    pub partition: String,
+    pub committed_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct LineageRow {
+    /// `upstream` or `downstream`.
+    pub direction: String,
+    pub depth: i32,
+    /// The related dataset.
+    pub related: String,
+    /// The dataset it connects to.
+    pub via: String,
+    pub pipeline: String,
+    pub run: i64,
+    pub read_snapshot: Option<i64>,
+    pub commit_snapshot: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetDetail {
+    #[serde(flatten)]
+    pub dataset: Dataset,
+    /// The snapshots committed, newest first (at most 100).
+    pub snapshots: Vec<Commit>,
+    /// From the recorded reads and commits (`orca.lineage`).
+    pub lineage: Vec<LineageRow>,
+}
+
+/// One dataset: its snapshots and its recorded lineage.
+#[utoipa::path(get, path = "/datasets/{name}", tag = "datasets",
+    params(("name" = String, Path, description = "namespace.table", example = "lake.clean")),
+    responses(
+        (status = 200, description = "The dataset", body = DatasetDetail),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn dataset(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+) -> Result<Json<DatasetDetail>, ApiError> {
+    let lineage = sqlx::query_as::<_, LineageRow>(
+        "SELECT direction, depth, related, via, pipeline, run, read_snapshot, commit_snapshot \
+         FROM orca.lineage($1)",
+    )
+    .bind(&name)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let dataset = sqlx::query_as::<_, Dataset>(DATASETS)
+        .bind(&name)
+        .fetch_optional(&mut *s.tx)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dataset {name:?} in org {}", s.who.org)))?;
+    let snapshots = sqlx::query_as::<_, Commit>(
+        "SELECT c.snapshot_id AS snapshot, c.operation, p.name AS pipeline, c.run_id AS run, \
+                c.step, c.partition, c.committed_at \
+         FROM orca.commits c JOIN orca.runs r ON r.id = c.run_id \
+         JOIN orca.pipelines p ON p.id = r.pipeline_id \
+         WHERE c.dataset = $1 ORDER BY c.id DESC LIMIT 100",
+    )
+    .bind(&name)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    Ok(Json(DatasetDetail {
+        dataset,
+        snapshots,
+        lineage,
+    }))
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Edge {
+    /// A pipeline (`writes`: pipeline to dataset) or a dataset (`reads`:
+    /// dataset to pipeline).
+    pub from: String,
+    pub to: String,
+    /// `reads` or `writes`.
+    pub kind: String,
+    /// Whether a kept run recorded it (a pinned read or a commit), not only
+    /// the declaration.
+    pub recorded: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LineageGraph {
+    pub pipelines: Vec<String>,
+    pub datasets: Vec<String>,
+    pub edges: Vec<Edge>,
+}
+
+/// Pipelines and datasets as a graph: what current versions declare, each
+/// edge marked when runs recorded it.
+#[utoipa::path(get, path = "/lineage", tag = "datasets",
+    responses(
+        (status = 200, description = "The graph", body = LineageGraph),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
+async fn lineage_graph(mut s: Session) -> Result<Json<LineageGraph>, ApiError> {
+    let edges = sqlx::query_as::<_, Edge>(
+        "SELECT DISTINCT \
+                CASE WHEN d.mode = 'write' THEN p.name ELSE d.dataset END AS \"from\", \
+                CASE WHEN d.mode = 'write' THEN d.dataset ELSE p.name END AS \"to\", \
+                d.mode || 's' AS kind, \
+                CASE WHEN d.mode = 'write' \
+                     THEN EXISTS (SELECT 1 FROM orca.commits c JOIN orca.runs r ON r.id = c.run_id \
+                                  WHERE r.pipeline_id = p.id AND c.dataset = d.dataset) \
+                     ELSE EXISTS (SELECT 1 FROM orca.reads x JOIN orca.runs r ON r.id = x.run_id \
+                                  WHERE r.pipeline_id = p.id AND x.dataset = d.dataset) END \
+                    AS recorded \
+         FROM orca.step_datasets d JOIN orca.pipelines p ON p.current_version = d.version_id \
+         ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let pipelines: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM orca.pipelines ORDER BY name")
+            .fetch_all(&mut *s.tx)
+            .await?;
+    let mut datasets: Vec<String> = edges
+        .iter()
+        .map(|e| if e.kind == "writes" { &e.to } else { &e.from })
+        .cloned()
+        .collect();
+    datasets.sort();
+    datasets.dedup();
+    Ok(Json(LineageGraph {
+        pipelines,
+        datasets,
+        edges,
+    }))
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Sensor {
+    pub pipeline: String,
+    pub paused: bool,
+    pub registered_at: DateTime<Utc>,
+    /// How far other runs' commits were looked at (an `orca.commits` id).
+    pub commit_cursor: i64,
+    pub last_sense_at: Option<DateTime<Utc>>,
+    /// The long-lived run whose attempts poll for outside snapshots.
+    pub sense_run: Option<i64>,
+    /// Snapshots it saw, and the last one.
+    pub sensed: i64,
+    pub last_sensed_at: Option<DateTime<Utc>>,
+    /// Runs it started.
+    pub runs_started: i64,
+}
+
+/// The org's sensor pipelines and what they saw.
+#[utoipa::path(get, path = "/sensors", tag = "sensors",
+    responses(
+        (status = 200, description = "Every sensor, by pipeline", body = Vec<Sensor>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
+async fn sensors(mut s: Session) -> Result<Json<Vec<Sensor>>, ApiError> {
+    let rows = sqlx::query_as::<_, Sensor>(
+        "SELECT p.name AS pipeline, p.paused, sn.registered_at, sn.commit_cursor, \
+                sn.last_sense_at, sn.sense_run, \
+                (SELECT count(*) FROM orca.sensed x WHERE x.pipeline_id = sn.pipeline_id) AS sensed, \
+                (SELECT max(x.seen_at) FROM orca.sensed x WHERE x.pipeline_id = sn.pipeline_id) \
+                    AS last_sensed_at, \
+                (SELECT count(*) FROM orca.sensed x WHERE x.pipeline_id = sn.pipeline_id \
+                 AND x.run_id IS NOT NULL) AS runs_started \
+         FROM orca.sensors sn JOIN orca.pipelines p ON p.id = sn.pipeline_id ORDER BY p.name",
     )
     .fetch_all(&mut *s.tx)
     .await?;

@@ -9,7 +9,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use orca_core::sqlstate;
-use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{status}: {message}")]
@@ -49,6 +48,23 @@ impl ApiError {
     }
 }
 
+/// What every failed call answers, for the OpenAPI document.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// The HTTP status again.
+    pub status: u16,
+    /// The SQLSTATE (`42501`, `OR010`, ...) or the API's own code
+    /// (`unauthorized`, `bad_request`, `not_found`, `unavailable`, `internal`).
+    pub code: String,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
 /// The status a control-plane SQLSTATE answers with.
 pub fn status_of(code: &str) -> StatusCode {
     let is = |s: sqlstate::SqlState| s.is(code);
@@ -70,8 +86,13 @@ pub fn status_of(code: &str) -> StatusCode {
         StatusCode::NOT_FOUND
     } else if is(sqlstate::RUN_STATE) || is(sqlstate::NAME_TAKEN) || is(sqlstate::DATASET_CYCLE) {
         StatusCode::CONFLICT
-    } else if code.starts_with("OR") || code.starts_with("22") || code.starts_with("23") {
-        // The caller's input: partitions, specs, names, definitions.
+    } else if code.starts_with("OR")
+        || code.starts_with("22")
+        || code.starts_with("23")
+        || code.starts_with("54")
+    {
+        // The caller's input: partitions, specs, names, definitions (and
+        // ones too long or deep for the server: 54xxx).
         StatusCode::BAD_REQUEST
     } else if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300") {
         StatusCode::SERVICE_UNAVAILABLE
@@ -114,12 +135,14 @@ impl From<sqlx::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {
-            "status": self.status.as_u16(),
-            "code": self.code,
-            "message": self.message,
-            "hint": self.hint,
-        }});
+        let body = ErrorBody {
+            error: ErrorDetail {
+                status: self.status.as_u16(),
+                code: self.code,
+                message: self.message,
+                hint: self.hint,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }

@@ -4,14 +4,19 @@
 //! boundary is the one SQL proves for every other client.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::routing::get;
 use axum::{Json, Router};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use utoipa_axum::router::OpenApiRouter;
 
 pub mod api;
+pub mod console;
 pub mod error;
+pub mod logs;
+pub mod metrics;
 pub mod relay;
 pub mod session;
 
@@ -48,15 +53,76 @@ pub struct Options {
     pub relay: Option<relay::RelayOptions>,
 }
 
-/// The whole application: `/api/v1` and a health check.
-pub fn app(state: AppState) -> Router {
-    Router::new()
+/// The OpenAPI document's frame: what the operations under `/api/v1` are
+/// added to (by [`api::routes`]) and how callers authenticate.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Orca",
+        description = "The HTTP API of Orca's control plane. Every call acts with the caller's \
+                       API key, in its org and with its role (docs/http.md).",
+        license(name = "Apache-2.0"),
+    ),
+    paths(healthz, metrics::metrics),
+    modifiers(&BearerKey),
+    security(("api_key" = [])),
+)]
+pub struct ApiDoc;
+
+struct BearerKey;
+
+impl utoipa::Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("orca_ak_...")
+                    .description(Some(
+                        "An org's API key (orca.create_api_key, orca api-keys create)",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The OpenAPI 3.1 document of everything [`app`] serves.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, spec) = OpenApiRouter::<AppState>::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
         .nest("/api/v1", api::routes())
+        .split_for_parts();
+    spec
+}
+
+/// The whole application: `/api/v1` with its OpenAPI document, metrics and
+/// a health check.
+pub fn app(state: AppState) -> Router {
+    let (router, spec) = OpenApiRouter::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
+        .nest("/api/v1", api::routes())
+        .split_for_parts();
+    let spec = Arc::new(spec);
+    router
+        .route(
+            "/api/v1/openapi.json",
+            get(move || {
+                let spec = spec.clone();
+                async move { Json(spec.as_ref().clone()) }
+            }),
+        )
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::metrics))
+        .merge(console::routes())
         .fallback(not_found)
         .with_state(state)
 }
 
+/// Whether the server is up (no key needed).
+#[utoipa::path(get, path = "/healthz", tag = "server", security(()),
+    responses((status = 200, description = "Up", body = Object, example = json!({"ok": true}))))]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"ok": true}))
 }
@@ -94,7 +160,7 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
             source,
         })?;
     let addr = listener.local_addr().map_err(ServeError::Serve)?;
-    println!("orca serve: listening on http://{addr}/api/v1");
+    println!("orca serve: listening on http://{addr}/api/v1 (console: http://{addr}/console/)");
     if let Some(r) = opts.relay.clone() {
         println!("orca serve: relaying webhooks as {}", r.name);
         tokio::spawn(relay::run(pool.clone(), r));

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// Who is calling: the key's org, role and name.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Whoami {
     pub org: String,
     pub role: String,
@@ -40,7 +40,7 @@ impl Session {
 }
 
 /// The key of an `Authorization: Bearer <key>` header.
-fn bearer(parts: &Parts) -> Result<String, ApiError> {
+pub fn bearer(parts: &Parts) -> Result<String, ApiError> {
     let header = parts
         .headers
         .get(axum::http::header::AUTHORIZATION)
@@ -106,11 +106,68 @@ pub async fn open(state: &AppState, key: &str) -> Result<Session, ApiError> {
     Ok(Session { tx, who })
 }
 
+/// The cookie the console's session keeps the key in (HttpOnly: no script
+/// reads it), and the one that carries its CSRF token (scripts read it and
+/// send it back as [`CSRF_HEADER`]).
+pub const KEY_COOKIE: &str = "orca_key";
+pub const CSRF_COOKIE: &str = "orca_csrf";
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// A cookie of the request, by name.
+pub fn cookie(parts: &Parts, name: &str) -> Option<String> {
+    parts
+        .headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// The caller's key: the `Authorization` header's, or else the console
+/// session cookie's. A write with the cookie must also carry the CSRF token
+/// (double submit: another site can make the browser send the cookie, but
+/// cannot read the token to send it back), and the cookies are SameSite.
+pub fn caller_key(parts: &Parts) -> Result<String, ApiError> {
+    if parts
+        .headers
+        .contains_key(axum::http::header::AUTHORIZATION)
+    {
+        return bearer(parts);
+    }
+    let Some(key) = cookie(parts, KEY_COOKIE).filter(|k| !k.is_empty()) else {
+        return Err(ApiError::unauthorized(
+            "no Authorization header and no session",
+        ));
+    };
+    if !parts.method.is_safe() {
+        let sent = parts
+            .headers
+            .get(CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let want = cookie(parts, CSRF_COOKIE).unwrap_or_default();
+        if want.is_empty() || sent != want {
+            return Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "csrf",
+                format!(
+                    "a {} with the session cookie needs the {CSRF_HEADER} header",
+                    parts.method
+                ),
+            ));
+        }
+    }
+    Ok(key)
+}
+
 impl FromRequestParts<AppState> for Session {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = bearer(parts)?;
+        let key = caller_key(parts)?;
         open(state, &key).await
     }
 }

@@ -16,6 +16,7 @@ pub mod install;
 pub mod procs;
 pub mod releases;
 pub mod s3;
+pub mod serve;
 pub mod wait;
 
 pub use wait::{connect_org, wait_for_sql, wait_until};

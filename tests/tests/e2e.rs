@@ -465,3 +465,148 @@ async fn cli_errors_name_what_was_wrong_and_exit_non_zero() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Server-sent events of a followed log until its `end` event: (event, data).
+async fn follow_log(base: &str, key: &str, run: i64) -> Vec<(String, String)> {
+    let mut resp = reqwest::Client::new()
+        .get(format!("{base}/api/v1/runs/{run}/log/stream"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("follow the log");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !text.contains("event: end") {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => panic!("reading the stream: {e}"),
+            Err(_) => panic!("the log did not end within two minutes: {text}"),
+        }
+    }
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut event = None;
+            let mut data = String::new();
+            for l in block.lines() {
+                if let Some(e) = l.strip_prefix("event: ") {
+                    event = Some(e.to_string());
+                } else if let Some(d) = l.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            event.map(|e| (e, data))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_attempts_log_is_shipped_and_followed_over_http() {
+    let db = TestDb::new().await;
+    register_probe(&db).await;
+    let logs = scratch("shipped");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "400")];
+    let runner = Runner::start(&db.url(), "shipper", 1, &logs, &env);
+    let key = orca_tests::serve::api_key(&db, "default", "logs", "viewer").await;
+    db.pool
+        .execute("SELECT orca.create_org('globex')")
+        .await
+        .expect("org");
+    let theirs = orca_tests::serve::api_key(&db, "globex", "theirs", "viewer").await;
+    let server = orca_tests::serve::serve(&db).await;
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe', '2024-02')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_for_sql(
+        &db,
+        "the runner to take the attempt",
+        &format!("SELECT EXISTS (SELECT 1 FROM orca.attempts WHERE run_id = {run} AND status <> 'pending')"),
+        Duration::from_secs(60),
+        || runner.output(),
+    )
+    .await;
+
+    // Followed from while it runs to its end.
+    let events = follow_log(&server.base, &key, run).await;
+    let (last, status) = events.last().cloned().unwrap_or_default();
+    assert_eq!(
+        (last.as_str(), status.as_str()),
+        ("end", "succeeded"),
+        "{events:?}\n{}",
+        runner.output()
+    );
+    let streamed: Vec<String> = events
+        .iter()
+        .filter(|(e, _)| e == "line")
+        .map(|(_, d)| {
+            let v: Value = serde_json::from_str(d).expect("a line's JSON");
+            v["line"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    // Every line of the file on the runner's host, in order.
+    let file = std::fs::read_to_string(logs.join(format!("default/probe/run-{run}/attempt-1.log")))
+        .expect("the attempt's log file");
+    let on_host: Vec<String> = file.lines().map(str::to_string).collect();
+    assert!(!on_host.is_empty());
+    assert_eq!(streamed, on_host, "the shipped log differs from the file");
+
+    // A page of it, and the next page empty and finished.
+    let page: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/runs/{run}/log?limit=2", server.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("a page")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        page["lines"].as_array().map(Vec::len),
+        Some(2.min(on_host.len())),
+        "{page}"
+    );
+    assert_eq!(page["lines"][0]["line"], on_host[0].as_str(), "{page}");
+    let after = on_host.len();
+    let rest: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/runs/{run}/log?after={after}",
+            server.base
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("the page after the end")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        (rest["lines"].clone(), rest["finished"].clone()),
+        (Value::Array(vec![]), Value::Bool(true)),
+        "{rest}"
+    );
+    // Another org's key finds no such run.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/api/v1/runs/{run}/log", server.base))
+        .bearer_auth(&theirs)
+        .send()
+        .await
+        .expect("globex asks");
+    assert_eq!(resp.status().as_u16(), 404);
+    // `orca run` shows the shipped tail when the file is not on this host.
+    let out = Command::new(bin("orca"))
+        .args(["run", &run.to_string(), "--logs", "/nonexistent"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("as its runner shipped it")
+            && text.contains(on_host.last().map(String::as_str).unwrap_or("?")),
+        "{text}"
+    );
+    drop(server);
+    drop(runner);
+}

@@ -1638,19 +1638,19 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     assert!(said.contains("sync shop: HEAD at epoch"), "{said}");
     // A sync's run has no steps to count: its line says so instead of 0/0.
     let o = Command::new(bin("orca"))
-        .args(["runs", "--pipeline", "shop"])
+        .args(["runs", "--pipeline", "shop", "--json"])
         .env("DATABASE_URL", db.url())
         .output()
         .expect("orca runs");
-    let runs = String::from_utf8_lossy(&o.stdout);
+    let runs: Value = serde_json::from_slice(&o.stdout).expect("orca runs --json");
     let line = runs
-        .lines()
-        .find(|l| l.contains(" backfill ") && l.contains(" succeeded "))
-        .unwrap_or_else(|| panic!("the backfill run's line: {runs}"));
-    assert!(
-        line.trim_end().ends_with('-') && !line.contains("0/0"),
-        "{line}"
-    );
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|r| r["trigger"] == "backfill" && r["status"] == "succeeded")
+        })
+        .unwrap_or_else(|| panic!("the backfill run: {runs}"));
+    assert_eq!(line["steps"], Value::Null, "{line}");
     let b: i64 = sqlx::query_scalar("SELECT max(id) FROM orca.runs WHERE trigger = 'backfill'")
         .fetch_one(&db.pool)
         .await
@@ -1658,17 +1658,33 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
     assert_eq!(run_status(&db, b).await, "succeeded");
     assert_eq!(differences(&db).await, 0, "repaired");
     let o = Command::new(bin("orca"))
+        .args(["syncs", "--json"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca syncs");
+    let listed: Value = serde_json::from_slice(&o.stdout).expect("orca syncs --json");
+    assert!(
+        listed
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["sync"] == "shop"
+                && s["delivery"] == "effectively_once"
+                && s["source"] == "postgres"
+                && s["destination"] == "postgres"
+                && s["last_run"] == format!("{b} succeeded"))),
+        "{listed}"
+    );
+    // And as a table for people.
+    let o = Command::new(bin("orca"))
         .arg("syncs")
         .env("DATABASE_URL", db.url())
         .output()
         .expect("orca syncs");
-    let listed = String::from_utf8_lossy(&o.stdout);
+    let table = String::from_utf8_lossy(&o.stdout);
     assert!(
-        listed.lines().any(|l| l.starts_with("shop ")
-            && l.contains("effectively_once")
-            && l.contains("postgres -> postgres")
-            && l.ends_with(&format!("{b} succeeded"))),
-        "{listed}"
+        table
+            .lines()
+            .any(|l| l.contains("shop") && l.contains(&format!("{b} succeeded"))),
+        "{table}"
     );
     assert_eq!(db.scalar_i64("SELECT count(*) FROM raw.orders").await, rows);
     let log = std::fs::read_to_string(logs.join(format!("default/shop/run-{b}/attempt-1.log")))

@@ -1,95 +1,12 @@
 //! `orca serve`'s HTTP API, as a client sees it: a real server process over
 //! a test database, called with API keys of two orgs and three roles.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use orca_tests::procs::bin;
+use orca_tests::serve::{api_key, serve};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
-
-/// The server's login: nothing of its own, the three roles to take.
-const SERVE_LOGIN: &str = "orca_t_http_serve";
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-async fn serve(db: &TestDb) -> Server {
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
-            .bind(SERVE_LOGIN)
-            .fetch_one(&db.pool)
-            .await
-            .expect("role lookup");
-    if !exists {
-        let _ = db
-            .pool
-            .execute(
-                format!(
-                    "CREATE ROLE {SERVE_LOGIN} LOGIN NOINHERIT \
-                     IN ROLE orca_viewer, orca_operator, orca_admin, orca_relay"
-                )
-                .as_str(),
-            )
-            .await;
-    }
-    // A login made before relays had their role gets it now.
-    let _ = db
-        .pool
-        .execute(format!("GRANT orca_relay TO {SERVE_LOGIN}").as_str())
-        .await;
-    let port = free_port();
-    let url = db
-        .url()
-        .replacen("postgres@", &format!("{SERVE_LOGIN}@"), 1);
-    let child = Command::new(bin("orca"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .env("DATABASE_URL", url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start orca serve");
-    let base = format!("http://127.0.0.1:{port}");
-    let server = Server { child, base };
-    let client = reqwest::Client::new();
-    let health = format!("{}/healthz", server.base);
-    wait_until(
-        "orca serve to answer",
-        Duration::from_secs(30),
-        || {
-            let (client, health) = (client.clone(), health.clone());
-            async move {
-                client
-                    .get(&health)
-                    .send()
-                    .await
-                    .ok()
-                    .filter(|r| r.status().is_success())
-                    .map(|_| ())
-            }
-        },
-        String::new,
-    )
-    .await;
-    server
-}
 
 /// One call: its status and JSON body.
 async fn call(
@@ -120,16 +37,6 @@ async fn get(base: &str, path: &str, key: Option<&str>) -> (u16, Value) {
 
 async fn post(base: &str, path: &str, key: &str, body: Value) -> (u16, Value) {
     call(base, reqwest::Method::POST, path, Some(key), Some(body)).await
-}
-
-async fn api_key(db: &TestDb, org: &str, name: &str, role: &str) -> String {
-    let mut c = connect_org(db, "postgres", org).await;
-    sqlx::query_scalar("SELECT orca.create_api_key($1, $2)")
-        .bind(name)
-        .bind(role)
-        .fetch_one(&mut c)
-        .await
-        .expect("an API key")
 }
 
 #[tokio::test]
@@ -352,5 +259,295 @@ async fn the_api_answers_each_key_within_its_org_and_role() {
     );
     let (status, body) = get(base, "/nowhere", Some(&operator)).await;
     assert_eq!(status, 404, "{body}");
+    drop(server);
+}
+
+/// `/metrics` as a scraper reads it, through Prometheus' own parser.
+fn parse_metrics(text: &str) -> Vec<Value> {
+    use std::io::Write;
+    let mut child = Command::new(orca_tests::s3::python())
+        .arg(repo_root().join("tests/py/parse_metrics.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("parse");
+    assert!(
+        out.status.success(),
+        "prometheus_client refused the text: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a sample"))
+        .collect()
+}
+
+fn sample(samples: &[Value], name: &str, labels: Value) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| {
+            s["name"] == name
+                && labels
+                    .as_object()
+                    .is_some_and(|want| want.iter().all(|(k, v)| &s["labels"][k] == v))
+        })
+        .and_then(|s| s["value"].as_f64())
+}
+
+#[tokio::test]
+async fn metrics_are_the_keys_orgs_in_prometheus_text() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute("SELECT orca.create_org('acme'), orca.create_org('globex')")
+        .await
+        .expect("orgs");
+    for (org, months) in [("acme", "2024-01..2024-03"), ("globex", "2024-01..2024-05")] {
+        let mut c = connect_org(&db, "postgres", org).await;
+        let mut m = lake_manifest("lake");
+        m["max_runs"] = json!(null);
+        sqlx::query("SELECT orca.register($1)")
+            .bind(&m)
+            .execute(&mut c)
+            .await
+            .expect("register");
+        sqlx::query("SELECT orca.backfill('lake', $1)")
+            .bind(months)
+            .execute(&mut c)
+            .await
+            .expect("backfill");
+        c.execute("SELECT orca.tick()").await.expect("tick");
+    }
+    // acme: one attempt leased, two waiting.
+    let mut c = connect_org(&db, "postgres", "acme").await;
+    c.execute("SELECT orca.register_runner('r1', 'default', 2, 'host')")
+        .await
+        .expect("runner");
+    assert_eq!(claim(&mut c, "r1", 1).await.len(), 1);
+    let viewer = api_key(&db, "acme", "prometheus", "viewer").await;
+    let server = serve(&db).await;
+
+    let client = reqwest::Client::new();
+    let url = format!("{}/metrics", server.base);
+    let resp = client.get(&url).send().await.expect("scrape");
+    assert_eq!(resp.status().as_u16(), 401, "no key, no metrics");
+    let resp = client
+        .get(&url)
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(resp.status().as_u16(), 200);
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    let text = resp.text().await.expect("body");
+    let samples = parse_metrics(&text);
+
+    let runs = |status: &str| {
+        sample(
+            &samples,
+            "orca_runs",
+            json!({"pipeline": "lake", "kind": "pipeline", "status": status}),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        runs("running") + runs("queued"),
+        3.0,
+        "acme's three runs, not globex's five:\n{text}"
+    );
+    assert_eq!(
+        sample(&samples, "orca_queue_depth", json!({"pool": "default"})),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&samples, "orca_leases", json!({"pool": "default"})),
+        Some(1.0),
+        "{text}"
+    );
+    let oldest = sample(
+        &samples,
+        "orca_queue_oldest_seconds",
+        json!({"pool": "default"}),
+    )
+    .expect("the oldest queued age");
+    assert!((0.0..600.0).contains(&oldest), "{oldest}");
+    assert_eq!(
+        sample(&samples, "orca_runner_slots", json!({"pool": "default"})),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["type"] == "gauge" || s["type"] == "counter"),
+        "{samples:?}"
+    );
+
+    // The lease lapses, and a counter counts it.
+    let t: Value = sqlx::query_scalar("SELECT orca.tick(now() + interval '1 hour')")
+        .fetch_one(&mut c)
+        .await
+        .expect("tick");
+    assert_eq!(t["attempts_lost"], json!(1), "{t}");
+    let text = client
+        .get(&url)
+        .bearer_auth(&viewer)
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let samples = parse_metrics(&text);
+    assert_eq!(
+        sample(&samples, "orca_leases_lapsed_total", json!({})),
+        Some(1.0),
+        "{text}"
+    );
+    drop(server);
+}
+
+#[tokio::test]
+async fn datasets_lineage_and_sensors_are_the_keys_orgs() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute("SELECT orca.create_org('acme'), orca.create_org('globex')")
+        .await
+        .expect("orgs");
+    let mut c = connect_org(&db, "postgres", "acme").await;
+    let mut m = lake_manifest("lake");
+    m["max_runs"] = json!(null);
+    m["steps"][0]["reads"] = json!(["lake.raw"]);
+    m["steps"][0]["writes"] = json!(["lake.clean"]);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut c)
+        .await
+        .expect("register");
+    let watch = json!({
+        "name": "watch",
+        "steps": [{"name": "watch", "kind": "mapped", "reads": ["lake.clean"]}],
+        "partitions": {"monthly": "2024-01"},
+        "sensor": true,
+        "pool": "sensing",
+        "registry_hash": "watch",
+        "binary": "/bin/true"
+    });
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&watch)
+        .execute(&mut c)
+        .await
+        .expect("register the sensor");
+    sqlx::query("SELECT orca.run('lake', '2024-03')")
+        .execute(&mut c)
+        .await
+        .expect("run");
+    c.execute("SELECT orca.tick()").await.expect("tick");
+    let lease = claim(&mut c, "r1", 1).await.remove(0);
+    sqlx::query("SELECT orca.pin_read($1, 'one', '2024-03', 'lake.raw', 7)")
+        .bind(lease.lease)
+        .execute(&mut c)
+        .await
+        .expect("pin");
+    sqlx::query("SELECT orca.record_commit($1, 'one', '2024-03', 'lake.clean', 8, 1)")
+        .bind(lease.lease)
+        .execute(&mut c)
+        .await
+        .expect("commit");
+    let viewer = api_key(&db, "acme", "looker", "viewer").await;
+    let theirs = api_key(&db, "globex", "theirs", "viewer").await;
+    let server = serve(&db).await;
+    let base = server.base.as_str();
+
+    let (status, body) = get(base, "/datasets", Some(&viewer)).await;
+    assert_eq!(status, 200, "{body}");
+    let clean = body
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["dataset"] == "lake.clean"))
+        .unwrap_or_else(|| panic!("lake.clean: {body}"))
+        .clone();
+    assert_eq!(clean["writers"], json!(["lake"]), "{clean}");
+    assert_eq!(clean["readers"], json!(["watch"]), "{clean}");
+    assert_eq!(
+        (clean["commits"].as_i64(), clean["last_snapshot"].as_i64()),
+        (Some(1), Some(8))
+    );
+
+    let (status, detail) = get(base, "/datasets/lake.clean", Some(&viewer)).await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["snapshots"][0]["snapshot"], 8, "{detail}");
+    assert_eq!(detail["snapshots"][0]["run"], lease.run, "{detail}");
+    let up = detail["lineage"]
+        .as_array()
+        .and_then(|l| l.iter().find(|r| r["direction"] == "upstream"))
+        .unwrap_or_else(|| panic!("lake.clean's upstream: {detail}"));
+    assert_eq!(
+        (up["related"].as_str(), up["read_snapshot"].as_i64()),
+        (Some("lake.raw"), Some(7))
+    );
+    let (status, body) = get(base, "/datasets/lake.nothing", Some(&viewer)).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = get(base, "/datasets/Not%20a%20name", Some(&viewer)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("OR050")),
+        "{body}"
+    );
+
+    let (status, graph) = get(base, "/lineage", Some(&viewer)).await;
+    assert_eq!(status, 200, "{graph}");
+    let edges = graph["edges"].as_array().cloned().unwrap_or_default();
+    let edge = |from: &str, to: &str| {
+        edges
+            .iter()
+            .find(|e| e["from"] == from && e["to"] == to)
+            .cloned()
+    };
+    assert_eq!(
+        edge("lake", "lake.clean").map(|e| e["recorded"].clone()),
+        Some(json!(true))
+    );
+    assert_eq!(
+        edge("lake.raw", "lake").map(|e| e["recorded"].clone()),
+        Some(json!(true))
+    );
+    assert_eq!(
+        edge("lake.clean", "watch").map(|e| e["recorded"].clone()),
+        Some(json!(false))
+    );
+    assert_eq!(
+        graph["datasets"],
+        json!(["lake.clean", "lake.raw"]),
+        "{graph}"
+    );
+
+    let (status, sensors) = get(base, "/sensors", Some(&viewer)).await;
+    assert_eq!(status, 200, "{sensors}");
+    assert_eq!(sensors[0]["pipeline"], "watch", "{sensors}");
+    assert!(sensors[0]["commit_cursor"].is_i64(), "{sensors}");
+
+    // Another org's key sees none of it.
+    for path in ["/datasets", "/sensors"] {
+        let (status, body) = get(base, path, Some(&theirs)).await;
+        assert_eq!((status, body.clone()), (200, json!([])), "{path}");
+    }
+    let (status, _) = get(base, "/datasets/lake.clean", Some(&theirs)).await;
+    assert_eq!(status, 404);
+    let (_, graph) = get(base, "/lineage", Some(&theirs)).await;
+    assert_eq!(graph["edges"], json!([]), "{graph}");
     drop(server);
 }

@@ -233,6 +233,24 @@ async fn relays_deliver_every_event_signed_at_least_once() {
             && text.contains("failing since"),
         "{text}"
     );
+    // And as JSON for scripts: the same rows, typed.
+    let listed = Command::new(bin("orca"))
+        .args(["webhooks", "list", "--json"])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca webhooks list --json");
+    let rows: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let dead = rows
+        .as_array()
+        .and_then(|a| a.iter().find(|w| w["state"] == "disabled"))
+        .unwrap_or_else(|| panic!("the disabled endpoint: {rows}"));
+    assert!(dead["id"].is_i64() && dead["events"].is_array(), "{dead}");
+    assert!(
+        dead["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("failing since")),
+        "{dead}"
+    );
 
     // Netguard: another org's endpoint on a loopback name is refused by the
     // relay, and its delivery row says why.

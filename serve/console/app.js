@@ -1,0 +1,429 @@
+// The Orca console: pages over the HTTP API (/api/v1), in the caller's
+// session (a cookie made from an API key). No framework and no build step:
+// the server embeds this file as it is.
+"use strict";
+
+const main = document.getElementById("main");
+let stopPage = () => {};
+
+// --- helpers -------------------------------------------------------------------
+
+// An element; children are nodes or text (text is never parsed as HTML).
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function cookie(name) {
+  const m = document.cookie.split(";").map((c) => c.trim().split("="))
+    .find(([k]) => k === name);
+  return m ? m.slice(1).join("=") : "";
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(e.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = e.code;
+    this.hint = e.hint;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET") headers["X-CSRF-Token"] = cookie("orca_csrf");
+  const r = await fetch("/api/v1" + path, {
+    method, headers, credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  const json = text ? JSON.parse(text) : null;
+  if (!r.ok) throw new ApiError(r.status, json);
+  return json;
+}
+
+const get = (path) => api("GET", path);
+
+function status(s) {
+  return h("span", { class: `st st-${s}` }, s || "-");
+}
+
+function when(t) {
+  if (!t) return "-";
+  const d = new Date(t);
+  return d.toISOString().replace("T", " ").slice(0, 19);
+}
+
+function took(a, b) {
+  if (!a || !b) return "-";
+  return ((new Date(b) - new Date(a)) / 1000).toFixed(1) + "s";
+}
+
+function table(columns, rows, opts) {
+  const o = opts || {};
+  return h("table", { "aria-label": o.label },
+    h("thead", {}, h("tr", {}, columns.map((c) =>
+      h("th", { scope: "col", class: c.startsWith("#") ? "num" : null }, c.replace(/^#/, ""))))),
+    h("tbody", {}, rows.length === 0
+      ? h("tr", {}, h("td", { colspan: columns.length, class: "muted" }, o.empty || "none"))
+      : rows.map((r) => h("tr", {}, r.map((cell, i) =>
+        h("td", { class: columns[i].startsWith("#") ? "num" : null }, cell))))));
+}
+
+function page(title, ...children) {
+  main.replaceChildren(h("h1", {}, title), ...children);
+  document.title = `${title} · Orca`;
+}
+
+function showError(e, stay) {
+  if (!stay && e instanceof ApiError && e.status === 401) {
+    location.hash = "#/login";
+    return;
+  }
+  main.append(h("p", { class: "error", role: "alert" },
+    e.code ? `${e.message} (${e.code})` : String(e.message || e),
+    e.hint ? h("span", { class: "muted" }, ` — ${e.hint}`) : null));
+}
+
+// Polls fn every ms until the page changes.
+function every(ms, fn) {
+  let live = true;
+  const loop = async () => {
+    while (live) {
+      await new Promise((r) => setTimeout(r, ms));
+      if (!live) break;
+      try { await fn(); } catch (e) { live = false; showError(e); }
+    }
+  };
+  loop();
+  return () => { live = false; };
+}
+
+// --- pages -----------------------------------------------------------------------
+
+async function login() {
+  document.getElementById("logout").hidden = true;
+  document.getElementById("who").textContent = "";
+  const input = h("input", { type: "password", id: "key", name: "key", autocomplete: "off",
+    placeholder: "orca_ak_...", "aria-label": "API key", required: true });
+  const form = h("form", { class: "inline", onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      await api("POST", "/session", { key: input.value });
+      location.hash = "#/pipelines";
+    } catch (e) { showError(e, true); }
+  } }, h("label", { for: "key" }, "API key"), input, h("button", { type: "submit" }, "Log in"));
+  page("Log in", h("p", { class: "muted" },
+    "An API key of your org (orca api-keys create NAME --role viewer|operator|admin)."), form);
+  input.focus();
+}
+
+async function pipelines() {
+  const list = await get("/pipelines");
+  const rows = await Promise.all(list.map(async (p) => {
+    const [detail, runs] = await Promise.all([
+      get(`/pipelines/${encodeURIComponent(p.pipeline)}`),
+      get(`/runs?pipeline=${encodeURIComponent(p.pipeline)}&limit=12`),
+    ]);
+    const marks = h("span", { class: "marks", "aria-label": "last runs, newest first" },
+      runs.items.map((r) => h("a", { class: `mark st-${r.status}`, href: `#/runs/${r.run}`,
+        title: `run ${r.run}: ${r.status} (${r.partitions.join(",")})` }, r.status[0].toUpperCase())));
+    const next = detail.next_fires.slice(0, 2).map((f) => `${when(f.fire_at)} → ${f.partition}`);
+    return [
+      h("a", { href: `#/pipelines/${encodeURIComponent(p.pipeline)}` }, p.pipeline),
+      p.cron ? `${p.cron} (${p.tz || "UTC"})` : p.partition_kind,
+      next.length ? next.join("; ") : "-",
+      marks,
+      p.paused ? status("paused") : "active",
+      String(p.queued), String(p.running),
+    ];
+  }));
+  page("Pipelines", table(["pipeline", "schedule", "next fires", "last runs", "state", "#queued",
+    "#running"], rows, { label: "pipelines", empty: "No pipelines yet (orca register BINARY)." }));
+}
+
+// A version's code link: <repo>/tree/<commit> when the source is a URL.
+function treeLink(v) {
+  if (!v.source || !v.commit || !/^https?:\/\//.test(v.source)) return v.commit || "-";
+  const base = v.source.replace(/\.git$/, "").replace(/\/$/, "");
+  return h("a", { href: `${base}/tree/${v.commit}`, class: "code-link" },
+    v.commit.slice(0, 12) + (v.dirty ? " (dirty)" : ""));
+}
+
+async function pipeline(name) {
+  const p = await get(`/pipelines/${encodeURIComponent(name)}`);
+  const runs = await get(`/runs?pipeline=${encodeURIComponent(name)}&limit=100`);
+  const queued = h("div", { id: "queued", "aria-live": "polite" });
+  const input = h("input", { type: "text", id: "partitions", name: "partitions",
+    placeholder: "2024-01..2024-06, 2024-01,2024-03 or @all", "aria-label": "partitions" });
+  let watch = () => {};
+  const form = h("form", { class: "inline", id: "backfill", onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      const r = await api("POST", `/pipelines/${encodeURIComponent(name)}/backfill`,
+        { partitions: input.value });
+      watch();
+      const draw = async () => {
+        const states = await Promise.all(r.runs.map((id) => get(`/runs/${id}`)));
+        const done = states.filter((s) => ["succeeded", "failed", "cancelled"].includes(s.status));
+        queued.replaceChildren(
+          h("p", {}, `${r.runs.length} run(s) queued; ${done.length} finished.`),
+          table(["#run", "partitions", "status", "steps"], states.map((s) => [
+            h("a", { href: `#/runs/${s.run}` }, String(s.run)), s.partitions.join(","),
+            status(s.status), `${s.steps_succeeded}/${s.steps_total}`]), { label: "queued runs" }));
+        if (done.length === states.length) watch();
+      };
+      await draw();
+      watch = every(1000, draw);
+    } catch (e) { showError(e); }
+  } }, h("label", { for: "partitions" }, "Backfill"), input,
+    h("button", { type: "submit" }, "Queue runs"));
+  // Partition × run status: the latest run of each partition, and how many.
+  const byPart = new Map();
+  for (const r of runs.items) {
+    for (const part of r.partitions) {
+      const e = byPart.get(part) || { latest: r, n: 0 };
+      e.n += 1;
+      byPart.set(part, e);
+    }
+  }
+  const parts = [...byPart.keys()].sort();
+  const timeline = table(["partition", "latest run", "status", "#runs"], parts.map((part) => {
+    const e = byPart.get(part);
+    return [part, h("a", { href: `#/runs/${e.latest.run}` }, String(e.latest.run)),
+      status(e.latest.status), String(e.n)];
+  }), { label: "partitions", empty: "No runs yet." });
+  const versions = table(["#version", "registry hash", "source", "commit", "image", "registered"],
+    p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16), v.source || "-",
+      treeLink(v), v.image || "-", when(v.registered_at)]), { label: "versions" });
+  page(`Pipeline ${name}`,
+    h("p", {}, p.cron ? `Schedule ${p.cron} in ${p.tz || "UTC"}` : `Partitions: ${p.partition_kind}`,
+      " · ", p.paused ? status("paused") : "active"),
+    form, queued,
+    h("h2", {}, "Next fires"),
+    table(["fire at", "fills"], p.next_fires.map((f) => [when(f.fire_at), f.partition]),
+      { label: "next fires", empty: "Not scheduled." }),
+    h("h2", {}, "Partitions"), timeline,
+    h("h2", {}, "Versions"), versions);
+  stopPage = () => watch();
+}
+
+async function runsPage() {
+  const runs = await get("/runs?limit=100");
+  page("Runs", table(["#run", "pipeline", "partitions", "trigger", "status", "queued", "took"],
+    runs.items.map((r) => [h("a", { href: `#/runs/${r.run}` }, String(r.run)),
+      h("a", { href: `#/pipelines/${encodeURIComponent(r.pipeline)}` }, r.pipeline),
+      r.partitions.join(","), r.trigger, status(r.status), when(r.created_at),
+      took(r.started_at, r.finished_at)]), { label: "runs", empty: "No runs yet." }));
+}
+
+async function run(id) {
+  let r = await get(`/runs/${id}`);
+  const grid = h("div", { id: "grid" });
+  const attempts = h("div", { id: "attempts" });
+  const events = h("div", { id: "events" });
+  const head = h("p", { id: "run-head", "aria-live": "polite" });
+  const log = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "log" });
+  const buttons = h("p", {},
+    h("button", { type: "button", class: "danger", id: "cancel", onclick: async () => {
+      try { await api("POST", `/runs/${id}/cancel`); await draw(); } catch (e) { showError(e); }
+    } }, "Cancel run"), " ",
+    h("button", { type: "button", id: "retry", onclick: async () => {
+      try {
+        const x = await api("POST", `/runs/${id}/retry`);
+        location.hash = `#/runs/${x.run}`;
+      } catch (e) { showError(e); }
+    } }, "Retry run"));
+  const draw = async () => {
+    r = await get(`/runs/${id}`);
+    head.replaceChildren(status(r.status), ` ${r.trigger} run of `,
+      h("a", { href: `#/pipelines/${encodeURIComponent(r.pipeline)}` }, r.pipeline),
+      ` (version ${r.version}) over ${r.partitions.join(",")}; queued ${when(r.created_at)}, `,
+      `took ${took(r.started_at, r.finished_at)}`, r.error ? h("span", { class: "error" }, ` ${r.error}`) : null);
+    document.getElementById("cancel").disabled = ["succeeded", "failed", "cancelled"].includes(r.status);
+    document.getElementById("retry").disabled = !["failed", "cancelled"].includes(r.status);
+    const steps = [...new Set(r.steps.map((s) => s.step))];
+    const parts = [...new Set(r.steps.map((s) => s.partition))].sort();
+    const cell = (step, part) => {
+      const s = r.steps.find((x) => x.step === step && x.partition === part);
+      if (!s) return "";
+      return h("span", { title: `${step} ${part}: ${s.status}, ${s.attempts} attempt(s)` },
+        status(s.status), s.attempts > 1 ? ` ×${s.attempts}` : "");
+    };
+    grid.replaceChildren(h("table", { class: "grid", "aria-label": "steps by partition" },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "step"),
+        parts.map((p) => h("th", { scope: "col" }, p)))),
+      h("tbody", {}, steps.map((st) => h("tr", {}, h("td", { class: "step" }, st),
+        parts.map((p) => h("td", {}, cell(st, p))))))));
+    attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "leased", "took", "error"],
+      r.attempt_list.map((a) => [String(a.number), status(a.status), a.runner || "-", a.pool,
+        when(a.leased_at), took(a.leased_at, a.finished_at), a.error || ""]), { label: "attempts" }));
+    events.replaceChildren(table(["#id", "at", "kind", "data"], r.events.map((e) =>
+      [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "events" }));
+  };
+  page(`Run ${id}`, head, buttons, h("h2", {}, "Steps × partitions"), grid,
+    h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log, h("h2", {}, "Events"), events);
+  await draw();
+  // The log, followed while the attempt runs (server-sent events).
+  const source = new EventSource(`/api/v1/runs/${id}/log/stream`);
+  source.addEventListener("line", (ev) => {
+    const l = JSON.parse(ev.data);
+    log.append(l.line + "\n");
+    log.scrollTop = log.scrollHeight;
+  });
+  source.addEventListener("end", () => source.close());
+  source.addEventListener("error", () => source.close());
+  const stop = every(1500, draw);
+  stopPage = () => { stop(); source.close(); };
+}
+
+// Pipelines and datasets in columns by depth, edges as arrows.
+function lineageSvg(graph) {
+  const nodes = new Map();
+  for (const p of graph.pipelines) nodes.set(p, { id: p, kind: "pipeline" });
+  for (const d of graph.datasets) nodes.set(d, { id: d, kind: "dataset" });
+  const incoming = new Map([...nodes.keys()].map((k) => [k, []]));
+  for (const e of graph.edges) if (incoming.has(e.to)) incoming.get(e.to).push(e.from);
+  const depth = new Map();
+  const depthOf = (n, seen) => {
+    if (depth.has(n)) return depth.get(n);
+    if (seen.has(n)) return 0;
+    seen.add(n);
+    const d = Math.max(-1, ...incoming.get(n).map((m) => depthOf(m, seen))) + 1;
+    depth.set(n, d);
+    return d;
+  };
+  for (const n of nodes.keys()) depthOf(n, new Set());
+  const cols = new Map();
+  for (const [n, d] of depth) { if (!cols.has(d)) cols.set(d, []); cols.get(d).push(n); }
+  const W = 170, H = 34, GX = 60, GY = 18;
+  const pos = new Map();
+  let maxRows = 0;
+  for (const [d, ns] of cols) {
+    ns.sort().forEach((n, i) => pos.set(n, { x: 10 + d * (W + GX), y: 10 + i * (H + GY) }));
+    maxRows = Math.max(maxRows, ns.length);
+  }
+  const width = 20 + cols.size * (W + GX), height = 20 + maxRows * (H + GY);
+  const NS = "http://www.w3.org/2000/svg";
+  const s = (tag, attrs, ...kids) => {
+    const el = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    for (const k of kids) el.append(k instanceof Node ? k : document.createTextNode(String(k)));
+    return el;
+  };
+  const svg = s("svg", { class: "lineage", width, height, role: "img",
+    "aria-label": "lineage: pipelines and datasets" },
+    s("defs", {}, s("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
+      markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      s("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8c959f" }))));
+  for (const e of graph.edges) {
+    const a = pos.get(e.from), b = pos.get(e.to);
+    if (!a || !b) continue;
+    svg.append(s("path", { class: `edge${e.recorded ? "" : " declared"}`, "marker-end": "url(#arrow)",
+      d: `M ${a.x + W} ${a.y + H / 2} C ${a.x + W + GX / 2} ${a.y + H / 2}, ${b.x - GX / 2} ${b.y + H / 2}, ${b.x} ${b.y + H / 2}` },
+      s("title", {}, `${e.from} ${e.kind === "writes" ? "writes" : "is read by"} ${e.to}`)));
+  }
+  for (const [id, n] of nodes) {
+    const p = pos.get(id);
+    if (!p) continue;
+    const link = s("a", { href: n.kind === "pipeline" ? `#/pipelines/${encodeURIComponent(id)}`
+      : `#/datasets/${encodeURIComponent(id)}` },
+      s("g", { class: n.kind },
+        s("rect", { x: p.x, y: p.y, width: W, height: H, rx: n.kind === "pipeline" ? 4 : 14 }),
+        s("text", { x: p.x + 10, y: p.y + H / 2 + 4 }, (n.kind === "pipeline" ? "⚙ " : "▤ ") + id)));
+    svg.append(link);
+  }
+  return svg;
+}
+
+async function datasets() {
+  const [list, graph] = await Promise.all([get("/datasets"), get("/lineage")]);
+  page("Datasets and lineage",
+    h("p", { class: "legend" }, "⚙ pipeline, ▤ dataset; solid edges were recorded by runs, dashed ones are declared only."),
+    lineageSvg(graph),
+    table(["dataset", "writers", "readers", "#commits", "#last snapshot", "last commit"],
+      list.map((d) => [h("a", { href: `#/datasets/${encodeURIComponent(d.dataset)}` }, d.dataset),
+        d.writers.join(", ") || "-", d.readers.join(", ") || "-", String(d.commits),
+        d.last_snapshot === null ? "-" : String(d.last_snapshot), when(d.last_committed_at)]),
+    { label: "datasets", empty: "No datasets yet." }));
+}
+
+async function dataset(name) {
+  const d = await get(`/datasets/${encodeURIComponent(name)}`);
+  page(`Dataset ${name}`,
+    h("p", {}, `Written by ${d.writers.join(", ") || "nobody"}; read by ${d.readers.join(", ") || "nobody"}.`),
+    h("h2", {}, "Snapshots"),
+    table(["#snapshot", "operation", "pipeline", "run", "step", "partition", "committed"],
+      d.snapshots.map((c) => [String(c.snapshot), c.operation, c.pipeline,
+        h("a", { href: `#/runs/${c.run}` }, String(c.run)), c.step, c.partition, when(c.committed_at)]),
+      { label: "snapshots", empty: "No snapshots committed by Orca's runs." }),
+    h("h2", {}, "Lineage"),
+    table(["direction", "#depth", "dataset", "via", "pipeline", "run", "read", "committed"],
+      d.lineage.map((l) => [l.direction, String(l.depth),
+        h("a", { href: `#/datasets/${encodeURIComponent(l.related)}` }, l.related), l.via, l.pipeline,
+        h("a", { href: `#/runs/${l.run}` }, String(l.run)), String(l.read_snapshot ?? "-"),
+        String(l.commit_snapshot ?? "-")]), { label: "lineage", empty: "Nothing recorded yet." }));
+}
+
+async function syncs() {
+  const list = await get("/syncs");
+  page("Syncs", table(["sync", "delivery", "source → destination", "#generation", "#HEAD epoch",
+    "HEAD moved", "last run", "#queued", "#running"], list.map((s) => [s.sync, s.delivery,
+    `${s.source || "?"} → ${s.destination || "?"}`, String(s.generation), String(s.head_epoch),
+    when(s.head_at), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
+      String(s.last_run)), " ", status(s.last_status)) : "-", String(s.queued), String(s.running)]),
+  { label: "syncs", empty: "No syncs (orca.create_sync defines one)." }));
+}
+
+async function runners() {
+  const list = await get("/runners");
+  const now = Date.now();
+  page("Runners", table(["runner", "host", "pool", "#slots", "first seen", "last seen", "#seconds since"],
+    list.map((r) => [r.name, r.host || "-", r.pool, r.slots === null ? "-" : String(r.slots),
+      when(r.first_seen), when(r.last_seen), String(Math.round((now - new Date(r.last_seen)) / 1000))]),
+    { label: "runners", empty: "No runners seen." }));
+}
+
+// --- routing ---------------------------------------------------------------------
+
+async function route() {
+  stopPage();
+  stopPage = () => {};
+  const [, section, arg] = (location.hash || "#/pipelines").split("/").map(decodeURIComponent);
+  try {
+    if (section === "login") return await login();
+    const who = await get("/session");
+    document.getElementById("who").textContent = `${who.org} · ${who.role} (${who.key})`;
+    document.getElementById("logout").hidden = false;
+    if (section === "pipelines" && arg) await pipeline(arg);
+    else if (section === "runs" && arg) await run(arg);
+    else if (section === "runs") await runsPage();
+    else if (section === "datasets" && arg) await dataset(arg);
+    else if (section === "datasets") await datasets();
+    else if (section === "syncs") await syncs();
+    else if (section === "runners") await runners();
+    else await pipelines();
+    main.focus();
+  } catch (e) {
+    main.replaceChildren();
+    showError(e);
+  }
+}
+
+document.getElementById("logout").addEventListener("click", async () => {
+  await api("DELETE", "/session").catch(() => {});
+  location.hash = "#/login";
+});
+window.addEventListener("hashchange", route);
+route();
