@@ -17,9 +17,19 @@ export ORCA_PGDIR="${ORCA_PGDIR:-$ORCA_ROOT/.orca/pg}"
 export ORCA_PGPORT="${ORCA_PGPORT:-54329}"
 source "$ORCA_ROOT/scripts/cluster.sh"
 
+# orca serve (the console and the HTTP API), started at the end of the demo.
+SERVE_PID="$ORCA_ROOT/.orca/serve.pid"
+serve_stop() {
+    if [ -f "$SERVE_PID" ]; then
+        kill -TERM "$(cat "$SERVE_PID")" 2>/dev/null || true
+        rm -f "$SERVE_PID"
+    fi
+}
+
 if [ "${1:-}" = "stop" ]; then
+    serve_stop
     cluster_stop
-    say "private cluster stopped"
+    say "private cluster and orca serve stopped"
     exit 0
 fi
 
@@ -173,7 +183,26 @@ done
 
 stop_runner
 trap - EXIT
-say "done. Explore: psql '$DATABASE_URL', or $BIN/orca runs (stop the cluster: scripts/demo.sh stop)"
+
+# The console and the HTTP API, with a key to log in with.
+SERVE_ADDR="127.0.0.1:${ORCA_SERVE_PORT:-8080}"
+serve_stop
+mkdir -p "$ORCA_ROOT/.orca"
+KEY="$("${PSQL[@]}" -d orca -Atqc "SELECT orca.create_api_key('demo-' || to_char(now(), 'YYYYMMDD-HH24MISS'), 'operator')")"
+DATABASE_URL="$DATABASE_URL" nohup "$BIN/orca" serve --listen "$SERVE_ADDR" >"$LOGS/serve.out" 2>&1 &
+echo $! >"$SERVE_PID"
+for ((i = 0; i < 60; i++)); do
+    curl -fsS "http://$SERVE_ADDR/healthz" >/dev/null 2>&1 && break
+    sleep 0.5
+done
+curl -fsS "http://$SERVE_ADDR/healthz" >/dev/null 2>&1 ||
+    { tail -20 "$LOGS/serve.out" >&2; die "orca serve did not start on $SERVE_ADDR (ORCA_SERVE_PORT picks another port)"; }
+curl -fsS -H "Authorization: Bearer $KEY" "http://$SERVE_ADDR/api/v1/session" >/dev/null ||
+    die "orca serve refused the demo's key"
+say "the console: http://$SERVE_ADDR/console/  (log in with the key $KEY)"
+say "the HTTP API: http://$SERVE_ADDR/api/v1 (its OpenAPI document: /api/v1/openapi.json)"
+say "done. Explore: psql '$DATABASE_URL', or $BIN/orca runs (stop the cluster and orca serve: scripts/demo.sh stop)"
 if [ "${ORCA_DEMO_STOP:-0}" = 1 ]; then
+    serve_stop
     cluster_stop
 fi

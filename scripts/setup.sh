@@ -13,7 +13,8 @@ server_version=$(dpkg-query -W -f='${Version}' "postgresql-$PG_MAJOR" 2>/dev/nul
 need=()
 dev_version=$(dpkg-query -W -f='${Version}' "postgresql-server-dev-$PG_MAJOR" 2>/dev/null || true)
 [ "$dev_version" = "$server_version" ] || need+=("postgresql-server-dev-$PG_MAJOR=$server_version")
-for p in libclang-dev clang; do
+# chromium: the console's browser test drives Debian's (headless, through Playwright).
+for p in libclang-dev clang chromium; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -111,6 +112,14 @@ if ! "$ST" --version >/dev/null 2>&1; then
     say "installing schemathesis into $(dirname "$(dirname "$ST")")"
     python3 -m venv "$(dirname "$(dirname "$ST")")"
     "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
+fi
+# Playwright, which drives chromium through the console in its test (no
+# browser download: it launches Debian's /usr/bin/chromium).
+PW="${ORCA_TEST_PLAYWRIGHT:-/var/tmp/orca-pw/bin/python}"
+if ! "$PW" -c 'import playwright.sync_api' 2>/dev/null; then
+    say "installing playwright into $(dirname "$(dirname "$PW")")"
+    python3 -m venv "$(dirname "$(dirname "$PW")")"
+    "$PW" -m pip install -q "playwright==1.65.2"
 fi
 # Prometheus' own parser of the text format, which the /metrics test reads with.
 if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then

@@ -166,7 +166,7 @@ async function pipeline(name) {
   const runs = await get(`/runs?pipeline=${encodeURIComponent(name)}&limit=100`);
   const queued = h("div", { id: "queued", "aria-live": "polite" });
   const input = h("input", { type: "text", id: "partitions", name: "partitions",
-    placeholder: "2024-01..2024-06, 2024-01,2024-03 or @all", "aria-label": "partitions" });
+    placeholder: "2024-01..2024-06, 2024-01,2024-03 or @all", "aria-label": "Backfill partitions" });
   let watch = () => {};
   const form = h("form", { class: "inline", id: "backfill", onsubmit: async (ev) => {
     ev.preventDefault();
@@ -182,6 +182,8 @@ async function pipeline(name) {
           table(["#run", "partitions", "status", "steps"], states.map((s) => [
             h("a", { href: `#/runs/${s.run}` }, String(s.run)), s.partitions.join(","),
             status(s.status), `${s.steps_succeeded}/${s.steps_total}`]), { label: "queued runs" }));
+        const latest = await get(`/runs?pipeline=${encodeURIComponent(name)}&limit=100`);
+        drawTimeline(latest.items);
         if (done.length === states.length) watch();
       };
       await draw();
@@ -190,20 +192,24 @@ async function pipeline(name) {
   } }, h("label", { for: "partitions" }, "Backfill"), input,
     h("button", { type: "submit" }, "Queue runs"));
   // Partition × run status: the latest run of each partition, and how many.
-  const byPart = new Map();
-  for (const r of runs.items) {
-    for (const part of r.partitions) {
-      const e = byPart.get(part) || { latest: r, n: 0 };
-      e.n += 1;
-      byPart.set(part, e);
+  const timeline = h("div", { id: "timeline" });
+  const drawTimeline = (items) => {
+    const byPart = new Map();
+    for (const r of items) {
+      for (const part of r.partitions) {
+        const e = byPart.get(part) || { latest: r, n: 0 };
+        e.n += 1;
+        byPart.set(part, e);
+      }
     }
-  }
-  const parts = [...byPart.keys()].sort();
-  const timeline = table(["partition", "latest run", "status", "#runs"], parts.map((part) => {
-    const e = byPart.get(part);
-    return [part, h("a", { href: `#/runs/${e.latest.run}` }, String(e.latest.run)),
-      status(e.latest.status), String(e.n)];
-  }), { label: "partitions", empty: "No runs yet." });
+    const parts = [...byPart.keys()].sort();
+    timeline.replaceChildren(table(["partition", "latest run", "status", "#runs"], parts.map((part) => {
+      const e = byPart.get(part);
+      return [part, h("a", { href: `#/runs/${e.latest.run}` }, String(e.latest.run)),
+        status(e.latest.status), String(e.n)];
+    }), { label: "partitions by latest run", empty: "No runs yet." }));
+  };
+  drawTimeline(runs.items);
   const versions = table(["#version", "registry hash", "source", "commit", "image", "registered"],
     p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16), v.source || "-",
       treeLink(v), v.image || "-", when(v.registered_at)]), { label: "versions" });
@@ -250,7 +256,8 @@ async function run(id) {
     head.replaceChildren(status(r.status), ` ${r.trigger} run of `,
       h("a", { href: `#/pipelines/${encodeURIComponent(r.pipeline)}` }, r.pipeline),
       ` (version ${r.version}) over ${r.partitions.join(",")}; queued ${when(r.created_at)}, `,
-      `took ${took(r.started_at, r.finished_at)}`, r.error ? h("span", { class: "error" }, ` ${r.error}`) : null);
+      `took ${took(r.started_at, r.finished_at)}`,
+      ...(r.error ? [" ", h("span", { class: "error" }, r.error)] : []));
     document.getElementById("cancel").disabled = ["succeeded", "failed", "cancelled"].includes(r.status);
     document.getElementById("retry").disabled = !["failed", "cancelled"].includes(r.status);
     const steps = [...new Set(r.steps.map((s) => s.step))];

@@ -551,3 +551,142 @@ async fn datasets_lineage_and_sensors_are_the_keys_orgs() {
     assert_eq!(graph["edges"], json!([]), "{graph}");
     drop(server);
 }
+
+#[tokio::test]
+async fn a_console_session_is_a_cookie_and_writes_need_its_csrf_token() {
+    let db = TestDb::new().await;
+    let mut c = connect_org(&db, "postgres", "default").await;
+    let mut m = lake_manifest("lake");
+    m["max_runs"] = json!(null);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&m)
+        .execute(&mut c)
+        .await
+        .expect("register");
+    let key = api_key(&db, "default", "browser", "operator").await;
+    let server = serve(&db).await;
+    let base = server.base.as_str();
+    let client = reqwest::Client::new();
+
+    let resp = client
+        .post(format!("{base}/api/v1/session"))
+        .json(&json!({"key": "orca_ak_forged"}))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(resp.status().as_u16(), 401);
+    assert!(resp.headers().get("set-cookie").is_none());
+
+    let resp = client
+        .post(format!("{base}/api/v1/session"))
+        .json(&json!({"key": key}))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(resp.status().as_u16(), 200);
+    let cookies: Vec<String> = resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    let key_cookie = cookies
+        .iter()
+        .find(|c| c.starts_with("orca_key="))
+        .unwrap_or_else(|| panic!("{cookies:?}"));
+    assert!(
+        key_cookie.contains("HttpOnly") && key_cookie.contains("SameSite=Strict"),
+        "{key_cookie}"
+    );
+    let csrf = cookies
+        .iter()
+        .find_map(|c| c.strip_prefix("orca_csrf="))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("{cookies:?}"))
+        .to_string();
+    let jar = format!("orca_key={key}; orca_csrf={csrf}");
+
+    // Reads with the cookie alone.
+    let who: Value = client
+        .get(format!("{base}/api/v1/session"))
+        .header("cookie", &jar)
+        .send()
+        .await
+        .expect("whoami")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(who["key"], "browser", "{who}");
+    // A write without the token (what another site could make a browser
+    // send) is refused and writes nothing; with it, it goes through.
+    let before = db.scalar_i64("SELECT count(*) FROM orca.runs").await;
+    for token in [None, Some("not-the-token")] {
+        let mut req = client
+            .post(format!("{base}/api/v1/pipelines/lake/runs"))
+            .header("cookie", &jar)
+            .json(&json!({"partitions": "2024-03"}));
+        if let Some(t) = token {
+            req = req.header("x-csrf-token", t);
+        }
+        let resp = req.send().await.expect("a write");
+        assert_eq!(resp.status().as_u16(), 403, "{token:?}");
+        let body: Value = resp.json().await.expect("JSON");
+        assert_eq!(body["error"]["code"], "csrf", "{body}");
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs").await,
+        before
+    );
+    let resp = client
+        .post(format!("{base}/api/v1/pipelines/lake/runs"))
+        .header("cookie", &jar)
+        .header("x-csrf-token", &csrf)
+        .json(&json!({"partitions": "2024-03"}))
+        .send()
+        .await
+        .expect("a write with the token");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs").await,
+        before + 1
+    );
+
+    // Revoking the key ends the session; logging out clears the cookies.
+    c.execute("SELECT orca.revoke_api_key('browser')")
+        .await
+        .expect("revoke");
+    let resp = client
+        .get(format!("{base}/api/v1/session"))
+        .header("cookie", &jar)
+        .send()
+        .await
+        .expect("whoami");
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = client
+        .delete(format!("{base}/api/v1/session"))
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(resp.status().as_u16(), 204);
+    assert!(resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .all(|c| c.contains("Max-Age=0")));
+    // The console itself is served, with a policy that allows no inline code.
+    let resp = client
+        .get(format!("{base}/console/"))
+        .send()
+        .await
+        .expect("the console");
+    assert_eq!(resp.status().as_u16(), 200);
+    let policy = resp
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(policy.contains("default-src 'self'"), "{policy}");
+    drop(server);
+}

@@ -1,0 +1,114 @@
+//! The console in a real browser: Debian's chromium driven by Playwright
+//! (tests/py/console_test.py) against a real `orca serve`, over a database
+//! with a real runner running the probe pipeline. Screenshots of each page
+//! go to a scratch directory (or ORCA_CONSOLE_SCREENSHOTS), which the test
+//! prints.
+
+use std::process::Command;
+
+use orca_tests::procs::{bin, Runner};
+use orca_tests::serve::{api_key, serve};
+use orca_tests::sqlx;
+use orca_tests::*;
+use serde_json::json;
+
+fn playwright_python() -> String {
+    std::env::var("ORCA_TEST_PLAYWRIGHT").unwrap_or_else(|_| "/var/tmp/orca-pw/bin/python".into())
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("orca-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+#[tokio::test]
+async fn a_user_drives_the_console_in_a_browser() {
+    let db = TestDb::new().await;
+    let out = Command::new(bin("orca"))
+        .args(["register", bin("probe").to_str().unwrap_or_default()])
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("orca register");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A pipeline no runner serves (its pool has none), with its code's
+    // repository and commit, and datasets.
+    let mut parked = lake_manifest("parked");
+    parked["pool"] = json!("idle");
+    parked["source"] = json!("https://github.com/example/orca-pipelines");
+    parked["commit"] = json!("0123456789abcdef0123456789abcdef01234567");
+    parked["steps"][0]["reads"] = json!(["parked.raw"]);
+    parked["steps"][0]["writes"] = json!(["parked.clean"]);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&parked)
+        .execute(&db.pool)
+        .await
+        .expect("register parked");
+    let parked_run: i64 = sqlx::query_scalar("SELECT orca.run('parked', '2024-03')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("a run that waits");
+    let logs = scratch("console-runner");
+    let dir = logs.to_string_lossy().to_string();
+    let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "300")];
+    let runner = Runner::start(&db.url(), "console-runner", 2, &logs, &env);
+    let key = api_key(&db, "default", "console", "operator").await;
+    let server = serve(&db).await;
+    let shots = std::env::var("ORCA_CONSOLE_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| scratch("console-screenshots"));
+
+    // Every step of the script has its own timeout (Playwright's), so a
+    // blocking wait is bounded; the server and the runner are processes.
+    let out = Command::new(playwright_python())
+        .arg(repo_root().join("tests/py/console_test.py"))
+        .args([
+            server.base.as_str(),
+            key.as_str(),
+            shots.to_str().unwrap_or_default(),
+            "probe",
+            "parked",
+            &parked_run.to_string(),
+        ])
+        .output()
+        .expect("run the browser test (scripts/setup.sh installs playwright)");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("console ok"),
+        "{text}\nrunner:\n{}",
+        runner.output()
+    );
+    println!("console screenshots: {}", shots.display());
+    for page in [
+        "login",
+        "pipelines",
+        "pipeline",
+        "run",
+        "cancelled",
+        "datasets",
+        "runners",
+    ] {
+        let png = shots.join(format!("{page}.png"));
+        let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 1000, "no screenshot of {page}: {}", png.display());
+    }
+    let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(parked_run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the parked run");
+    assert_eq!(
+        status, "cancelled",
+        "the console's cancel reached the control plane"
+    );
+    drop(server);
+    drop(runner);
+}
