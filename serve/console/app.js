@@ -16,7 +16,7 @@ function h(tag, attrs, ...children) {
     if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -130,7 +130,8 @@ async function login() {
 }
 
 async function pipelines() {
-  const list = await get("/pipelines");
+  const [list, sensors] = await Promise.all([get("/pipelines"), get("/sensors")]);
+  const sensorOf = new Map(sensors.map((x) => [x.pipeline, x]));
   const rows = await Promise.all(list.map(async (p) => {
     const [detail, runs] = await Promise.all([
       get(`/pipelines/${encodeURIComponent(p.pipeline)}`),
@@ -146,11 +147,14 @@ async function pipelines() {
       next.length ? next.join("; ") : "-",
       marks,
       p.paused ? status("paused") : "active",
+      sensorOf.has(p.pipeline)
+        ? `polled ${when(sensorOf.get(p.pipeline).last_sense_at)}; ${sensorOf.get(p.pipeline).runs_started} run(s) started`
+        : "-",
       String(p.queued), String(p.running),
     ];
   }));
-  page("Pipelines", table(["pipeline", "schedule", "next fires", "last runs", "state", "#queued",
-    "#running"], rows, { label: "pipelines", empty: "No pipelines yet (orca register BINARY)." }));
+  page("Pipelines", table(["pipeline", "schedule", "next fires", "last runs", "state", "sensor",
+    "#queued", "#running"], rows, { label: "pipelines", empty: "No pipelines yet (orca register BINARY)." }));
 }
 
 // A version's code link: <repo>/tree/<commit> when the source is a URL.
@@ -159,6 +163,23 @@ function treeLink(v) {
   const base = v.source.replace(/\.git$/, "").replace(/\/$/, "");
   return h("a", { href: `${base}/tree/${v.commit}`, class: "code-link" },
     v.commit.slice(0, 12) + (v.dirty ? " (dirty)" : ""));
+}
+
+// Each step linked to its line at the version's commit (from orca locate).
+function stepLinks(v) {
+  const steps = (v.locations && v.locations.steps) || {};
+  const names = Object.keys(steps).sort();
+  if (names.length === 0) return "-";
+  const repo = v.source && v.commit && /^https?:\/\//.test(v.source)
+    ? v.source.replace(/\.git$/, "").replace(/\/$/, "") : null;
+  return h("span", {}, names.map((n, i) => {
+    const at = steps[n];
+    const label = `${n} (${at.file}:${at.line})`;
+    const el = repo
+      ? h("a", { class: "step-link", href: `${repo}/blob/${v.commit}/${at.file}#L${at.line}` }, label)
+      : label;
+    return i ? [", ", el] : [el];
+  }));
 }
 
 async function pipeline(name) {
@@ -210,9 +231,10 @@ async function pipeline(name) {
     }), { label: "partitions by latest run", empty: "No runs yet." }));
   };
   drawTimeline(runs.items);
-  const versions = table(["#version", "registry hash", "source", "commit", "image", "registered"],
-    p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16), v.source || "-",
-      treeLink(v), v.image || "-", when(v.registered_at)]), { label: "versions" });
+  const versions = table(["#version", "registry hash", "source", "commit", "steps", "image",
+    "registered"], p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16),
+    v.source || "-", treeLink(v), stepLinks(v), v.image || "-", when(v.registered_at)]),
+  { label: "versions" });
   page(`Pipeline ${name}`,
     h("p", {}, p.cron ? `Schedule ${p.cron} in ${p.tz || "UTC"}` : `Partitions: ${p.partition_kind}`,
       " · ", p.paused ? status("paused") : "active"),
@@ -239,6 +261,7 @@ async function run(id) {
   const grid = h("div", { id: "grid" });
   const attempts = h("div", { id: "attempts" });
   const events = h("div", { id: "events" });
+  const snapshots = h("div", { id: "snapshots" });
   const head = h("p", { id: "run-head", "aria-live": "polite" });
   const log = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "log" });
   const buttons = h("p", {},
@@ -262,11 +285,24 @@ async function run(id) {
     document.getElementById("retry").disabled = !["failed", "cancelled"].includes(r.status);
     const steps = [...new Set(r.steps.map((s) => s.step))];
     const parts = [...new Set(r.steps.map((s) => s.partition))].sort();
+    // How long each (step, partition) took, from its last step.running
+    // event to the step.succeeded or step.failed after it.
+    const spans = new Map();
+    for (const e of r.events) {
+      const k = `${e.data.step}|${e.data.partition}`;
+      if (e.kind === "step.running") spans.set(k, { from: e.at, to: null });
+      else if ((e.kind === "step.succeeded" || e.kind === "step.failed") && spans.has(k)) {
+        spans.get(k).to = e.at;
+      }
+    }
     const cell = (step, part) => {
       const s = r.steps.find((x) => x.step === step && x.partition === part);
       if (!s) return "";
+      const span = spans.get(`${step}|${part}`);
+      const dur = span && span.to ? took(span.from, span.to) : null;
       return h("span", { title: `${step} ${part}: ${s.status}, ${s.attempts} attempt(s)` },
-        status(s.status), s.attempts > 1 ? ` ×${s.attempts}` : "");
+        status(s.status), s.attempts > 1 ? ` ×${s.attempts}` : "",
+        dur ? h("span", { class: "muted" }, ` ${dur}`) : "");
     };
     grid.replaceChildren(h("table", { class: "grid", "aria-label": "steps by partition" },
       h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "step"),
@@ -276,11 +312,17 @@ async function run(id) {
     attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "leased", "took", "error"],
       r.attempt_list.map((a) => [String(a.number), status(a.status), a.runner || "-", a.pool,
         when(a.leased_at), took(a.leased_at, a.finished_at), a.error || ""]), { label: "attempts" }));
+    snapshots.replaceChildren(table(["role", "dataset", "#snapshot", "step", "partition", "at"],
+      r.snapshots.map((x) => [x.role.replace("_", " "),
+        h("a", { href: `#/datasets/${encodeURIComponent(x.dataset)}` }, x.dataset),
+        x.snapshot === null ? "-" : String(x.snapshot), x.step || "-", x.partition || "-", when(x.at)]),
+    { label: "snapshots", empty: "No snapshots read, committed or sensed." }));
     events.replaceChildren(table(["#id", "at", "kind", "data"], r.events.map((e) =>
       [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "events" }));
   };
   page(`Run ${id}`, head, buttons, h("h2", {}, "Steps × partitions"), grid,
-    h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log, h("h2", {}, "Events"), events);
+    h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log,
+    h("h2", {}, "Snapshots read, committed and sensed"), snapshots, h("h2", {}, "Events"), events);
   await draw();
   // The log, followed while the attempt runs (server-sent events).
   const source = new EventSource(`/api/v1/runs/${id}/log/stream`);
@@ -393,6 +435,25 @@ async function syncs() {
   { label: "syncs", empty: "No syncs (orca.create_sync defines one)." }));
 }
 
+async function webhooks() {
+  const list = await get("/webhooks");
+  const sections = await Promise.all(list.map(async (w) => {
+    const d = await get(`/webhooks/${w.id}/deliveries?limit=20`);
+    return [h("h2", {}, `Endpoint ${w.id}: ${w.url}`),
+      h("p", {}, w.enabled ? status("enabled") : status("disabled"),
+        ` events ${w.events.join(", ")}; cursor at event ${w.cursor}`,
+        w.failures ? `; ${w.failures} failed tries since ${when(w.failing_since)}` : "",
+        w.disabled_reason ? h("span", { class: "error" }, ` ${w.disabled_reason}`) : ""),
+      table(["#try", "event", "#attempt", "status", "#response", "#latency ms", "relay", "at", "error"],
+        d.items.map((x) => [String(x.id), String(x.event), String(x.attempt), status(x.status),
+          x.response === null ? "-" : String(x.response), String(x.latency_ms), x.relay || "-",
+          when(x.at), x.error || ""]), { label: `deliveries of endpoint ${w.id}`,
+          empty: "No delivery tries yet." })];
+  }));
+  page("Webhooks", ...(list.length ? sections.flat()
+    : [h("p", { class: "muted" }, "No endpoints (orca webhooks create URL).")]));
+}
+
 async function runners() {
   const list = await get("/runners");
   const now = Date.now();
@@ -420,6 +481,7 @@ async function route() {
     else if (section === "datasets") await datasets();
     else if (section === "syncs") await syncs();
     else if (section === "runners") await runners();
+    else if (section === "webhooks") await webhooks();
     else await pipelines();
     main.focus();
   } catch (e) {

@@ -100,6 +100,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sensors))
         .routes(routes!(crate::logs::log))
         .routes(routes!(crate::logs::log_stream))
+        .routes(routes!(webhooks))
+        .routes(routes!(webhook_deliveries))
 }
 
 /// The key's org, role and name.
@@ -255,6 +257,9 @@ pub struct Version {
     pub image: Option<String>,
     pub binary_sha256: Option<String>,
     pub registered_at: DateTime<Utc>,
+    /// Where the pipeline and each step are in the source (`orca locate`):
+    /// `{"pipeline": {"file", "line"}, "steps": {"<step>": {"file", "line"}}}`.
+    pub locations: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -295,7 +300,7 @@ async fn pipeline(
     .ok_or_else(|| ApiError::not_found(format!("no pipeline {name:?} in org {}", s.who.org)))?;
     let versions = sqlx::query_as::<_, Version>(
         "SELECT v.version::bigint AS version, v.registry_hash, v.source, v.commit, v.dirty, \
-                v.image, v.binary_sha256, v.registered_at \
+                v.image, v.binary_sha256, v.registered_at, v.manifest -> 'locations' AS locations \
          FROM orca.pipeline_versions v JOIN orca.pipelines p ON p.id = v.pipeline_id \
          WHERE p.name = $1 ORDER BY v.version DESC",
     )
@@ -504,6 +509,20 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
+/// A snapshot a run read (pinned for its retries), committed, or was
+/// started by (a sensor's).
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct RunSnapshot {
+    /// `read`, `committed` or `started_by`.
+    pub role: String,
+    pub dataset: String,
+    pub snapshot: Option<i64>,
+    /// The step and partition (none for what started the run).
+    pub step: Option<String>,
+    pub partition: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunDetail {
     #[serde(flatten)]
@@ -511,6 +530,7 @@ pub struct RunDetail {
     pub steps: Vec<StepState>,
     pub attempt_list: Vec<Attempt>,
     pub events: Vec<Event>,
+    pub snapshots: Vec<RunSnapshot>,
 }
 
 /// A run with its (step, partition) states, attempts and events.
@@ -553,11 +573,27 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     .bind(id)
     .fetch_all(&mut *s.tx)
     .await?;
+    let snapshots = sqlx::query_as::<_, RunSnapshot>(
+        "SELECT 'started_by' AS role, x.dataset, x.snapshot_id AS snapshot, NULL::text AS step, \
+                NULL::text AS partition, x.seen_at AS at \
+         FROM orca.sensed x WHERE x.run_id = $1 \
+         UNION ALL \
+         SELECT 'read', r.dataset, r.snapshot_id, r.step, r.partition, r.pinned_at \
+         FROM orca.reads r WHERE r.run_id = $1 \
+         UNION ALL \
+         SELECT 'committed', c.dataset, c.snapshot_id, c.step, c.partition, c.committed_at \
+         FROM orca.commits c WHERE c.run_id = $1 \
+         ORDER BY at, role",
+    )
+    .bind(id)
+    .fetch_all(&mut *s.tx)
+    .await?;
     Ok(Json(RunDetail {
         run,
         steps,
         attempt_list,
         events,
+        snapshots,
     }))
 }
 
@@ -959,4 +995,112 @@ async fn sensors(mut s: Session) -> Result<Json<Vec<Sensor>>, ApiError> {
     .fetch_all(&mut *s.tx)
     .await?;
     Ok(Json(rows))
+}
+
+// --- Webhooks ---------------------------------------------------------------------
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Webhook {
+    pub id: i64,
+    pub url: String,
+    pub events: Vec<String>,
+    pub description: Option<String>,
+    pub enabled: bool,
+    pub disabled_reason: Option<String>,
+    /// The last event delivered (or passed over as not wanted).
+    pub cursor: i64,
+    /// Failed tries of the event at the cursor, and since when it fails.
+    pub failures: i32,
+    pub failing_since: Option<DateTime<Utc>>,
+    pub next_attempt_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The org's webhook endpoints (never their secrets).
+#[utoipa::path(get, path = "/webhooks", tag = "webhooks",
+    responses(
+        (status = 200, description = "Every endpoint, by id", body = Vec<Webhook>),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+    ))]
+async fn webhooks(mut s: Session) -> Result<Json<Vec<Webhook>>, ApiError> {
+    let rows = sqlx::query_as::<_, Webhook>(
+        "SELECT id, url, events, description, enabled, disabled_reason, cursor, failures, \
+                failing_since, next_attempt_at, created_at FROM orca.webhooks ORDER BY id",
+    )
+    .fetch_all(&mut *s.tx)
+    .await?;
+    Ok(Json(rows))
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Delivery {
+    pub id: i64,
+    pub event: i64,
+    /// 1 for the event's first try at this endpoint.
+    pub attempt: i32,
+    /// `delivered` or `failed`.
+    pub status: String,
+    /// The endpoint's HTTP status, if it answered.
+    pub response: Option<i32>,
+    pub latency_ms: i32,
+    pub error: Option<String>,
+    pub relay: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryFilter {
+    /// Tries before this id (the `next_cursor` of the page before).
+    pub cursor: Option<i64>,
+    /// Tries a page holds (1 to 500, default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<i64>,
+}
+
+/// An endpoint's delivery tries, newest first.
+#[utoipa::path(get, path = "/webhooks/{id}/deliveries", tag = "webhooks",
+    params(("id" = i64, Path, description = "The endpoint", example = 1), DeliveryFilter),
+    responses(
+        (status = 200, description = "A page of delivery tries", body = Page<Delivery>),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn webhook_deliveries(
+    mut s: Session,
+    PathOf(id): PathOf<i64>,
+    Params(f): Params<DeliveryFilter>,
+) -> Result<Json<Page<Delivery>>, ApiError> {
+    let n = limit(f.limit)?;
+    let known: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orca.webhooks WHERE id = $1)")
+            .bind(id)
+            .fetch_one(&mut *s.tx)
+            .await?;
+    if !known {
+        return Err(ApiError::not_found(format!(
+            "no webhook {id} in org {}",
+            s.who.org
+        )));
+    }
+    let mut rows = sqlx::query_as::<_, Delivery>(
+        "SELECT id, event_id AS event, attempt, status, response, latency_ms, error, relay, at \
+         FROM orca.webhook_deliveries WHERE webhook_id = $1 AND ($2::bigint IS NULL OR id < $2) \
+         ORDER BY id DESC LIMIT $3",
+    )
+    .bind(id)
+    .bind(f.cursor)
+    .bind(n + 1)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let more = rows.len() as i64 > n;
+    rows.truncate(usize::try_from(n).unwrap_or(0));
+    let next_cursor = more.then(|| rows.last().map(|d| d.id)).flatten();
+    Ok(Json(Page {
+        items: rows,
+        next_cursor,
+    }))
 }

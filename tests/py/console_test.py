@@ -86,6 +86,10 @@ with sync_playwright() as p:
     href = link.get_attribute("href")
     if not re.fullmatch(r"https://github\.com/example/orca-pipelines/tree/[0-9a-f]+", href or ""):
         raise SystemExit(f"the code link is {href!r}")
+    step = page.locator("a.step-link").first
+    want = "https://github.com/example/orca-pipelines/blob/0123456789abcdef0123456789abcdef01234567/src/steps.rs#L42"
+    if step.get_attribute("href") != want:
+        raise SystemExit(f"the step's link is {step.get_attribute('href')!r}, not {want}")
     # Follow it: no network here, so the request is caught and answered.
     page.route("https://github.com/**", lambda route: route.fulfill(
         status=200, content_type="text/html", body="<h1>the repository at the commit</h1>"))
@@ -108,6 +112,15 @@ with sync_playwright() as p:
     expect(page.get_by_role("img", name=re.compile("lineage"))).to_be_visible()
     expect(page.get_by_role("table", name="datasets")).to_contain_text(f"{parked}.clean")
     shot(page, "datasets")
+
+    # Webhooks: each delivery try a row, with the endpoint's answer.
+    page.get_by_role("link", name="Webhooks", exact=True).click()
+    tries = page.get_by_role("table", name=re.compile("deliveries of endpoint"))
+    expect(tries).to_contain_text("503")
+    expect(tries.locator(".st-delivered")).to_have_count(1)
+    # (orca serve relays too: its own tries at the unreachable host add failed rows.)
+    expect(tries.locator(".st-failed").first).to_be_visible()
+    shot(page, "webhooks")
 
     for section, heading in [("Syncs", "Syncs"), ("Runners", "Runners"), ("Runs", "Runs")]:
         page.get_by_role("link", name=section, exact=True).click()

@@ -81,6 +81,31 @@ async fn the_worker_ticks_survives_sighup_and_a_failing_tick() {
         "the worker did not reclaim a lapsed lease\n{}",
         cluster.log()
     );
+    // Its ticks are counted and timed (track_functions, reported after
+    // each tick), and the lapsed leases counted, in orca.metrics().
+    let c = tokio::sync::Mutex::new(c);
+    wait_until(
+        "the worker's ticks in orca.metrics()",
+        Duration::from_secs(20),
+        || async {
+            let got: Vec<(String, f64)> = sqlx::query_as(
+                "SELECT metric, value FROM orca.metrics() \
+                 WHERE metric IN ('orca_ticks_total', 'orca_tick_seconds_total', \
+                                  'orca_leases_lapsed_total')",
+            )
+            .fetch_all(&mut *c.lock().await)
+            .await
+            .expect("metrics");
+            let value = |m: &str| got.iter().find(|g| g.0 == m).map_or(0.0, |g| g.1);
+            (value("orca_ticks_total") >= 1.0
+                && value("orca_tick_seconds_total") > 0.0
+                && value("orca_leases_lapsed_total") >= 1.0)
+                .then_some(())
+        },
+        || cluster.log(),
+    )
+    .await;
+    let mut c = c.into_inner();
 
     // A reload reaches the worker, which keeps running and ticking.
     c.execute("ALTER SYSTEM SET orca.tick_ms = 150")

@@ -41,6 +41,8 @@ async fn a_user_drives_the_console_in_a_browser() {
     parked["pool"] = json!("idle");
     parked["source"] = json!("https://github.com/example/orca-pipelines");
     parked["commit"] = json!("0123456789abcdef0123456789abcdef01234567");
+    parked["locations"] = json!({"pipeline": {"file": "src/main.rs", "line": 3},
+                                 "steps": {"one": {"file": "src/steps.rs", "line": 42}}});
     parked["steps"][0]["reads"] = json!(["parked.raw"]);
     parked["steps"][0]["writes"] = json!(["parked.clean"]);
     sqlx::query("SELECT orca.register($1)")
@@ -52,6 +54,22 @@ async fn a_user_drives_the_console_in_a_browser() {
         .fetch_one(&db.pool)
         .await
         .expect("a run that waits");
+    // A webhook endpoint with a failed and a delivered try, as a relay records them.
+    let hook: i64 = sqlx::query_scalar(
+        "SELECT (orca.create_webhook('https://hooks.example.com/orca', '{run.*}') ->> 'id')::bigint",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("a webhook");
+    for (ok, code) in [(false, 503), (true, 200)] {
+        sqlx::query("SELECT orca.relay_done($1, 1, $2, $3, 12, NULL, 'relay-a')")
+            .bind(hook)
+            .bind(ok)
+            .bind(code)
+            .execute(&db.pool)
+            .await
+            .expect("a delivery try");
+    }
     let logs = scratch("console-runner");
     let dir = logs.to_string_lossy().to_string();
     let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "300")];

@@ -535,6 +535,31 @@ async fn datasets_lineage_and_sensors_are_the_keys_orgs() {
         "{graph}"
     );
 
+    // The run shows what it read and committed.
+    let (status, run) = get(base, &format!("/runs/{}", lease.run), Some(&viewer)).await;
+    assert_eq!(status, 200, "{run}");
+    let roles: Vec<(String, String, i64)> = run["snapshots"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    (
+                        x["role"].as_str().unwrap_or_default().to_string(),
+                        x["dataset"].as_str().unwrap_or_default().to_string(),
+                        x["snapshot"].as_i64().unwrap_or(-1),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        roles,
+        [
+            ("read".to_string(), "lake.raw".to_string(), 7),
+            ("committed".to_string(), "lake.clean".to_string(), 8)
+        ],
+        "{run}"
+    );
     let (status, sensors) = get(base, "/sensors", Some(&viewer)).await;
     assert_eq!(status, 200, "{sensors}");
     assert_eq!(sensors[0]["pipeline"], "watch", "{sensors}");

@@ -79,6 +79,10 @@ async fn the_document_describes_the_api_and_the_api_keeps_to_it() {
         "/api/v1/datasets/{name}",
         "/api/v1/lineage",
         "/api/v1/sensors",
+        "/api/v1/webhooks",
+        "/api/v1/webhooks/{id}/deliveries",
+        "/api/v1/runs/{id}/log",
+        "/api/v1/runs/{id}/log/stream",
         "/metrics",
         "/healthz",
     ] {
