@@ -427,9 +427,11 @@ async function dataset(name) {
 
 async function syncs() {
   const list = await get("/syncs");
-  page("Syncs", table(["sync", "delivery", "source → destination", "#generation", "#HEAD epoch",
-    "HEAD moved", "last run", "#queued", "#running"], list.map((s) => [s.sync, s.delivery,
-    `${s.source || "?"} → ${s.destination || "?"}`, String(s.generation), String(s.head_epoch),
+  page("Syncs", table(["sync", "delivery", "source → destination", "streams", "#generation",
+    "#HEAD epoch", "HEAD moved", "last run", "#queued", "#running"], list.map((s) => [s.sync,
+    s.delivery, `${s.source || "?"} → ${s.destination || "?"}`,
+    s.stream_levels.map((x) => `${x.stream} (${x.mode || "append"}): ${x.delivery || "-"}`).join("; ") || "-",
+    String(s.generation), String(s.head_epoch),
     when(s.head_at), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
       String(s.last_run)), " ", status(s.last_status)) : "-", String(s.queued), String(s.running)]),
   { label: "syncs", empty: "No syncs (orca.create_sync defines one)." }));

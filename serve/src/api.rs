@@ -671,6 +671,18 @@ pub struct SyncRow {
     pub last_error: Option<String>,
     pub queued: i64,
     pub running: i64,
+    /// Each stream's write mode and the delivery level it keeps.
+    #[schema(value_type = Vec<StreamDelivery>)]
+    pub stream_levels: sqlx::types::Json<Vec<StreamDelivery>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StreamDelivery {
+    pub stream: String,
+    /// `at_least_once`, `effectively_once` or `exactly_once`.
+    pub delivery: Option<String>,
+    /// `append`, `merge` or `overwrite`.
+    pub mode: Option<String>,
 }
 
 /// The org's syncs with their HEADs.
@@ -684,8 +696,13 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
     let rows = sqlx::query_as::<_, SyncRow>(
         "SELECT sync, delivery, source, destination, streams, schedule, pool, generation, \
                 head_epoch, head_at, last_run, last_status, last_finished_at, last_error, \
-                queued, running \
-         FROM orca.sync_overview ORDER BY sync",
+                queued, running, \
+                (SELECT coalesce(jsonb_agg(jsonb_build_object( \
+                            'stream', x->>'name', 'delivery', x->>'delivery', 'mode', x->>'mode') \
+                            ORDER BY x->>'name'), '[]'::jsonb) \
+                 FROM orca.syncs sy, jsonb_array_elements(sy.definition->'streams') x \
+                 WHERE sy.id = o.sync_id) AS stream_levels \
+         FROM orca.sync_overview o ORDER BY sync",
     )
     .fetch_all(&mut *s.tx)
     .await?;

@@ -122,6 +122,10 @@ with sync_playwright() as p:
     expect(tries.locator(".st-failed").first).to_be_visible()
     shot(page, "webhooks")
 
+    # Syncs: each stream with its mode and the delivery level it keeps.
+    page.get_by_role("link", name="Syncs", exact=True).click()
+    expect(page.get_by_role("table", name="syncs")).to_contain_text(re.compile(r"events \(\w+\): \w+_once"))
+
     for section, heading in [("Syncs", "Syncs"), ("Runners", "Runners"), ("Runs", "Runs")]:
         page.get_by_role("link", name=section, exact=True).click()
         expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible()

@@ -70,6 +70,15 @@ async fn a_user_drives_the_console_in_a_browser() {
             .await
             .expect("a delivery try");
     }
+    // A sync (its local paths are under the scratch root the test org may use).
+    let root = scratch_root();
+    sqlx::query("SELECT orca.create_sync('mirror', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": format!("{root}/console-in"), "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": format!("{root}/console-out")}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("a sync");
     let logs = scratch("console-runner");
     let dir = logs.to_string_lossy().to_string();
     let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "300")];
