@@ -1,6 +1,6 @@
 //! `orca backfill <pipeline> <partitions>`: queue, then follow with progress.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -161,22 +161,41 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
 pub fn follow(c: &mut Client, ids: &[i64], pipeline: &str) -> anyhow::Result<i32> {
     let tty = std::io::stdout().is_terminal();
     let started = Instant::now();
+    // On a terminal, a live bar (indicatif); in a pipe or a log, a line per
+    // change, which scripts and tests read.
+    let progress = tty.then(|| {
+        let p = indicatif::ProgressBar::new(0);
+        p.set_style(
+            indicatif::ProgressStyle::with_template(
+                "[{bar:30.green/white}] {pos}/{len} done: {msg} ({elapsed})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        p.enable_steady_tick(Duration::from_millis(200));
+        p
+    });
     let mut last = None;
     loop {
         let k = counts(c, ids)?;
         let total = k.done() + k.running + k.queued;
         if last != Some(k) {
-            if tty {
-                print!("\r{}", bar(&k, total, started));
-                let _ = std::io::stdout().flush();
-            } else {
-                println!("{}", bar(&k, total, started));
+            match &progress {
+                Some(p) => {
+                    p.set_length(u64::try_from(total).unwrap_or(0));
+                    p.set_position(u64::try_from(k.done()).unwrap_or(0));
+                    p.set_message(format!(
+                        "{} succeeded, {} failed, {} cancelled; {} running, {} queued",
+                        k.succeeded, k.failed, k.cancelled, k.running, k.queued
+                    ));
+                }
+                None => println!("{}", bar(&k, total, started)),
             }
             last = Some(k);
         }
         if k.done() >= total {
-            if tty {
-                println!();
+            if let Some(p) = &progress {
+                p.finish_and_clear();
+                println!("{}", bar(&k, total, started));
             }
             if k.failed + k.cancelled > 0 {
                 println!(
