@@ -155,6 +155,10 @@ enum Cmd {
         /// Do not relay webhooks from this server (run `orca relay` instead).
         #[arg(long)]
         no_relay: bool,
+        /// Mark the console's session cookies Secure (when it is reached over
+        /// TLS, directly or through a proxy).
+        #[arg(long, env = "ORCA_SECURE_COOKIES")]
+        secure_cookies: bool,
     },
     /// Deliver webhooks: the outbox to each endpoint, signed, at least once.
     Relay {
@@ -337,11 +341,13 @@ fn main() {
             listen,
             connections,
             no_relay,
+            secure_cookies,
         } => serve(orca_serve::Options {
             database_url: cli.database_url.clone(),
             listen,
             connections,
             relay: (!no_relay).then(|| relay_options(None, 500)),
+            secure_cookies,
         }),
         Cmd::Relay { name, idle_ms } => {
             let opts = relay_options(name, idle_ms);

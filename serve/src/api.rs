@@ -150,18 +150,19 @@ async fn login(
     let who = s.who.clone();
     drop(s);
     let csrf = uuid::Uuid::new_v4().simple().to_string();
+    let secure = if state.secure_cookies { "; Secure" } else { "" };
     let cookies = [
         (
             axum::http::header::SET_COOKIE,
             format!(
-                "{}={key}; Path=/; HttpOnly; SameSite=Strict",
+                "{}={key}; Path=/; HttpOnly; SameSite=Strict{secure}",
                 crate::session::KEY_COOKIE
             ),
         ),
         (
             axum::http::header::SET_COOKIE,
             format!(
-                "{}={csrf}; Path=/; SameSite=Strict",
+                "{}={csrf}; Path=/; SameSite=Strict{secure}",
                 crate::session::CSRF_COOKIE
             ),
         ),

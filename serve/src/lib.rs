@@ -24,6 +24,9 @@ pub mod session;
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Whether the console's cookies are marked `Secure` (served over TLS,
+    /// directly or behind a proxy that terminates it).
+    pub secure_cookies: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +54,8 @@ pub struct Options {
     /// Also relay webhooks (the login needs orca_relay), as this server's
     /// name in the delivery rows.
     pub relay: Option<relay::RelayOptions>,
+    /// Mark the console's cookies `Secure`.
+    pub secure_cookies: bool,
 }
 
 /// The OpenAPI document's frame: what the operations under `/api/v1` are
@@ -165,7 +170,11 @@ pub async fn serve(opts: Options) -> Result<(), ServeError> {
         println!("orca serve: relaying webhooks as {}", r.name);
         tokio::spawn(relay::run(pool.clone(), r));
     }
-    axum::serve(listener, app(AppState { pool }))
+    let state = AppState {
+        pool,
+        secure_cookies: opts.secure_cookies,
+    };
+    axum::serve(listener, app(state))
         .with_graceful_shutdown(stopped())
         .await
         .map_err(ServeError::Serve)

@@ -33,6 +33,11 @@ pub fn free_port() -> u16 {
 }
 
 pub async fn serve(db: &TestDb) -> Server {
+    serve_with(db, &[]).await
+}
+
+/// `orca serve` with more arguments (`--secure-cookies`, ...).
+pub async fn serve_with(db: &TestDb, args: &[&str]) -> Server {
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
             .bind(SERVE_LOGIN)
@@ -62,6 +67,7 @@ pub async fn serve(db: &TestDb) -> Server {
         .replacen("postgres@", &format!("{SERVE_LOGIN}@"), 1);
     let child = Command::new(bin("orca"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
         .env("DATABASE_URL", url)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -620,9 +620,26 @@ async fn a_console_session_is_a_cookie_and_writes_need_its_csrf_token() {
         .find(|c| c.starts_with("orca_key="))
         .unwrap_or_else(|| panic!("{cookies:?}"));
     assert!(
-        key_cookie.contains("HttpOnly") && key_cookie.contains("SameSite=Strict"),
+        key_cookie.contains("HttpOnly")
+            && key_cookie.contains("SameSite=Strict")
+            && !key_cookie.contains("Secure"),
         "{key_cookie}"
     );
+    // Behind TLS, the cookies are Secure.
+    let tls = orca_tests::serve::serve_with(&db, &["--secure-cookies"]).await;
+    let resp = client
+        .post(format!("{}/api/v1/session", tls.base))
+        .json(&json!({"key": key}))
+        .send()
+        .await
+        .expect("login");
+    assert!(resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .all(|c| c.ends_with("; Secure")));
+    drop(tls);
     let csrf = cookies
         .iter()
         .find_map(|c| c.strip_prefix("orca_csrf="))
