@@ -83,6 +83,7 @@ GRANT EXECUTE ON FUNCTION
     orca.claim_sync(text, uuid),
     orca.advance_head(text, integer, bigint, text, uuid),
     orca.rewind_head(text, integer, bigint, text, uuid),
+    orca.record_epoch(text, integer, bigint, jsonb, uuid),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
     orca.attempt_secret(uuid, text)
     TO orca_attempt;

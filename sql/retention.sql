@@ -102,6 +102,16 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- A sync's epochs go with the runs' window (the checkpoint log keeps
+    -- its records; these are their figures).
+    IF v_keep > 0 THEN
+        DELETE FROM orca.sync_epochs d
+        WHERE (d.sync_id, d.epoch) IN (
+            SELECT x.sync_id, x.epoch FROM orca.sync_epochs x
+            WHERE x.committed_at < v_cut AND x.org_id = ANY (p_orgs)
+            ORDER BY x.committed_at LIMIT v_batch);
+    END IF;
+
     v_keep := orca._retain_seconds('events');
     IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
                       < p_now - make_interval(secs => v_keep) THEN

@@ -403,6 +403,28 @@ impl Control {
         }
     }
 
+    /// `orca.record_epoch`: what a committed epoch moved, for the API and the
+    /// console. A control plane older than this (no such function) is not
+    /// an error: the checkpoint record holds the same figures.
+    pub fn record_epoch(
+        &mut self,
+        sync: &str,
+        generation: Generation,
+        epoch: Epoch,
+        stats: &Value,
+        lease: Option<LeaseToken>,
+    ) -> Result<(), ClientError> {
+        let lease = lease.map(|l| l.0);
+        match self.execute(
+            "orca.record_epoch",
+            "SELECT orca.record_epoch($1, $2, $3, $4, $5)",
+            &[&sync, &generation.0, &epoch.sql(), stats, &lease],
+        ) {
+            Err(e) if e.code() == Some(UNDEFINED_FUNCTION) => Ok(()),
+            other => other,
+        }
+    }
+
     /// `orca.rewind_head`: back to the epoch before a lost one.
     pub fn rewind_head(
         &mut self,

@@ -90,11 +90,12 @@ extension_sql_file!(
     requires = ["tick"]
 );
 extension_sql_file!("../../sql/logs.sql", name = "logs", requires = ["webhooks"]);
+extension_sql_file!("../../sql/epochs.sql", name = "epochs", requires = ["logs"]);
 // retention.sql's orca.retention() is LANGUAGE sql: its helpers come first.
 extension_sql_file!(
     "../../sql/retention.sql",
     name = "retention",
-    requires = ["logs", helpers::retain_seconds, helpers::retention_batch]
+    requires = ["epochs", helpers::retain_seconds, helpers::retention_batch]
 );
 extension_sql_file!(
     "../../sql/views.sql",

@@ -428,11 +428,13 @@ async function dataset(name) {
 async function syncs() {
   const list = await get("/syncs");
   page("Syncs", table(["sync", "delivery", "source → destination", "streams", "#generation",
-    "#HEAD epoch", "HEAD moved", "last run", "#queued", "#running"], list.map((s) => [s.sync,
+    "#HEAD epoch", "HEAD moved", "#last epoch rows", "#quarantined", "#held", "last run", "#queued",
+    "#running"], list.map((s) => [h("a", { href: `#/syncs/${encodeURIComponent(s.sync)}` }, s.sync),
     s.delivery, `${s.source || "?"} → ${s.destination || "?"}`,
     s.stream_levels.map((x) => `${x.stream} (${x.mode || "append"}): ${x.delivery || "-"}`).join("; ") || "-",
     String(s.generation), String(s.head_epoch),
-    when(s.head_at), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
+    when(s.head_at), s.last_epoch_rows === null ? "-" : String(s.last_epoch_rows),
+    String(s.quarantined), String(s.held), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
       String(s.last_run)), " ", status(s.last_status)) : "-", String(s.queued), String(s.running)]),
   { label: "syncs", empty: "No syncs (orca.create_sync defines one)." }));
 }
@@ -454,6 +456,15 @@ async function webhooks() {
   }));
   page("Webhooks", ...(list.length ? sections.flat()
     : [h("p", { class: "muted" }, "No endpoints (orca webhooks create URL).")]));
+}
+
+async function sync(name) {
+  const epochs = await get(`/syncs/${encodeURIComponent(name)}/epochs?limit=100`);
+  page(`Sync ${name}`, table(["#epoch", "#generation", "rows by stream", "#rows", "#quarantined",
+    "#held", "committed"], epochs.items.map((e) => [String(e.epoch), String(e.generation),
+    Object.entries(e.rows).map(([k, v]) => `${k}: ${v}`).join(", ") || "-", String(e.total_rows),
+    String(e.quarantined), String(e.held), when(e.committed_at)]),
+  { label: "epochs", empty: "No epochs recorded yet." }));
 }
 
 async function runners() {
@@ -481,6 +492,7 @@ async function route() {
     else if (section === "runs") await runsPage();
     else if (section === "datasets" && arg) await dataset(arg);
     else if (section === "datasets") await datasets();
+    else if (section === "syncs" && arg) await sync(arg);
     else if (section === "syncs") await syncs();
     else if (section === "runners") await runners();
     else if (section === "webhooks") await webhooks();

@@ -101,6 +101,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(crate::logs::log))
         .routes(routes!(crate::logs::log_stream))
         .routes(routes!(webhooks))
+        .routes(routes!(sync_epochs))
         .routes(routes!(webhook_deliveries))
 }
 
@@ -675,6 +676,11 @@ pub struct SyncRow {
     /// Each stream's write mode and the delivery level it keeps.
     #[schema(value_type = Vec<StreamDelivery>)]
     pub stream_levels: sqlx::types::Json<Vec<StreamDelivery>>,
+    /// Rows the last recorded epoch moved, and the quarantined and held
+    /// files of the kept epochs (`orca.sync_epochs`).
+    pub last_epoch_rows: Option<i64>,
+    pub quarantined: i64,
+    pub held: i64,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -702,7 +708,13 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
                             'stream', x->>'name', 'delivery', x->>'delivery', 'mode', x->>'mode') \
                             ORDER BY x->>'name'), '[]'::jsonb) \
                  FROM orca.syncs sy, jsonb_array_elements(sy.definition->'streams') x \
-                 WHERE sy.id = o.sync_id) AS stream_levels \
+                 WHERE sy.id = o.sync_id) AS stream_levels, \
+                (SELECT e.total_rows FROM orca.sync_epochs e WHERE e.sync_id = o.sync_id \
+                 ORDER BY e.epoch DESC LIMIT 1) AS last_epoch_rows, \
+                (SELECT coalesce(sum(e.quarantined), 0)::bigint FROM orca.sync_epochs e \
+                 WHERE e.sync_id = o.sync_id) AS quarantined, \
+                (SELECT coalesce(sum(e.held), 0)::bigint FROM orca.sync_epochs e \
+                 WHERE e.sync_id = o.sync_id) AS held \
          FROM orca.sync_overview o ORDER BY sync",
     )
     .fetch_all(&mut *s.tx)
@@ -1117,6 +1129,73 @@ async fn webhook_deliveries(
     let more = rows.len() as i64 > n;
     rows.truncate(usize::try_from(n).unwrap_or(0));
     let next_cursor = more.then(|| rows.last().map(|d| d.id)).flatten();
+    Ok(Json(Page {
+        items: rows,
+        next_cursor,
+    }))
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct SyncEpoch {
+    pub epoch: i64,
+    pub generation: i32,
+    /// Rows per stream: `{"<stream>": n}`.
+    pub rows: serde_json::Value,
+    pub total_rows: i64,
+    pub quarantined: i32,
+    pub held: i32,
+    pub committed_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EpochFilter {
+    /// Epochs before this one (the `next_cursor` of the page before).
+    pub cursor: Option<i64>,
+    /// Epochs a page holds (1 to 500, default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<i64>,
+}
+
+/// A sync's committed epochs, newest first, with what each moved.
+#[utoipa::path(get, path = "/syncs/{name}/epochs", tag = "syncs",
+    params(("name" = String, Path, description = "The sync", example = "orders_mirror"), EpochFilter),
+    responses(
+        (status = 200, description = "A page of epochs", body = Page<SyncEpoch>),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn sync_epochs(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+    Params(f): Params<EpochFilter>,
+) -> Result<Json<Page<SyncEpoch>>, ApiError> {
+    let n = limit(f.limit)?;
+    let id: Option<i64> = sqlx::query_scalar("SELECT id FROM orca.syncs WHERE name = $1")
+        .bind(&name)
+        .fetch_optional(&mut *s.tx)
+        .await?;
+    let Some(id) = id else {
+        return Err(ApiError::not_found(format!(
+            "no sync {name:?} in org {}",
+            s.who.org
+        )));
+    };
+    let mut rows = sqlx::query_as::<_, SyncEpoch>(
+        "SELECT epoch, generation, rows, total_rows, quarantined, held, committed_at \
+         FROM orca.sync_epochs WHERE sync_id = $1 AND ($2::bigint IS NULL OR epoch < $2) \
+         ORDER BY epoch DESC LIMIT $3",
+    )
+    .bind(id)
+    .bind(f.cursor)
+    .bind(n + 1)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let more = rows.len() as i64 > n;
+    rows.truncate(usize::try_from(n).unwrap_or(0));
+    let next_cursor = more.then(|| rows.last().map(|e| e.epoch)).flatten();
     Ok(Json(Page {
         items: rows,
         next_cursor,

@@ -1657,6 +1657,24 @@ async fn a_backfill_reads_everything_again_and_a_merge_repairs_drift() {
         .expect("the backfill run");
     assert_eq!(run_status(&db, b).await, "succeeded");
     assert_eq!(differences(&db).await, 0, "repaired");
+    // Every committed epoch's figures reached the control plane: the last
+    // is HEAD, and the backfill's epochs moved at least every row again.
+    let (epochs, last, moved): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), max(e.epoch), sum(e.total_rows)::bigint FROM orca.sync_epochs e \
+         JOIN orca.syncs s ON s.id = e.sync_id WHERE s.name = 'shop'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the sync's epochs");
+    let head = db
+        .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+        .await;
+    assert!(epochs >= 1, "no epochs recorded");
+    assert_eq!(last, Some(head), "the last recorded epoch is HEAD");
+    assert!(
+        moved.unwrap_or(0) >= rows,
+        "epochs moved {moved:?} rows of {rows}"
+    );
     let o = Command::new(bin("orca"))
         .args(["syncs", "--json"])
         .env("DATABASE_URL", db.url())

@@ -50,6 +50,7 @@ const API: &[&str] = &[
     "register",
     "rewind_head",
     "record_commit",
+    "record_epoch",
     "refresh_keys",
     "relay_done",
     "relay_take",
@@ -340,6 +341,11 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("commit an epoch");
+    sqlx::query("SELECT orca.record_epoch($1, 1, 1, '{\"rows\": {\"events\": 3}}')")
+        .bind(format!("{org}_sync"))
+        .execute(&mut c)
+        .await
+        .expect("record its figures");
     (runs, leases[1].lease, leases[0].run, leases[1].attempt)
 }
 
@@ -538,6 +544,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2')"
             .to_string(),
         "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)".to_string(),
+        "SELECT orca.record_epoch('globex_sync', 1, 1, '{}')".to_string(),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR084", "{sql}");
     }
@@ -545,6 +552,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.claim_sync('globex_sync', '{g_lease}')"),
         format!("SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2', '{g_lease}')"),
         format!("SELECT orca.rewind_head('globex_sync', 1, 0, NULL, '{g_lease}')"),
+        format!("SELECT orca.record_epoch('globex_sync', 1, 1, '{{}}', '{g_lease}')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }

@@ -120,12 +120,43 @@ impl Attempt {
             self.opts.lease_token(),
         );
         match r {
-            Ok(()) => Ok(path),
+            Ok(()) => {
+                self.report_epoch(record);
+                Ok(path)
+            }
             Err(e) if e.is(sqlstate::FENCED) => {
                 self.log.event("fenced", json!({"epoch": record.epoch}));
                 Err(self.fenced())
             }
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Copies the committed epoch's figures to the control plane
+    /// (`orca.record_epoch`). Best effort: HEAD has moved, the record holds
+    /// the same figures, and a failure here must not fail the epoch.
+    fn report_epoch(&mut self, record: &Record) {
+        let mut rows: std::collections::BTreeMap<&str, u64> =
+            record.streams.keys().map(|s| (s.as_str(), 0)).collect();
+        for staged in record.committables.iter().flat_map(|c| &c.staged) {
+            *rows.entry(staged.stream.as_str()).or_default() += staged.rows;
+        }
+        let stats = json!({
+            "rows": rows,
+            "quarantined": record.quarantined.len(),
+            "held": record.held.len(),
+        });
+        if let Err(e) = self.control.record_epoch(
+            &self.opts.sync,
+            Generation(self.generation),
+            Epoch(record.epoch),
+            &stats,
+            self.opts.lease_token(),
+        ) {
+            self.log.event(
+                "epoch.figures_not_recorded",
+                json!({"epoch": record.epoch, "error": e.to_string()}),
+            );
         }
     }
 
