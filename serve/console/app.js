@@ -232,8 +232,10 @@ async function pipeline(name) {
   };
   drawTimeline(runs.items);
   const versions = table(["#version", "registry hash", "source", "commit", "steps", "image",
-    "registered"], p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16),
-    v.source || "-", treeLink(v), stepLinks(v), v.image || "-", when(v.registered_at)]),
+    "registered", "runs"], p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16),
+    v.source || "-", treeLink(v), stepLinks(v), v.image || "-", when(v.registered_at),
+    h("span", {}, Object.entries(v.runs).map(([st, n]) => [status(st), ` ${n} `]),
+      v.last_run ? h("a", { href: `#/runs/${v.last_run}` }, `last: ${v.last_run}`) : "none")]),
   { label: "versions" });
   page(`Pipeline ${name}`,
     h("p", {}, p.cron ? `Schedule ${p.cron} in ${p.tz || "UTC"}` : `Partitions: ${p.partition_kind}`,

@@ -262,6 +262,9 @@ pub struct Version {
     /// Where the pipeline and each step are in the source (`orca locate`):
     /// `{"pipeline": {"file", "line"}, "steps": {"<step>": {"file", "line"}}}`.
     pub locations: Option<serde_json::Value>,
+    /// The kept runs of this version, by status, and the newest.
+    pub runs: serde_json::Value,
+    pub last_run: Option<i64>,
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -302,7 +305,11 @@ async fn pipeline(
     .ok_or_else(|| ApiError::not_found(format!("no pipeline {name:?} in org {}", s.who.org)))?;
     let versions = sqlx::query_as::<_, Version>(
         "SELECT v.version::bigint AS version, v.registry_hash, v.source, v.commit, v.dirty, \
-                v.image, v.binary_sha256, v.registered_at, v.manifest -> 'locations' AS locations \
+                v.image, v.binary_sha256, v.registered_at, v.manifest -> 'locations' AS locations, \
+                (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM \
+                    (SELECT r.status, count(*) AS n FROM orca.runs r WHERE r.version_id = v.id \
+                     GROUP BY r.status) x) AS runs, \
+                (SELECT max(r.id) FROM orca.runs r WHERE r.version_id = v.id) AS last_run \
          FROM orca.pipeline_versions v JOIN orca.pipelines p ON p.id = v.pipeline_id \
          WHERE p.name = $1 ORDER BY v.version DESC",
     )

@@ -86,6 +86,8 @@ with sync_playwright() as p:
     href = link.get_attribute("href")
     if not re.fullmatch(r"https://github\.com/example/orca-pipelines/tree/[0-9a-f]+", href or ""):
         raise SystemExit(f"the code link is {href!r}")
+    # Each version with its runs.
+    expect(page.get_by_role("table", name="versions")).to_contain_text(f"last: {parked_run}")
     step = page.locator("a.step-link").first
     want = "https://github.com/example/orca-pipelines/blob/0123456789abcdef0123456789abcdef01234567/src/steps.rs#L42"
     if step.get_attribute("href") != want:
