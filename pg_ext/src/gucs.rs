@@ -61,9 +61,11 @@ pub static WEBHOOK_DISABLE_AFTER_SECONDS: GucSetting<i32> = GucSetting::<i32>::n
 
 /// How long orca.tick keeps finished runs (with their attempts, step states,
 /// reads and commits), events, webhook delivery rows and runners not seen
-/// since; 0 keeps them forever. Generous by default: the history is what
-/// the console and BI tools read, and it costs little until it is large.
-pub static RETAIN_RUNS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(90 * 86_400);
+/// since; 0 keeps them forever. Runs are kept forever unless asked: they
+/// are the history the console, reports and BI tools read, and an upgrade
+/// must not start deleting it on its own. Events, delivery tries and
+/// departed runners are operational records: a month.
+pub static RETAIN_RUNS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static RETAIN_EVENTS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
 pub static RETAIN_WEBHOOK_DELIVERIES_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
 pub static RETAIN_RUNNERS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
