@@ -3352,6 +3352,16 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- A sync's epochs go with the runs' window (the checkpoint log keeps
+    -- its records; these are their figures).
+    IF v_keep > 0 THEN
+        DELETE FROM orca.sync_epochs d
+        WHERE (d.sync_id, d.epoch) IN (
+            SELECT x.sync_id, x.epoch FROM orca.sync_epochs x
+            WHERE x.committed_at < v_cut AND x.org_id = ANY (p_orgs)
+            ORDER BY x.committed_at LIMIT v_batch);
+    END IF;
+
     v_keep := orca._retain_seconds('events');
     IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
                       < p_now - make_interval(secs => v_keep) THEN
@@ -3765,120 +3775,6 @@ COMMENT ON FUNCTION orca.record_epoch(text, integer, bigint, jsonb, uuid) IS
 '(stats {"rows": {"<stream>": n}, "quarantined": n, "held": n}) in orca.sync_epochs. '
 'Errors: OR050 bad stats, OR070 fenced (not the sync''s generation), OR071 the epoch is not '
 'committed yet, OR084 no lease.';
-
-
-CREATE OR REPLACE FUNCTION orca._tick_prune(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_batch    integer := orca._retention_batch();
-    v_keep     integer;
-    v_cut      timestamptz;
-    v_protect  bigint;
-    n_runs     integer := 0;
-    n_events   integer := 0;
-    n_del      integer := 0;
-    n_runners  integer := 0;
-    c          record;
-BEGIN
-    v_keep := orca._retain_seconds('runs');
-    IF v_keep > 0 THEN
-        v_cut := p_now - make_interval(secs => v_keep);
-        FOR c IN
-            WITH gone AS (
-                DELETE FROM orca.runs d
-                WHERE d.id IN (
-                    SELECT r.id FROM orca.runs r
-                    WHERE r.finished_at IS NOT NULL AND r.finished_at < v_cut
-                      AND r.org_id = ANY (p_orgs)
-                      AND r.status IN ('succeeded', 'failed', 'cancelled')
-                      AND NOT EXISTS (
-                          SELECT 1 FROM orca.sensors s
-                          JOIN orca.commits cm ON cm.run_id = r.id AND cm.id > s.commit_cursor
-                          WHERE s.org_id = r.org_id)
-                      AND NOT EXISTS (
-                          SELECT 1 FROM orca.pipeline_versions rv
-                          JOIN orca.pipelines p ON p.id = r.pipeline_id
-                          JOIN orca.pipeline_versions cv ON cv.id = p.current_version
-                          WHERE rv.id = r.version_id AND r.kind = 'pipeline'
-                            AND cv.partition_kind = 'keyed'
-                            AND rv.registry_hash = cv.registry_hash)
-                    ORDER BY r.finished_at
-                    LIMIT v_batch)
-                RETURNING d.org_id)
-            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
-        LOOP
-            PERFORM orca._count(c.org_id, 'pruned_runs', c.n);
-            n_runs := n_runs + c.n;
-        END LOOP;
-    END IF;
-
-    -- A sync's epochs go with the runs' window (the checkpoint log keeps
-    -- its records; these are their figures).
-    IF v_keep > 0 THEN
-        DELETE FROM orca.sync_epochs d
-        WHERE (d.sync_id, d.epoch) IN (
-            SELECT x.sync_id, x.epoch FROM orca.sync_epochs x
-            WHERE x.committed_at < v_cut AND x.org_id = ANY (p_orgs)
-            ORDER BY x.committed_at LIMIT v_batch);
-    END IF;
-
-    v_keep := orca._retain_seconds('events');
-    IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
-                      < p_now - make_interval(secs => v_keep) THEN
-        v_cut := p_now - make_interval(secs => v_keep);
-        -- Events are read in id order, the oldest first; an enabled
-        -- endpoint's cursor is where the pruning of every org stops, since
-        -- ids are shared.
-        SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w WHERE w.enabled;
-        FOR c IN
-            WITH gone AS (
-                DELETE FROM orca.events d
-                WHERE d.id IN (SELECT e.id FROM orca.events e
-                               WHERE e.id <= coalesce(v_protect, e.id) AND e.org_id = ANY (p_orgs)
-                               ORDER BY e.id LIMIT v_batch)
-                  AND d.at < v_cut
-                RETURNING d.org_id)
-            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
-        LOOP
-            PERFORM orca._count(c.org_id, 'pruned_events', c.n);
-            n_events := n_events + c.n;
-        END LOOP;
-    END IF;
-
-    v_keep := orca._retain_seconds('webhook_deliveries');
-    IF v_keep > 0 THEN
-        v_cut := p_now - make_interval(secs => v_keep);
-        WITH gone AS (
-            DELETE FROM orca.webhook_deliveries d
-            WHERE d.id IN (SELECT x.id FROM orca.webhook_deliveries x
-                           WHERE x.org_id = ANY (p_orgs) ORDER BY x.id LIMIT v_batch)
-              AND d.at < v_cut
-            RETURNING 1)
-        SELECT count(*) INTO n_del FROM gone;
-    END IF;
-
-    v_keep := orca._retain_seconds('runners');
-    IF v_keep > 0 THEN
-        v_cut := p_now - make_interval(secs => v_keep);
-        WITH gone AS (
-            DELETE FROM orca.runners d
-            WHERE (d.org_id, d.name) IN (
-                SELECT x.org_id, x.name FROM orca.runners x
-                WHERE x.last_seen < v_cut AND x.org_id = ANY (p_orgs)
-                  AND NOT EXISTS (SELECT 1 FROM orca.leases l
-                                  WHERE l.org_id = x.org_id AND l.runner = x.name)
-                LIMIT v_batch)
-            RETURNING 1)
-        SELECT count(*) INTO n_runners FROM gone;
-    END IF;
-
-    IF n_runs + n_events + n_del + n_runners = 0 THEN
-        RETURN '{}';
-    END IF;
-    RETURN jsonb_build_object('pruned', jsonb_build_object(
-        'runs', n_runs, 'events', n_events, 'webhook_deliveries', n_del, 'runners', n_runners));
-END
-$$;
 
 
 REVOKE ALL ON orca.sync_epochs FROM PUBLIC;

@@ -200,6 +200,22 @@ pub struct Page<T> {
     pub next_cursor: Option<i64>,
 }
 
+impl<T> Page<T> {
+    /// A page of at most `n` rows from a query that asked for `n + 1`: the
+    /// extra row, if it came, says there is a next page, which starts after
+    /// the last row kept.
+    pub fn of(mut rows: Vec<T>, n: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
+        let n = usize::try_from(n).unwrap_or(0);
+        let more = rows.len() > n;
+        rows.truncate(n);
+        let next_cursor = if more { rows.last().map(cursor) } else { None };
+        Page {
+            items: rows,
+            next_cursor,
+        }
+    }
+}
+
 pub fn limit(asked: Option<i64>) -> Result<i64, ApiError> {
     match asked {
         None => Ok(PAGE_DEFAULT),
@@ -454,7 +470,7 @@ pub struct RunFilter {
     ))]
 async fn runs(mut s: Session, Params(f): Params<RunFilter>) -> Result<Json<Page<Run>>, ApiError> {
     let n = limit(f.limit)?;
-    let mut rows = sqlx::query_as::<_, Run>(&format!(
+    let rows = sqlx::query_as::<_, Run>(&format!(
         "SELECT {RUN_COLUMNS} FROM orca.run_overview \
          WHERE ($1::text IS NULL OR pipeline = $1) AND ($2::text IS NULL OR status = $2) \
            AND ($3::text IS NULL OR trigger = $3) AND ($4::text IS NULL OR $4 = ANY (partitions)) \
@@ -473,13 +489,7 @@ async fn runs(mut s: Session, Params(f): Params<RunFilter>) -> Result<Json<Page<
     .bind(n + 1)
     .fetch_all(&mut *s.tx)
     .await?;
-    let more = rows.len() as i64 > n;
-    rows.truncate(n as usize);
-    let next_cursor = more.then(|| rows.last().map(|r| r.run)).flatten();
-    Ok(Json(Page {
-        items: rows,
-        next_cursor,
-    }))
+    Ok(Json(Page::of(rows, n, |r| r.run)))
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -754,7 +764,7 @@ async fn events(
     Params(f): Params<EventFilter>,
 ) -> Result<Json<Page<Event>>, ApiError> {
     let n = limit(f.limit)?;
-    let mut rows = sqlx::query_as::<_, Event>(
+    let rows = sqlx::query_as::<_, Event>(
         "SELECT id, at, kind, pipeline, run, attempt, data FROM orca.event_log \
          WHERE ($1::bigint IS NULL OR id > $1) AND ($2::text IS NULL OR kind = $2) \
          ORDER BY id LIMIT $3",
@@ -764,13 +774,7 @@ async fn events(
     .bind(n + 1)
     .fetch_all(&mut *s.tx)
     .await?;
-    let more = rows.len() as i64 > n;
-    rows.truncate(n as usize);
-    let next_cursor = more.then(|| rows.last().map(|e| e.id)).flatten();
-    Ok(Json(Page {
-        items: rows,
-        next_cursor,
-    }))
+    Ok(Json(Page::of(rows, n, |e| e.id)))
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -1123,7 +1127,7 @@ async fn webhook_deliveries(
             s.who.org
         )));
     }
-    let mut rows = sqlx::query_as::<_, Delivery>(
+    let rows = sqlx::query_as::<_, Delivery>(
         "SELECT id, event_id AS event, attempt, status, response, latency_ms, error, relay, at \
          FROM orca.webhook_deliveries WHERE webhook_id = $1 AND ($2::bigint IS NULL OR id < $2) \
          ORDER BY id DESC LIMIT $3",
@@ -1133,13 +1137,7 @@ async fn webhook_deliveries(
     .bind(n + 1)
     .fetch_all(&mut *s.tx)
     .await?;
-    let more = rows.len() as i64 > n;
-    rows.truncate(usize::try_from(n).unwrap_or(0));
-    let next_cursor = more.then(|| rows.last().map(|d| d.id)).flatten();
-    Ok(Json(Page {
-        items: rows,
-        next_cursor,
-    }))
+    Ok(Json(Page::of(rows, n, |d| d.id)))
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -1190,7 +1188,7 @@ async fn sync_epochs(
             s.who.org
         )));
     };
-    let mut rows = sqlx::query_as::<_, SyncEpoch>(
+    let rows = sqlx::query_as::<_, SyncEpoch>(
         "SELECT epoch, generation, rows, total_rows, quarantined, held, committed_at \
          FROM orca.sync_epochs WHERE sync_id = $1 AND ($2::bigint IS NULL OR epoch < $2) \
          ORDER BY epoch DESC LIMIT $3",
@@ -1200,11 +1198,5 @@ async fn sync_epochs(
     .bind(n + 1)
     .fetch_all(&mut *s.tx)
     .await?;
-    let more = rows.len() as i64 > n;
-    rows.truncate(usize::try_from(n).unwrap_or(0));
-    let next_cursor = more.then(|| rows.last().map(|e| e.epoch)).flatten();
-    Ok(Json(Page {
-        items: rows,
-        next_cursor,
-    }))
+    Ok(Json(Page::of(rows, n, |e| e.epoch)))
 }

@@ -33,6 +33,14 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(tests).join("..")
 }
 
+/// A new scratch directory of a test, under the system's temporary
+/// directory (`orca-<name>-<uuid>`).
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("orca-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
 /// Where tests keep their scratch directories (the system's temporary
 /// directory, symlinks resolved): the default org of every test database
 /// may name local paths under it.

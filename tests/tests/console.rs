@@ -16,12 +16,6 @@ fn playwright_python() -> String {
     std::env::var("ORCA_TEST_PLAYWRIGHT").unwrap_or_else(|_| "/var/tmp/orca-pw/bin/python".into())
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("orca-{name}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
-
 #[tokio::test]
 async fn a_user_drives_the_console_in_a_browser() {
     let db = TestDb::new().await;

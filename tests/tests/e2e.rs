@@ -3,7 +3,6 @@
 //! CLI. Runners tick themselves (`--tick-ms`) since this server does not
 //! preload the extension.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,12 +10,6 @@ use orca_tests::procs::{bin, outputs, probe_calls as calls, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::Value;
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("orca-e2e-{name}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
 
 fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
     Command::new(bin("orca"))

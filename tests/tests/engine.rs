@@ -14,16 +14,6 @@ use orca_tests::*;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{json, Value};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "orca-engine-{name}-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
-
 fn engine(db: &TestDb, store: &Path, batch_rows: usize) -> Command {
     let mut c = Command::new(bin("orca-engine"));
     c.args(["sync", "shop", "--batch-rows", &batch_rows.to_string()])

@@ -9,12 +9,6 @@ use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("orca-{name}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
-
 /// schemathesis lives in a virtualenv of its own (scripts/setup.sh), apart
 /// from PyIceberg's and moto's dependencies.
 fn schemathesis() -> String {

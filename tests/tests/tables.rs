@@ -2,7 +2,7 @@
 //! runners run them, and PyIceberg, another client of the same catalog,
 //! reads them back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -10,15 +10,6 @@ use orca_tests::procs::{bin, outputs, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "orca-tables-{name}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
 
 /// PyIceberg, through tests/py/iceberg.py.
 fn py(args: &[&str]) -> Value {

@@ -11,7 +11,7 @@
 //! the runner, pipeline and engine binaries are this build's (the SQL API
 //! they call is the same in both releases).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -26,15 +26,6 @@ use serde_json::json;
 const FROM: &str = "0.1.0";
 const MONTHS: usize = 6;
 const SOURCE_ROWS: i64 = 400_000;
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "orca-upgrade-{name}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
 
 async fn scalar_i64(c: &mut PgConnection, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
