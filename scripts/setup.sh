@@ -132,6 +132,14 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start
 fi
+# The postgres_cdc source reads changes by logical replication, which the
+# tests do against this cluster: it needs wal_level = logical (a restart).
+if [ "$(as_postgres psql -Atq -h 127.0.0.1 -U postgres -d postgres -c 'SHOW wal_level')" != logical ]; then
+    say "setting wal_level = logical (logical replication, for the CDC source) and restarting"
+    as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
+        -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
+    as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main restart
+fi
 # 7. The installation key for secrets (docs/security.md): 32 random bytes as
 # hex in a file only the server's user reads, outside the database; made once.
 KEY_FILE="${ORCA_SECRETS_KEY_FILE:-/var/lib/postgresql/orca/secrets.key}"

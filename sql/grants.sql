@@ -43,6 +43,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
     orca._catalog_visible(text)
     TO orca_viewer, orca_runner, orca_attempt;
+GRANT EXECUTE ON FUNCTION orca._cdc_slot(bigint, text) TO orca_viewer;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
     orca.key_status(text), orca.api_session(), orca.metrics(), orca.retention()
     TO orca_viewer;
@@ -56,6 +57,7 @@ GRANT EXECUTE ON FUNCTION
     orca.unpause(text),
     orca.refresh_keys(text),
     orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
+    orca.drop_sync(text),
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),

@@ -69,6 +69,10 @@ CREATE TABLE orca.pipelines (
     keys_snapshot_ms bigint,
     keys_read_at    timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
+    -- A dropped sync's generation and HEAD epoch (orca.drop_sync): a sync
+    -- defined again under the name continues from them.
+    sync_generation integer,
+    sync_epoch      bigint,
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
 );

@@ -176,14 +176,19 @@ BEGIN
     -- addresses, sockets and local paths (names are judged when resolved).
     PERFORM orca._unwrap(orca._netguard_definition(
         (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
-    -- Defining a sync again replaces its definition; its HEAD and generation stay.
-    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery)
-    VALUES (v_org, create_sync.name, d, d->>'delivery')
+    -- Defining a sync again replaces its definition; its HEAD and generation
+    -- stay. A sync dropped under the name left them on its pipeline.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch)
+    SELECT v_org, create_sync.name, d, d->>'delivery',
+           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0)
+    FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
     ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
                                              delivery = excluded.delivery
     RETURNING s.id INTO v_id;
     PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
                                 create_sync.pool, create_sync.run_retries);
+    UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
+    WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
     PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
         jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
                            'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')

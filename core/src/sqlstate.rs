@@ -67,6 +67,8 @@ sqlstates! {
     BAD_SYNC = "OR063": "malformed sync definition";
     UNKNOWN_SYNC = "OR064": "unknown sync";
     NAME_TAKEN = "OR065": "a sync and a pipeline cannot share a name";
+    SYNC_BUSY = "OR066": "the sync has a run queued or running";
+    SLOT_IN_USE = "OR067": "the sync's replication slot is held by a live session";
     FENCED = "OR070": "fenced: a newer attempt claimed the sync";
     EPOCH_OUT_OF_ORDER = "OR071": "an epoch that does not follow the sync's HEAD";
     NO_RUNNER_TOKEN = "OR080": "no valid runner token: none presented, unknown, rotated out or revoked";

@@ -41,6 +41,15 @@ pub enum Source {
     },
     /// JSON lines or CSV files under a path or an `s3://` prefix.
     Files { url: Setting, format: FileFormat },
+    /// Every insert, update and delete of tables, by logical replication
+    /// (`pgoutput`) from a slot the sync owns, after a first snapshot.
+    #[serde(rename = "postgres_cdc")]
+    PostgresCdc {
+        url: Setting,
+        /// Changes per epoch (whole transactions: an epoch can hold more).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_rows: Option<u64>,
+    },
 }
 
 impl Source {
@@ -48,13 +57,21 @@ impl Source {
         match self {
             Source::Postgres { .. } => "postgres",
             Source::Files { .. } => "files",
+            Source::PostgresCdc { .. } => "postgres_cdc",
         }
     }
 
     pub fn url(&self) -> &Setting {
         match self {
-            Source::Postgres { url, .. } | Source::Files { url, .. } => url,
+            Source::Postgres { url, .. }
+            | Source::Files { url, .. }
+            | Source::PostgresCdc { url, .. } => url,
         }
+    }
+
+    /// The source reads a database's change stream (a replication slot).
+    pub fn is_cdc(&self) -> bool {
+        matches!(self, Source::PostgresCdc { .. })
     }
 }
 
@@ -215,6 +232,13 @@ const SOURCES: &[Connector] = &[
         name: "files",
         required: &["url", "format"],
         optional: &[],
+    },
+    // Logical replication from a slot: exact, replayable from a confirmed
+    // LSN, deletes included.
+    Connector {
+        name: "postgres_cdc",
+        required: &["url"],
+        optional: &["batch_rows"],
     },
 ];
 
@@ -377,6 +401,42 @@ fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
     }
 }
 
+/// A table stream's source table, `schema.table` or `table`.
+fn source_table(obj: &Map<String, Value>, at: &str) -> Result<String> {
+    let table = obj.get("table").and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            format!("{at}.table"),
+            "is required: the source table, schema.table",
+        )
+    })?;
+    if !table.split('.').all(is_ident) || table.split('.').count() > 2 {
+        return Err(bad(
+            format!("{at}.table"),
+            format!("'{table}' is not a table name"),
+        ));
+    }
+    Ok(table.to_string())
+}
+
+/// The replication slot (and publication) of a CDC sync: one per sync of
+/// an org of a control plane (`database`), named so that two control planes
+/// or orgs reading one source never share one. At most 63 bytes, the
+/// longest name Postgres keeps.
+pub fn cdc_slot(database: &str, org: &str, sync: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [database, org, sync] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let short: String = sync.chars().take(40).collect();
+    format!("orca_{short}_{hex}")
+}
+
 /// Validates a sync and returns its normalized definition, with the delivery
 /// level each stream keeps. Every error names the connector, option or stream
 /// at fault.
@@ -478,7 +538,7 @@ fn check_rules(
         _ => (DestClass::Transactional, true),
     };
     let replay = match src.name {
-        "files" => Replay::Exact,
+        "files" | "postgres_cdc" => Replay::Exact,
         _ => Replay::Superset,
     };
 
@@ -546,19 +606,27 @@ fn check_rules(
             pattern: None,
         };
         match src.name {
-            "postgres" => {
-                let table = obj.get("table").and_then(Value::as_str).ok_or_else(|| {
-                    bad(
-                        format!("{at}.table"),
-                        "is required: the source table, schema.table",
-                    )
-                })?;
-                if !table.split('.').all(is_ident) || table.split('.').count() > 2 {
+            "postgres_cdc" => {
+                stream.table = Some(source_table(obj, &at)?);
+                for no in ["cursor", "lookback", "pattern"] {
+                    if obj.contains_key(no) {
+                        return Err(bad(
+                            format!("{at}.{no}"),
+                            "is not an option of a postgres_cdc stream: changes come in \
+                             commit order from the slot, without a cursor",
+                        ));
+                    }
+                }
+                if primary_key.is_empty() {
                     return Err(bad(
-                        format!("{at}.table"),
-                        format!("'{table}' is not a table name"),
+                        format!("{at}.primary_key"),
+                        "is required for a postgres_cdc source: the table's replica identity, \
+                         which deletes and merges key on",
                     ));
                 }
+            }
+            "postgres" => {
+                let table = source_table(obj, &at)?;
                 let cursor = obj
                     .get("cursor")
                     .and_then(Value::as_str)
@@ -575,7 +643,7 @@ fn check_rules(
                         "is required for a postgres source: the cursor and the key make the resume point",
                     ));
                 }
-                stream.table = Some(table.to_string());
+                stream.table = Some(table);
                 stream.cursor = Some(cursor.to_string());
                 if let Some(back) = obj.get("lookback") {
                     let lookback = back
@@ -703,7 +771,9 @@ impl SyncDef {
         resolver: &mut dyn Resolver,
     ) -> std::result::Result<(), SecretError> {
         match &mut self.source {
-            Source::Postgres { url, .. } | Source::Files { url, .. } => url.resolve(resolver)?,
+            Source::Postgres { url, .. }
+            | Source::Files { url, .. }
+            | Source::PostgresCdc { url, .. } => url.resolve(resolver)?,
         }
         match &mut self.destination {
             Destination::Parquet { url, .. } | Destination::Postgres { url, .. } => {
@@ -734,7 +804,7 @@ impl SyncDef {
     pub fn reaches(&self) -> Vec<(&'static str, Reach<'_>)> {
         let mut out = Vec::new();
         match &self.source {
-            Source::Postgres { url, .. } => {
+            Source::Postgres { url, .. } | Source::PostgresCdc { url, .. } => {
                 if let Ok(u) = url.plain() {
                     out.push(("source.url", Reach::Postgres(u)));
                 }
@@ -1047,5 +1117,60 @@ mod tests {
         assert_eq!(v["streams"][0]["delivery"], "exactly_once");
         let bad_format = json!({"type": "files", "url": "/in", "format": "xml"});
         assert!(check("ev", &bad_format, &parquet, &s, None, "exactly_once").is_err());
+    }
+
+    #[test]
+    fn a_cdc_source_is_exact_needs_a_key_and_takes_no_cursor() {
+        let cdc = json!({"type": "postgres_cdc", "url": "postgres://127.0.0.1/shop"});
+        let dw = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw"});
+        let def = check(
+            "shop",
+            &cdc,
+            &dw,
+            &json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                     "mode": "merge"},
+                    {"name": "log", "table": "public.orders", "primary_key": ["id"]}]),
+            None,
+            "exactly_once",
+        )
+        .expect("valid");
+        assert_eq!(def["source"]["type"], "postgres_cdc");
+        assert_eq!(def["streams"][0]["delivery"], "exactly_once");
+        assert_eq!(def["streams"][1]["delivery"], "exactly_once");
+        let e = check(
+            "shop",
+            &cdc,
+            &dw,
+            &json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                     "cursor": "updated_at"}]),
+            None,
+            "at_least_once",
+        )
+        .expect_err("a cursor");
+        assert!(e.to_string().contains("streams[0].cursor"), "{e}");
+        let e = check(
+            "shop",
+            &cdc,
+            &dw,
+            &json!([{"name": "orders", "table": "public.orders"}]),
+            None,
+            "at_least_once",
+        )
+        .expect_err("no key");
+        assert!(e.to_string().contains("replica identity"), "{e}");
+    }
+
+    #[test]
+    fn cdc_slots_differ_by_control_plane_org_and_sync_and_fit_postgres() {
+        let a = cdc_slot("orca", "acme", "shop");
+        assert!(a.starts_with("orca_shop_"), "{a}");
+        assert_ne!(a, cdc_slot("orca2", "acme", "shop"));
+        assert_ne!(a, cdc_slot("orca", "beta", "shop"));
+        assert_eq!(a, cdc_slot("orca", "acme", "shop"));
+        let long = cdc_slot("orca", "acme", &"s".repeat(63));
+        assert!(long.len() <= 63, "{long}");
+        assert!(long
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
     }
 }

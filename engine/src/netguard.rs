@@ -54,6 +54,17 @@ pub struct Scope {
     pub warehouse: Option<String>,
 }
 
+/// A replication session's target, as netguard allowed it.
+#[derive(Debug, Clone)]
+pub struct ReplicationTarget {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub database: String,
+    pub tls: pgwire_replication::TlsConfig,
+}
+
 /// An installation place, as a connector's place is compared with it.
 #[derive(Debug, Clone)]
 enum Place {
@@ -150,6 +161,50 @@ impl Guard {
         p.config.connect(p.tls).map_err(|source| NetError::Connect {
             url: orca_core::conninfo::redact(conn),
             source,
+        })
+    }
+
+    /// Where a logical replication session to the database `conn` names
+    /// goes, checked as [`Self::postgres`] checks a connection: the address
+    /// netguard pinned, the port, the credentials, and the TLS the
+    /// `sslmode` asks for (`prefer` and `disable`: none, as the replication
+    /// client cannot fall back).
+    pub fn replication(&self, conn: &str) -> Result<ReplicationTarget, NetError> {
+        let mut p = orca_client::tls::prepare(conn)?;
+        if let Some(list) = &self.list {
+            self.pin(list, &mut p.config)?;
+        }
+        let c = &p.config;
+        let unix = c.get_hosts().iter().find_map(|h| match h {
+            Host::Unix(dir) => Some(dir.display().to_string()),
+            Host::Tcp(_) => None,
+        });
+        let host = match (c.get_hostaddrs().first(), c.get_hosts().first(), unix) {
+            (Some(a), _, _) => a.to_string(),
+            (None, _, Some(dir)) => dir,
+            (None, Some(Host::Tcp(name)), None) => name.clone(),
+            _ => "localhost".to_string(),
+        };
+        use orca_client::tls::Mode;
+        Ok(ReplicationTarget {
+            host,
+            port: c.get_ports().first().copied().unwrap_or(5432),
+            user: c.get_user().unwrap_or("postgres").to_string(),
+            password: c
+                .get_password()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_default(),
+            database: c
+                .get_dbname()
+                .or(c.get_user())
+                .unwrap_or("postgres")
+                .to_string(),
+            tls: match p.mode {
+                Mode::Disable | Mode::Prefer => pgwire_replication::TlsConfig::disabled(),
+                Mode::Require => pgwire_replication::TlsConfig::require(),
+                Mode::VerifyCa => pgwire_replication::TlsConfig::verify_ca(None),
+                Mode::VerifyFull => pgwire_replication::TlsConfig::verify_full(None),
+            },
         })
     }
 

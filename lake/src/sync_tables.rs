@@ -429,7 +429,17 @@ impl SyncTables {
             }
             removed.push(file);
         }
-        let mut rows: Vec<u32> = newest.values().map(|(r, _)| *r as u32).collect();
+        // A key whose newest version is a change stream's delete marker
+        // leaves the table: its old rows were replaced above, and the
+        // marker itself is not written.
+        let deleted = incoming
+            .column_by_name("_orca_deleted")
+            .and_then(|c| c.as_any().downcast_ref::<arrow_array::BooleanArray>());
+        let mut rows: Vec<u32> = newest
+            .values()
+            .filter(|(r, _)| !deleted.is_some_and(|d| d.is_valid(*r) && d.value(*r)))
+            .map(|(r, _)| *r as u32)
+            .collect();
         rows.sort_unstable();
         let take = arrow_array::UInt32Array::from(rows);
         let fresh = arrow_select::take::take_record_batch(&incoming, &take)

@@ -102,6 +102,7 @@ extension_sql_file!(
     name = "views",
     requires = ["retention"]
 );
+extension_sql_file!("../../sql/cdc.sql", name = "cdc", requires = ["views"]);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

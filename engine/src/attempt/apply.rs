@@ -96,8 +96,23 @@ impl Attempt {
                     });
                     actions.extend(p.coord.committed(epoch)?);
                 }
-                // A table source has nothing to acknowledge upstream.
-                Action::Acknowledge { .. } => {}
+                // A change stream may let its slot forget what a
+                // committed epoch holds; a table has nothing to tell.
+                Action::Acknowledge { epoch, positions } => {
+                    if let Some(edge) = &self.edge {
+                        edge.acknowledge(&positions);
+                    }
+                    if let Some(acks) = &self.acks {
+                        let v = serde_json::to_value(&positions).unwrap_or_default();
+                        if let Some(lsn) = crate::transport::pump::lowest_acknowledged(&v) {
+                            acks.fetch_max(lsn.0, std::sync::atomic::Ordering::AcqRel);
+                        }
+                    }
+                    self.log.event(
+                        "acknowledged",
+                        json!({"epoch": epoch, "positions": positions}),
+                    );
+                }
             }
         }
         Ok(())

@@ -133,6 +133,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         overwrite: overwrite_streams(&def.streams),
         channel,
         edge,
+        acks: None,
     };
     a.log.event(
         "claimed",
@@ -148,9 +149,23 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
     let lanes = lanes_of(opts.lanes, &def.destination);
     // The source and streams go to a runner's pump as the definition
     // stores them.
+    let mut plan_source = to_json(&def.source);
+    if def.source.is_cdc() {
+        // The slot is the sync's own in this control plane and org.
+        let control_db = opts
+            .database_url
+            .parse::<postgres::Config>()
+            .ok()
+            .and_then(|c| c.get_dbname().or(c.get_user()).map(str::to_string))
+            .unwrap_or_else(|| "postgres".into());
+        let slot = orca_core::sync::cdc_slot(&control_db, &opts.org, &opts.sync);
+        if let Some(o) = plan_source.as_object_mut() {
+            o.insert("slot".into(), Value::String(slot));
+        }
+    }
     let plan = Plan {
         sync: opts.sync.clone(),
-        source: to_json(&def.source),
+        source: plan_source,
         streams: to_json(&def.streams),
         batch_rows,
         start: Vec::new(),
@@ -204,8 +219,8 @@ fn look_up(
     scope: &Scope,
 ) -> Result<Source, EngineError> {
     match &def.source {
-        SourceDef::Postgres { url, .. } => {
-            let specs = table_specs(&def.streams)?;
+        SourceDef::Postgres { url, .. } | SourceDef::PostgresCdc { url, .. } => {
+            let specs = table_specs(&def.streams, def.source.is_cdc())?;
             let tables = match edge {
                 Some(e) => {
                     let asked = json!({"source": to_json(&def.source),
@@ -258,6 +273,10 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
         SourceDef::Postgres {
             batch_rows: Some(n),
             ..
+        }
+        | SourceDef::PostgresCdc {
+            batch_rows: Some(n),
+            ..
         } => usize::try_from(*n)
             .ok()
             .filter(|n| *n >= 1)
@@ -267,7 +286,9 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
                     "source.batch_rows must be a positive number of rows, got {n}"
                 ))
             }),
-        SourceDef::Postgres { .. } | SourceDef::Files { .. } => Ok(None),
+        SourceDef::Postgres { .. } | SourceDef::PostgresCdc { .. } | SourceDef::Files { .. } => {
+            Ok(None)
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub enum EngineError {
     Edge { path: String, reason: String },
     #[error(transparent)]
     Netguard(#[from] NetError),
+    #[error("change stream: {0}")]
+    Cdc(String),
     #[error("control channel at {path}: {source}")]
     Channel {
         path: String,
@@ -86,6 +88,7 @@ impl From<ReadError> for EngineError {
             ReadError::Files(e) => EngineError::Files(e),
             ReadError::Store(e) => EngineError::Store(e),
             ReadError::Netguard(e) => EngineError::Netguard(e),
+            ReadError::Cdc(e) => EngineError::Cdc(e),
         }
     }
 }

@@ -45,7 +45,11 @@ impl Attempt {
                 self.log.event("edge", json!({"streams": plan.start.len()}));
                 r
             }
-            None => open_readers(&plan)?,
+            None => {
+                let (readers, acks) = open_readers(&plan)?;
+                self.acks = acks;
+                readers
+            }
         };
         // What each stream's rows become columns by, and their lanes: a key's
         // rows all go to one lane: the table's primary key, or for files (no

@@ -49,10 +49,13 @@ impl Attempt {
         head_epoch: u64,
         head_record: Option<String>,
     ) -> Result<Recovered, EngineError> {
+        // No record: nothing to resume from. HEAD's epoch is more than 0
+        // for a sync defined again after a drop, whose epochs go on from
+        // the dropped one's (its destination's markers know them).
         let Some(path) = head_record.filter(|_| head_epoch > 0) else {
             return Ok(Recovered {
                 said: "fresh".into(),
-                head: 0,
+                head: head_epoch,
                 states: BTreeMap::new(),
                 record: None,
             });

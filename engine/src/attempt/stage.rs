@@ -57,6 +57,12 @@ impl Attempt {
             last,
         } in chunks
         {
+            // A change stream's round may bring a stream nothing: it moves
+            // to the round's point without staging a file.
+            if let Taken::Typed { rows: 0, .. } = &taken {
+                p.states.entry(name.clone()).or_default().position = Some(last);
+                continue;
+            }
             let batch = match taken {
                 Taken::Typed {
                     schema,

@@ -32,6 +32,9 @@ pub(super) struct Attempt {
     /// The data edge the runner's source pump connects to, when a runner
     /// hosts the source.
     pub(super) edge: Option<Edge>,
+    /// A change stream read here: where the commit protocol's
+    /// acknowledgements go (with a runner's pump, they go over the edge).
+    pub(super) acks: Option<crate::source::pg_cdc::Acks>,
 }
 
 impl Attempt {

@@ -537,13 +537,35 @@ impl PgDest {
                     .collect::<Vec<_>>()
                     .join(", ");
                 // The newest version of each key in the epoch, and only over
-                // an older one.
-                format!(
-                    "INSERT INTO {qt} ({list})
-                     SELECT DISTINCT ON ({key}) {list} FROM _orca_load ORDER BY {key}, _orca_seq DESC
-                     ON CONFLICT ({key}) DO UPDATE SET {set}
-                     WHERE {qt}._orca_seq < excluded._orca_seq"
-                )
+                // an older one; a change stream's delete marker as the
+                // newest version deletes the key's row instead.
+                let deletes = bschema.field_with_name("_orca_deleted").is_ok();
+                if deletes {
+                    let on = mode
+                        .primary_key
+                        .iter()
+                        .map(|k| format!("t.{c} = n.{c}", c = quote_ident(k)))
+                        .collect::<Vec<_>>()
+                        .join(" AND ");
+                    format!(
+                        "CREATE TEMP TABLE _orca_newest ON COMMIT DROP AS
+                             SELECT DISTINCT ON ({key}) {list} FROM _orca_load
+                             ORDER BY {key}, _orca_seq DESC;
+                         DELETE FROM {qt} t USING _orca_newest n
+                         WHERE n._orca_deleted AND {on} AND t._orca_seq < n._orca_seq;
+                         INSERT INTO {qt} ({list})
+                         SELECT {list} FROM _orca_newest WHERE NOT _orca_deleted
+                         ON CONFLICT ({key}) DO UPDATE SET {set}
+                         WHERE {qt}._orca_seq < excluded._orca_seq"
+                    )
+                } else {
+                    format!(
+                        "INSERT INTO {qt} ({list})
+                         SELECT DISTINCT ON ({key}) {list} FROM _orca_load ORDER BY {key}, _orca_seq DESC
+                         ON CONFLICT ({key}) DO UPDATE SET {set}
+                         WHERE {qt}._orca_seq < excluded._orca_seq"
+                    )
+                }
             } else {
                 format!(
                     "INSERT INTO {qt} ({list}) SELECT {list} FROM _orca_load

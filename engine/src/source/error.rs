@@ -32,6 +32,9 @@ pub enum ReadError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Netguard(#[from] NetError),
+    /// The change stream of a `postgres_cdc` source as a whole.
+    #[error("change stream: {0}")]
+    Cdc(String),
 }
 
 impl From<Missing> for ReadError {

@@ -6,7 +6,9 @@
 pub mod error;
 pub mod files;
 pub mod normalize;
+pub mod pg_cdc;
 pub mod pg_copy;
 pub mod pg_table;
+pub mod pgoutput;
 pub mod plan;
 pub(crate) mod readers;

@@ -235,6 +235,65 @@ impl Builder {
         Ok(())
     }
 
+    /// Appends one value in Postgres's text output form (as a logical
+    /// replication stream sends it, with `DateStyle` ISO and `TimeZone`
+    /// UTC): the same Arrow value the send format gives.
+    fn text(&mut self, kind: PgKind, v: &str) -> Result<(), String> {
+        let bad = || format!("'{v}' is not a {kind:?} value");
+        match self {
+            Builder::Bool(b) => b.append_value(match v {
+                "t" => true,
+                "f" => false,
+                _ => return Err(bad()),
+            }),
+            Builder::I16(b) => b.append_value(v.parse().map_err(|_| bad())?),
+            Builder::I32(b) => b.append_value(v.parse().map_err(|_| bad())?),
+            Builder::I64(b) => b.append_value(v.parse().map_err(|_| bad())?),
+            Builder::F32(b) => b.append_value(float(v).ok_or_else(bad)? as f32),
+            Builder::F64(b) => b.append_value(float(v).ok_or_else(bad)?),
+            Builder::Str(b) => b.append_value(v),
+            Builder::Bin(b) => {
+                let hex = v.strip_prefix("\\x").ok_or_else(bad)?;
+                if hex.len() % 2 != 0 {
+                    return Err(bad());
+                }
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| bad())?;
+                b.append_value(bytes)
+            }
+            Builder::Date(b) => {
+                let d = chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").map_err(|_| bad())?;
+                let unix = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).ok_or_else(bad)?;
+                let days = i32::try_from((d - unix).num_days()).map_err(|_| bad())?;
+                b.append_value(days)
+            }
+            Builder::Ts(b) => {
+                let micros = match kind {
+                    PgKind::TimestampTz => {
+                        chrono::DateTime::parse_from_str(v, "%Y-%m-%d %H:%M:%S%.f%#z")
+                            .map_err(|_| bad())?
+                            .timestamp_micros()
+                    }
+                    _ => chrono::NaiveDateTime::parse_from_str(v, "%Y-%m-%d %H:%M:%S%.f")
+                        .map_err(|_| bad())?
+                        .and_utc()
+                        .timestamp_micros(),
+                };
+                b.append_value(micros)
+            }
+            Builder::Dec(b) => {
+                let PgKind::Numeric { scale, .. } = kind else {
+                    return Err("decimal builder for a non-numeric column".into());
+                };
+                b.append_value(decimal_text(v, scale).ok_or_else(bad)?)
+            }
+        }
+        Ok(())
+    }
+
     fn finish(&mut self) -> ArrayRef {
         match self {
             Builder::Bool(b) => Arc::new(b.finish()),
@@ -249,6 +308,91 @@ impl Builder {
             Builder::Ts(b) => Arc::new(b.finish()),
             Builder::Dec(b) => Arc::new(b.finish()),
         }
+    }
+}
+
+/// A float as Postgres prints it, `NaN` and the infinities included.
+fn float(v: &str) -> Option<f64> {
+    match v {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => v.parse().ok(),
+    }
+}
+
+/// A decimal as text (`-12.5`) as an integer at `scale` (`-1250` at 2);
+/// None for `NaN`, a value with more decimals than the scale, or one too
+/// large.
+fn decimal_text(v: &str, scale: i8) -> Option<i128> {
+    let (neg, digits) = match v.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, v),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let scale = usize::try_from(scale).ok()?;
+    if int.is_empty() && frac.is_empty() || frac.len() > scale {
+        return None;
+    }
+    let mut n: i128 = 0;
+    for c in int
+        .chars()
+        .chain(frac.chars())
+        .chain(std::iter::repeat_n('0', scale - frac.len()))
+    {
+        let d = c.to_digit(10)?;
+        n = n.checked_mul(10)?.checked_add(i128::from(d))?;
+    }
+    Some(if neg { -n } else { n })
+}
+
+/// Rows given as text values (a change stream's tuples) into batches of
+/// columns, typed as a binary COPY of the same columns would be.
+pub struct TextRows {
+    columns: Vec<PgColumn>,
+    builders: Vec<Builder>,
+    rows: usize,
+}
+
+impl TextRows {
+    pub fn new(columns: Vec<PgColumn>) -> TextRows {
+        let builders = columns.iter().map(|c| Builder::new(c.kind, 256)).collect();
+        TextRows {
+            columns,
+            builders,
+            rows: 0,
+        }
+    }
+
+    /// Appends a row, one value (or null) per column.
+    pub fn push(&mut self, values: &[Option<&str>]) -> Result<(), CopyError> {
+        if values.len() != self.columns.len() {
+            return Err(CopyError::FieldCount {
+                got: i16::try_from(values.len()).unwrap_or(i16::MAX),
+                want: self.columns.len(),
+            });
+        }
+        for ((b, c), v) in self.builders.iter_mut().zip(&self.columns).zip(values) {
+            match v {
+                None => b.null(),
+                Some(v) => b.text(c.kind, v).map_err(|reason| CopyError::Value {
+                    column: c.name.clone(),
+                    reason,
+                })?,
+            }
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    pub fn pending(&self) -> usize {
+        self.rows
+    }
+
+    /// The pending rows as arrays; the next batch starts empty.
+    pub fn take(&mut self) -> Vec<ArrayRef> {
+        self.rows = 0;
+        self.builders.iter_mut().map(Builder::finish).collect()
     }
 }
 
@@ -647,5 +791,84 @@ mod tests {
         let mut r = CopyReader::new(&bytes[..], cols).expect("header");
         let e = r.read_row().expect_err("2 bytes are not an int4");
         assert!(e.to_string().contains("column id"), "{e}");
+    }
+
+    #[test]
+    fn text_values_become_the_same_arrays_as_the_send_format() {
+        let cols = |kind| {
+            vec![PgColumn {
+                name: "c".into(),
+                kind,
+                nullable: true,
+            }]
+        };
+        let one = |kind, v: &str| {
+            let mut t = TextRows::new(cols(kind));
+            t.push(&[Some(v)]).map(|_| t.take().remove(0))
+        };
+        let ts = one(PgKind::TimestampTz, "2024-03-05 06:07:08.123456+00").expect("ts");
+        let ts = ts
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("ts array");
+        assert_eq!(ts.value(0), 1_709_618_828_123_456);
+        let ts = one(PgKind::TimestampTz, "2024-03-05 08:07:08+02").expect("ts");
+        let ts = ts
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("ts array");
+        assert_eq!(ts.value(0), 1_709_618_828_000_000);
+        let plain = one(PgKind::Timestamp, "2024-03-05 06:07:08").expect("ts");
+        let plain = plain
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .expect("ts array");
+        assert_eq!(plain.value(0), 1_709_618_828_000_000);
+        let dec = one(
+            PgKind::Numeric {
+                precision: 12,
+                scale: 2,
+            },
+            "-12.5",
+        )
+        .expect("numeric");
+        let dec = dec
+            .as_any()
+            .downcast_ref::<Decimal128Array>()
+            .expect("decimal array");
+        assert_eq!(dec.value(0), -1250);
+        assert_eq!(decimal_text("7", 3), Some(7000));
+        assert_eq!(
+            decimal_text("0.125", 2),
+            None,
+            "more decimals than the scale"
+        );
+        assert_eq!(decimal_text("NaN", 2), None);
+        let b = one(PgKind::Bytea, "\\x00ff10").expect("bytea");
+        let b = b
+            .as_any()
+            .downcast_ref::<arrow_array::BinaryArray>()
+            .expect("binary");
+        assert_eq!(b.value(0), [0u8, 255, 16]);
+        let d = one(PgKind::Date, "1970-01-03").expect("date");
+        let d = d
+            .as_any()
+            .downcast_ref::<arrow_array::Date32Array>()
+            .expect("date array");
+        assert_eq!(d.value(0), 2);
+        let f = one(PgKind::Float8, "-Infinity").expect("float");
+        let f = f
+            .as_any()
+            .downcast_ref::<arrow_array::Float64Array>()
+            .expect("float array");
+        assert_eq!(f.value(0), f64::NEG_INFINITY);
+        let e = one(PgKind::Int4, "12x").expect_err("not an int");
+        assert!(e.to_string().contains("'12x' is not a Int4 value"), "{e}");
+        let mut t = TextRows::new(cols(PgKind::Bool));
+        t.push(&[None]).expect("null");
+        t.push(&[Some("t")]).expect("true");
+        let a = t.take().remove(0);
+        assert_eq!((a.len(), a.null_count()), (2, 1));
+        assert!(t.push(&[None, None]).is_err(), "two values for one column");
     }
 }

@@ -68,6 +68,27 @@ pub enum SourceError {
     },
     #[error("formatting a resume point: {0}")]
     Arrow(#[from] ArrowError),
+    #[error(
+        "stream {stream}: {table}'s replica identity is {identity}, and a change stream keyed on \
+         ({key}) needs those columns in every delete and update: make ({key}) the primary key, \
+         or ALTER TABLE {table} REPLICA IDENTITY FULL"
+    )]
+    ReplicaIdentity {
+        stream: String,
+        table: String,
+        identity: String,
+        key: String,
+    },
+    #[error(
+        "stream {stream}: {table} has columns whose values Postgres may TOAST ({columns}), and an \
+         update that leaves such a value alone sends it in the change stream only under \
+         REPLICA IDENTITY FULL: ALTER TABLE {table} REPLICA IDENTITY FULL"
+    )]
+    Toastable {
+        stream: String,
+        table: String,
+        columns: String,
+    },
 }
 
 /// A stream as the sync defines it.
@@ -85,7 +106,17 @@ pub struct StreamSpec {
     /// much (a Postgres interval: `10 minutes`) before the resume point:
     /// rows a long transaction committed late with an older cursor value.
     pub lookback: Option<String>,
+    /// Read as a change stream (`postgres_cdc`): no cursor, the key alone
+    /// makes a row's identity, and each row carries `_orca_deleted` and
+    /// `_orca_lsn`.
+    #[serde(default)]
+    pub cdc: bool,
 }
+
+/// The columns a change stream adds to each of its rows: whether the row is
+/// a delete marker, and the LSN of its transaction's commit (a snapshot
+/// row: the LSN the change stream starts after).
+pub const CDC_COLUMNS: [&str; 2] = ["_orca_deleted", "_orca_lsn"];
 
 /// What the source table looks like, and how to read it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -160,7 +191,10 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
                 role,
             })
     };
-    let mut key = vec![find(&spec.cursor, "cursor")?];
+    let mut key = Vec::new();
+    if !spec.cdc {
+        key.push(find(&spec.cursor, "cursor")?);
+    }
     for k in &spec.primary_key {
         key.push(find(k, "primary key")?);
     }
@@ -186,6 +220,27 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
             columns: spec.primary_key.join(", "),
         });
     }
+    if spec.cdc {
+        replica_identity(client, spec)?;
+        // A delete marker carries the key alone.
+        for (i, c) in columns.iter_mut().enumerate() {
+            if !key.contains(&i) {
+                c.nullable = true;
+            }
+        }
+        columns.push(PgColumn {
+            name: CDC_COLUMNS[0].into(),
+            kind: PgKind::Bool,
+            nullable: false,
+        });
+        columns.push(PgColumn {
+            name: CDC_COLUMNS[1].into(),
+            kind: PgKind::Int8,
+            nullable: false,
+        });
+        sql_types.extend(["boolean".to_string(), "bigint".to_string()]);
+        as_text.extend([false, false]);
+    }
     if spec.lookback.is_some() {
         let ty: String = key
             .first()
@@ -210,6 +265,77 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
     })
 }
 
+/// Checks that every delete and update of the table will carry the
+/// stream's key: the replica identity is the key's index, or full.
+fn replica_identity(client: &mut postgres::Client, spec: &StreamSpec) -> Result<(), SourceError> {
+    let row = client
+        .query_one(
+            "SELECT c.relreplident::text,
+                    coalesce((SELECT array_agg(a.attname::text ORDER BY a.attname::text)
+                              FROM pg_index i
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                              WHERE i.indrelid = c.oid
+                                AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                                        ELSE i.indisreplident END),
+                             '{}')
+             FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[&qualified(&spec.table)],
+        )
+        .map_err(|source| SourceError::Postgres {
+            table: spec.table.clone(),
+            source,
+        })?;
+    let identity: String = row.get(0);
+    let columns: Vec<String> = row.get(1);
+    let mut want = spec.primary_key.clone();
+    want.sort();
+    let fits = match identity.as_str() {
+        "f" => true,
+        "d" | "i" => columns == want,
+        _ => false,
+    };
+    if fits && identity != "f" {
+        // An update that leaves a TOASTed value alone sends no value for it
+        // unless the old row goes whole into the WAL: without it, a merge
+        // could not tell the value.
+        let toastable: Vec<String> = client
+            .query_one(
+                "SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}')
+                 FROM pg_attribute a
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+                   AND a.attlen = -1 AND a.attstorage <> 'p' AND NOT a.attname::text = ANY ($2)",
+                &[&qualified(&spec.table), &spec.primary_key],
+            )
+            .map_err(|source| SourceError::Postgres {
+                table: spec.table.clone(),
+                source,
+            })?
+            .get(0);
+        if !toastable.is_empty() {
+            return Err(SourceError::Toastable {
+                stream: spec.name.clone(),
+                table: spec.table.clone(),
+                columns: toastable.join(", "),
+            });
+        }
+    }
+    if fits {
+        return Ok(());
+    }
+    let identity = match identity.as_str() {
+        "n" => "NOTHING".to_string(),
+        "d" if columns.is_empty() => "DEFAULT, and it has no primary key".to_string(),
+        "d" => format!("its primary key ({})", columns.join(", ")),
+        _ => format!("the index on ({})", columns.join(", ")),
+    };
+    Err(SourceError::ReplicaIdentity {
+        stream: spec.name.clone(),
+        table: spec.table.clone(),
+        identity,
+        key: spec.primary_key.join(", "),
+    })
+}
+
 impl PgTable {
     /// Applies the stream's schema policy against the columns it delivered
     /// before (`recorded`, from the checkpoint record; empty the first time).
@@ -222,7 +348,12 @@ impl PgTable {
         if recorded.is_empty() || self.spec.schema_policy == "evolve" {
             return Ok(self);
         }
-        let now: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+        let now: Vec<&str> = self
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .filter(|n| !n.starts_with("_orca_"))
+            .collect();
         let added: Vec<&str> = now
             .iter()
             .filter(|c| !recorded.contains(c))
@@ -246,7 +377,7 @@ impl PgTable {
         let keep: Vec<bool> = self
             .columns
             .iter()
-            .map(|c| recorded.contains(&c.name.as_str()))
+            .map(|c| recorded.contains(&c.name.as_str()) || c.name.starts_with("_orca_"))
             .collect();
         let old_key: Vec<String> = self
             .key
@@ -270,12 +401,22 @@ impl PgTable {
 
     /// The COPY that reads every row after `after`, in resume order.
     pub fn copy_query(&self, after: Option<&[String]>) -> Result<String, SourceError> {
+        self.copy_query_at(after, 0)
+    }
+
+    /// The COPY of a change stream's snapshot: `lsn` is the one its rows
+    /// carry in `_orca_lsn`.
+    pub fn copy_query_at(&self, after: Option<&[String]>, lsn: u64) -> Result<String, SourceError> {
         let select = self
             .columns
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                if self.as_text[i] {
+                if self.spec.cdc && c.name == CDC_COLUMNS[0] {
+                    format!("false AS {}", quote_ident(&c.name))
+                } else if self.spec.cdc && c.name == CDC_COLUMNS[1] {
+                    format!("{}::bigint AS {}", lsn as i64, quote_ident(&c.name))
+                } else if self.as_text[i] {
                     format!("{}::text AS {}", quote_ident(&c.name), quote_ident(&c.name))
                 } else {
                     quote_ident(&c.name)
@@ -381,6 +522,7 @@ mod tests {
                 primary_key: vec!["id".into()],
                 schema_policy: "evolve".into(),
                 lookback: None,
+                cdc: false,
             },
             columns: vec![
                 PgColumn {

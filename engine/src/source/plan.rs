@@ -10,7 +10,8 @@ use serde_json::Value;
 use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
 use crate::source::files::Format;
-use crate::source::pg_table::{describe, StreamSpec};
+use crate::source::pg_cdc::{spawn_cdc, Acks};
+use crate::source::pg_table::{describe, PgTable, SourceError, StreamSpec};
 use crate::source::readers::{spawn_file_reader, spawn_reader, Reader};
 use crate::util::{str_of, strings, Missing};
 
@@ -46,19 +47,45 @@ pub struct Start {
 impl Plan {
     /// The source sends typed columns (a Postgres table), not raw records.
     pub fn typed(&self) -> bool {
-        self.source.get("type").and_then(Value::as_str) == Some("postgres")
+        matches!(
+            self.source.get("type").and_then(Value::as_str),
+            Some("postgres" | "postgres_cdc")
+        )
+    }
+
+    /// The source is a change stream (`postgres_cdc`).
+    pub fn cdc(&self) -> bool {
+        self.source.get("type").and_then(Value::as_str) == Some("postgres_cdc")
     }
 }
 
 /// Starts a reader thread per stream of the plan, reading the source
-/// itself. The engine reading without a runner does this too.
-pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
+/// itself (the engine reading without a runner does this too), and, for a
+/// change stream, the cell its acknowledgements go in.
+pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Acks>), ReadError> {
     let url = str_of(&plan.source, "url")?;
     let definition = serde_json::json!({ "streams": plan.streams });
     let guard = Guard::new(&plan.guard)?;
     match str_of(&plan.source, "type")?.as_str() {
+        "postgres_cdc" => {
+            let specs = stream_specs(&definition, true)?;
+            let mut probe = guard.postgres(&url)?;
+            let mut tables = Vec::new();
+            let mut starts = Vec::new();
+            for s in &plan.start {
+                let spec = specs.iter().find(|p| p.name == s.name).ok_or_else(|| {
+                    ReadError::Definition(format!("stream {} is not defined", s.name))
+                })?;
+                tables.push(cdc_table(&mut probe, spec, &s.recorded)?);
+                starts.push(s.after.clone());
+            }
+            drop(probe);
+            let slot = str_of(&plan.source, "slot")?;
+            let (readers, acks) = spawn_cdc(guard, url, slot, tables, starts, plan.batch_rows)?;
+            Ok((readers, Some(acks)))
+        }
         "postgres" => {
-            let specs = stream_specs(&definition)?;
+            let specs = stream_specs(&definition, false)?;
             let mut probe = guard.postgres(&url)?;
             plan.start
                 .iter()
@@ -75,7 +102,8 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
                         plan.batch_rows,
                     )
                 })
-                .collect()
+                .collect::<Result<Vec<_>, _>>()
+                .map(|r| (r, None))
         }
         "files" => {
             guard.place(&url)?;
@@ -106,7 +134,8 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
                         plan.batch_rows,
                     )
                 })
-                .collect()
+                .collect::<Result<Vec<_>, _>>()
+                .map(|r| (r, None))
         }
         other => Err(ReadError::NotBuilt(format!(
             "the {other} source's data path"
@@ -114,19 +143,49 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<Vec<Reader>, ReadError> {
     }
 }
 
-/// The streams of a typed definition, for the Postgres source: each needs
-/// its table and cursor.
-pub(crate) fn table_specs(streams: &[Stream]) -> Result<Vec<StreamSpec>, Missing> {
+/// A change stream's table, looked up, under the schema it delivered
+/// before: a column that is gone stops it whatever its policy (a change
+/// stream cannot tell a dropped column's later rows from nulls).
+pub(crate) fn cdc_table(
+    client: &mut postgres::Client,
+    spec: &StreamSpec,
+    recorded: &[(String, String)],
+) -> Result<PgTable, ReadError> {
+    let t = describe(client, spec)?;
+    let gone: Vec<&str> = recorded
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| !n.starts_with("_orca_") && !t.columns.iter().any(|c| c.name == *n))
+        .collect();
+    if !gone.is_empty() {
+        return Err(ReadError::Table(SourceError::SchemaChanged {
+            stream: spec.name.clone(),
+            table: spec.table.clone(),
+            policy: spec.schema_policy.clone(),
+            added: String::new(),
+            missing: gone.join(", "),
+        }));
+    }
+    Ok(t.under_policy(recorded)?)
+}
+
+/// The streams of a typed definition, for the Postgres sources: each needs
+/// its table, and a cursor unless it is a change stream.
+pub(crate) fn table_specs(streams: &[Stream], cdc: bool) -> Result<Vec<StreamSpec>, Missing> {
     streams
         .iter()
         .map(|s| {
             Ok(StreamSpec {
                 name: s.name.clone(),
                 table: s.table.clone().ok_or_else(|| Missing::of("table", s))?,
-                cursor: s.cursor.clone().ok_or_else(|| Missing::of("cursor", s))?,
+                cursor: match cdc {
+                    true => String::new(),
+                    false => s.cursor.clone().ok_or_else(|| Missing::of("cursor", s))?,
+                },
                 primary_key: s.primary_key.clone(),
                 schema_policy: s.schema_policy.name().to_string(),
                 lookback: s.lookback.as_ref().map(|l| l.as_str().to_string()),
+                cdc,
             })
         })
         .collect()
@@ -134,7 +193,7 @@ pub(crate) fn table_specs(streams: &[Stream]) -> Result<Vec<StreamSpec>, Missing
 
 /// The streams of a definition as the data edge carries it (JSON), for the
 /// Postgres source.
-pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, ReadError> {
+pub(crate) fn stream_specs(def: &Value, cdc: bool) -> Result<Vec<StreamSpec>, ReadError> {
     let streams = def
         .get("streams")
         .and_then(Value::as_array)
@@ -145,7 +204,10 @@ pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, ReadError> {
             Ok(StreamSpec {
                 name: str_of(s, "name")?,
                 table: str_of(s, "table")?,
-                cursor: str_of(s, "cursor")?,
+                cursor: match cdc {
+                    true => String::new(),
+                    false => str_of(s, "cursor")?,
+                },
                 primary_key: strings(s, "primary_key"),
                 schema_policy: s
                     .get("schema_policy")
@@ -156,6 +218,7 @@ pub(crate) fn stream_specs(def: &Value) -> Result<Vec<StreamSpec>, ReadError> {
                     .get("lookback")
                     .and_then(Value::as_str)
                     .map(str::to_string),
+                cdc,
             })
         })
         .collect()

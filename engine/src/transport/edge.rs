@@ -145,6 +145,21 @@ impl Edge {
         }
     }
 
+    /// Tells the pump the commit protocol acknowledged these resume points
+    /// (a change stream confirms them to its slot). Best effort: an edge
+    /// that broke fails the attempt through its streams.
+    pub(crate) fn acknowledge(&self, positions: &crate::commit::protocol::Positions) {
+        let Some(conn) = self.conn.as_ref().and_then(|c| c.try_clone().ok()) else {
+            return;
+        };
+        let mut out = BufWriter::new(conn);
+        let positions = serde_json::to_value(positions).unwrap_or_default();
+        let _ = write_frame(&mut out, &Frame::Ack { positions }).and_then(|()| {
+            out.flush()?;
+            Ok(())
+        });
+    }
+
     /// Waits for the pump if it has not come yet, sends it the plan and
     /// returns a reader per stream of the plan, fed from the edge. `stop` is
     /// asked while waiting.
@@ -305,9 +320,13 @@ impl Demux {
                 ));
                 return Err(Gone);
             }
-            Frame::Open { .. } | Frame::Describe { .. } | Frame::Catalog { .. } => {
+            Frame::Open { .. }
+            | Frame::Describe { .. }
+            | Frame::Catalog { .. }
+            | Frame::Ack { .. } => {
                 self.fail_open(
-                    "the runner sent an open, describe or catalog frame while the streams flowed",
+                    "the runner sent an open, describe, catalog or ack frame while the streams \
+                     flowed",
                 );
                 return Err(Gone);
             }
@@ -365,7 +384,8 @@ impl Demux {
             Frame::Error { .. }
             | Frame::Open { .. }
             | Frame::Describe { .. }
-            | Frame::Catalog { .. } => return Err(Gone),
+            | Frame::Catalog { .. }
+            | Frame::Ack { .. } => return Err(Gone),
         };
         if self.senders[i].send(Ok(msg)).is_err() {
             return Err(Gone);
@@ -515,12 +535,12 @@ mod tests {
             Some(vec!["orders/2024-01.jsonl".to_string(), "35".to_string()]),
         ] {
             let p = plan(&s.0, after);
-            let here = drain(open_readers(&p).expect("readers"));
+            let here = drain(open_readers(&p).expect("readers").0);
             let over_edge = with_pump(&s.0, &p, 7);
             assert_eq!(over_edge, here);
             assert!(here.iter().all(Result::is_ok), "{here:?}");
         }
-        let all = drain(open_readers(&plan(&s.0, None)).expect("readers"));
+        let all = drain(open_readers(&plan(&s.0, None)).expect("readers").0);
         // Batches of two records, the line that is not JSON among them with
         // its reason, then the stream's end.
         assert_eq!(all.len(), 3, "{all:?}");

@@ -30,6 +30,10 @@
 //!   the source's catalog.
 //! - kind 7, **catalog** (runner to engine): the answer, a JSON array of the
 //!   tables (`crate::source::pg_table::PgTable`), in the streams' order.
+//! - kind 8, **ack** (engine to runner, after open): the commit protocol
+//!   acknowledged these resume points (a JSON object, stream to the point's
+//!   values joined by U+001F): a source that confirms what it sent upstream
+//!   (a change stream's slot) may confirm up to them.
 //!
 //! A reader refuses an unknown version or kind, a payload over
 //! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch
@@ -82,6 +86,9 @@ pub enum Frame {
     Catalog {
         tables: serde_json::Value,
     },
+    Ack {
+        positions: serde_json::Value,
+    },
 }
 
 /// The `stream` of an error frame about the source as a whole.
@@ -116,6 +123,7 @@ const KIND_OPEN: u8 = 4;
 const KIND_ERROR: u8 = 5;
 const KIND_DESCRIBE: u8 = 6;
 const KIND_CATALOG: u8 = 7;
+const KIND_ACK: u8 = 8;
 
 fn header(len: u32, kind: u8, stream: u16, epoch: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -181,6 +189,7 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<(), FrameError> 
         Frame::Error { stream, reason } => put(w, KIND_ERROR, *stream, 0, reason.as_bytes()),
         Frame::Describe { request } => put(w, KIND_DESCRIBE, 0, 0, &json_bytes(request)),
         Frame::Catalog { tables } => put(w, KIND_CATALOG, 0, 0, &json_bytes(tables)),
+        Frame::Ack { positions } => put(w, KIND_ACK, 0, 0, &json_bytes(positions)),
     }
 }
 
@@ -293,6 +302,11 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
                 .map_err(|e| bad("catalog", "a JSON catalog", e.to_string()))?;
             Ok(Some(Frame::Catalog { tables }))
         }
+        KIND_ACK => {
+            let positions = serde_json::from_slice(&payload)
+                .map_err(|e| bad("ack", "a JSON object of resume points", e.to_string()))?;
+            Ok(Some(Frame::Ack { positions }))
+        }
         other => Err(FrameError::Kind(other)),
     }
 }
@@ -351,6 +365,9 @@ mod tests {
             },
             Frame::Catalog {
                 tables: serde_json::json!([]),
+            },
+            Frame::Ack {
+                positions: serde_json::json!({"orders": "lsn\u{1f}0/16B3748"}),
             },
         ];
         let mut edge = Vec::new();

@@ -33,7 +33,9 @@ use serde_json::Value;
 
 use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
+use crate::source::pg_cdc::{acknowledged_lsn, Acks};
 use crate::source::pg_table;
+use crate::source::pgoutput::Lsn;
 use crate::source::plan::{open_readers, stream_specs, Plan};
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
@@ -114,13 +116,25 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
         }
     };
     let plan: Plan = serde_json::from_value(plan).map_err(|e| PumpError::Plan(e.to_string()))?;
-    let mut readers = match open_readers(&plan) {
+    let (mut readers, acks) = match open_readers(&plan) {
         Ok(r) => r,
         Err(e) => {
             tell(&mut out, ANY_STREAM, &e);
             return Err(e.into());
         }
     };
+    // The engine's acknowledgements come back on the same edge; they end
+    // with it.
+    if let Some(acks) = acks {
+        let spawned = std::thread::Builder::new()
+            .name("pump-acks".into())
+            .spawn(move || take_acks(input, &acks));
+        if let Err(e) = spawned {
+            let e = ReadError::Cdc(format!("starting the acknowledgement thread: {e}"));
+            tell(&mut out, ANY_STREAM, &e);
+            return Err(e.into());
+        }
+    }
     let mut epochs = vec![first_epoch; readers.len()];
     let mut pumped = Pumped {
         streams: readers.len(),
@@ -188,12 +202,40 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
     }
 }
 
+/// Reads the engine's ack frames into the change stream's cell until the
+/// edge closes.
+fn take_acks(mut input: BufReader<UnixStream>, acks: &Acks) {
+    while let Ok(Some(frame)) = read_frame(&mut input) {
+        if let Frame::Ack { positions } = frame {
+            if let Some(lsn) = lowest_acknowledged(&positions) {
+                acks.fetch_max(lsn.0, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// The lowest LSN among acknowledged resume points (every stream of a
+/// change stream shares the slot, so the slot may forget only up to it).
+pub(crate) fn lowest_acknowledged(positions: &Value) -> Option<Lsn> {
+    positions
+        .as_object()?
+        .values()
+        .map(|v| v.as_str().and_then(acknowledged_lsn))
+        .collect::<Option<Vec<Lsn>>>()?
+        .into_iter()
+        .min()
+}
+
 /// The source's catalog entry of each stream's table, in the streams'
 /// order, as JSON (`{"source", "streams"}` of a definition asked).
 pub fn describe(request: &Value) -> Result<Value, ReadError> {
     let source = request.get("source").cloned().unwrap_or(Value::Null);
     let url = str_of(&source, "url")?;
-    let specs = stream_specs(&serde_json::json!({ "streams": request.get("streams") }))?;
+    let cdc = source.get("type").and_then(Value::as_str) == Some("postgres_cdc");
+    let specs = stream_specs(
+        &serde_json::json!({ "streams": request.get("streams") }),
+        cdc,
+    )?;
     let scope: Scope = request
         .get("guard")
         .cloned()

@@ -1,0 +1,920 @@
+//! The Postgres change-data-capture source: every insert, update and delete
+//! of a sync's tables, in commit order, from a logical replication slot the
+//! sync owns (`pgoutput`, through `pgwire-replication`).
+//!
+//! One thread reads for every stream of the sync, since one slot carries
+//! all their tables, and hands each stream a chunk per round (an empty one
+//! when the round brought it nothing), so barrier N is the same point of
+//! the change stream for every stream.
+//!
+//! A stream's resume point is where it stands in that stream:
+//! - `["snapshot", L]`, `["snapshot", L, key...]`: its table's first read,
+//!   after the row with that key; the changes after LSN `L` follow it;
+//! - `["lsn", L]`: every transaction that committed before `L` is delivered.
+//!
+//! The first attempt creates the slot with an exported snapshot and reads
+//! each table in that snapshot, so the table's rows and the changes after
+//! the slot's consistent point meet without a gap or an overlap. A
+//! snapshot cut short by a crash resumes after its last key in a newer
+//! snapshot: the replayed changes bring those rows to the same end state
+//! (a merge is exact; a change log may hold a change its snapshot row
+//! already shows).
+//!
+//! An attempt reads up to the end of the WAL as it was when it started (a
+//! logical message it writes marks the point) and ends there; replay from
+//! a committed position returns the same transactions, so the source is
+//! exact. What the slot may forget (its confirmed flush LSN) moves only
+//! when the protocol acknowledges an epoch, one behind the committed one:
+//! the attempt sets [`Acks`], and the thread passes it upstream.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, StringArray};
+use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
+
+use crate::netguard::{Guard, ReplicationTarget};
+use crate::source::error::ReadError;
+use crate::source::pg_copy::{CopyReader, PgKind, TextRows};
+use crate::source::pg_table::{PgTable, CDC_COLUMNS};
+use crate::source::pgoutput::{decode, Lsn, Message, RelColumn, Value};
+use crate::source::readers::{Msg, Reader, Shape};
+use crate::util::quote_ident;
+
+/// The LSN up to which the source may tell the slot it can forget, as the
+/// commit protocol acknowledged it (0: nothing yet).
+pub type Acks = Arc<AtomicU64>;
+
+/// Session settings that make the stream's text values the forms
+/// [`TextRows`] reads.
+const SESSION: &str =
+    "-c DateStyle=ISO,YMD -c TimeZone=UTC -c extra_float_digits=3 -c bytea_output=hex";
+
+/// How often the reader looks at the acknowledged position while it waits
+/// for the change stream.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Where a stream stands in the change stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    Snapshot {
+        lsn: Lsn,
+        after: Option<Vec<String>>,
+    },
+    Stream(Lsn),
+}
+
+impl Position {
+    pub fn parse(stream: &str, v: &[String]) -> Result<Position, ReadError> {
+        let bad = || ReadError::Stream {
+            stream: stream.to_string(),
+            reason: format!(
+                "resume point {v:?} is not a change stream's (\"snapshot\" or \"lsn\" and an LSN)"
+            ),
+        };
+        let lsn = v.get(1).and_then(|l| Lsn::parse(l)).ok_or_else(bad)?;
+        match v.first().map(String::as_str) {
+            Some("lsn") if v.len() == 2 => Ok(Position::Stream(lsn)),
+            Some("snapshot") => Ok(Position::Snapshot {
+                lsn,
+                after: (v.len() > 2).then(|| v[2..].to_vec()),
+            }),
+            _ => Err(bad()),
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Position::Stream(l) => vec!["lsn".into(), l.to_string()],
+            Position::Snapshot { lsn, after } => {
+                let mut v = vec!["snapshot".into(), lsn.to_string()];
+                v.extend(after.iter().flatten().cloned());
+                v
+            }
+        }
+    }
+
+    /// The LSN the changes after this point start from.
+    pub fn lsn(&self) -> Lsn {
+        match self {
+            Position::Snapshot { lsn, .. } | Position::Stream(lsn) => *lsn,
+        }
+    }
+}
+
+/// The LSN a resume point, as the commit protocol records it (its values
+/// joined by U+001F), lets the slot forget up to.
+pub fn acknowledged_lsn(recorded: &str) -> Option<Lsn> {
+    let mut parts = recorded.split('\u{1f}');
+    match (parts.next(), parts.next()) {
+        (Some("lsn" | "snapshot"), Some(l)) => Lsn::parse(l),
+        _ => None,
+    }
+}
+
+/// One stream's side of the reader.
+struct Out {
+    table: PgTable,
+    tx: SyncSender<Result<Msg, ReadError>>,
+    pos: Position,
+    rows: TextRows,
+    ids: Vec<String>,
+    /// The relation columns it last saw, by name (a drop is told from an
+    /// older change by a column it saw before).
+    seen: Vec<String>,
+}
+
+impl Out {
+    fn name(&self) -> &str {
+        &self.table.spec.name
+    }
+
+    /// The table's own columns (the change stream's extra two left out).
+    fn source_columns(&self) -> impl Iterator<Item = (usize, &crate::source::pg_copy::PgColumn)> {
+        self.table
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !CDC_COLUMNS.contains(&c.name.as_str()))
+    }
+
+    /// Sends what this round brought (maybe nothing) up to the stream's
+    /// position; false once the attempt stopped listening.
+    fn send(&mut self) -> bool {
+        let rows = self.rows.pending();
+        let arrays = self.rows.take();
+        let ids: ArrayRef = Arc::new(StringArray::from(std::mem::take(&mut self.ids)));
+        let msg = Msg::Chunk {
+            arrays,
+            ids,
+            last: self.pos.to_vec(),
+            rows,
+        };
+        self.tx.send(Ok(msg)).is_ok()
+    }
+
+    fn end(&self) {
+        let _ = self.tx.send(Ok(Msg::End { bytes: 0 }));
+    }
+}
+
+/// What a change stream's transaction holds for the streams: rows in
+/// commit order.
+struct Change {
+    out: usize,
+    values: Vec<Option<String>>,
+    deleted: bool,
+}
+
+/// Starts the source's reader thread: a reader per stream, in `tables`'
+/// order, each from its resume point, and the acknowledgement cell the
+/// attempt moves.
+pub(crate) fn spawn_cdc(
+    guard: Guard,
+    url: String,
+    slot: String,
+    tables: Vec<PgTable>,
+    starts: Vec<Option<Vec<String>>>,
+    batch_rows: usize,
+) -> Result<(Vec<Reader>, Acks), ReadError> {
+    let acks: Acks = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::with_capacity(tables.len());
+    let mut outs = Vec::with_capacity(tables.len());
+    for (t, start) in tables.into_iter().zip(starts) {
+        let pos = start
+            .map(|s| Position::parse(&t.spec.name, &s))
+            .transpose()?;
+        let (tx, rx): (_, Receiver<Result<Msg, ReadError>>) = sync_channel(1);
+        readers.push(Reader {
+            name: t.spec.name.clone(),
+            shape: Shape::Table(t.clone()),
+            rx,
+            handle: None,
+            done: false,
+        });
+        let source: Vec<_> = t.columns.clone();
+        outs.push((
+            Out {
+                rows: TextRows::new(source),
+                table: t,
+                tx,
+                pos: Position::Stream(Lsn(0)),
+                ids: Vec::new(),
+                seen: Vec::new(),
+            },
+            pos,
+        ));
+    }
+    let ack = acks.clone();
+    let handle = std::thread::Builder::new()
+        .name("read-cdc".into())
+        .spawn(move || {
+            let (mut outs, starts): (Vec<Out>, Vec<Option<Position>>) = outs.into_iter().unzip();
+            let r = Cdc {
+                guard,
+                url,
+                slot,
+                batch_rows,
+                ack,
+            }
+            .run(&mut outs, starts);
+            if let Err(e) = r {
+                let text = e.to_string();
+                for o in &outs {
+                    let _ = o.tx.send(Err(ReadError::Stream {
+                        stream: o.name().to_string(),
+                        reason: text.clone(),
+                    }));
+                }
+            }
+        })
+        .map_err(|e| ReadError::Cdc(format!("starting its thread: {e}")))?;
+    if let Some(first) = readers.first_mut() {
+        first.handle = Some(handle);
+    }
+    Ok((readers, acks))
+}
+
+struct Cdc {
+    guard: Guard,
+    url: String,
+    slot: String,
+    batch_rows: usize,
+    ack: Acks,
+}
+
+fn cdc(reason: impl std::fmt::Display) -> ReadError {
+    ReadError::Cdc(reason.to_string())
+}
+
+fn text(v: &Option<bytes::Bytes>) -> String {
+    v.as_ref()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+impl Cdc {
+    fn run(&self, outs: &mut [Out], starts: Vec<Option<Position>>) -> Result<(), ReadError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| cdc(format!("starting its runtime: {e}")))?;
+        let target = self.guard.replication(&self.url)?;
+        let mut client = self.guard.postgres(&self.url)?;
+        self.publish(&mut client, outs)?;
+        let confirmed = self.slot_position(&mut client)?;
+        let fresh = starts.iter().all(Option::is_none);
+        if confirmed.is_none() && !fresh {
+            return Err(cdc(format!(
+                "replication slot {} is gone: the changes since the last committed epoch are \
+                 lost; drop and create the sync again (a new snapshot)",
+                self.slot
+            )));
+        }
+        let (base, exported, gate) = match confirmed {
+            Some(_) if !fresh => (None, None, None),
+            // A slot no committed epoch depends on (an attempt that died
+            // before its first commit made it) is made again, so that the
+            // first read is the exported snapshot's.
+            found => {
+                if found.is_some() {
+                    self.drop_slot(&mut client)?;
+                }
+                let (lsn, snapshot, gate) = self.create_slot(&rt, &target)?;
+                (Some(lsn), Some(snapshot), Some(gate))
+            }
+        };
+        // Where each stream starts: its own point, or (a stream new to the
+        // sync, or every stream the first time) a snapshot before the point
+        // the other streams stand at.
+        let shared = starts
+            .iter()
+            .flatten()
+            .map(Position::lsn)
+            .min()
+            .or(base)
+            .or(confirmed)
+            .unwrap_or_default();
+        for (o, s) in outs.iter_mut().zip(starts) {
+            o.pos = s.unwrap_or(Position::Snapshot {
+                lsn: base.unwrap_or(shared),
+                after: None,
+            });
+        }
+        if !self.snapshot(&mut client, outs, exported.as_deref())? {
+            return Ok(());
+        }
+        drop(gate);
+        self.stream(&rt, &target, &mut client, outs, confirmed.or(base))
+    }
+
+    /// Makes the sync's publication hold every stream's table.
+    fn publish(&self, client: &mut postgres::Client, outs: &[Out]) -> Result<(), ReadError> {
+        let have: Option<Vec<String>> = client
+            .query_opt(
+                "SELECT coalesce((SELECT array_agg(t.schemaname || '.' || t.tablename)
+                                  FROM pg_publication_tables t WHERE t.pubname = p.pubname), '{}')
+                 FROM pg_publication p WHERE p.pubname = $1",
+                &[&self.slot],
+            )?
+            .map(|r| r.get(0));
+        let mut tables: Vec<String> = outs
+            .iter()
+            .map(|o| qualified(&o.table.spec.table))
+            .collect();
+        tables.sort();
+        tables.dedup();
+        match have {
+            None => {
+                client.batch_execute(&format!(
+                    "CREATE PUBLICATION {} FOR TABLE {}",
+                    quote_ident(&self.slot),
+                    tables.join(", ")
+                ))?;
+            }
+            Some(have) => {
+                let have: Vec<String> = have.iter().map(|t| qualified(t)).collect();
+                let missing: Vec<&String> = tables.iter().filter(|t| !have.contains(t)).collect();
+                if !missing.is_empty() {
+                    client.batch_execute(&format!(
+                        "ALTER PUBLICATION {} ADD TABLE {}",
+                        quote_ident(&self.slot),
+                        missing
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot's confirmed flush LSN, if the slot exists.
+    fn slot_position(&self, client: &mut postgres::Client) -> Result<Option<Lsn>, ReadError> {
+        let row = client.query_opt(
+            "SELECT confirmed_flush_lsn::text, plugin::text, database::text = current_database()
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&self.slot],
+        )?;
+        let Some(row) = row else { return Ok(None) };
+        let (lsn, plugin, here): (Option<String>, Option<String>, Option<bool>) =
+            (row.get(0), row.get(1), row.get(2));
+        if plugin.as_deref() != Some("pgoutput") || here != Some(true) {
+            return Err(cdc(format!(
+                "replication slot {} exists but is not a pgoutput slot of this database",
+                self.slot
+            )));
+        }
+        Ok(lsn.as_deref().and_then(Lsn::parse))
+    }
+
+    fn drop_slot(&self, client: &mut postgres::Client) -> Result<(), ReadError> {
+        // The session of an attempt that died may hold it for a moment.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot]) {
+                Ok(_) => return Ok(()),
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn config(&self, target: &ReplicationTarget) -> ReplicationConfig {
+        ReplicationConfig::new(
+            target.host.clone(),
+            target.user.clone(),
+            target.password.clone(),
+            target.database.clone(),
+            self.slot.clone(),
+            self.slot.clone(),
+        )
+        .with_port(target.port)
+        .with_tls(target.tls.clone())
+        .with_options(SESSION)
+        .with_application_name(format!("orca {}", self.slot))
+    }
+
+    /// Creates the slot on a replication session, which exports the
+    /// snapshot its consistent point stands for while the session lives.
+    fn create_slot(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        target: &ReplicationTarget,
+    ) -> Result<(Lsn, String, ReplicationClient), ReadError> {
+        let repl = |e: pgwire_replication::PgWireError| {
+            cdc(format!("replication session for slot {}: {e}", self.slot))
+        };
+        rt.block_on(async {
+            let mut gate = ReplicationClient::connect_gated(self.config(target))
+                .await
+                .map_err(repl)?;
+            let rows = gate
+                .simple_query(&format!(
+                    "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')",
+                    quote_ident(&self.slot)
+                ))
+                .await
+                .map_err(repl)?;
+            let row = rows
+                .first()
+                .ok_or_else(|| cdc("CREATE_REPLICATION_SLOT returned no row"))?;
+            let lsn = row
+                .get(1)
+                .map(text)
+                .and_then(|l| Lsn::parse(&l))
+                .ok_or_else(|| cdc("CREATE_REPLICATION_SLOT returned no consistent point"))?;
+            let snapshot = row.get(2).map(text).unwrap_or_default();
+            Ok((lsn, snapshot, gate))
+        })
+    }
+
+    /// Reads the tables of the streams still in their snapshot, one after
+    /// the other, in one snapshot; each round one stream's chunk and the
+    /// others' empty ones. False once the attempt stopped listening.
+    fn snapshot(
+        &self,
+        client: &mut postgres::Client,
+        outs: &mut [Out],
+        exported: Option<&str>,
+    ) -> Result<bool, ReadError> {
+        if !outs
+            .iter()
+            .any(|o| matches!(o.pos, Position::Snapshot { .. }))
+        {
+            return Ok(true);
+        }
+        let mut tx = client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()?;
+        if let Some(name) = exported.filter(|n| !n.is_empty()) {
+            tx.batch_execute(&format!(
+                "SET TRANSACTION SNAPSHOT '{}'",
+                name.replace('\'', "")
+            ))?;
+        }
+        for i in 0..outs.len() {
+            let Position::Snapshot { lsn, after } = outs[i].pos.clone() else {
+                continue;
+            };
+            let t = outs[i].table.clone();
+            let stream = t.spec.name.clone();
+            let copy = |source| ReadError::Copy {
+                stream: stream.clone(),
+                source,
+            };
+            let query = t.copy_query_at(after.as_deref(), lsn.0)?;
+            let input = tx.copy_out(query.as_str())?;
+            let mut r = CopyReader::new(input, t.columns.clone())
+                .map_err(copy)?
+                .with_ids(&stream, &t.key);
+            loop {
+                let more = r.read_row().map_err(copy)?;
+                if r.pending() > 0 && (!more || r.pending() >= self.batch_rows) {
+                    let rows = r.pending();
+                    let ids = r.take_ids().ok_or_else(|| cdc("no record ids"))?;
+                    let arrays = r.take();
+                    let key = t.position_at(&arrays, rows - 1)?;
+                    outs[i].pos = Position::Snapshot {
+                        lsn,
+                        after: Some(key),
+                    };
+                    let msg = Msg::Chunk {
+                        arrays,
+                        ids,
+                        last: outs[i].pos.to_vec(),
+                        rows,
+                    };
+                    if outs[i].tx.send(Ok(msg)).is_err() {
+                        return Ok(false);
+                    }
+                    for (j, o) in outs.iter_mut().enumerate() {
+                        if j != i && !o.send() {
+                            return Ok(false);
+                        }
+                    }
+                }
+                if !more {
+                    break;
+                }
+            }
+            outs[i].pos = Position::Stream(lsn);
+        }
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// Streams the changes after the streams' point up to the WAL's end as
+    /// the attempt found it, then ends every stream.
+    fn stream(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        target: &ReplicationTarget,
+        client: &mut postgres::Client,
+        outs: &mut [Out],
+        confirmed: Option<Lsn>,
+    ) -> Result<(), ReadError> {
+        let from = outs.iter().map(|o| o.pos.lsn()).min().unwrap_or_default();
+        let prefix = format!("orca.stop.{}", self.slot);
+        let stop: String = client
+            .query_one(
+                "SELECT pg_logical_emit_message(false, $1, 'end of an attempt')::text",
+                &[&prefix],
+            )?
+            .get(0);
+        let stop = Lsn::parse(&stop).ok_or_else(|| cdc(format!("stop LSN {stop}")))?;
+        let cfg = self
+            .config(target)
+            .with_start_lsn(pgwire_replication::Lsn::from_u64(from.0))
+            .with_ack_lsn(pgwire_replication::Lsn::from_u64(
+                confirmed.unwrap_or(from).0,
+            ))
+            .with_status_interval(Duration::from_millis(500))
+            .with_wakeup_interval(Duration::from_secs(1));
+        let repl_err = |e: pgwire_replication::PgWireError| {
+            cdc(format!("replication from slot {}: {e}", self.slot))
+        };
+        let mut repl = rt
+            .block_on(ReplicationClient::connect(cfg))
+            .map_err(repl_err)?;
+        let mut acked = 0u64;
+        let mut rels: BTreeMap<u32, Relation> = BTreeMap::new();
+        let mut txn: Vec<Change> = Vec::new();
+        let mut pending = 0usize;
+        let mut last = from;
+        let result = loop {
+            let a = self.ack.load(Ordering::Acquire);
+            if a > acked {
+                repl.update_applied_lsn(pgwire_replication::Lsn::from_u64(a));
+                acked = a;
+            }
+            let ev = match rt.block_on(async { tokio::time::timeout(POLL, repl.recv()).await }) {
+                Err(_) => continue,
+                Ok(Err(e)) => break Err(repl_err(e)),
+                Ok(Ok(None)) => {
+                    break Err(cdc("the replication session ended before its stop point"))
+                }
+                Ok(Ok(Some(ev))) => ev,
+            };
+            match ev {
+                ReplicationEvent::Begin { .. } => txn.clear(),
+                ReplicationEvent::XLogData { data, .. } => {
+                    match self.change(&decode(&data).map_err(cdc)?, outs, &mut rels, &mut txn)? {
+                        Step::Go => {}
+                        Step::Evolve(why) => {
+                            // The next attempt reads the table's new shape
+                            // and resumes at this transaction.
+                            eprintln!("orca-engine: {why}: the attempt ends before it");
+                            txn.clear();
+                            break Ok(last);
+                        }
+                    }
+                }
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    let end = Lsn(end_lsn.as_u64());
+                    if end > from {
+                        pending += txn.len();
+                        self.apply(end, std::mem::take(&mut txn), outs)?;
+                        last = last.max(end);
+                        if pending >= self.batch_rows {
+                            pending = 0;
+                            if !round(outs, last) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    txn.clear();
+                }
+                ReplicationEvent::Message { prefix: p, lsn, .. } if p == prefix => {
+                    let at = Lsn(lsn.as_u64());
+                    if at >= stop {
+                        break Ok(last.max(at));
+                    }
+                }
+                _ => {}
+            }
+        };
+        let end = result?;
+        let a = self.ack.load(Ordering::Acquire);
+        if a > acked {
+            repl.update_applied_lsn(pgwire_replication::Lsn::from_u64(a));
+        }
+        repl.stop();
+        let _ =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), repl.join()).await });
+        if (end > from || pending > 0) && !round(outs, end) {
+            return Ok(());
+        }
+        for o in outs.iter() {
+            o.end();
+        }
+        Ok(())
+    }
+
+    /// Takes one message of a transaction in.
+    fn change(
+        &self,
+        m: &Message,
+        outs: &mut [Out],
+        rels: &mut BTreeMap<u32, Relation>,
+        txn: &mut Vec<Change>,
+    ) -> Result<Step, ReadError> {
+        match m {
+            Message::Relation {
+                id,
+                namespace,
+                name,
+                columns,
+            } => {
+                let table = format!("{namespace}.{name}");
+                let mut rel = Relation {
+                    table: table.clone(),
+                    columns: columns.clone(),
+                    outs: Vec::new(),
+                };
+                for (i, o) in outs.iter_mut().enumerate() {
+                    if qualified(&o.table.spec.table) != qualified(&table) {
+                        continue;
+                    }
+                    if let Some(why) = o.fit(columns)? {
+                        return Ok(Step::Evolve(why));
+                    }
+                    rel.outs.push(i);
+                }
+                rels.insert(*id, rel);
+            }
+            Message::Insert { rel, new } => {
+                let Some(r) = rels.get(rel) else {
+                    return Err(cdc(format!(
+                        "a change of relation {rel} before its description"
+                    )));
+                };
+                for &i in &r.outs {
+                    txn.push(outs[i].row(i, r, new, None, false)?);
+                }
+            }
+            Message::Update { rel, old, new } => {
+                let Some(r) = rels.get(rel) else {
+                    return Err(cdc(format!(
+                        "a change of relation {rel} before its description"
+                    )));
+                };
+                for &i in &r.outs {
+                    let o = &outs[i];
+                    if let Some(old) = old {
+                        let before = o.row(i, r, old, None, true)?;
+                        let after = o.row(i, r, new, Some(old), false)?;
+                        // The key changed: the old key's row is gone.
+                        if o.key_of(&before) != o.key_of(&after) {
+                            txn.push(before);
+                        }
+                        txn.push(after);
+                    } else {
+                        txn.push(o.row(i, r, new, None, false)?);
+                    }
+                }
+            }
+            Message::Delete { rel, old } => {
+                let Some(r) = rels.get(rel) else {
+                    return Err(cdc(format!(
+                        "a change of relation {rel} before its description"
+                    )));
+                };
+                for &i in &r.outs {
+                    txn.push(outs[i].row(i, r, old, None, true)?);
+                }
+            }
+            Message::Truncate { rels: truncated } => {
+                let names: Vec<&str> = truncated
+                    .iter()
+                    .filter_map(|r| rels.get(r))
+                    .filter(|r| !r.outs.is_empty())
+                    .map(|r| r.table.as_str())
+                    .collect();
+                if !names.is_empty() {
+                    // Truncates are not replicated (docs/syncs.md): the
+                    // destination keeps its rows until a backfill.
+                    eprintln!(
+                        "orca-engine: TRUNCATE of {} is not replicated; the destination keeps \
+                         its rows (run a backfill of the stream to match the source)",
+                        names.join(", ")
+                    );
+                }
+            }
+            Message::Other(_) => {}
+        }
+        Ok(Step::Go)
+    }
+
+    /// A committed transaction's rows, into each stream's round.
+    fn apply(&self, end: Lsn, txn: Vec<Change>, outs: &mut [Out]) -> Result<(), ReadError> {
+        let lsn = (end.0 as i64).to_string();
+        for (n, c) in txn.into_iter().enumerate() {
+            let o = &mut outs[c.out];
+            let mut values: Vec<Option<&str>> = c.values.iter().map(|v| v.as_deref()).collect();
+            values.push(Some(if c.deleted { "t" } else { "f" }));
+            values.push(Some(&lsn));
+            o.rows.push(&values).map_err(|source| ReadError::Copy {
+                stream: o.name().to_string(),
+                source,
+            })?;
+            o.ids.push(format!("{:016x}{:016x}", end.0, n));
+            o.pos = Position::Stream(end);
+        }
+        Ok(())
+    }
+}
+
+/// Every stream's round up to `at`; false once the attempt stopped
+/// listening.
+fn round(outs: &mut [Out], at: Lsn) -> bool {
+    for o in outs.iter_mut() {
+        o.pos = Position::Stream(at);
+        if !o.send() {
+            return false;
+        }
+    }
+    true
+}
+
+enum Step {
+    Go,
+    /// The table changed shape in a way the stream's policy follows: the
+    /// attempt ends before this transaction.
+    Evolve(String),
+}
+
+/// A relation as the change stream described it, and the streams that read
+/// its table.
+struct Relation {
+    table: String,
+    columns: Vec<RelColumn>,
+    outs: Vec<usize>,
+}
+
+impl Out {
+    /// Checks a relation's columns against the stream's table: a new column
+    /// or a changed type under `evolve` ends the attempt (the next one reads
+    /// the new shape), under `discard` a new column is left out, under
+    /// `freeze` either is an error; a column that was there and is gone is
+    /// always an error.
+    fn fit(&mut self, columns: &[RelColumn]) -> Result<Option<String>, ReadError> {
+        let policy = self.table.spec.schema_policy.clone();
+        let stream = self.name().to_string();
+        let table = self.table.spec.table.clone();
+        let err = |reason: String| ReadError::Stream {
+            stream: stream.clone(),
+            reason,
+        };
+        let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+        if let Some(gone) = self.seen.iter().find(|c| !names.contains(c)) {
+            return Err(err(format!(
+                "column {gone} of {table} was dropped or renamed; the stream stops here (its \
+                 resume point stays before the change)"
+            )));
+        }
+        for c in columns {
+            let have = self.source_columns().find(|(_, t)| t.name == c.name);
+            let Some((i, col)) = have else {
+                match policy.as_str() {
+                    "discard" => continue,
+                    "evolve" => {
+                        return Ok(Some(format!("{table} has a new column {}", c.name)));
+                    }
+                    _ => {
+                        return Err(err(format!(
+                        "{table} has a new column {} and the stream's schema policy is {policy}",
+                        c.name
+                    )))
+                    }
+                }
+            };
+            let kind = if self.table.as_text[i] {
+                None
+            } else {
+                Some(col.kind)
+            };
+            if PgKind::of(c.type_oid, c.typmod) != kind {
+                if policy == "evolve" {
+                    return Ok(Some(format!(
+                        "column {} of {table} changed its type",
+                        c.name
+                    )));
+                }
+                return Err(err(format!(
+                    "column {} of {table} changed its type and the stream's schema policy is \
+                     {policy}",
+                    c.name
+                )));
+            }
+        }
+        self.seen = names;
+        Ok(None)
+    }
+
+    /// A change's row: the table's columns from the tuple (a column the
+    /// change predates is null; an unchanged TOASTed value comes from the
+    /// old row, when the replica identity is full).
+    fn row(
+        &self,
+        out: usize,
+        rel: &Relation,
+        tuple: &[Value],
+        old: Option<&Vec<Value>>,
+        deleted: bool,
+    ) -> Result<Change, ReadError> {
+        let mut values = Vec::with_capacity(self.table.columns.len());
+        for (_, col) in self.source_columns() {
+            let j = rel.columns.iter().position(|c| c.name == col.name);
+            let v = match j.and_then(|j| tuple.get(j).map(|v| (j, v))) {
+                None | Some((_, Value::Null)) => None,
+                Some((_, Value::Text(t))) => Some(t.clone()),
+                Some((j, Value::Unchanged)) => match old.and_then(|o| o.get(j)) {
+                    Some(Value::Text(t)) => Some(t.clone()),
+                    Some(Value::Null) => None,
+                    _ => {
+                        return Err(ReadError::Stream {
+                            stream: self.name().to_string(),
+                            reason: format!(
+                                "an update left the TOASTed value of column {} of {} out of the \
+                                 change stream; ALTER TABLE {} REPLICA IDENTITY FULL makes it \
+                                 send the whole row",
+                                col.name, rel.table, self.table.spec.table
+                            ),
+                        })
+                    }
+                },
+            };
+            values.push(v);
+        }
+        Ok(Change {
+            out,
+            values,
+            deleted,
+        })
+    }
+
+    /// A row's key values.
+    fn key_of<'a>(&self, c: &'a Change) -> Vec<&'a Option<String>> {
+        self.table
+            .key
+            .iter()
+            .filter_map(|&k| c.values.get(k))
+            .collect()
+    }
+}
+
+/// `schema.table` (a bare name is in `public`), quoted.
+fn qualified(table: &str) -> String {
+    let parts: Vec<&str> = table.split('.').collect();
+    let (schema, name) = match parts.as_slice() {
+        [name] => ("public", *name),
+        [schema, name, ..] => (*schema, *name),
+        [] => ("public", ""),
+    };
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_points_round_trip_and_name_the_lsn_to_acknowledge() {
+        for p in [
+            Position::Stream(Lsn(0x1_0000_0010)),
+            Position::Snapshot {
+                lsn: Lsn(7),
+                after: None,
+            },
+            Position::Snapshot {
+                lsn: Lsn(7),
+                after: Some(vec!["42".into()]),
+            },
+        ] {
+            let v = p.to_vec();
+            assert_eq!(Position::parse("s", &v).expect("parses"), p);
+            assert_eq!(acknowledged_lsn(&v.join("\u{1f}")), Some(p.lsn()));
+        }
+        assert_eq!(
+            Position::Stream(Lsn(0x1_0000_0010)).to_vec(),
+            ["lsn", "1/10"]
+        );
+        let e = Position::parse("orders", &["2024-01-01".into(), "7".into()]).expect_err("bad");
+        assert!(e.to_string().contains("stream orders"), "{e}");
+        assert_eq!(acknowledged_lsn("2024-01-01\u{1f}7"), None);
+    }
+
+    #[test]
+    fn tables_compare_by_schema_and_name() {
+        assert_eq!(qualified("orders"), qualified("public.orders"));
+        assert_ne!(qualified("shop.orders"), qualified("public.orders"));
+    }
+}

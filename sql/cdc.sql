@@ -1,0 +1,116 @@
+-- Change data capture: the replication slot (and publication) each
+-- postgres_cdc sync owns, how far behind it is, and dropping a sync, which
+-- lets its slot go.
+
+-- The slot (and publication) of a sync, named as orca-engine names it
+-- (orca_core::sync::cdc_slot): the sync's name, then a hash of this control
+-- plane's database, the org and the sync, so that no two syncs share one.
+CREATE FUNCTION orca._cdc_slot(p_org bigint, p_sync text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT 'orca_' || left(p_sync, 40) || '_'
+           || encode(substr(sha256(convert_to(current_database(), 'UTF8') || '\x00'::bytea
+                                   || convert_to(o.name, 'UTF8') || '\x00'::bytea
+                                   || convert_to(p_sync, 'UTF8') || '\x00'::bytea), 1, 8), 'hex')
+    FROM orca.orgs o WHERE o.id = p_org
+$$;
+
+CREATE VIEW orca.cdc_slots WITH (security_invoker = true) AS
+SELECT sy.id                                                   AS sync_id,
+       o.name                                                  AS org,
+       sy.name                                                 AS sync,
+       x.slot,
+       rs.slot_name IS NOT NULL                                AS on_this_server,
+       rs.active,
+       rs.confirmed_flush_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
+       CASE WHEN pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn) > 0
+            THEN extract(epoch FROM now() - coalesce(sy.head_at, sy.created_at))::bigint
+            ELSE 0 END                                          AS lag_seconds,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
+       rs.wal_status,
+       -- Nothing will read the slot again unless someone acts: the sync is
+       -- paused, or has no schedule and no run queued or running.
+       (rs.slot_name IS NOT NULL AND NOT rs.active
+        AND pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn) > 0
+        AND (coalesce(p.paused, true)
+             OR (sy.definition->>'schedule' IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM orca.runs r
+                                 WHERE r.pipeline_id = p.id
+                                   AND r.status IN ('queued', 'running')))))
+                                                               AS held_back
+FROM orca.syncs sy
+JOIN orca.orgs o ON o.id = sy.org_id
+CROSS JOIN LATERAL (SELECT orca._cdc_slot(sy.org_id, sy.name) AS slot) x
+LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name
+LEFT JOIN pg_replication_slots rs ON rs.slot_name = x.slot
+WHERE sy.definition->'source'->>'type' = 'postgres_cdc';
+COMMENT ON VIEW orca.cdc_slots IS
+'One row per postgres_cdc sync: its replication slot, whether this server holds it (a source on '
+'another server shows nulls: ask that server''s pg_replication_slots), whether a session reads '
+'it, how far its confirmed position is behind the WAL (lag_bytes; lag_seconds since HEAD last '
+'moved while there is lag), how much WAL it keeps (retained_bytes) and held_back: a slot nothing '
+'will read again unless someone acts (the sync paused, or unscheduled with no run), which pins WAL.';
+
+CREATE FUNCTION orca.drop_sync(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org    bigint := orca.current_org_id();
+    s        orca.syncs;
+    v_pid    bigint;
+    v_open   bigint;
+    v_slot   text;
+    v_active boolean;
+    v_state  text;
+BEGIN
+    s := orca._sync(v_org, drop_sync.name);
+    SELECT p.id INTO v_pid FROM orca.pipelines p
+    WHERE p.org_id = v_org AND p.name = s.name FOR UPDATE;
+    SELECT min(r.id) INTO v_open FROM orca.runs r
+    WHERE r.pipeline_id = v_pid AND r.status IN ('queued', 'running');
+    IF v_open IS NOT NULL THEN
+        RAISE EXCEPTION 'sync ''%'' has run % queued or running', s.name, v_open
+            USING ERRCODE = 'OR066',
+                  HINT = format('cancel it (SELECT orca.cancel(%s)), let it stop, then drop the sync',
+                                v_open);
+    END IF;
+    IF s.definition->'source'->>'type' = 'postgres_cdc' THEN
+        v_slot := orca._cdc_slot(v_org, s.name);
+        SELECT rs.active INTO v_active FROM pg_replication_slots rs WHERE rs.slot_name = v_slot;
+        IF NOT FOUND THEN
+            v_state := 'not on this server';
+            RAISE NOTICE 'replication slot % of sync ''%'' is not on this server; if the source is another, drop it there: SELECT pg_drop_replication_slot(%)',
+                         v_slot, s.name, quote_literal(v_slot);
+        ELSIF v_active THEN
+            RAISE EXCEPTION 'replication slot % of sync ''%'' is held by a live session', v_slot, s.name
+                USING ERRCODE = 'OR067',
+                      HINT = 'an attempt that was killed leaves it within wal_sender_timeout; try again then';
+        ELSE
+            PERFORM pg_drop_replication_slot(v_slot);
+            v_state := 'dropped';
+        END IF;
+        IF EXISTS (SELECT 1 FROM pg_publication pb WHERE pb.pubname = v_slot) THEN
+            EXECUTE format('DROP PUBLICATION %I', v_slot);
+        END IF;
+    END IF;
+    -- The pipeline and its runs stay (history); it is paused and keeps the
+    -- sync's generation and HEAD, so that a sync defined again under the
+    -- name continues them and its destination's fence and markers hold.
+    DELETE FROM orca.schedules WHERE pipeline_id = v_pid;
+    UPDATE orca.pipelines
+    SET paused = true, sync_generation = s.generation, sync_epoch = s.head_epoch
+    WHERE id = v_pid;
+    DELETE FROM orca.syncs WHERE id = s.id;
+    PERFORM orca._event(v_org, 'sync.dropped', v_pid, NULL, NULL,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'head_epoch', s.head_epoch,
+                           'slot', v_slot, 'slot_state', v_state, 'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.drop_sync(text) IS
+'Drops a sync: its definition and HEAD go (its runs stay, under its paused pipeline), and a '
+'postgres_cdc sync''s replication slot and publication are dropped when this server holds them '
+'(a notice names a slot on another server, to drop there). A sync defined again under the name '
+'continues its generation and epochs, so its destination''s fence and markers hold; a CDC sync '
+'starts with a new snapshot. Errors: OR064 unknown sync, OR066 a run is queued or running '
+'(cancel it first), OR067 the slot is held by a live session. '
+'Example: SELECT orca.drop_sync(''shop'');';
