@@ -40,7 +40,13 @@ SELECT sy.id                                                   AS sync_id,
                                                                AS held_back
 FROM orca.syncs sy
 JOIN orca.orgs o ON o.id = sy.org_id
-CROSS JOIN LATERAL (SELECT orca._cdc_slot(sy.org_id, sy.name) AS slot) x
+-- orca._cdc_slot's name, spelled out: the view runs as its reader.
+CROSS JOIN LATERAL (
+    SELECT 'orca_' || left(sy.name, 40) || '_'
+           || encode(substr(sha256(convert_to(current_database(), 'UTF8') || '\x00'::bytea
+                                   || convert_to(o.name, 'UTF8') || '\x00'::bytea
+                                   || convert_to(sy.name, 'UTF8') || '\x00'::bytea), 1, 8), 'hex')
+           AS slot) x
 LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name
 LEFT JOIN pg_replication_slots rs ON rs.slot_name = x.slot
 WHERE sy.definition->'source'->>'type' = 'postgres_cdc';

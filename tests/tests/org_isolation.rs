@@ -36,6 +36,7 @@ const API: &[&str] = &[
     "current_org_id",
     "disallow",
     "drop_secret",
+    "drop_sync",
     "drop_webhook",
     "finish",
     "finish_many",
@@ -330,6 +331,16 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .execute(&mut c)
     .await
     .expect("create a sync");
+    // A change-data-capture sync, whose slot orca.cdc_slots shows.
+    sqlx::query(
+        "SELECT orca.create_sync($1, '{\"type\": \"postgres_cdc\", \"url\": \"postgres://db.example/shop\"}', \
+         '{\"type\": \"parquet\", \"url\": \"/out\"}', \
+         '[{\"name\": \"orders\", \"table\": \"public.orders\", \"primary_key\": [\"id\"]}]')",
+    )
+    .bind(format!("{org}_cdc"))
+    .execute(&mut c)
+    .await
+    .expect("create a CDC sync");
     sqlx::query("SELECT orca.claim_sync($1)")
         .bind(format!("{org}_sync"))
         .execute(&mut c)
@@ -548,6 +559,12 @@ async fn no_table_view_or_function_crosses_orgs() {
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR084", "{sql}");
     }
+    // Dropping a sync (and its replication slot) names it in the session's
+    // org: globex's is unknown to alice.
+    assert_eq!(
+        code_of(&mut a, "SELECT orca.drop_sync('globex_sync')").await,
+        "OR064"
+    );
     for sql in [
         format!("SELECT orca.claim_sync('globex_sync', '{g_lease}')"),
         format!("SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2', '{g_lease}')"),

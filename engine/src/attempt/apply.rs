@@ -98,7 +98,9 @@ impl Attempt {
                 }
                 // A change stream may let its slot forget what a
                 // committed epoch holds; a table has nothing to tell.
+                Action::Acknowledge { .. } if !self.cdc => {}
                 Action::Acknowledge { epoch, positions } => {
+                    // A pump reads ack frames only from a change stream.
                     if let Some(edge) = &self.edge {
                         edge.acknowledge(&positions);
                     }

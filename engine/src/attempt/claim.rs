@@ -134,6 +134,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         channel,
         edge,
         acks: None,
+        cdc: def.source.is_cdc(),
     };
     a.log.event(
         "claimed",

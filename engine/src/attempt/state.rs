@@ -35,6 +35,8 @@ pub(super) struct Attempt {
     /// A change stream read here: where the commit protocol's
     /// acknowledgements go (with a runner's pump, they go over the edge).
     pub(super) acks: Option<crate::source::pg_cdc::Acks>,
+    /// The source is a change stream, which acknowledgements go to.
+    pub(super) cdc: bool,
 }
 
 impl Attempt {
