@@ -204,6 +204,19 @@ impl Drop for TestDb {
                     if let Ok(mut c) =
                         PgConnection::connect_with(&options("postgres", "postgres")).await
                     {
+                        // A change stream's slot keeps its database (and
+                        // the cluster's WAL): its sessions and slots go first.
+                        let _ = c
+                            .execute(
+                                format!(
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                     WHERE datname = '{name}' AND pid <> pg_backend_pid();
+                                     SELECT pg_drop_replication_slot(slot_name)
+                                     FROM pg_replication_slots WHERE database = '{name}'"
+                                )
+                                .as_str(),
+                            )
+                            .await;
                         let _ = c
                             .execute(
                                 format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use orca_tests::procs::bin;
 use orca_tests::sqlx;
@@ -98,13 +99,12 @@ async fn differences(db: &TestDb) -> i64 {
 }
 
 /// The LSN of HEAD's resume point (the orders stream's), from its record.
-async fn head_lsn(db: &TestDb, store: &Path) -> String {
-    let record = db
-        .strings("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
-        .await
-        .into_iter()
-        .next()
-        .expect("a HEAD record");
+async fn head_lsn(pool: &sqlx::PgPool, store: &Path) -> String {
+    let record: String =
+        sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
+            .fetch_one(pool)
+            .await
+            .expect("a HEAD record");
     let body = std::fs::read(store.join(&record)).expect("the record");
     let v: Value = serde_json::from_slice(&body).expect("record JSON");
     v["streams"]["orders"]["position"][1]
@@ -190,7 +190,7 @@ async fn a_snapshot_then_changes_land_merged_and_logged_with_deletes_and_the_slo
     // committed epochs.
     let out = run_engine(&db, &store, 500);
     assert_eq!(out["rows"], 0, "{out}");
-    let head = head_lsn(&db, &store).await;
+    let head = head_lsn(&db.pool, &store).await;
     let ahead = db
         .scalar_i64(&format!(
             "SELECT count(*) FROM pg_replication_slots
@@ -223,5 +223,206 @@ async fn a_snapshot_then_changes_land_merged_and_logged_with_deletes_and_the_slo
         .await,
         0
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Changes as the source's trigger logged them, and as the change log
+/// holds them after the snapshot: (deleted, id, amount) with how often.
+async fn change_sets(db: &TestDb) -> (Vec<String>, Vec<String>) {
+    let logged = db
+        .strings(
+            "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
+                 SELECT op = 'D' AS d, id, amount, count(*) AS n
+                 FROM public.audit GROUP BY 1, 2, 3) x ORDER BY 1",
+        )
+        .await;
+    let landed = db
+        .strings(
+            "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
+                 SELECT _orca_deleted AS d, id,
+                        CASE WHEN _orca_deleted THEN NULL ELSE amount END AS amount, count(*) AS n
+                 FROM raw.changes WHERE _orca_lsn > (SELECT min(_orca_lsn) FROM raw.changes)
+                 GROUP BY 1, 2, 3) x ORDER BY 1",
+        )
+        .await;
+    (logged, landed)
+}
+
+/// Writes transactions of inserts, updates and deletes at a steady pace
+/// until `stop`, and counts them.
+async fn writer(url: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u64 {
+    use std::sync::atomic::Ordering;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("writer connects");
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let id = 100_000 + n as i64;
+        let sql = format!(
+            "BEGIN;
+             INSERT INTO public.orders (id, customer, amount, qty) VALUES ({id}, 'w', {n}, 1);
+             UPDATE public.orders SET amount = amount + 1, qty = qty + 1 WHERE id = {};
+             DELETE FROM public.orders WHERE id = {};
+             COMMIT;",
+            1 + (n * 37) % 5_000,
+            if n % 3 == 0 { id - 2 } else { 5_000 + n as i64 }
+        );
+        sqlx::raw_sql(&sql)
+            .execute(&pool)
+            .await
+            .expect("a writer transaction");
+        tokio::time::sleep(Duration::from_millis(4)).await;
+    }
+    n
+}
+
+/// Whether the slot confirmed past HEAD's resume point: read the slot
+/// first, then HEAD (which only moves on), so a true answer is a breach.
+async fn confirmed_past_head(pool: &sqlx::PgPool, store: &Path, slot: &str) -> Option<String> {
+    let confirmed: String = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await
+    .expect("the slot")?;
+    let head = head_lsn(pool, store).await;
+    let past: bool = sqlx::query_scalar("SELECT $1::text::pg_lsn > $2::text::pg_lsn")
+        .bind(&confirmed)
+        .bind(&head)
+        .fetch_one(pool)
+        .await
+        .expect("compare LSNs");
+    past.then(|| format!("slot confirmed {confirmed}, HEAD at {head}"))
+}
+
+#[tokio::test]
+async fn changes_written_while_engines_are_killed_and_cut_off_land_exactly_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let db = TestDb::new().await;
+    make_source(&db, 5_000).await;
+    exec(
+        &db,
+        "CREATE TABLE public.audit (seq bigserial PRIMARY KEY, op text, id bigint, amount numeric(12,2));
+         CREATE FUNCTION public.audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF TG_OP = 'DELETE' THEN
+                 INSERT INTO public.audit (op, id, amount) VALUES ('D', OLD.id, NULL);
+             ELSE
+                 INSERT INTO public.audit (op, id, amount) VALUES (left(TG_OP, 1), NEW.id, NEW.amount);
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON public.orders
+             FOR EACH ROW EXECUTE FUNCTION public.audit();",
+    )
+    .await;
+    define(&db).await;
+    let dir = scratch("cdc-kills");
+    let store = dir.join("store");
+    // The snapshot first; the writer's changes all come after it.
+    run_engine(&db, &store, 1_000);
+    let slot_name = slot(&db).await.expect("the slot");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = tokio::spawn(writer(db.url(), stop.clone()));
+    let breach: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let watching = {
+        let (pool, store2, slot2, breach2, stop2) = (
+            db.pool.clone(),
+            store.clone(),
+            slot_name.clone(),
+            breach.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let mut looks = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                if let Some(b) = confirmed_past_head(&pool, &store2, &slot2).await {
+                    *breach2.lock().expect("breach") = Some(b);
+                }
+                looks += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            looks
+        })
+    };
+
+    let mut kills = 0;
+    let mut cuts = 0;
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let child = std::cell::RefCell::new(engine(&db, &store, 40).spawn().expect("engine"));
+        let before = db
+            .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+            .await;
+        // Into its stream, then SIGKILL it, or cut its replication
+        // connection from the server's side.
+        let moved = wait_until(
+            "the engine to commit an epoch of changes",
+            Duration::from_secs(60),
+            || async {
+                if let Ok(Some(_)) = child.borrow_mut().try_wait() {
+                    return Some(false);
+                }
+                let h = db
+                    .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+                    .await;
+                (h >= before + 2).then_some(true)
+            },
+            String::new,
+        )
+        .await;
+        let mut child = child.into_inner();
+        if !moved {
+            let _ = child.wait();
+            continue;
+        }
+        if round % 2 == 0 {
+            child.kill().expect("SIGKILL the engine");
+            kills += 1;
+        } else {
+            let cut = db
+                .scalar_i64(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
+                     WHERE application_name LIKE 'orca %'",
+                )
+                .await;
+            cuts += cut;
+        }
+        let _ = child.wait();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = writing.await.expect("writer");
+    let looks = watching.await.expect("watcher");
+    eprintln!("{kills} kills, {cuts} cuts, {written} transactions written");
+    assert!(kills >= 2 && cuts >= 1, "{kills} kills, {cuts} cuts");
+    assert!(written > 100, "the writer wrote {written} transactions");
+
+    // Then to the end: the merge is the table, the log every change once.
+    run_engine(&db, &store, 1_000);
+    assert_eq!(differences(&db).await, 0, "the merge equals the source");
+    let (logged, landed) = change_sets(&db).await;
+    assert_eq!(logged.len(), landed.len(), "as many distinct changes");
+    assert_eq!(logged, landed, "every change once, none twice");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT _orca_lsn FROM raw.changes GROUP BY 1
+                                   HAVING count(DISTINCT _orca_seq >> 32) > 1) split"
+        )
+        .await,
+        0,
+        "a transaction's changes land in one epoch"
+    );
+    assert!(
+        breach.lock().expect("breach").is_none(),
+        "{:?} (in {looks} looks)",
+        breach.lock().expect("breach")
+    );
+    exec(&db, "SELECT orca.drop_sync('shop')").await;
     let _ = std::fs::remove_dir_all(dir);
 }
