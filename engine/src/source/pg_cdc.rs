@@ -533,11 +533,16 @@ impl Cdc {
         let cfg = self
             .config(target)
             .with_start_lsn(pgwire_replication::Lsn::from_u64(from.0))
+            // Where the streams start is HEAD's committed epoch (recovery
+            // ran before the plan came): the slot may forget up to there.
             .with_ack_lsn(pgwire_replication::Lsn::from_u64(
-                confirmed.unwrap_or(from).0,
+                confirmed.map_or(from, |c| c.max(from)).0,
             ))
             .with_status_interval(Duration::from_millis(500))
-            .with_wakeup_interval(Duration::from_secs(1));
+            .with_wakeup_interval(Duration::from_secs(1))
+            // Only for `feedback_pending_since`: the end waits for the last
+            // acknowledgement to reach the server.
+            .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {}));
         let repl_err = |e: pgwire_replication::PgWireError| {
             cdc(format!("replication from slot {}: {e}", self.slot))
         };
@@ -605,6 +610,12 @@ impl Cdc {
         let a = self.ack.load(Ordering::Acquire);
         if a > acked {
             repl.update_applied_lsn(pgwire_replication::Lsn::from_u64(a));
+        }
+        // The acknowledged position goes upstream before the session ends
+        // (within a status interval), or the slot keeps WAL it could free.
+        let until = Instant::now() + Duration::from_secs(2);
+        while repl.feedback_pending_since().is_some() && Instant::now() < until {
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
         }
         repl.stop();
         let _ =
