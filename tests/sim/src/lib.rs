@@ -110,7 +110,21 @@ struct World {
     head: Head,
     dest: Destination,
     acked: u64,
+    /// A change stream's slot (`Shape::cdc`): what it confirmed is gone, and
+    /// a read from before it starts there, as `START_REPLICATION` does.
+    confirmed: u64,
+    shape: Shape,
     trace: Vec<String>,
+}
+
+/// The kind of source a seed runs against.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Shape {
+    /// A replication slot: it forgets what it was told to confirm.
+    pub cdc: bool,
+    /// The faulty family: the attempt confirms each position as soon as it
+    /// read it, not when the protocol acknowledges it. Must lose records.
+    pub early_ack: bool,
 }
 
 impl World {
@@ -240,6 +254,13 @@ impl Attempt<'_> {
             }
             (_, None) => 0,
         };
+        if self.w.shape.cdc && position < self.w.confirmed {
+            self.w.trace.push(format!(
+                "g{g} resumes at {position}, the slot starts at {}",
+                self.w.confirmed
+            ));
+            position = self.w.confirmed;
+        }
         let mut k = Coordinator::new(LANES, head);
         let mut records: BTreeMap<u64, (String, Record)> = BTreeMap::new();
         let total = self.w.source.len() as u64;
@@ -250,6 +271,9 @@ impl Attempt<'_> {
                 let rows: Vec<u64> = self.w.source[position as usize..end as usize].to_vec();
                 let positions: Positions = [(STREAM.to_string(), end.to_string())].into();
                 let epoch = k.request_barrier(positions);
+                if self.w.shape.early_ack {
+                    self.w.confirmed = self.w.confirmed.max(end);
+                }
                 let mut lanes: Vec<usize> = (0..LANES).collect();
                 if self.rng.chance(50) {
                     lanes.reverse();
@@ -387,6 +411,9 @@ impl Attempt<'_> {
                         ));
                     }
                     self.w.acked = self.w.acked.max(at);
+                    if self.w.shape.cdc {
+                        self.w.confirmed = self.w.confirmed.max(at);
+                    }
                 }
             }
         }
@@ -404,10 +431,16 @@ pub struct Outcome {
 
 /// Runs one seed; an error carries the reason and the trace.
 pub fn run(seed: u64) -> Result<Outcome, String> {
+    run_shaped(seed, Shape::default())
+}
+
+/// Runs one seed against a source of the given shape.
+pub fn run_shaped(seed: u64, shape: Shape) -> Result<Outcome, String> {
     let mut rng = Rng::new(seed);
     let n = 1 + rng.below(60);
     let mut w = World {
         source: (0..n).collect(),
+        shape,
         ..World::default()
     };
     let crash_percent = rng.below(25);
