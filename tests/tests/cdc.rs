@@ -525,3 +525,75 @@ async fn a_runner_hosts_the_change_stream_and_the_slot_follows_the_committed_epo
     exec(&db, "SELECT orca.drop_sync('shop')").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// What an attempt prints on failure.
+fn failing(db: &TestDb, store: &Path) -> String {
+    let o = engine(db, store, 500).output().expect("engine");
+    assert!(!o.status.success(), "the attempt should fail: {}", text(&o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn a_new_column_evolves_a_dropped_one_stops_the_attempt_and_a_bad_identity_is_refused() {
+    let db = TestDb::new().await;
+    make_source(&db, 300).await;
+    // Default identity with TOASTable columns: refused before anything.
+    exec(&db, "ALTER TABLE public.orders REPLICA IDENTITY DEFAULT").await;
+    define(&db).await;
+    let dir = scratch("cdc-schema");
+    let store = dir.join("store");
+    let e = failing(&db, &store);
+    assert!(
+        e.contains("REPLICA IDENTITY FULL") && e.contains("tags, note"),
+        "{e}"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'orca_shop_%' AND database = current_database()")
+            .await,
+        0,
+        "no slot made for a refused stream"
+    );
+    exec(&db, "ALTER TABLE public.orders REPLICA IDENTITY FULL").await;
+    run_engine(&db, &store, 500);
+    assert_eq!(differences(&db).await, 0);
+
+    // A new column: the attempt ends before the transaction that adds
+    // values to it; the next one reads it and the destination widens.
+    exec(
+        &db,
+        "UPDATE public.orders SET qty = 1 WHERE id = 1;
+         ALTER TABLE public.orders ADD COLUMN region text;
+         UPDATE public.orders SET region = 'eu' WHERE id <= 10;",
+    )
+    .await;
+    run_engine(&db, &store, 500);
+    run_engine(&db, &store, 500);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders WHERE region = 'eu'")
+            .await,
+        10,
+        "the new column's values arrived"
+    );
+    assert_eq!(differences(&db).await, 0);
+
+    // A dropped column stops the attempt, naming it, and moves nothing.
+    let head = db
+        .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+        .await;
+    exec(
+        &db,
+        "ALTER TABLE public.orders DROP COLUMN note;
+         UPDATE public.orders SET qty = 2 WHERE id = 2;",
+    )
+    .await;
+    let e = failing(&db, &store);
+    assert!(e.contains("note"), "{e}");
+    assert_eq!(
+        db.scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+            .await,
+        head,
+        "nothing committed"
+    );
+    exec(&db, "SELECT orca.drop_sync('shop')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
