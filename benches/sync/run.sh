@@ -6,6 +6,7 @@
 #
 #   benches/sync/run.sh
 #   ROWS=200000 benches/sync/run.sh
+#   benches/sync/run.sh cdc      # the postgres_cdc source: changes/s and latency
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
@@ -21,5 +22,8 @@ if ! "$DLT_VENV/bin/python" -c 'import dlt, sqlalchemy, psycopg2, pyarrow' 2>/de
         "psycopg2-binary==2.9.13"
 fi
 cargo build --release -q -p orca-bench-sync
+if [ "${1:-}" = cdc ]; then
+    exec "$CARGO_TARGET_DIR/release/orca-bench-sync" cdc
+fi
 DLT_PYTHON="$DLT_VENV/bin/python" DLT_SCRIPT="$ORCA_ROOT/benches/sync/dlt_load.py" \
     "$CARGO_TARGET_DIR/release/orca-bench-sync"
