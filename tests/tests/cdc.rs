@@ -597,3 +597,76 @@ async fn a_new_column_evolves_a_dropped_one_stops_the_attempt_and_a_bad_identity
     exec(&db, "SELECT orca.drop_sync('shop')").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn pyiceberg(args: &[&str]) -> Value {
+    let out = Command::new(orca_tests::s3::python())
+        .arg(repo_root().join("tests/py/iceberg.py"))
+        .args(args)
+        .output()
+        .expect("run PyIceberg (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "pyiceberg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
+}
+
+/// An Iceberg merge of a change stream: deletes leave the table (the
+/// copy-on-write merge drops the key), as PyIceberg reads it.
+#[tokio::test]
+async fn a_change_stream_merged_into_iceberg_drops_deleted_keys() {
+    let db = TestDb::new().await;
+    make_source(&db, 300).await;
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "postgres_cdc", "url": db.url()}))
+        .bind(json!({"type": "iceberg", "namespace": "lake_cdc"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                      "mode": "merge"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let dir = scratch("cdc-iceberg");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    let run = || {
+        let mut c = engine(&db, &store, 100);
+        c.env("ORCA_WAREHOUSE", &wh);
+        let o = c.output().expect("engine");
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    run();
+    exec(
+        &db,
+        "UPDATE public.orders SET qty = 1000 + id WHERE id <= 30;
+         DELETE FROM public.orders WHERE id BETWEEN 100 AND 149;
+         UPDATE public.orders SET id = 9000 WHERE id = 200;
+         INSERT INTO public.orders (id, customer, qty) VALUES (9001, 'x', 5);
+         DELETE FROM public.orders WHERE id = 9001;",
+    )
+    .await;
+    run();
+    let want = db
+        .strings("SELECT id || ':' || coalesce(qty::text, '') FROM public.orders ORDER BY id")
+        .await;
+    let read = pyiceberg(&["read", &db.url(), &wh.to_string_lossy(), "lake_cdc.orders"]);
+    let mut got: Vec<(i64, String)> = read["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            assert_eq!(r["_orca_deleted"], false, "no delete marker is a row: {r}");
+            (
+                r["id"].as_i64().expect("id"),
+                r["qty"].as_i64().map(|q| q.to_string()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    got.sort();
+    let got: Vec<String> = got.into_iter().map(|(i, q)| format!("{i}:{q}")).collect();
+    assert_eq!(got.len(), 300 - 50, "fifty keys deleted, one moved");
+    assert_eq!(got, want, "the Iceberg table is the source table");
+    exec(&db, "SELECT orca.drop_sync('shop')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
