@@ -427,16 +427,25 @@ async function dataset(name) {
         String(l.commit_snapshot ?? "-")]), { label: "lineage", empty: "Nothing recorded yet." }));
 }
 
+// A CDC sync's slot: its lag behind the WAL, and a warning when nothing
+// will read it again (it pins WAL on the source).
+function slotLag(s) {
+  if (!s.slot) return "-";
+  if (s.slot_lag_bytes === null) return "slot on another server";
+  const lag = `${s.slot_lag_bytes} B, ${s.slot_lag_seconds} s`;
+  return s.slot_held_back ? h("span", { class: "error" }, `${lag}; held back: it pins WAL`) : lag;
+}
+
 async function syncs() {
   const list = await get("/syncs");
   page("Syncs", table(["sync", "delivery", "source → destination", "streams", "#generation",
-    "#HEAD epoch", "HEAD moved", "#last epoch rows", "#quarantined", "#held", "last run", "#queued",
-    "#running"], list.map((s) => [h("a", { href: `#/syncs/${encodeURIComponent(s.sync)}` }, s.sync),
+    "#HEAD epoch", "HEAD moved", "#last epoch rows", "#quarantined", "#held", "slot lag", "last run",
+    "#queued", "#running"], list.map((s) => [h("a", { href: `#/syncs/${encodeURIComponent(s.sync)}` }, s.sync),
     s.delivery, `${s.source || "?"} → ${s.destination || "?"}`,
     s.stream_levels.map((x) => `${x.stream} (${x.mode || "append"}): ${x.delivery || "-"}`).join("; ") || "-",
     String(s.generation), String(s.head_epoch),
     when(s.head_at), s.last_epoch_rows === null ? "-" : String(s.last_epoch_rows),
-    String(s.quarantined), String(s.held), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
+    String(s.quarantined), String(s.held), slotLag(s), s.last_run ? h("span", {}, h("a", { href: `#/runs/${s.last_run}` },
       String(s.last_run)), " ", status(s.last_status)) : "-", String(s.queued), String(s.running)]),
   { label: "syncs", empty: "No syncs (orca.create_sync defines one)." }));
 }

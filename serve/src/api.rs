@@ -698,6 +698,14 @@ pub struct SyncRow {
     pub last_epoch_rows: Option<i64>,
     pub quarantined: i64,
     pub held: i64,
+    /// A `postgres_cdc` sync's replication slot (`orca.cdc_slots`): its
+    /// name, WAL since its confirmed position, seconds since HEAD moved
+    /// while behind, and whether nothing will read it unless someone acts.
+    /// Null for other sources, and the lag for a slot on another server.
+    pub slot: Option<String>,
+    pub slot_lag_bytes: Option<i64>,
+    pub slot_lag_seconds: Option<i64>,
+    pub slot_held_back: Option<bool>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -718,7 +726,7 @@ pub struct StreamDelivery {
     ))]
 async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
     let rows = sqlx::query_as::<_, SyncRow>(
-        "SELECT sync, delivery, source, destination, streams, schedule, pool, generation, \
+        "SELECT o.sync, delivery, source, destination, streams, schedule, pool, generation, \
                 head_epoch, head_at, last_run, last_status, last_finished_at, last_error, \
                 queued, running, \
                 (SELECT coalesce(jsonb_agg(jsonb_build_object( \
@@ -731,8 +739,11 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
                 (SELECT coalesce(sum(e.quarantined), 0)::bigint FROM orca.sync_epochs e \
                  WHERE e.sync_id = o.sync_id) AS quarantined, \
                 (SELECT coalesce(sum(e.held), 0)::bigint FROM orca.sync_epochs e \
-                 WHERE e.sync_id = o.sync_id) AS held \
-         FROM orca.sync_overview o ORDER BY sync",
+                 WHERE e.sync_id = o.sync_id) AS held, \
+                c.slot, c.lag_bytes AS slot_lag_bytes, c.lag_seconds AS slot_lag_seconds, \
+                c.held_back AS slot_held_back \
+         FROM orca.sync_overview o LEFT JOIN orca.cdc_slots c ON c.sync_id = o.sync_id \
+         ORDER BY o.sync",
     )
     .fetch_all(&mut *s.tx)
     .await?;

@@ -521,6 +521,22 @@ async fn a_runner_hosts_the_change_stream_and_the_slot_follows_the_committed_epo
         )
         .await;
     assert_eq!(lag, ["f t"], "no session, no schedule: held back");
+    // The API's syncs say the same.
+    let key = orca_tests::serve::api_key(&db, "default", "dash", "viewer").await;
+    let server = orca_tests::serve::serve(&db).await;
+    let body: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/syncs", server.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("GET /syncs")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(body[0]["slot"], slot_name.as_str(), "{body}");
+    assert_eq!(body[0]["slot_held_back"], true, "{body}");
+    assert!(body[0]["slot_lag_bytes"].as_i64().is_some(), "{body}");
+    drop(server);
     drop(runner);
     exec(&db, "SELECT orca.drop_sync('shop')").await;
     let _ = std::fs::remove_dir_all(dir);
