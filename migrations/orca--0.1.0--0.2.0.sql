@@ -2481,6 +2481,7 @@ DECLARE
     v_org bigint := orca.current_org_id();
     d     jsonb;
     v_id  bigint;
+    v_old jsonb;
 BEGIN
     IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
        OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
@@ -2504,6 +2505,8 @@ BEGIN
     -- addresses, sockets and local paths (names are judged when resolved).
     PERFORM orca._unwrap(orca._netguard_definition(
         (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
+    SELECT sy.definition INTO v_old FROM orca.syncs sy
+    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
     -- Defining a sync again replaces its definition; its HEAD and generation
     -- stay. A sync dropped under the name left them on its pipeline.
     INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch)
@@ -2517,6 +2520,16 @@ BEGIN
                                 create_sync.pool, create_sync.run_retries);
     UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
     WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
+    -- A continuous sync is one long-lived run. Redefined while it runs, the
+    -- run is cancelled (its attempt stops at its next epoch boundary) and a
+    -- new one reads the new definition from HEAD.
+    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
+        IF v_old IS DISTINCT FROM d THEN
+            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
+        END IF;
+        PERFORM orca._keep_running(v_org, create_sync.name);
+    END IF;
     PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
         jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
                            'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
@@ -3788,7 +3801,8 @@ REVOKE ALL ON FUNCTION orca.record_epoch(text, integer, bigint, jsonb, uuid) FRO
 GRANT EXECUTE ON FUNCTION orca.record_epoch(text, integer, bigint, jsonb, uuid) TO orca_attempt;
 
 -- Change data capture (issue 17): a dropped sync's generation and HEAD stay
--- on its pipeline; the slot names, their lag, and orca.drop_sync.
+-- on its pipeline; the slot names, their lag, orca.drop_sync, and pausing
+-- and resuming (continuous) syncs.
 ALTER TABLE orca.pipelines ADD COLUMN sync_generation integer, ADD COLUMN sync_epoch bigint;
 
 -- Change data capture: the replication slot (and publication) each
@@ -3914,8 +3928,80 @@ COMMENT ON FUNCTION orca.drop_sync(text) IS
 '(cancel it first), OR067 the slot is held by a live session. '
 'Example: SELECT orca.drop_sync(''shop'');';
 
+-- A continuous sync's run, started unless one is queued or running (or the
+-- sync is paused): one long-lived run per sync.
+CREATE FUNCTION orca._keep_running(p_org bigint, p_sync text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    p orca.pipelines;
+BEGIN
+    SELECT * INTO p FROM orca.pipelines WHERE org_id = p_org AND name = p_sync;
+    IF p.paused OR EXISTS (SELECT 1 FROM orca.runs r
+                           WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running')) THEN
+        RETURN NULL;
+    END IF;
+    RETURN orca.run(p_sync, 'now');
+END
+$$;
+
+CREATE FUNCTION orca.pause_sync(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s     orca.syncs;
+    r     bigint;
+BEGIN
+    s := orca._sync(v_org, pause_sync.name);
+    PERFORM orca.pause(s.name);
+    -- A running attempt stops at its next epoch boundary (a resume point):
+    -- its runner hears of the cancel at its next heartbeat.
+    FOR r IN SELECT x.id FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+             WHERE p.org_id = v_org AND p.name = s.name AND x.status IN ('queued', 'running')
+             ORDER BY x.id
+    LOOP
+        PERFORM orca.cancel(r);
+    END LOOP;
+    PERFORM orca._event(v_org, 'sync.paused', NULL, NULL, NULL,
+                        jsonb_build_object('sync', s.name, 'head_epoch', s.head_epoch,
+                                           'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.pause_sync(text) IS
+'Pauses a sync: its schedule makes no runs, and its queued and running runs are cancelled; a '
+'running attempt stops at its next epoch boundary with everything before it committed. '
+'orca.resume_sync starts it again from HEAD. Errors: OR064 unknown sync. '
+'Example: SELECT orca.pause_sync(''shop'');';
+
+CREATE FUNCTION orca.resume_sync(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s     orca.syncs;
+    v_run bigint;
+BEGIN
+    s := orca._sync(v_org, resume_sync.name);
+    PERFORM orca.unpause(s.name);
+    IF (s.definition->'source'->>'continuous')::boolean IS TRUE THEN
+        v_run := orca._keep_running(v_org, s.name);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.resumed', NULL, v_run, NULL,
+                        jsonb_build_object('sync', s.name, 'by', session_user));
+    RETURN v_run;
+END
+$$;
+COMMENT ON FUNCTION orca.resume_sync(text) IS
+'Resumes a paused sync from its HEAD: its schedule makes runs again, and a continuous sync '
+'gets its long-lived run back (returned; NULL when one is already queued or running, or for '
+'a scheduled sync). Errors: OR064 unknown sync. Example: SELECT orca.resume_sync(''shop'');';
+
 REVOKE ALL ON FUNCTION orca._cdc_slot(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION orca._keep_running(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION orca.drop_sync(text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION orca.drop_sync(text) TO orca_operator;
+REVOKE ALL ON FUNCTION orca.pause_sync(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION orca.resume_sync(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.drop_sync(text), orca.pause_sync(text), orca.resume_sync(text)
+    TO orca_operator;
 REVOKE ALL ON orca.cdc_slots FROM PUBLIC;
 GRANT SELECT ON orca.cdc_slots TO orca_viewer;

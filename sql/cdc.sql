@@ -120,3 +120,71 @@ COMMENT ON FUNCTION orca.drop_sync(text) IS
 'starts with a new snapshot. Errors: OR064 unknown sync, OR066 a run is queued or running '
 '(cancel it first), OR067 the slot is held by a live session. '
 'Example: SELECT orca.drop_sync(''shop'');';
+
+-- A continuous sync's run, started unless one is queued or running (or the
+-- sync is paused): one long-lived run per sync.
+CREATE FUNCTION orca._keep_running(p_org bigint, p_sync text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    p orca.pipelines;
+BEGIN
+    SELECT * INTO p FROM orca.pipelines WHERE org_id = p_org AND name = p_sync;
+    IF p.paused OR EXISTS (SELECT 1 FROM orca.runs r
+                           WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running')) THEN
+        RETURN NULL;
+    END IF;
+    RETURN orca.run(p_sync, 'now');
+END
+$$;
+
+CREATE FUNCTION orca.pause_sync(name text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s     orca.syncs;
+    r     bigint;
+BEGIN
+    s := orca._sync(v_org, pause_sync.name);
+    PERFORM orca.pause(s.name);
+    -- A running attempt stops at its next epoch boundary (a resume point):
+    -- its runner hears of the cancel at its next heartbeat.
+    FOR r IN SELECT x.id FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+             WHERE p.org_id = v_org AND p.name = s.name AND x.status IN ('queued', 'running')
+             ORDER BY x.id
+    LOOP
+        PERFORM orca.cancel(r);
+    END LOOP;
+    PERFORM orca._event(v_org, 'sync.paused', NULL, NULL, NULL,
+                        jsonb_build_object('sync', s.name, 'head_epoch', s.head_epoch,
+                                           'by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.pause_sync(text) IS
+'Pauses a sync: its schedule makes no runs, and its queued and running runs are cancelled; a '
+'running attempt stops at its next epoch boundary with everything before it committed. '
+'orca.resume_sync starts it again from HEAD. Errors: OR064 unknown sync. '
+'Example: SELECT orca.pause_sync(''shop'');';
+
+CREATE FUNCTION orca.resume_sync(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    s     orca.syncs;
+    v_run bigint;
+BEGIN
+    s := orca._sync(v_org, resume_sync.name);
+    PERFORM orca.unpause(s.name);
+    IF (s.definition->'source'->>'continuous')::boolean IS TRUE THEN
+        v_run := orca._keep_running(v_org, s.name);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.resumed', NULL, v_run, NULL,
+                        jsonb_build_object('sync', s.name, 'by', session_user));
+    RETURN v_run;
+END
+$$;
+COMMENT ON FUNCTION orca.resume_sync(text) IS
+'Resumes a paused sync from its HEAD: its schedule makes runs again, and a continuous sync '
+'gets its long-lived run back (returned; NULL when one is already queued or running, or for '
+'a scheduled sync). Errors: OR064 unknown sync. Example: SELECT orca.resume_sync(''shop'');';

@@ -57,6 +57,8 @@ GRANT EXECUTE ON FUNCTION
     orca.refresh_keys(text),
     orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
     orca.drop_sync(text),
+    orca.pause_sync(text),
+    orca.resume_sync(text),
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),

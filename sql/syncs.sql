@@ -153,6 +153,7 @@ DECLARE
     v_org bigint := orca.current_org_id();
     d     jsonb;
     v_id  bigint;
+    v_old jsonb;
 BEGIN
     IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
        OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
@@ -176,6 +177,8 @@ BEGIN
     -- addresses, sockets and local paths (names are judged when resolved).
     PERFORM orca._unwrap(orca._netguard_definition(
         (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
+    SELECT sy.definition INTO v_old FROM orca.syncs sy
+    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
     -- Defining a sync again replaces its definition; its HEAD and generation
     -- stay. A sync dropped under the name left them on its pipeline.
     INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch)
@@ -189,6 +192,16 @@ BEGIN
                                 create_sync.pool, create_sync.run_retries);
     UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
     WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
+    -- A continuous sync is one long-lived run. Redefined while it runs, the
+    -- run is cancelled (its attempt stops at its next epoch boundary) and a
+    -- new one reads the new definition from HEAD.
+    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
+        IF v_old IS DISTINCT FROM d THEN
+            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
+        END IF;
+        PERFORM orca._keep_running(v_org, create_sync.name);
+    END IF;
     PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
         jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
                            'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')

@@ -49,6 +49,12 @@ pub enum Source {
         /// Changes per epoch (whole transactions: an epoch can hold more).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch_rows: Option<u64>,
+        /// One long-lived attempt that streams on, an epoch at least every
+        /// `epoch_seconds`, instead of one that stops at the WAL's end.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        continuous: Option<bool>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch_seconds: Option<u64>,
     },
 }
 
@@ -72,6 +78,19 @@ impl Source {
     /// The source reads a database's change stream (a replication slot).
     pub fn is_cdc(&self) -> bool {
         matches!(self, Source::PostgresCdc { .. })
+    }
+
+    /// A continuous sync's epoch interval (`epoch_seconds`, default
+    /// [`EPOCH_SECONDS_DEFAULT`]); None for a sync whose attempts end.
+    pub fn continuous(&self) -> Option<u64> {
+        match self {
+            Source::PostgresCdc {
+                continuous: Some(true),
+                epoch_seconds,
+                ..
+            } => Some(epoch_seconds.unwrap_or(EPOCH_SECONDS_DEFAULT)),
+            _ => None,
+        }
     }
 }
 
@@ -238,7 +257,7 @@ const SOURCES: &[Connector] = &[
     Connector {
         name: "postgres_cdc",
         required: &["url"],
-        optional: &["batch_rows"],
+        optional: &["batch_rows", "continuous", "epoch_seconds"],
     },
 ];
 
@@ -512,6 +531,34 @@ fn check_rules(
             ));
         }
     }
+    if let Some(c) = src_opts.get("continuous") {
+        if !c.is_boolean() {
+            return Err(bad(
+                "source.continuous",
+                format!("must be true or false, got {c}"),
+            ));
+        }
+        if c == &Value::Bool(true) && schedule.is_some() {
+            return Err(bad(
+                "schedule",
+                "a continuous sync runs all the time and takes no schedule",
+            ));
+        }
+    }
+    if let Some(e) = src_opts.get("epoch_seconds") {
+        if !e.as_u64().is_some_and(|n| (1..=3600).contains(&n)) {
+            return Err(bad(
+                "source.epoch_seconds",
+                format!("must be a number of seconds from 1 to 3600, got {e}"),
+            ));
+        }
+        if src_opts.get("continuous") != Some(&Value::Bool(true)) {
+            return Err(bad(
+                "source.epoch_seconds",
+                "is for a continuous sync (\"continuous\": true)",
+            ));
+        }
+    }
     if let Some(schema) = dst_opts.get("schema") {
         if !schema.as_str().is_some_and(is_ident) {
             return Err(bad(
@@ -732,6 +779,9 @@ fn check_rules(
         delivery: required,
     })
 }
+
+/// A continuous sync's epoch interval unless it sets `epoch_seconds`.
+pub const EPOCH_SECONDS_DEFAULT: u64 = 10;
 
 /// A bound on a postgres source's rows per stream per epoch.
 pub const BATCH_ROWS_MAX: u64 = 10_000_000;
@@ -1172,5 +1222,51 @@ mod tests {
         assert!(long
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+    }
+
+    #[test]
+    fn a_continuous_sync_is_cdc_without_a_schedule_with_a_bounded_epoch() {
+        let cdc = |extra: Value| {
+            let mut v = json!({"type": "postgres_cdc", "url": "postgres://127.0.0.1/shop"});
+            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            v
+        };
+        let dw = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw"});
+        let streams = json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"]}]);
+        let def = check(
+            "live",
+            &cdc(json!({"continuous": true, "epoch_seconds": 2})),
+            &dw,
+            &streams,
+            None,
+            "exactly_once",
+        )
+        .expect("valid");
+        assert_eq!(def["source"]["continuous"], true);
+        let parsed: SyncDef = serde_json::from_value(def).expect("a definition");
+        assert_eq!(parsed.source.continuous(), Some(2));
+        for (extra, schedule, field) in [
+            (json!({"continuous": true}), Some("* * * * *"), "schedule"),
+            (json!({"continuous": "yes"}), None, "source.continuous"),
+            (
+                json!({"continuous": true, "epoch_seconds": 0}),
+                None,
+                "source.epoch_seconds",
+            ),
+            (json!({"epoch_seconds": 5}), None, "source.epoch_seconds"),
+        ] {
+            let e = check(
+                "live",
+                &cdc(extra),
+                &dw,
+                &streams,
+                schedule,
+                "at_least_once",
+            )
+            .expect_err("refused");
+            assert!(e.to_string().contains(field), "{e}");
+        }
     }
 }

@@ -686,3 +686,132 @@ async fn a_change_stream_merged_into_iceberg_drops_deleted_keys() {
     exec(&db, "SELECT orca.drop_sync('shop')").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+async fn runs_of(db: &TestDb, status: &str) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT count(*) FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'live' AND r.status = '{status}'"
+    ))
+    .await
+}
+
+/// Rows of raw.orders that differ from public.orders (the continuous sync's
+/// merge).
+async fn live_differences(db: &TestDb) -> i64 {
+    db.scalar_i64(
+        "SELECT count(*) FROM public.orders o FULL JOIN raw.orders r USING (id)
+         WHERE o.id IS NULL OR r.id IS NULL OR o.qty IS DISTINCT FROM r.qty",
+    )
+    .await
+}
+
+/// A continuous sync is one long-lived run: changes land while it runs,
+/// pausing stops it at an epoch boundary, resuming goes on from HEAD.
+#[tokio::test]
+async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
+    let db = TestDb::new().await;
+    make_source(&db, 200).await;
+    let dir = scratch("cdc-live");
+    let store = dir.join("store");
+    let runner = sync_runner(&db, &store, &dir.join("logs"));
+    sqlx::query("SELECT orca.create_sync('live', $1, $2, $3)")
+        .bind(
+            json!({"type": "postgres_cdc", "url": db.url(), "continuous": true,
+                     "epoch_seconds": 1}),
+        )
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                      "mode": "merge"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    assert_eq!(
+        runs_of(&db, "queued").await + runs_of(&db, "running").await,
+        1,
+        "creating it started its run"
+    );
+    let equal = |what: &'static str| {
+        let db = &db;
+        let runner = &runner;
+        async move {
+            wait_until(
+                what,
+                Duration::from_secs(60),
+                || async {
+                    let t = db
+                        .scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'")
+                        .await;
+                    (t == 1 && live_differences(db).await == 0).then_some(())
+                },
+                || runner.output(),
+            )
+            .await
+        }
+    };
+    equal("the snapshot to land").await;
+    for round in 0..3 {
+        exec(
+            &db,
+            &format!(
+                "UPDATE public.orders SET qty = {round} * 100 + id WHERE id % 3 = {round};
+                 DELETE FROM public.orders WHERE id = {};
+                 INSERT INTO public.orders (id, customer, qty) VALUES ({}, 'live', 1);",
+                10 + round,
+                1_000 + round
+            ),
+        )
+        .await;
+        equal("the changes to land while the run goes on").await;
+    }
+    assert_eq!(runs_of(&db, "running").await, 1, "still the one run");
+    assert_eq!(runs_of(&db, "succeeded").await, 0);
+
+    // Paused: the run is cancelled and its attempt stops; changes wait.
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    wait_until(
+        "the continuous attempt to stop",
+        Duration::from_secs(60),
+        || async {
+            let active = db
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
+                )
+                .await;
+            (active == 0).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    assert_eq!(runs_of(&db, "cancelled").await, 1);
+    exec(&db, "UPDATE public.orders SET qty = -1 WHERE id <= 5").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(live_differences(&db).await, 5, "nothing moves while paused");
+
+    // Resumed: a new run goes on from HEAD.
+    let run: Option<i64> = sqlx::query_scalar("SELECT orca.resume_sync('live')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("resume_sync");
+    assert!(run.is_some(), "a new run");
+    equal("the changes made while paused to land").await;
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    wait_until(
+        "the run to stop",
+        Duration::from_secs(60),
+        || async {
+            let active = db
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
+                )
+                .await;
+            (active == 0).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}

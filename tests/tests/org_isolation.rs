@@ -47,6 +47,7 @@ const API: &[&str] = &[
     "lineage",
     "metrics",
     "pause",
+    "pause_sync",
     "pin_read",
     "register",
     "rewind_head",
@@ -61,6 +62,7 @@ const API: &[&str] = &[
     "report_keys",
     "report_snapshots",
     "report_step",
+    "resume_sync",
     "retention",
     "retry",
     "revoke_api_key",
@@ -561,10 +563,13 @@ async fn no_table_view_or_function_crosses_orgs() {
     }
     // Dropping a sync (and its replication slot) names it in the session's
     // org: globex's is unknown to alice.
-    assert_eq!(
-        code_of(&mut a, "SELECT orca.drop_sync('globex_sync')").await,
-        "OR064"
-    );
+    for sql in [
+        "SELECT orca.drop_sync('globex_sync')",
+        "SELECT orca.pause_sync('globex_sync')",
+        "SELECT orca.resume_sync('globex_sync')",
+    ] {
+        assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
+    }
     for sql in [
         format!("SELECT orca.claim_sync('globex_sync', '{g_lease}')"),
         format!("SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2', '{g_lease}')"),

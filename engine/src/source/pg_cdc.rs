@@ -179,6 +179,7 @@ pub(crate) fn spawn_cdc(
     tables: Vec<PgTable>,
     starts: Vec<Option<Vec<String>>>,
     batch_rows: usize,
+    continuous: Option<Duration>,
 ) -> Result<(Vec<Reader>, Acks), ReadError> {
     let acks: Acks = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::with_capacity(tables.len());
@@ -219,6 +220,7 @@ pub(crate) fn spawn_cdc(
                 slot,
                 batch_rows,
                 ack,
+                continuous,
             }
             .run(&mut outs, starts);
             if let Err(e) = r {
@@ -244,6 +246,9 @@ struct Cdc {
     slot: String,
     batch_rows: usize,
     ack: Acks,
+    /// A continuous sync's epoch interval: the stream goes on, a round at
+    /// least this often, instead of ending at the WAL's end.
+    continuous: Option<Duration>,
 }
 
 fn cdc(reason: impl std::fmt::Display) -> ReadError {
@@ -523,13 +528,23 @@ impl Cdc {
     ) -> Result<(), ReadError> {
         let from = outs.iter().map(|o| o.pos.lsn()).min().unwrap_or_default();
         let prefix = format!("orca.stop.{}", self.slot);
-        let stop: String = client
-            .query_one(
-                "SELECT pg_logical_emit_message(false, $1, 'end of an attempt')::text",
-                &[&prefix],
-            )?
-            .get(0);
-        let stop = Lsn::parse(&stop).ok_or_else(|| cdc(format!("stop LSN {stop}")))?;
+        // A logical message marks where the attempt stops, or (continuous)
+        // each epoch's end: a point of the stream every transaction before
+        // which has come through.
+        let mark = |client: &mut postgres::Client, what: &str| -> Result<Lsn, ReadError> {
+            let at: String = client
+                .query_one(
+                    "SELECT pg_logical_emit_message(false, $1, $2)::text",
+                    &[&prefix, &what],
+                )?
+                .get(0);
+            Lsn::parse(&at).ok_or_else(|| cdc(format!("message LSN {at}")))
+        };
+        let stop = match self.continuous {
+            Some(_) => Lsn(u64::MAX),
+            None => mark(client, "end of an attempt")?,
+        };
+        let mut next_epoch = self.continuous.map(|every| Instant::now() + every);
         let cfg = self
             .config(target)
             .with_start_lsn(pgwire_replication::Lsn::from_u64(from.0))
@@ -560,6 +575,12 @@ impl Cdc {
                 repl.update_applied_lsn(pgwire_replication::Lsn::from_u64(a));
                 acked = a;
             }
+            if let (Some(due), Some(every)) = (next_epoch, self.continuous) {
+                if Instant::now() >= due {
+                    mark(client, "end of an epoch")?;
+                    next_epoch = Some(Instant::now() + every);
+                }
+            }
             let ev = match rt.block_on(async { tokio::time::timeout(POLL, repl.recv()).await }) {
                 Err(_) => continue,
                 Ok(Err(e)) => break Err(repl_err(e)),
@@ -573,9 +594,15 @@ impl Cdc {
                 ReplicationEvent::XLogData { data, .. } => {
                     match self.change(&decode(&data).map_err(cdc)?, outs, &mut rels, &mut txn)? {
                         Step::Go => {}
+                        // The next attempt reads the table's new shape and
+                        // resumes at this transaction; a continuous one
+                        // fails so that its run starts that attempt.
+                        Step::Evolve(why) if self.continuous.is_some() => {
+                            break Err(cdc(format!(
+                                "{why}: the attempt ends before it, and the next reads it"
+                            )));
+                        }
                         Step::Evolve(why) => {
-                            // The next attempt reads the table's new shape
-                            // and resumes at this transaction.
                             eprintln!("orca-engine: {why}: the attempt ends before it");
                             txn.clear();
                             break Ok(last);
@@ -601,6 +628,13 @@ impl Cdc {
                     let at = Lsn(lsn.as_u64());
                     if at >= stop {
                         break Ok(last.max(at));
+                    }
+                    if self.continuous.is_some() && at > from {
+                        pending = 0;
+                        last = last.max(at);
+                        if !round(outs, last) {
+                            return Ok(());
+                        }
                     }
                 }
                 _ => {}

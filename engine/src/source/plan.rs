@@ -81,7 +81,24 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Acks>), R
             }
             drop(probe);
             let slot = str_of(&plan.source, "slot")?;
-            let (readers, acks) = spawn_cdc(guard, url, slot, tables, starts, plan.batch_rows)?;
+            let continuous =
+                (plan.source.get("continuous") == Some(&Value::Bool(true))).then(|| {
+                    std::time::Duration::from_secs(
+                        plan.source
+                            .get("epoch_seconds")
+                            .and_then(Value::as_u64)
+                            .unwrap_or(orca_core::sync::EPOCH_SECONDS_DEFAULT),
+                    )
+                });
+            let (readers, acks) = spawn_cdc(
+                guard,
+                url,
+                slot,
+                tables,
+                starts,
+                plan.batch_rows,
+                continuous,
+            )?;
             Ok((readers, Some(acks)))
         }
         "postgres" => {
