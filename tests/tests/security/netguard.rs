@@ -192,6 +192,21 @@ async fn netguard_refuses_what_the_org_s_allowlist_does_not_permit() {
         .expect_err("globex's entry is not acme's"),
     );
     assert_eq!(code, "OR094");
+    // A change stream reaches its host as a table source does: globex's
+    // entry does not let acme's CDC sync read this machine's cluster.
+    let (code, msg) = refusal(
+        create_sync(
+            &mut op,
+            "shop",
+            &json!({"type": "postgres_cdc", "url": url_127}),
+            &parquet,
+            &json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"]}]),
+        )
+        .await
+        .expect_err("a CDC source on loopback"),
+    );
+    assert_eq!(code, "OR094", "{msg}");
+    assert!(msg.contains("a loopback address"), "{msg}");
     let seen: Vec<String> = sqlx::query_scalar("SELECT target FROM orca.allowlist")
         .fetch_all(&mut op)
         .await
