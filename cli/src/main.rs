@@ -5,6 +5,7 @@ mod allowlist;
 mod api_keys;
 mod backfill;
 mod db;
+mod discover;
 mod listing;
 mod locate;
 mod register;
@@ -97,6 +98,15 @@ enum Cmd {
     },
     /// List the syncs: delivery, HEAD, generation and their last run.
     Syncs,
+    /// Read a Postgres source's catalog (tables, columns, keys, replica
+    /// identity, whether a change stream can read each) and the streams
+    /// orca.create_sync could take. Connects to the source, not the control
+    /// plane.
+    Discover {
+        /// The source, as a sync's definition has it:
+        /// '{"type": "postgres_cdc", "url": "postgres://..."}'.
+        source: String,
+    },
     /// Queue a run of a sync (from its checkpoint; --backfill: everything
     /// again from the start) and follow it until it finishes.
     Sync {
@@ -337,6 +347,7 @@ fn main() {
     let json = cli.json;
     let result = match cli.cmd {
         Cmd::Locate { binary, root } => locate::run(&binary, &root),
+        Cmd::Discover { source } => discover::run(&source, json),
         Cmd::Serve {
             listen,
             connections,
@@ -438,7 +449,9 @@ fn main() {
                 } => tokens::rotate(&mut c, &name, grace_seconds, out.as_deref()),
                 TokensCmd::Revoke { name } => tokens::revoke(&mut c, &name),
             },
-            Cmd::Locate { .. } | Cmd::Serve { .. } | Cmd::Relay { .. } => Ok(0),
+            Cmd::Locate { .. } | Cmd::Serve { .. } | Cmd::Relay { .. } | Cmd::Discover { .. } => {
+                Ok(0)
+            }
         }),
     };
     match result {

@@ -815,3 +815,75 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
     exec(&db, "SELECT orca.drop_sync('live')").await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `orca discover` reads the source's catalog: which tables a change
+/// stream can read (and why not), and the streams a sync could take.
+#[tokio::test]
+async fn discover_tells_which_tables_a_change_stream_can_read_and_plans_streams() {
+    let db = TestDb::new().await;
+    make_source(&db, 10).await;
+    exec(
+        &db,
+        "CREATE TABLE public.notes (id bigint PRIMARY KEY, body text);
+         CREATE TABLE public.loose (x int);",
+    )
+    .await;
+    let source = json!({"type": "postgres_cdc", "url": db.url()}).to_string();
+    let o = Command::new(bin("orca"))
+        .args(["--json", "discover", &source])
+        .output()
+        .expect("orca discover");
+    assert!(o.status.success(), "{}", text(&o));
+    let cat: Value = serde_json::from_slice(&o.stdout).expect("catalog JSON");
+    let table = |name: &str| {
+        cat["streams"]
+            .as_array()
+            .expect("streams")
+            .iter()
+            .find(|s| s["table"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {cat}"))
+    };
+    let orders = table("public.orders");
+    assert_eq!(orders["cdc"], true, "{orders}");
+    assert_eq!(orders["replica_identity"], "full");
+    assert_eq!(orders["primary_key"], json!(["id"]));
+    let notes = table("public.notes");
+    assert_eq!(notes["cdc"], false);
+    assert!(
+        notes["cdc_blocked_by"][0]
+            .as_str()
+            .is_some_and(|b| b.contains("body") && b.contains("REPLICA IDENTITY FULL")),
+        "{notes}"
+    );
+    assert_eq!(table("public.loose")["cdc"], false);
+    let planned: Vec<&str> = cat["plan"]
+        .as_array()
+        .expect("plan")
+        .iter()
+        .filter_map(|s| s["table"].as_str())
+        .collect();
+    assert!(planned.contains(&"public.orders"), "{planned:?}");
+    assert!(!planned.contains(&"public.notes"), "{planned:?}");
+    // The plan is a sync's streams as they stand.
+    sqlx::query("SELECT orca.create_sync('planned', $1, $2, $3)")
+        .bind(json!({"type": "postgres_cdc", "url": db.url()}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(&cat["plan"])
+        .execute(&db.pool)
+        .await
+        .expect("create_sync from the plan");
+    let bad = Command::new(bin("orca"))
+        .args([
+            "discover",
+            r#"{"type": "postgres_cdc", "url": {"secret": "x"}}"#,
+        ])
+        .output()
+        .expect("orca discover");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("plain connection string"),
+        "{}",
+        text(&bad)
+    );
+}
