@@ -390,11 +390,12 @@ async fn changes_written_while_engines_are_killed_and_cut_off_land_exactly_once(
             child.kill().expect("SIGKILL the engine");
             kills += 1;
         } else {
+            // This test's session only: other tests stream at the same time.
             let cut = db
-                .scalar_i64(
+                .scalar_i64(&format!(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
-                     WHERE application_name LIKE 'orca %'",
-                )
+                     WHERE application_name = 'orca {slot_name}'"
+                ))
                 .await;
             cuts += cut;
         }
