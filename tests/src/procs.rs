@@ -2,7 +2,7 @@
 //! runners that can be stopped with real signals.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
 /// The target directory this test executable was built into.
@@ -201,4 +201,52 @@ pub fn probe_calls(dir: &std::path::Path) -> std::collections::HashMap<(String, 
         }
     }
     out
+}
+
+/// A finished process's exit status and output, for a failed assertion.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `tests/py/iceberg.py` (PyIceberg, which scripts/setup.sh installs)
+/// and returns what it printed, as JSON.
+pub fn pyiceberg(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(crate::s3::python())
+        .arg(crate::repo_root().join("tests/py/iceberg.py"))
+        .args(args)
+        .output()
+        .expect("run PyIceberg (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "pyiceberg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
+}
+
+/// A runner whose sync attempts run this build's orca-engine on `store`.
+pub fn sync_runner(db: &crate::TestDb, store: &std::path::Path, logs: &std::path::Path) -> Runner {
+    sync_runner_with(db, store, logs, &[])
+}
+
+/// The same, with more environment for the engines (such as a warehouse).
+pub fn sync_runner_with(
+    db: &crate::TestDb,
+    store: &std::path::Path,
+    logs: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> Runner {
+    let engine_bin = bin("orca-engine");
+    let store_s = store.to_string_lossy().into_owned();
+    let mut env = vec![
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
+    ];
+    env.extend_from_slice(extra);
+    Runner::start(&db.url(), "r1", 1, logs, &env)
 }

@@ -4,10 +4,10 @@
 //! scripts/setup.sh), into a merged table and a change log in Postgres.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use orca_tests::procs::bin;
+use orca_tests::procs::{bin, pyiceberg, sync_runner, text};
 use orca_tests::sqlx;
 use orca_tests::*;
 use serde_json::{json, Value};
@@ -22,15 +22,6 @@ fn engine(db: &TestDb, store: &Path, batch_rows: usize) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn run_engine(db: &TestDb, store: &Path, batch_rows: usize) -> Value {
@@ -434,17 +425,6 @@ async fn changes_written_while_engines_are_killed_and_cut_off_land_exactly_once(
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A runner whose sync attempts run this build's orca-engine on `store`.
-fn sync_runner(db: &TestDb, store: &Path, logs: &Path) -> orca_tests::procs::Runner {
-    let engine_bin = bin("orca-engine");
-    let store_s = store.to_string_lossy().into_owned();
-    let env = vec![
-        ("ORCA_STORE", store_s.as_str()),
-        ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-    ];
-    orca_tests::procs::Runner::start(&db.url(), "r1", 1, logs, &env)
-}
-
 async fn run_now(db: &TestDb, runner: &orca_tests::procs::Runner) {
     let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
         .fetch_one(&db.pool)
@@ -615,20 +595,6 @@ async fn a_new_column_evolves_a_dropped_one_stops_the_attempt_and_a_bad_identity
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn pyiceberg(args: &[&str]) -> Value {
-    let out = Command::new(orca_tests::s3::python())
-        .arg(repo_root().join("tests/py/iceberg.py"))
-        .args(args)
-        .output()
-        .expect("run PyIceberg (scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "pyiceberg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
-}
-
 /// An Iceberg merge of a change stream: deletes leave the table (the
 /// copy-on-write merge drops the key), as PyIceberg reads it.
 #[tokio::test]
@@ -706,6 +672,24 @@ async fn live_differences(db: &TestDb) -> i64 {
     .await
 }
 
+/// Waits until the continuous sync's attempt has let go of its slot.
+async fn stopped(db: &TestDb, runner: &orca_tests::procs::Runner) {
+    wait_until(
+        "the continuous attempt to stop",
+        Duration::from_secs(60),
+        || async {
+            let active = db
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
+                )
+                .await;
+            (active == 0).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+}
+
 /// A continuous sync is one long-lived run: changes land while it runs,
 /// pausing stops it at an epoch boundary, resuming goes on from HEAD.
 #[tokio::test]
@@ -771,20 +755,7 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
 
     // Paused: the run is cancelled and its attempt stops; changes wait.
     exec(&db, "SELECT orca.pause_sync('live')").await;
-    wait_until(
-        "the continuous attempt to stop",
-        Duration::from_secs(60),
-        || async {
-            let active = db
-                .scalar_i64(
-                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
-                )
-                .await;
-            (active == 0).then_some(())
-        },
-        || runner.output(),
-    )
-    .await;
+    stopped(&db, &runner).await;
     assert_eq!(runs_of(&db, "cancelled").await, 1);
     exec(&db, "UPDATE public.orders SET qty = -1 WHERE id <= 5").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -798,20 +769,7 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
     assert!(run.is_some(), "a new run");
     equal("the changes made while paused to land").await;
     exec(&db, "SELECT orca.pause_sync('live')").await;
-    wait_until(
-        "the run to stop",
-        Duration::from_secs(60),
-        || async {
-            let active = db
-                .scalar_i64(
-                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
-                )
-                .await;
-            (active == 0).then_some(())
-        },
-        || runner.output(),
-    )
-    .await;
+    stopped(&db, &runner).await;
     drop(runner);
     exec(&db, "SELECT orca.drop_sync('live')").await;
     let _ = std::fs::remove_dir_all(dir);

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use arrow_array::{Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
-use orca_tests::procs::bin;
+use orca_tests::procs::{bin, pyiceberg, sync_runner, sync_runner_with, text};
 use orca_tests::sqlx;
 use orca_tests::*;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -31,15 +31,6 @@ fn into_iceberg(db: &TestDb, store: &Path, batch_rows: usize, wh: &Path) -> Comm
     let mut c = engine(db, store, batch_rows);
     c.env("ORCA_WAREHOUSE", wh);
     c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 async fn head(db: &TestDb) -> (i64, i32) {
@@ -458,20 +449,6 @@ async fn recovery_applies_a_recorded_epoch_and_rewinds_a_lost_one() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn pyiceberg(args: &[&str]) -> Value {
-    let out = Command::new(orca_tests::s3::python())
-        .arg(repo_root().join("tests/py/iceberg.py"))
-        .args(args)
-        .output()
-        .expect("run PyIceberg (scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "pyiceberg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
-}
-
 /// The end-to-end case: 1M rows (`ORCA_E2E_ROWS` for another size)
 /// into an Iceberg table, exactly once by the sync's own requirement, with
 /// the engine killed twice mid-sync; PyIceberg reads every row once.
@@ -608,28 +585,6 @@ async fn delivery_levels_are_checked_again_before_an_attempt() {
     assert_eq!(head(&db).await.0, 0);
     assert!(walk(&out).is_empty(), "nothing written");
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A runner whose sync attempts run this build's orca-engine on `store`.
-fn sync_runner(db: &TestDb, store: &Path, logs: &Path) -> orca_tests::procs::Runner {
-    sync_runner_with(db, store, logs, &[])
-}
-
-/// The same, with more environment for the engines (such as a warehouse).
-fn sync_runner_with(
-    db: &TestDb,
-    store: &Path,
-    logs: &Path,
-    extra: &[(&str, &str)],
-) -> orca_tests::procs::Runner {
-    let engine_bin = bin("orca-engine");
-    let store_s = store.to_string_lossy().into_owned();
-    let mut env = vec![
-        ("ORCA_STORE", store_s.as_str()),
-        ("ORCA_ENGINE", engine_bin.to_str().unwrap_or_default()),
-    ];
-    env.extend_from_slice(extra);
-    orca_tests::procs::Runner::start(&db.url(), "r1", 1, logs, &env)
 }
 
 async fn run_status(db: &TestDb, run: i64) -> String {

@@ -2,6 +2,7 @@
 //! is written and HEAD moves to it (the commit point), then the destination
 //! applies the epoch and its staged files go, as the coordinator says.
 
+use crate::source::pg_cdc::lowest_acknowledged;
 use std::collections::VecDeque;
 
 use bytes::Bytes;
@@ -104,11 +105,9 @@ impl Attempt {
                     if let Some(edge) = &self.edge {
                         edge.acknowledge(&positions);
                     }
-                    if let Some(acks) = &self.acks {
-                        let v = serde_json::to_value(&positions).unwrap_or_default();
-                        if let Some(lsn) = crate::transport::pump::lowest_acknowledged(&v) {
-                            acks.fetch_max(lsn.0, std::sync::atomic::Ordering::AcqRel);
-                        }
+                    let lowest = lowest_acknowledged(positions.values().map(String::as_str));
+                    if let (Some(acks), Some(lsn)) = (&self.acks, lowest) {
+                        acks.fetch_max(lsn.0, std::sync::atomic::Ordering::AcqRel);
                     }
                     self.log.event(
                         "acknowledged",

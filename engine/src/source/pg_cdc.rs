@@ -115,6 +115,18 @@ pub fn acknowledged_lsn(recorded: &str) -> Option<Lsn> {
     }
 }
 
+/// The lowest LSN among acknowledged resume points: every stream of a
+/// change stream shares the slot, so the slot may forget only up to it.
+/// None when one of them is not a change stream's point.
+pub fn lowest_acknowledged<'a>(recorded: impl IntoIterator<Item = &'a str>) -> Option<Lsn> {
+    recorded
+        .into_iter()
+        .map(acknowledged_lsn)
+        .collect::<Option<Vec<Lsn>>>()?
+        .into_iter()
+        .min()
+}
+
 /// One stream's side of the reader.
 struct Out {
     table: PgTable,
@@ -681,7 +693,6 @@ impl Cdc {
                 let table = format!("{namespace}.{name}");
                 let mut rel = Relation {
                     table: table.clone(),
-                    columns: columns.clone(),
                     outs: Vec::new(),
                 };
                 for (i, o) in outs.iter_mut().enumerate() {
@@ -691,49 +702,43 @@ impl Cdc {
                     if let Some(why) = o.fit(columns)? {
                         return Ok(Step::Evolve(why));
                     }
-                    rel.outs.push(i);
+                    // Where each of the stream's columns is in a tuple, once
+                    // per description rather than per row.
+                    let at = o
+                        .source_columns()
+                        .map(|(_, c)| columns.iter().position(|r| r.name == c.name))
+                        .collect();
+                    rel.outs.push((i, at));
                 }
                 rels.insert(*id, rel);
             }
             Message::Insert { rel, new } => {
-                let Some(r) = rels.get(rel) else {
-                    return Err(cdc(format!(
-                        "a change of relation {rel} before its description"
-                    )));
-                };
-                for &i in &r.outs {
-                    txn.push(outs[i].row(i, r, new, None, false)?);
+                let r = described(rels, *rel)?;
+                for (i, at) in &r.outs {
+                    txn.push(outs[*i].row(*i, &r.table, at, new, None, false)?);
                 }
             }
             Message::Update { rel, old, new } => {
-                let Some(r) = rels.get(rel) else {
-                    return Err(cdc(format!(
-                        "a change of relation {rel} before its description"
-                    )));
-                };
-                for &i in &r.outs {
-                    let o = &outs[i];
+                let r = described(rels, *rel)?;
+                for (i, at) in &r.outs {
+                    let (i, o) = (*i, &outs[*i]);
                     if let Some(old) = old {
-                        let before = o.row(i, r, old, None, true)?;
-                        let after = o.row(i, r, new, Some(old), false)?;
+                        let before = o.row(i, &r.table, at, old, None, true)?;
+                        let after = o.row(i, &r.table, at, new, Some(old), false)?;
                         // The key changed: the old key's row is gone.
                         if o.key_of(&before) != o.key_of(&after) {
                             txn.push(before);
                         }
                         txn.push(after);
                     } else {
-                        txn.push(o.row(i, r, new, None, false)?);
+                        txn.push(o.row(i, &r.table, at, new, None, false)?);
                     }
                 }
             }
             Message::Delete { rel, old } => {
-                let Some(r) = rels.get(rel) else {
-                    return Err(cdc(format!(
-                        "a change of relation {rel} before its description"
-                    )));
-                };
-                for &i in &r.outs {
-                    txn.push(outs[i].row(i, r, old, None, true)?);
+                let r = described(rels, *rel)?;
+                for (i, at) in &r.outs {
+                    txn.push(outs[*i].row(*i, &r.table, at, old, None, true)?);
                 }
             }
             Message::Truncate { rels: truncated } => {
@@ -797,11 +802,18 @@ enum Step {
 }
 
 /// A relation as the change stream described it, and the streams that read
-/// its table.
+/// its table, each with the tuple position of each of its columns (None: a
+/// column the change predates).
 struct Relation {
     table: String,
-    columns: Vec<RelColumn>,
-    outs: Vec<usize>,
+    outs: Vec<(usize, Vec<Option<usize>>)>,
+}
+
+/// The relation a change names; pgoutput describes one before its first
+/// change in a session.
+fn described(rels: &BTreeMap<u32, Relation>, rel: u32) -> Result<&Relation, ReadError> {
+    rels.get(&rel)
+        .ok_or_else(|| cdc(format!("a change of relation {rel} before its description")))
 }
 
 impl Out {
@@ -870,14 +882,14 @@ impl Out {
     fn row(
         &self,
         out: usize,
-        rel: &Relation,
+        table: &str,
+        at: &[Option<usize>],
         tuple: &[Value],
         old: Option<&Vec<Value>>,
         deleted: bool,
     ) -> Result<Change, ReadError> {
-        let mut values = Vec::with_capacity(self.table.columns.len());
-        for (_, col) in self.source_columns() {
-            let j = rel.columns.iter().position(|c| c.name == col.name);
+        let mut values = Vec::with_capacity(at.len());
+        for ((_, col), j) in self.source_columns().zip(at) {
             let v = match j.and_then(|j| tuple.get(j).map(|v| (j, v))) {
                 None | Some((_, Value::Null)) => None,
                 Some((_, Value::Text(t))) => Some(t.clone()),
@@ -891,7 +903,7 @@ impl Out {
                                 "an update left the TOASTed value of column {} of {} out of the \
                                  change stream; ALTER TABLE {} REPLICA IDENTITY FULL makes it \
                                  send the whole row",
-                                col.name, rel.table, self.table.spec.table
+                                col.name, table, self.table.spec.table
                             ),
                         })
                     }

@@ -33,9 +33,8 @@ use serde_json::Value;
 
 use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
-use crate::source::pg_cdc::{acknowledged_lsn, Acks};
+use crate::source::pg_cdc::{lowest_acknowledged, Acks};
 use crate::source::pg_table;
-use crate::source::pgoutput::Lsn;
 use crate::source::plan::{open_readers, stream_specs, Plan};
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
@@ -207,23 +206,12 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
 fn take_acks(mut input: BufReader<UnixStream>, acks: &Acks) {
     while let Ok(Some(frame)) = read_frame(&mut input) {
         if let Frame::Ack { positions } = frame {
-            if let Some(lsn) = lowest_acknowledged(&positions) {
+            let recorded = positions.as_object().into_iter().flat_map(|o| o.values());
+            if let Some(lsn) = lowest_acknowledged(recorded.filter_map(Value::as_str)) {
                 acks.fetch_max(lsn.0, Ordering::AcqRel);
             }
         }
     }
-}
-
-/// The lowest LSN among acknowledged resume points (every stream of a
-/// change stream shares the slot, so the slot may forget only up to it).
-pub(crate) fn lowest_acknowledged(positions: &Value) -> Option<Lsn> {
-    positions
-        .as_object()?
-        .values()
-        .map(|v| v.as_str().and_then(acknowledged_lsn))
-        .collect::<Option<Vec<Lsn>>>()?
-        .into_iter()
-        .min()
 }
 
 /// The source's catalog entry of each stream's table, in the streams'
