@@ -229,7 +229,14 @@ pub struct Stream {
     /// A files source's files, such as `events/*.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,
+    /// A postgres table's big reads split over this many connections
+    /// (absent: the engine host's cores).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splits: Option<u32>,
 }
+
+/// The most connections one table's read is split over.
+pub const SPLITS_MAX: u32 = 64;
 
 /// A built-in connector: its options and what it means for delivery.
 struct Connector {
@@ -651,7 +658,32 @@ fn check_rules(
             cursor: None,
             lookback: None,
             pattern: None,
+            splits: None,
         };
+        if let Some(n) = obj.get("splits") {
+            if src.name != "postgres" {
+                return Err(bad(
+                    format!("{at}.splits"),
+                    format!(
+                        "is an option of a postgres source's streams, not of a {} source's",
+                        src.name
+                    ),
+                ));
+            }
+            let splits = n
+                .as_u64()
+                .filter(|n| (1..=u64::from(SPLITS_MAX)).contains(n))
+                .ok_or_else(|| {
+                    bad(
+                        format!("{at}.splits"),
+                        format!(
+                            "{n} is not a number of connections from 1 to {SPLITS_MAX} to split \
+                             the table's read over"
+                        ),
+                    )
+                })?;
+            stream.splits = Some(splits as u32);
+        }
         match src.name {
             "postgres_cdc" => {
                 stream.table = Some(source_table(obj, &at)?);

@@ -2435,3 +2435,137 @@ async fn a_runner_without_a_store_leaves_syncs_to_a_runner_with_one() {
     assert_eq!(attempts, 1, "no retry spent on a configuration");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// HEAD's resume point of the orders stream, from its record.
+async fn head_position(db: &TestDb, store: &Path) -> Value {
+    let record: String =
+        sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("a HEAD record");
+    let body = std::fs::read(store.join(&record)).expect("the record");
+    let v: Value = serde_json::from_slice(&body).expect("record JSON");
+    v["streams"]["orders"]["position"].clone()
+}
+
+/// The splits of a split read's resume point.
+fn splits_of(position: &Value) -> Vec<Value> {
+    assert_eq!(position[0], "splits", "a split read's position: {position}");
+    let list: Value = serde_json::from_str(position[1].as_str().expect("the splits' JSON"))
+        .expect("the splits");
+    list.as_array().expect("a list of splits").clone()
+}
+
+#[tokio::test]
+async fn a_big_table_read_in_splits_resumes_every_split_after_sigkills_and_lands_once() {
+    let db = TestDb::new().await;
+    let rows = 300_000i64;
+    make_source(&db, rows).await;
+    // Statistics to cut the cursor's range by; three rows share each
+    // cursor value, so a cut falls among equal values.
+    sqlx::raw_sql("CREATE INDEX ON public.orders (updated_at, id); ANALYZE public.orders")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    let dir = scratch("splits");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({"splits": 3}),
+        "at_least_once",
+    )
+    .await;
+
+    let first = kill_at(&db, engine(&db, &store, 10_000).spawn().expect("engine"), 4).await;
+    let at_first = splits_of(&head_position(&db, &store).await);
+    assert_eq!(at_first.len(), 3, "{at_first:?}");
+    assert!(at_first[0].get("lo").is_none() && at_first[2].get("hi").is_none());
+    assert_eq!(at_first[0]["hi"], at_first[1]["lo"], "the ranges meet");
+    assert!(
+        at_first.iter().all(|s| s["after"].is_array()),
+        "every split reads at once: {at_first:?}"
+    );
+    let second = kill_at(
+        &db,
+        engine(&db, &store, 10_000).spawn().expect("engine"),
+        first + 5,
+    )
+    .await;
+    assert!(second > first, "the second attempt committed more");
+    let at_second = splits_of(&head_position(&db, &store).await);
+    for (a, b) in at_first.iter().zip(&at_second) {
+        assert_eq!((&a["lo"], &a["hi"]), (&b["lo"], &b["hi"]), "the same ranges");
+        let id = |s: &Value| s["after"][1].as_str().unwrap_or("0").parse::<i64>().unwrap_or(0);
+        assert!(id(b) > id(a), "each split resumed where it was: {a} then {b}");
+    }
+
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(
+        outcome["to_epoch"], 30,
+        "epochs of 10k rows, as an unsplit read: {outcome}"
+    );
+    let (n, ids, orca_ids, sum) = tally(&published(&out, "orders"));
+    assert_eq!(n, rows as usize, "every row once, no more");
+    assert_eq!((ids, orca_ids), (rows as usize, rows as usize));
+    assert_eq!(sum, rows * (rows + 1) / 2);
+    // Read to the end: one resume point, the last row's in cursor order.
+    let last = head_position(&db, &store).await;
+    assert_eq!(last[1], "300000", "{last}");
+    assert_eq!(last.as_array().map(Vec::len), Some(2), "{last}");
+
+    // Later rows and an updated one: read after that point, unsplit.
+    sqlx::raw_sql(
+        "INSERT INTO public.orders (id, updated_at, customer)
+         SELECT g, '2030-01-01'::timestamptz + g * interval '1 ms', 'late'
+         FROM generate_series(300001, 300500) g;
+         UPDATE public.orders SET updated_at = '2031-01-01', customer = 'changed' WHERE id = 7;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("more rows");
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 501, "{outcome}");
+    let last = head_position(&db, &store).await;
+    assert_eq!(last[1], "7", "{last}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn splits_that_are_not_a_number_of_connections_are_refused() {
+    let db = TestDb::new().await;
+    make_source(&db, 10).await;
+    for bad in [json!(0), json!(65), json!("4"), json!(2.5)] {
+        let e = sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+            .bind(json!({"type": "postgres", "url": db.url()}))
+            .bind(json!({"type": "parquet", "url": "/tmp/out"}))
+            .bind(json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                          "primary_key": ["id"], "splits": bad}]))
+            .execute(&db.pool)
+            .await
+            .expect_err("refused");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("streams[0].splits") && msg.contains(&bad.to_string()),
+            "{msg}"
+        );
+    }
+    let e = sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": "/tmp/in", "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": "/tmp/out"}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl", "splits": 2}]))
+        .execute(&db.pool)
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("not of a files source's"), "{e}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.syncs").await,
+        0,
+        "nothing was defined"
+    );
+}

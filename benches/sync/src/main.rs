@@ -4,14 +4,20 @@
 //! Postgres:
 //! - raw `COPY table TO STDOUT (FORMAT binary)`, read and thrown away: the
 //!   ceiling, since every sync must at least get the bytes out;
-//! - orca-engine: one attempt of a sync (Postgres source, parquet
+//! - orca-1conn: one attempt of a sync (Postgres source, parquet
 //!   destination) with its checkpoints, staging and commits, the engine
-//!   reading the source itself (`orca-engine sync` without a runner);
+//!   reading the source itself (`orca-engine sync` without a runner) over
+//!   one connection (`"splits": 1`);
+//! - orca-engine: the same with the stream's default splits (the machine's
+//!   cores): the table read over that many connections by cursor ranges;
 //! - orca-edge: the same with the source read by a source pump (as a runner
 //!   hosts it, here on a thread) and sent to the engine as frames over the
 //!   data edge, a Unix socket: how a runner runs a sync;
 //! - dlt (`DLT_PYTHON`, `DLT_SCRIPT`), if given: the same table with dlt's
-//!   pyarrow backend into its filesystem destination as Parquet.
+//!   pyarrow backend into its filesystem destination as Parquet;
+//! - DuckDB (`DLT_PYTHON`, `DUCKDB_SCRIPT`), if given: its Postgres scanner
+//!   (ctid ranges over one connection per thread) copying the table to a
+//!   Parquet file.
 //!
 //! MB/s counts the table's binary COPY bytes for all three.
 //!
@@ -117,13 +123,28 @@ fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
     Ok((rows as u64, secs, bytes))
 }
 
-fn orca(url: &str, out: &std::path::Path, edge: bool) -> Result<(u64, f64)> {
-    let name = format!("bench_{}_{}", std::process::id(), u8::from(edge));
+/// One attempt of a sync of the table into Parquet; `splits`: the stream's
+/// option (None: the engine's default, the machine's cores).
+fn orca(
+    url: &str,
+    out: &std::path::Path,
+    edge: bool,
+    splits: Option<u32>,
+) -> Result<(u64, f64)> {
+    let name = format!(
+        "bench_{}_{}_{}",
+        std::process::id(),
+        u8::from(edge),
+        splits.unwrap_or(0)
+    );
     let mut c = postgres::Client::connect(url, postgres::NoTls)?;
     let source = serde_json::json!({"type": "postgres", "url": url});
     let dest = serde_json::json!({"type": "parquet", "url": out.join("data").to_string_lossy()});
-    let streams = serde_json::json!([{"name": TABLE, "table": format!("public.{TABLE}"),
-                                      "cursor": "updated_at", "primary_key": ["id"]}]);
+    let mut streams = serde_json::json!([{"name": TABLE, "table": format!("public.{TABLE}"),
+                                          "cursor": "updated_at", "primary_key": ["id"]}]);
+    if let Some(n) = splits {
+        streams[0]["splits"] = n.into();
+    }
     // Netguard: the bench's source is this machine's cluster, its
     // destination a local directory.
     c.execute(
@@ -168,30 +189,34 @@ fn orca(url: &str, out: &std::path::Path, edge: bool) -> Result<(u64, f64)> {
     Ok((o.rows, secs))
 }
 
-fn dlt(url: &str, out: &std::path::Path) -> Result<Option<(u64, f64, String)>> {
-    let (Ok(py), Ok(script)) = (std::env::var("DLT_PYTHON"), std::env::var("DLT_SCRIPT")) else {
+/// A peer's run by its Python script (`PYTHON`, the script), which prints
+/// its figures as a JSON line; None if the environment names no script.
+fn peer(
+    python: &str,
+    script: &str,
+    url: &str,
+    out: &std::path::Path,
+) -> Result<Option<(u64, f64, serde_json::Value)>> {
+    let (Ok(py), Ok(script)) = (std::env::var(python), std::env::var(script)) else {
         return Ok(None);
     };
     let o = Command::new(py)
-        .arg(script)
+        .arg(&script)
         .args([url, TABLE])
         .arg(out)
         .output()
-        .context("running dlt")?;
+        .with_context(|| format!("running {script}"))?;
     if !o.status.success() {
-        bail!("dlt failed: {}", String::from_utf8_lossy(&o.stderr));
+        bail!("{script} failed: {}", String::from_utf8_lossy(&o.stderr));
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let line = text.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(line).context("dlt's figures")?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("{script}'s figures"))?;
     Ok(Some((
         v["rows"].as_u64().unwrap_or(0),
         v["seconds"].as_f64().unwrap_or(f64::NAN),
-        format!(
-            "dlt {} ({} backend)",
-            v["dlt"].as_str().unwrap_or("?"),
-            v["backend"].as_str().unwrap_or("?")
-        ),
+        v,
     )))
 }
 
@@ -358,28 +383,54 @@ fn main() -> Result<()> {
         rows: copy_rows,
         seconds: copy_secs,
     }];
-    for (name, edge) in [("orca-engine", false), ("orca-edge", true)] {
+    // One connection (splits 1, as every read was before splits), the
+    // default (the machine's cores), and the default through a runner's
+    // pump over the data edge.
+    for (name, edge, splits) in [
+        ("orca-1conn", false, Some(1)),
+        ("orca-engine", false, None),
+        ("orca-edge", true, None),
+    ] {
         let dir = work.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (rows, seconds) = orca(&url, &dir, edge)?;
+        let (rows, seconds) = orca(&url, &dir, edge, splits)?;
         figures.push(Figure {
             name,
             rows,
             seconds,
         });
     }
-    let mut dlt_label = None;
-    if let Some((r, s, label)) = dlt(&url, &work.join("dlt"))? {
-        figures.push(Figure {
-            name: "dlt",
-            rows: r,
-            seconds: s,
-        });
-        dlt_label = Some(label);
+    let mut labels = Vec::new();
+    for (name, python, script) in [
+        ("dlt", "DLT_PYTHON", "DLT_SCRIPT"),
+        ("duckdb", "DLT_PYTHON", "DUCKDB_SCRIPT"),
+    ] {
+        match peer(python, script, &url, &work.join(name))? {
+            Some((rows, seconds, v)) => {
+                figures.push(Figure {
+                    name,
+                    rows,
+                    seconds,
+                });
+                labels.push(match name {
+                    "dlt" => format!(
+                        "dlt {} ({} backend)",
+                        v["dlt"].as_str().unwrap_or("?"),
+                        v["backend"].as_str().unwrap_or("?")
+                    ),
+                    _ => format!(
+                        "DuckDB {} postgres scanner, {} threads",
+                        v["duckdb"].as_str().unwrap_or("?"),
+                        v["threads"]
+                    ),
+                });
+            }
+            None => labels.push(format!("{name} not run (set {python} and {script})")),
+        }
     }
     println!(
         "# {rows} rows, {mb:.1} MB as binary COPY; {}",
-        dlt_label.unwrap_or_else(|| "dlt not run (set DLT_PYTHON and DLT_SCRIPT)".into())
+        labels.join("; ")
     );
     for f in &figures {
         if f.rows != copy_rows {
@@ -404,12 +455,21 @@ fn main() -> Result<()> {
             .find(|f| f.name == n)
             .map(|f| f.rows as f64 / f.seconds)
     };
+    if let (Some(o), Some(one)) = (rate("orca-engine"), rate("orca-1conn")) {
+        println!(
+            "RATIO orca-engine / orca-1conn = {:.2} (what splitting the read gains)",
+            o / one
+        );
+    }
     for orca in ["orca-engine", "orca-edge"] {
         if let (Some(o), Some(c)) = (rate(orca), rate("copy-binary")) {
             println!("RATIO {orca} / copy-binary = {:.2} (target >= 0.50)", o / c);
         }
         if let (Some(o), Some(d)) = (rate(orca), rate("dlt")) {
             println!("RATIO {orca} / dlt = {:.2} (target >= 3)", o / d);
+        }
+        if let (Some(o), Some(d)) = (rate(orca), rate("duckdb")) {
+            println!("RATIO {orca} / duckdb = {:.2} (target > 1)", o / d);
         }
     }
     if let (Some(e), Some(o)) = (rate("orca-edge"), rate("orca-engine")) {

@@ -12,3 +12,4 @@ pub mod pg_table;
 pub mod pgoutput;
 pub mod plan;
 pub(crate) mod readers;
+pub mod splits;

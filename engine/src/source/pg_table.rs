@@ -111,6 +111,10 @@ pub struct StreamSpec {
     /// `_orca_lsn`.
     #[serde(default)]
     pub cdc: bool,
+    /// Connections a big read of the table is split over (by ranges of the
+    /// cursor); None: the engine host's cores.
+    #[serde(default)]
+    pub splits: Option<u8>,
 }
 
 /// The columns a change stream adds to each of its rows: whether the row is
@@ -131,11 +135,21 @@ pub struct PgTable {
     pub key: Vec<usize>,
 }
 
-fn quote_literal(s: &str) -> String {
+/// A range of the cursor's values, as text the column's type reads:
+/// from `lo` (inclusive) to `hi` (exclusive); None: unbounded.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Range {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hi: Option<String>,
+}
+
+pub(crate) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-fn qualified(table: &str) -> String {
+pub(crate) fn qualified(table: &str) -> String {
     table
         .split('.')
         .map(quote_ident)
@@ -401,12 +415,23 @@ impl PgTable {
 
     /// The COPY that reads every row after `after`, in resume order.
     pub fn copy_query(&self, after: Option<&[String]>) -> Result<String, SourceError> {
-        self.copy_query_at(after, 0)
+        self.copy_query_in(after, &Range::default(), 0)
     }
 
     /// The COPY of a change stream's snapshot: `lsn` is the one its rows
     /// carry in `_orca_lsn`.
     pub fn copy_query_at(&self, after: Option<&[String]>, lsn: u64) -> Result<String, SourceError> {
+        self.copy_query_in(after, &Range::default(), lsn)
+    }
+
+    /// The COPY of the rows after `after` whose first resume column (the
+    /// cursor) lies in `range`, in resume order.
+    pub fn copy_query_in(
+        &self,
+        after: Option<&[String]>,
+        range: &Range,
+        lsn: u64,
+    ) -> Result<String, SourceError> {
         let select = self
             .columns
             .iter()
@@ -431,6 +456,17 @@ impl PgTable {
             .collect::<Vec<_>>()
             .join(", ");
         let mut q = format!("COPY (SELECT {select} FROM {}", qualified(&self.spec.table));
+        let mut conditions = Vec::new();
+        if let Some(&first) = self.key.first() {
+            let col = quote_ident(&self.columns[first].name);
+            let ty = &self.sql_types[first];
+            if let Some(lo) = &range.lo {
+                conditions.push(format!("{col} >= {}::{ty}", quote_literal(lo)));
+            }
+            if let Some(hi) = &range.hi {
+                conditions.push(format!("{col} < {}::{ty}", quote_literal(hi)));
+            }
+        }
         if let Some(pos) = after {
             if pos.len() != self.key.len() {
                 return Err(SourceError::BadPosition {
@@ -450,15 +486,19 @@ impl PgTable {
             match (&self.spec.lookback, self.key.first()) {
                 // From the cursor's value less the lookback: the rows after
                 // the resume point and those that committed late before it.
-                (Some(back), Some(&c)) => q.push_str(&format!(
-                    " WHERE {} >= {}::{} - {}::interval",
+                (Some(back), Some(&c)) => conditions.push(format!(
+                    "{} >= {}::{} - {}::interval",
                     quote_ident(&self.columns[c].name),
                     quote_literal(&pos[0]),
                     self.sql_types[c],
                     quote_literal(back)
                 )),
-                _ => q.push_str(&format!(" WHERE ({order}) > ({values})")),
+                _ => conditions.push(format!("({order}) > ({values})")),
             }
+        }
+        if !conditions.is_empty() {
+            q.push_str(" WHERE ");
+            q.push_str(&conditions.join(" AND "));
         }
         q.push_str(&format!(" ORDER BY {order}) TO STDOUT (FORMAT binary)"));
         Ok(q)
@@ -523,6 +563,7 @@ mod tests {
                 schema_policy: "evolve".into(),
                 lookback: None,
                 cdc: false,
+                splits: None,
             },
             columns: vec![
                 PgColumn {

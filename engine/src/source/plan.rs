@@ -203,6 +203,7 @@ pub(crate) fn table_specs(streams: &[Stream], cdc: bool) -> Result<Vec<StreamSpe
                 schema_policy: s.schema_policy.name().to_string(),
                 lookback: s.lookback.as_ref().map(|l| l.as_str().to_string()),
                 cdc,
+                splits: s.splits.and_then(|n| u8::try_from(n).ok()),
             })
         })
         .collect()
@@ -236,6 +237,10 @@ pub(crate) fn stream_specs(def: &Value, cdc: bool) -> Result<Vec<StreamSpec>, Re
                     .and_then(Value::as_str)
                     .map(str::to_string),
                 cdc,
+                splits: s
+                    .get("splits")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u8::try_from(n).ok()),
             })
         })
         .collect()

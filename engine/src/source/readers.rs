@@ -16,6 +16,7 @@ use crate::source::files::{FileChunk, FileReader, Format};
 use crate::source::normalize::StreamSchema;
 use crate::source::pg_copy::CopyReader;
 use crate::source::pg_table::PgTable;
+use crate::source::splits;
 
 pub(crate) enum Msg {
     /// Typed columns from a source that declares its types.
@@ -105,7 +106,8 @@ pub(crate) fn spawn_file_reader(
 }
 
 /// Reads a table over a connection of its own, as binary COPY into Arrow,
-/// from its resume point.
+/// from its resume point; a big read (or one a split read left off) over
+/// several connections, split by ranges of the cursor.
 pub(crate) fn spawn_reader(
     guard: Guard,
     url: String,
@@ -113,7 +115,11 @@ pub(crate) fn spawn_reader(
     after: Option<Vec<String>>,
     batch_rows: usize,
 ) -> Result<Reader, ReadError> {
-    let query = table.copy_query(after.as_deref())?;
+    let resumed = after.as_deref().and_then(splits::decode);
+    let query = match resumed {
+        Some(_) => String::new(),
+        None => table.copy_query(after.as_deref())?,
+    };
     let t = table.clone();
     let stream = table.spec.name.clone();
     spawn(stream.clone(), Shape::Table(table), move |tx| {
@@ -122,6 +128,19 @@ pub(crate) fn spawn_reader(
             source,
         };
         let mut client = guard.postgres(&url)?;
+        let planned = match resumed {
+            Some(s) => Some(s),
+            None => {
+                let want = t
+                    .spec
+                    .splits
+                    .map_or_else(splits::default_splits, usize::from);
+                splits::plan(&mut client, &t, after.as_deref(), want, batch_rows)?
+            }
+        };
+        if let Some(s) = planned {
+            return splits::read_split(tx, &guard, &url, client, &t, s, batch_rows);
+        }
         let input = client.copy_out(query.as_str())?;
         let mut r = CopyReader::new(input, t.columns.clone())
             .map_err(copy)?
