@@ -14,7 +14,8 @@ need=()
 dev_version=$(dpkg-query -W -f='${Version}' "postgresql-server-dev-$PG_MAJOR" 2>/dev/null || true)
 [ "$dev_version" = "$server_version" ] || need+=("postgresql-server-dev-$PG_MAJOR=$server_version")
 # chromium: the console's browser test drives Debian's (headless, through Playwright).
-for p in libclang-dev clang chromium; do
+# nats-server: the NATS JetStream the example external connector reads.
+for p in libclang-dev clang chromium nats-server; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -126,6 +127,12 @@ if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
     say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "prometheus-client==0.26.0"
 fi
+# nats-py, which the example NATS JetStream connector (connectors/python)
+# reads with; pyarrow (above) writes its frames.
+if ! "$PY" -c 'import nats' 2>/dev/null; then
+    say "installing nats-py into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "nats-py==2.16.0"
+fi
 
 # 6. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
@@ -139,6 +146,20 @@ if [ "$(as_postgres psql -Atq -h 127.0.0.1 -U postgres -d postgres -c 'SHOW wal_
     as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
         -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main restart
+fi
+# NATS with JetStream, which the example external connector reads in the
+# tests (Debian's nats-server; started as the machine's notes start it).
+if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+    if [ -x /usr/sbin/nats-server ]; then
+        # Debian's package may have started its own service: ours has JetStream.
+        say "starting nats-server (JetStream) on 127.0.0.1:4222"
+        as_root mkdir -p /var/lib/nats-server
+        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+            -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+        for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.1; done
+    else
+        say "no nats-server: the external connector test needs NATS JetStream on 127.0.0.1:4222"
+    fi
 fi
 # 7. The installation key for secrets (docs/security.md): 32 random bytes as
 # hex in a file only the server's user reads, outside the database; made once.

@@ -20,7 +20,7 @@ import duckdb_ext
 
 url, table, out = sys.argv[1:4]
 os.makedirs(out, exist_ok=True)
-ext = glob.glob(os.path.join(os.path.dirname(duckdb_ext.__file__), "extensions", "v*",
+ext = glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "v*",
                              "*", "postgres_scanner.duckdb_extension"))
 if not ext:
     sys.exit("duckdb-ext-postgres ships no postgres_scanner.duckdb_extension")

@@ -14,8 +14,10 @@ use crate::listing::Listing;
 pub enum DiscoverError {
     #[error("the source must be JSON such as {{\"type\": \"postgres_cdc\", \"url\": \"postgres://...\"}}: {0}")]
     NotJson(String),
-    #[error("source.type {0:?} cannot be discovered (postgres and postgres_cdc can)")]
+    #[error("source.type {0:?} cannot be discovered (postgres, postgres_cdc and connector can)")]
     Kind(String),
+    #[error("connector {name}: {reason}")]
+    Connector { name: String, reason: String },
     #[error("source.url must be a plain connection string here (a secret is read only by an attempt); got {0}")]
     Url(String),
     #[error("connecting to the source: {0}")]
@@ -29,6 +31,9 @@ pub fn catalog(source: &str) -> Result<Value, DiscoverError> {
     let v: Value =
         serde_json::from_str(source).map_err(|e| DiscoverError::NotJson(e.to_string()))?;
     let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+    if kind == "connector" {
+        return connector_catalog(&v);
+    }
     if !matches!(kind, "postgres" | "postgres_cdc") {
         return Err(DiscoverError::Kind(kind.to_string()));
     }
@@ -157,8 +162,72 @@ pub fn catalog(source: &str) -> Result<Value, DiscoverError> {
     }))
 }
 
+/// An external connector's streams, as its `discover` says: the program
+/// of this host's connectors directory (`ORCA_CONNECTORS`), the source's
+/// config on its stdin.
+fn connector_catalog(v: &Value) -> Result<Value, DiscoverError> {
+    use std::io::Write;
+    let name = v
+        .get("connector")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let fail = |reason: String| DiscoverError::Connector {
+        name: name.clone(),
+        reason,
+    };
+    if !orca_core::sync::is_connector_name(&name) {
+        return Err(fail("is not a connector's name".into()));
+    }
+    let dir = std::env::var_os("ORCA_CONNECTORS")
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| fail("set ORCA_CONNECTORS to the connectors directory".into()))?;
+    let program = std::path::Path::new(&dir).join(&name);
+    let mut child = std::process::Command::new(&program)
+        .arg("discover")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {}: {e}", program.display())))?;
+    let config = v.get("config").cloned().unwrap_or_else(|| json!({}));
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(config.to_string().as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    let out = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "discover failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let found: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| fail(format!("discover printed no JSON: {e}")))?;
+    let streams = found.get("streams").cloned().unwrap_or_else(|| json!([]));
+    let plan: Vec<Value> = streams
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| json!({"name": s["name"], "config": s.get("config").cloned().unwrap_or_else(|| json!({}))}))
+        .collect();
+    Ok(json!({"source": "connector", "connector": name, "streams": streams, "plan": plan}))
+}
+
 pub fn run(source: &str, json: bool) -> anyhow::Result<i32> {
     let cat = catalog(source)?;
+    if cat["source"] == "connector" && !json {
+        for s in cat["streams"].as_array().into_iter().flatten() {
+            println!("{}", serde_json::to_string(s)?);
+        }
+        println!(
+            "streams orca.create_sync could take:\n{}",
+            serde_json::to_string(&cat["plan"])?
+        );
+        return Ok(0);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&cat)?);
         return Ok(0);

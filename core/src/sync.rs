@@ -56,7 +56,59 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         epoch_seconds: Option<u64>,
     },
+    /// An external connector: a program the runner's host installed in its
+    /// connectors directory (`orca-runner --connectors DIR`), which speaks
+    /// the connector protocol (docs/connectors.md) on a Unix socket.
+    Connector {
+        /// The program's name in the connectors directory.
+        connector: String,
+        /// The connector's own options; a `{"secret": "<name>"}` value is
+        /// resolved by the attempt before the connector starts.
+        #[serde(default, skip_serializing_if = "Map::is_empty")]
+        config: Map<String, Value>,
+        /// What a read again from a resume point returns, as the connector
+        /// promises it (its `spec` must say the same or better).
+        replay: ConnectorReplay,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_rows: Option<u64>,
+        /// How long the connector may send nothing before it is taken for
+        /// hung and killed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_seconds: Option<u64>,
+    },
 }
+
+/// What an external connector promises of a read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConnectorReplay {
+    /// The same records, in the same order (a log read by its sequence).
+    Exact,
+    /// At least the records, possibly newer versions of them.
+    Superset,
+}
+
+impl ConnectorReplay {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectorReplay::Exact => "exact",
+            ConnectorReplay::Superset => "superset",
+        }
+    }
+}
+
+/// A connector's name: what a connectors directory holds it under.
+pub fn is_connector_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_MAX
+        && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'))
+}
+
+/// The longest a connector may send nothing unless its source says.
+pub const CONNECTOR_TIMEOUT_DEFAULT: u64 = 300;
 
 impl Source {
     pub fn kind(&self) -> &'static str {
@@ -64,14 +116,18 @@ impl Source {
             Source::Postgres { .. } => "postgres",
             Source::Files { .. } => "files",
             Source::PostgresCdc { .. } => "postgres_cdc",
+            Source::Connector { .. } => "connector",
         }
     }
 
-    pub fn url(&self) -> &Setting {
+    /// The database or place the source reads (an external connector's
+    /// are in its config).
+    pub fn url(&self) -> Option<&Setting> {
         match self {
             Source::Postgres { url, .. }
             | Source::Files { url, .. }
-            | Source::PostgresCdc { url, .. } => url,
+            | Source::PostgresCdc { url, .. } => Some(url),
+            Source::Connector { .. } => None,
         }
     }
 
@@ -233,6 +289,9 @@ pub struct Stream {
     /// (absent: the engine host's cores).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splits: Option<u32>,
+    /// An external connector's options for this stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Map<String, Value>>,
 }
 
 /// The most connections one table's read is split over.
@@ -265,6 +324,12 @@ const SOURCES: &[Connector] = &[
         name: "postgres_cdc",
         required: &["url"],
         optional: &["batch_rows", "continuous", "epoch_seconds"],
+    },
+    // A program of the runner host's connectors directory, on a Unix socket.
+    Connector {
+        name: "connector",
+        required: &["connector", "replay"],
+        optional: &["config", "batch_rows", "timeout_seconds"],
     },
 ];
 
@@ -406,6 +471,91 @@ fn connector(
         ));
     }
     Ok((c, obj.clone()))
+}
+
+/// An external connector source's own options: its name, its replay, its
+/// config (no password in plain text), its timeout.
+fn check_connector(opts: &Map<String, Value>) -> Result<()> {
+    let name = opts.get("connector").and_then(Value::as_str).unwrap_or("");
+    if !is_connector_name(name) {
+        return Err(bad(
+            "source.connector",
+            format!(
+                "'{name}' is not a connector's name: 1 to {NAME_MAX} lowercase letters, digits, \
+                 '_' or '-', as the runner's connectors directory holds it"
+            ),
+        ));
+    }
+    let replay = opts.get("replay").and_then(Value::as_str).unwrap_or("");
+    if !matches!(replay, "exact" | "superset") {
+        return Err(bad(
+            "source.replay",
+            format!(
+                "'{replay}' is not what a read again returns: exact (the same records) or \
+                 superset (at least them)"
+            ),
+        ));
+    }
+    match opts.get("config") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(c)) => check_config("source.config", c)?,
+        Some(other) => {
+            return Err(bad(
+                "source.config",
+                format!("must be an object of the connector's options, got {other}"),
+            ))
+        }
+    }
+    if let Some(t) = opts.get("timeout_seconds") {
+        if !t.as_u64().is_some_and(|n| (1..=86_400).contains(&n)) {
+            return Err(bad(
+                "source.timeout_seconds",
+                format!("must be a number of seconds from 1 to 86400, got {t}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A connector's config: a `{"secret": ...}` value must name a secret, and a
+/// credential is never in plain text.
+fn check_config(at: &str, config: &Map<String, Value>) -> Result<()> {
+    for (k, v) in config {
+        let key = k.to_ascii_lowercase();
+        let credential = [
+            "password",
+            "secret",
+            "token",
+            "credential",
+            "api_key",
+            "apikey",
+        ]
+        .iter()
+        .any(|c| key.contains(c));
+        match v {
+            Value::Object(o) if o.contains_key("secret") => {
+                let r: SecretRef = serde_json::from_value(v.clone()).map_err(|_| {
+                    bad(
+                        format!("{at}.{k}"),
+                        format!("must be {{\"secret\": \"<name>\"}}, got {v}"),
+                    )
+                })?;
+                r.provider()
+                    .map_err(|e| bad(format!("{at}.{k}"), e.to_string()))?;
+            }
+            Value::String(text)
+                if (credential && !text.is_empty()) || secret::has_inline_password(text) =>
+            {
+                return Err(bad(
+                    format!("{at}.{k}"),
+                    "carries a credential: keep it in a secret (SELECT orca.set_secret('name', \
+                     '<value>')) and write {\"secret\": \"name\"} here",
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn strings(v: Option<&Value>, field: &str) -> Result<Vec<String>> {
@@ -591,8 +741,14 @@ fn check_rules(
         "iceberg" => (DestClass::StageAndApply, true),
         _ => (DestClass::Transactional, true),
     };
+    if src.name == "connector" {
+        check_connector(&src_opts)?;
+    }
     let replay = match src.name {
         "files" | "postgres_cdc" => Replay::Exact,
+        "connector" if src_opts.get("replay").and_then(Value::as_str) == Some("exact") => {
+            Replay::Exact
+        }
         _ => Replay::Superset,
     };
 
@@ -659,6 +815,7 @@ fn check_rules(
             lookback: None,
             pattern: None,
             splits: None,
+            config: None,
         };
         if let Some(n) = obj.get("splits") {
             if src.name != "postgres" {
@@ -685,6 +842,30 @@ fn check_rules(
             stream.splits = Some(splits as u32);
         }
         match src.name {
+            "connector" => {
+                for no in ["table", "cursor", "lookback", "pattern"] {
+                    if obj.contains_key(no) {
+                        return Err(bad(
+                            format!("{at}.{no}"),
+                            "is not an option of an external connector's stream: put what the \
+                             connector needs in the stream's config",
+                        ));
+                    }
+                }
+                match obj.get("config") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Object(c)) => {
+                        check_config(&format!("{at}.config"), c)?;
+                        stream.config = Some(c.clone());
+                    }
+                    Some(other) => {
+                        return Err(bad(
+                            format!("{at}.config"),
+                            format!("must be an object of the connector's options, got {other}"),
+                        ))
+                    }
+                }
+            }
             "postgres_cdc" => {
                 stream.table = Some(source_table(obj, &at)?);
                 for no in ["cursor", "lookback", "pattern"] {
@@ -812,6 +993,25 @@ fn check_rules(
     })
 }
 
+/// Replaces each `{"secret": ...}` value of a connector's config with the
+/// secret's value.
+fn resolve_config(
+    config: &mut Map<String, Value>,
+    resolver: &mut dyn Resolver,
+) -> std::result::Result<(), SecretError> {
+    for v in config.values_mut() {
+        if let Ok(mut setting) = serde_json::from_value::<Setting>(v.clone()) {
+            if matches!(setting, Setting::Secret(_)) {
+                setting.resolve(resolver)?;
+                if let Setting::Plain(text) = setting {
+                    *v = Value::String(text);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A continuous sync's epoch interval unless it sets `epoch_seconds`.
 pub const EPOCH_SECONDS_DEFAULT: u64 = 10;
 
@@ -856,6 +1056,12 @@ impl SyncDef {
             Source::Postgres { url, .. }
             | Source::Files { url, .. }
             | Source::PostgresCdc { url, .. } => url.resolve(resolver)?,
+            Source::Connector { config, .. } => resolve_config(config, resolver)?,
+        }
+        for s in &mut self.streams {
+            if let Some(config) = &mut s.config {
+                resolve_config(config, resolver)?;
+            }
         }
         match &mut self.destination {
             Destination::Parquet { url, .. } | Destination::Postgres { url, .. } => {
@@ -896,6 +1102,9 @@ impl SyncDef {
                     out.push(("source.url", Reach::Place(u)));
                 }
             }
+            // What an external connector reaches, its spec names: the
+            // attempt checks it before the connector starts.
+            Source::Connector { .. } => {}
         }
         match &self.destination {
             Destination::Postgres { url, .. } => {

@@ -253,6 +253,18 @@ impl Guard {
         Ok(())
     }
 
+    /// Checks a host and port a connector outside the engine will reach
+    /// (an external connector's server): every address the host resolves
+    /// to must be allowed. The connector resolves the name again itself, so
+    /// this is weaker than the pinned connections of the built-in
+    /// connectors.
+    pub fn endpoint(&self, host: &str, port: u16) -> Result<(), NetError> {
+        match &self.list {
+            Some(list) => self.resolve(list, host, port).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// Resolves a host and checks every address it resolves to; returns the
     /// first, which the caller connects to.
     fn resolve(&self, list: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, NetError> {

@@ -95,6 +95,11 @@ struct Args {
     /// rather than the runner buffering it without end.
     #[arg(long, env = "ORCA_OUTPUT_LINE_MAX", default_value_t = 1 << 20)]
     output_line_max: usize,
+    /// The directory of the external connectors this runner may start for
+    /// a sync's source (`{"type": "connector", "connector": NAME}` runs
+    /// DIR/NAME): only the programs its operator installed there.
+    #[arg(long, env = "ORCA_CONNECTORS")]
+    connectors: Option<PathBuf>,
 }
 
 /// The runner token from --token or --token-file, if any.
@@ -218,6 +223,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("registering the runner")?;
     let engine = args.engine.clone().unwrap_or_else(default_engine);
+    if let Some(dir) = &args.connectors {
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("connectors directory {}", dir.display()))?;
+        orca_engine::source::connector::set_directory(dir);
+    }
     let pins = match &args.pipelines {
         Some(root) => Some(
             pinned::Pins::new(root, args.allow_unpinned)

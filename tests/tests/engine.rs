@@ -2451,8 +2451,8 @@ async fn head_position(db: &TestDb, store: &Path) -> Value {
 /// The splits of a split read's resume point.
 fn splits_of(position: &Value) -> Vec<Value> {
     assert_eq!(position[0], "splits", "a split read's position: {position}");
-    let list: Value = serde_json::from_str(position[1].as_str().expect("the splits' JSON"))
-        .expect("the splits");
+    let list: Value =
+        serde_json::from_str(position[1].as_str().expect("the splits' JSON")).expect("the splits");
     list.as_array().expect("a list of splits").clone()
 }
 
@@ -2496,9 +2496,22 @@ async fn a_big_table_read_in_splits_resumes_every_split_after_sigkills_and_lands
     assert!(second > first, "the second attempt committed more");
     let at_second = splits_of(&head_position(&db, &store).await);
     for (a, b) in at_first.iter().zip(&at_second) {
-        assert_eq!((&a["lo"], &a["hi"]), (&b["lo"], &b["hi"]), "the same ranges");
-        let id = |s: &Value| s["after"][1].as_str().unwrap_or("0").parse::<i64>().unwrap_or(0);
-        assert!(id(b) > id(a), "each split resumed where it was: {a} then {b}");
+        assert_eq!(
+            (&a["lo"], &a["hi"]),
+            (&b["lo"], &b["hi"]),
+            "the same ranges"
+        );
+        let id = |s: &Value| {
+            s["after"][1]
+                .as_str()
+                .unwrap_or("0")
+                .parse::<i64>()
+                .unwrap_or(0)
+        };
+        assert!(
+            id(b) > id(a),
+            "each split resumed where it was: {a} then {b}"
+        );
     }
 
     let o = engine(&db, &store, 10_000).output().expect("engine");
@@ -2544,8 +2557,10 @@ async fn splits_that_are_not_a_number_of_connections_are_refused() {
         let e = sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
             .bind(json!({"type": "postgres", "url": db.url()}))
             .bind(json!({"type": "parquet", "url": "/tmp/out"}))
-            .bind(json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
-                          "primary_key": ["id"], "splits": bad}]))
+            .bind(
+                json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                          "primary_key": ["id"], "splits": bad}]),
+            )
             .execute(&db.pool)
             .await
             .expect_err("refused");

@@ -125,12 +125,7 @@ fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
 
 /// One attempt of a sync of the table into Parquet; `splits`: the stream's
 /// option (None: the engine's default, the machine's cores).
-fn orca(
-    url: &str,
-    out: &std::path::Path,
-    edge: bool,
-    splits: Option<u32>,
-) -> Result<(u64, f64)> {
+fn orca(url: &str, out: &std::path::Path, edge: bool, splits: Option<u32>) -> Result<(u64, f64)> {
     let name = format!(
         "bench_{}_{}_{}",
         std::process::id(),

@@ -265,6 +265,15 @@ fn look_up(
                 .collect::<Result<Vec<_>, EngineError>>()?;
             Ok(Source::Files { streams })
         }
+        // Raw records, inferred as files are; the connector starts when the
+        // streams are opened (on the runner that hosts the source, or here).
+        SourceDef::Connector { .. } => Ok(Source::Files {
+            streams: def
+                .streams
+                .iter()
+                .map(|s| (s.name.clone(), String::new(), Policy::from(s.schema_policy)))
+                .collect(),
+        }),
     }
 }
 
@@ -278,6 +287,10 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
         | SourceDef::PostgresCdc {
             batch_rows: Some(n),
             ..
+        }
+        | SourceDef::Connector {
+            batch_rows: Some(n),
+            ..
         } => usize::try_from(*n)
             .ok()
             .filter(|n| *n >= 1)
@@ -287,9 +300,10 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
                     "source.batch_rows must be a positive number of rows, got {n}"
                 ))
             }),
-        SourceDef::Postgres { .. } | SourceDef::PostgresCdc { .. } | SourceDef::Files { .. } => {
-            Ok(None)
-        }
+        SourceDef::Postgres { .. }
+        | SourceDef::PostgresCdc { .. }
+        | SourceDef::Files { .. }
+        | SourceDef::Connector { .. } => Ok(None),
     }
 }
 

@@ -60,6 +60,8 @@ pub enum EngineError {
     Netguard(#[from] NetError),
     #[error("change stream: {0}")]
     Cdc(String),
+    #[error("connector {name}: {reason}")]
+    Connector { name: String, reason: String },
     #[error("control channel at {path}: {source}")]
     Channel {
         path: String,
@@ -89,6 +91,7 @@ impl From<ReadError> for EngineError {
             ReadError::Store(e) => EngineError::Store(e),
             ReadError::Netguard(e) => EngineError::Netguard(e),
             ReadError::Cdc(e) => EngineError::Cdc(e),
+            ReadError::Connector { name, reason } => EngineError::Connector { name, reason },
         }
     }
 }

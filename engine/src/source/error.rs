@@ -35,6 +35,9 @@ pub enum ReadError {
     /// The change stream of a `postgres_cdc` source as a whole.
     #[error("change stream: {0}")]
     Cdc(String),
+    /// An external connector, as its host saw it.
+    #[error("connector {name}: {reason}")]
+    Connector { name: String, reason: String },
 }
 
 impl From<Missing> for ReadError {

@@ -3,6 +3,7 @@
 //! normalized into columns ([`normalize`]); one reader thread per stream
 //! (`readers`) for the streams a [`plan::Plan`] asks for.
 
+pub mod connector;
 pub mod error;
 pub mod files;
 pub mod normalize;

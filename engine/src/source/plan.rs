@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::netguard::{Guard, Scope};
+use crate::source::connector::spawn_connector;
 use crate::source::error::ReadError;
 use crate::source::files::Format;
 use crate::source::pg_cdc::{spawn_cdc, Acks};
@@ -63,10 +64,14 @@ impl Plan {
 /// itself (the engine reading without a runner does this too), and, for a
 /// change stream, the cell its acknowledgements go in.
 pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Acks>), ReadError> {
+    let guard = Guard::new(&plan.guard)?;
+    let kind = str_of(&plan.source, "type")?;
+    if kind == "connector" {
+        return Ok((spawn_connector(plan, &guard)?, None));
+    }
     let url = str_of(&plan.source, "url")?;
     let definition = serde_json::json!({ "streams": plan.streams });
-    let guard = Guard::new(&plan.guard)?;
-    match str_of(&plan.source, "type")?.as_str() {
+    match kind.as_str() {
         "postgres_cdc" => {
             let specs = stream_specs(&definition, true)?;
             let mut probe = guard.postgres(&url)?;

@@ -447,8 +447,16 @@ pub fn ranges(splits: &[Split]) -> String {
         .map(|s| {
             format!(
                 "[{}, {})",
-                s.range.lo.as_deref().map(quote_literal).unwrap_or("-".into()),
-                s.range.hi.as_deref().map(quote_literal).unwrap_or("-".into())
+                s.range
+                    .lo
+                    .as_deref()
+                    .map(quote_literal)
+                    .unwrap_or("-".into()),
+                s.range
+                    .hi
+                    .as_deref()
+                    .map(quote_literal)
+                    .unwrap_or("-".into())
             )
         })
         .collect::<Vec<_>>()

@@ -394,3 +394,126 @@ async fn the_cli_keeps_allowlists_for_admins_and_shows_them_to_members() {
         0
     );
 }
+
+/// An external connector's config names servers (its spec says which
+/// options do): the attempt checks them against the org's allowlist before
+/// the connector reads, so acme's operator cannot aim a connector at what
+/// acme may not reach; once the admin allows it, the connector runs.
+#[tokio::test]
+async fn a_connector_s_servers_are_judged_by_the_org_s_allowlist_before_it_reads() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme');
+                 SELECT orca.add_member('acme', '{OPERATOR}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("acme");
+    let dir = scratch("netguard-connector");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    let mut admin = db.connect().await;
+    sqlx::query("SELECT orca.allow('acme', $1)")
+        .bind(out.to_string_lossy().to_string())
+        .execute(&mut admin)
+        .await
+        .expect("acme may write its directory");
+    // The connectors directory: the test's misbehaving connector, whose spec
+    // says its `servers` option names servers; it logs every read it starts.
+    use std::os::unix::fs::PermissionsExt;
+    let conns = dir.join("connectors");
+    std::fs::create_dir_all(&conns).expect("connectors");
+    let script = repo_root().join("tests/py/connectors/misbehave.py");
+    std::fs::write(
+        conns.join("misbehave"),
+        format!(
+            "#!/bin/sh\nexec {} {} crash \"$@\"\n",
+            orca_tests::s3::python(),
+            script.display()
+        ),
+    )
+    .expect("connector");
+    std::fs::set_permissions(
+        conns.join("misbehave"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    let reads = dir.join("reads.log");
+
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    create_sync(
+        &mut op,
+        "feed",
+        &json!({"type": "connector", "connector": "misbehave", "replay": "exact",
+                "config": {"servers": "nats://127.0.0.1:4222"}}),
+        &json!({"type": "parquet", "url": out.to_string_lossy()}),
+        &json!([{"name": "events"}]),
+    )
+    .await
+    .expect("the definition names no server netguard knows of");
+    let token = token(&db, "acme", "default", "acme-runner").await;
+    let (engine, store) = (bin("orca-engine"), dir.join("store"));
+    let (store_s, conns_s, reads_s) = (
+        store.to_string_lossy().to_string(),
+        conns.to_string_lossy().to_string(),
+        reads.to_string_lossy().to_string(),
+    );
+    let env = [
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("ORCA_RUNNER_TOKEN", token.as_str()),
+        ("ORCA_CONNECTORS", conns_s.as_str()),
+        ("MISBEHAVE_LOG", reads_s.as_str()),
+    ];
+    let runner = Runner::start(
+        &url_as(&db, RUNNER_LOGIN),
+        "acme-runner",
+        1,
+        &dir.join("logs"),
+        &env,
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('feed', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("netguard refused 127.0.0.1") && error.contains("a loopback address"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert!(
+        !reads.exists(),
+        "the connector started reading: {:?}",
+        std::fs::read_to_string(&reads)
+    );
+
+    // Allowed by the admin, the connector reads (and this one then fails
+    // its own way).
+    sqlx::query("SELECT orca.allow('acme', '127.0.0.1')")
+        .execute(&mut admin)
+        .await
+        .expect("allow acme");
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('feed', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run again");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("connector misbehave") && error.contains("the source fell over"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert!(
+        std::fs::read_to_string(&reads)
+            .unwrap_or_default()
+            .contains("crash read"),
+        "the allowed connector read"
+    );
+    drop(runner);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,773 @@
+//! External connectors: a program of the host's connectors directory
+//! (`orca-runner --connectors DIR`, `ORCA_CONNECTORS`) that reads a source
+//! and speaks the connector protocol (docs/connectors.md).
+//!
+//! The host runs `PROGRAM spec` (what the connector promises and which of
+//! its config options name servers, which netguard checks), then starts
+//! `PROGRAM read` with `ORCA_CONNECTOR_SOCKET` naming a Unix socket it
+//! listens on. The connector connects, takes an **open** frame (its config
+//! with secrets resolved, its streams and where each resumes) and sends the
+//! data edge's frames: per stream in turn, **batch** frames of raw records
+//! then a **barrier** with the resume point after them (one chunk, the
+//! stream's part of one epoch), an **end** when a stream has no more, an
+//! **error** when it cannot go on. The host checks every frame and hands
+//! the chunks to the stream readers the attempt takes them from; anything
+//! else (a frame out of turn, a malformed one, silence past the timeout, an
+//! exit before every stream ended) fails the attempt with the reason and
+//! kills the connector. The connector dies with its host (a parent-death
+//! signal), so a killed engine or runner leaves none behind.
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::netguard::Guard;
+use crate::source::error::ReadError;
+use crate::source::files::FileChunk;
+use crate::source::normalize::StreamSchema;
+use crate::source::plan::Plan;
+use crate::source::readers::{Msg, Reader, Shape};
+use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
+use crate::transport::wire::{raw_records, raw_schema};
+
+/// Where a host keeps its connectors (the runner sets it from
+/// `--connectors`).
+pub const CONNECTORS_ENV: &str = "ORCA_CONNECTORS";
+/// The socket a started connector connects to.
+pub const SOCKET_ENV: &str = "ORCA_CONNECTOR_SOCKET";
+/// The protocol version this host speaks.
+pub const PROTOCOL: u64 = 1;
+
+/// How long `spec` and the connection after `read` may take.
+const START_WAIT: Duration = Duration::from_secs(30);
+/// How much of a connector's stderr a failure quotes.
+const LAST_WORDS: usize = 2000;
+
+static DIRECTORY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Sets this process's connectors directory (a runner's `--connectors`),
+/// over `ORCA_CONNECTORS`. Only the first call counts.
+pub fn set_directory(dir: PathBuf) {
+    let _ = DIRECTORY.set(dir);
+}
+
+/// The program of connector `name` in the host's connectors directory.
+pub fn program(name: &str) -> Result<PathBuf, ReadError> {
+    let fail = |why: String| ReadError::Connector {
+        name: name.to_string(),
+        reason: why,
+    };
+    if !orca_core::sync::is_connector_name(name) {
+        return Err(fail("is not a connector's name".into()));
+    }
+    let dir = DIRECTORY
+        .get()
+        .cloned()
+        .or_else(|| {
+            std::env::var_os(CONNECTORS_ENV)
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+        })
+        .ok_or_else(|| {
+            fail(format!(
+                "this host runs no external connectors: start its runner with --connectors DIR \
+                 (or set {CONNECTORS_ENV}) and install the connector there"
+            ))
+        })?;
+    let path = dir.join(name);
+    let meta = std::fs::metadata(&path).map_err(|e| {
+        fail(format!(
+            "is not installed in this host's connectors directory {} ({e})",
+            dir.display()
+        ))
+    })?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(fail(format!(
+            "{} is not an executable file",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// What a connector's `spec` says of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    pub replay: String,
+    /// The config options that name servers (`host:port` or URLs).
+    pub reaches: Vec<String>,
+    pub raw: Value,
+}
+
+/// Runs `PROGRAM spec` and reads its answer.
+pub fn spec(name: &str, path: &Path) -> Result<Spec, ReadError> {
+    let fail = |why: String| ReadError::Connector {
+        name: name.to_string(),
+        reason: why,
+    };
+    let mut child = command(path, "spec")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {} spec: {e}", path.display())))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < START_WAIT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(fail(format!("spec gave no answer within {START_WAIT:?}")));
+            }
+        }
+    };
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    if !status.success() {
+        return Err(fail(format!("spec failed ({status}): {}", tail(&err))));
+    }
+    let raw: Value = out
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| fail(format!("spec printed no JSON object: {}", tail(&out))))?;
+    if raw.get("protocol").and_then(Value::as_u64) != Some(PROTOCOL) {
+        return Err(fail(format!(
+            "speaks protocol {}, this host speaks {PROTOCOL}",
+            raw.get("protocol").unwrap_or(&Value::Null)
+        )));
+    }
+    let replay = raw
+        .get("replay")
+        .and_then(Value::as_str)
+        .filter(|r| matches!(*r, "exact" | "superset"))
+        .ok_or_else(|| fail(format!("spec names no replay (exact or superset): {raw}")))?
+        .to_string();
+    let reaches = raw
+        .get("reaches")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Spec {
+        replay,
+        reaches,
+        raw,
+    })
+}
+
+fn command(path: &Path, verb: &str) -> Command {
+    let mut c = Command::new(path);
+    c.arg(verb).stdin(Stdio::null());
+    // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        c.pre_exec(|| {
+            // The connector dies with the process that hosts it.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c
+}
+
+/// The last of a text, for an error.
+fn tail(text: &str) -> String {
+    let t = text.trim();
+    let cut = t.len().saturating_sub(LAST_WORDS);
+    let start = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+    match t {
+        "" => "(nothing)".into(),
+        _ => t[start..].to_string(),
+    }
+}
+
+/// The servers a config option names: `host:port`, `scheme://host:port/..`,
+/// or a list of them (a port is required unless the scheme implies one).
+fn endpoints(v: &Value) -> Result<Vec<(String, u16)>, String> {
+    let one = |s: &str| -> Result<(String, u16), String> {
+        let (scheme, rest) = match s.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, s),
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let authority = authority.rsplit('@').next().unwrap_or(authority);
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(':') && !p.contains(']') => (h, Some(p)),
+            _ => (authority, None),
+        };
+        let port = match (port, scheme) {
+            (Some(p), _) => p.parse().map_err(|_| format!("{s:?} has no valid port"))?,
+            (None, Some("http" | "ws")) => 80,
+            (None, Some("https" | "wss")) => 443,
+            (None, Some("nats" | "tls")) => 4222,
+            _ => return Err(format!("{s:?} names no port")),
+        };
+        if host.is_empty() {
+            return Err(format!("{s:?} names no host"));
+        }
+        Ok((host.to_string(), port))
+    };
+    match v {
+        Value::String(s) => s.split(',').map(|p| one(p.trim())).collect(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().ok_or_else(|| format!("{x} is not a server")))
+            .map(|r| r.and_then(one))
+            .collect(),
+        other => Err(format!("{other} is not a server")),
+    }
+}
+
+/// Starts the connector of `plan` and returns a reader per stream, in the
+/// plan's order.
+pub(crate) fn spawn_connector(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>, ReadError> {
+    let name = plan
+        .source
+        .get("connector")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let fail = |why: String| ReadError::Connector {
+        name: name.clone(),
+        reason: why,
+    };
+    let path = program(&name)?;
+    let spec = spec(&name, &path)?;
+    let promised = plan
+        .source
+        .get("replay")
+        .and_then(Value::as_str)
+        .unwrap_or("superset");
+    if promised == "exact" && spec.replay != "exact" {
+        return Err(fail(format!(
+            "the sync takes its replay for exact, and the connector's spec says {}: \
+             redefine the sync with \"replay\": \"superset\"",
+            spec.replay
+        )));
+    }
+    let config = plan
+        .source
+        .get("config")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    // What the org's allowlist must allow before the connector starts: the
+    // servers its spec says its options name, in the source's config and in
+    // each stream's.
+    let stream_defs: Vec<Value> = plan
+        .start
+        .iter()
+        .map(|s| {
+            plan.streams
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|d| d.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
+                .cloned()
+                .ok_or_else(|| ReadError::Definition(format!("stream {} is not defined", s.name)))
+        })
+        .collect::<Result<_, _>>()?;
+    for (at, cfg) in std::iter::once(("source.config".to_string(), &config)).chain(
+        stream_defs
+            .iter()
+            .map(|d| (format!("stream {}'s config", d["name"]), &d["config"])),
+    ) {
+        for key in &spec.reaches {
+            let Some(v) = cfg.get(key) else { continue };
+            for (host, port) in endpoints(v).map_err(|e| fail(format!("{at}.{key}: {e}")))? {
+                guard.endpoint(&host, port)?;
+            }
+        }
+    }
+
+    let dir = private_dir()?;
+    let socket = dir.join("connector.sock");
+    let listener = UnixListener::bind(&socket)
+        .map_err(|e| fail(format!("cannot listen on {}: {e}", socket.display())))?;
+    let mut child = command(&path, "read")
+        .env(SOCKET_ENV, &socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {} read: {e}", path.display())))?;
+    let words = Arc::new(Mutex::new(String::new()));
+    if let Some(err) = child.stderr.take() {
+        keep_last_words(&name, err, words.clone());
+    }
+    let mut running = Running {
+        child: Some(child),
+        dir,
+    };
+    let conn = accept(&listener, &mut running, &name, &words)?;
+    let timeout = Duration::from_secs(
+        plan.source
+            .get("timeout_seconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(orca_core::sync::CONNECTOR_TIMEOUT_DEFAULT),
+    );
+    conn.set_read_timeout(Some(timeout))
+        .map_err(|e| fail(e.to_string()))?;
+    let open = json!({
+        "protocol": PROTOCOL,
+        "sync": plan.sync,
+        "config": config,
+        "batch_rows": plan.batch_rows,
+        "streams": plan.start.iter().zip(&stream_defs).map(|(s, d)| json!({
+            "name": s.name,
+            "config": d.get("config").cloned().unwrap_or_else(|| json!({})),
+            "after": s.after,
+        })).collect::<Vec<_>>(),
+    });
+    let mut w = BufWriter::new(conn.try_clone().map_err(|e| fail(e.to_string()))?);
+    write_frame(
+        &mut w,
+        &Frame::Open {
+            first_epoch: 0,
+            plan: open,
+        },
+    )
+    .and_then(|_| w.flush().map_err(FrameError::from))
+    .map_err(|e| fail(format!("sending it the open frame: {e}")))?;
+
+    let mut readers = Vec::with_capacity(plan.start.len());
+    let mut senders = Vec::with_capacity(plan.start.len());
+    for s in &plan.start {
+        let (tx, rx) = sync_channel(1);
+        senders.push(tx);
+        readers.push(Reader {
+            name: s.name.clone(),
+            shape: Shape::Inferred(StreamSchema::default()),
+            rx,
+            handle: None,
+            done: false,
+        });
+    }
+    let names: Vec<String> = plan.start.iter().map(|s| s.name.clone()).collect();
+    let relay = Relay {
+        name: name.clone(),
+        names,
+        senders,
+        timeout,
+        words,
+    };
+    let handle = std::thread::Builder::new()
+        .name(format!("connector-{name}"))
+        .spawn(move || {
+            // The connector is killed when this ends, however it ends.
+            let mut running = running;
+            relay.run(BufReader::new(conn), &mut running);
+            drop(w);
+        })
+        .map_err(|e| fail(format!("starting its thread: {e}")))?;
+    if let Some(first) = readers.first_mut() {
+        first.handle = Some(handle);
+    }
+    Ok(readers)
+}
+
+/// A directory only this process can enter, for the connector's socket.
+fn private_dir() -> Result<PathBuf, ReadError> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("orca-connector-{}-{stamp}", std::process::id()));
+    std::fs::create_dir(&dir)
+        .and_then(|_| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| ReadError::Stream {
+            stream: "*".into(),
+            reason: format!("making {}: {e}", dir.display()),
+        })?;
+    Ok(dir)
+}
+
+/// Keeps the last of a connector's stderr, and passes each line on to
+/// ours (the attempt's log).
+fn keep_last_words(name: &str, err: std::process::ChildStderr, words: Arc<Mutex<String>>) {
+    let name = name.to_string();
+    let _ = std::thread::Builder::new()
+        .name(format!("connector-{name}-stderr"))
+        .spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("connector {name}: {line}");
+                if let Ok(mut w) = words.lock() {
+                    w.push_str(&line);
+                    w.push('\n');
+                    let over = w.len().saturating_sub(4 * LAST_WORDS);
+                    if over > 0 {
+                        let cut = (over..w.len())
+                            .find(|&i| w.is_char_boundary(i))
+                            .unwrap_or(0);
+                        w.replace_range(..cut, "");
+                    }
+                }
+            }
+        });
+}
+
+fn last_words(words: &Mutex<String>) -> String {
+    tail(&words.lock().map(|w| w.clone()).unwrap_or_default())
+}
+
+/// A started connector: killed, and its socket's directory removed, when
+/// dropped.
+struct Running {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Running {
+    /// How it ended, if it has: waits up to `wait` for it.
+    fn status(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let started = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) if started.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits for the started connector to connect, or to exit.
+fn accept(
+    listener: &UnixListener,
+    running: &mut Running,
+    name: &str,
+    words: &Mutex<String>,
+) -> Result<UnixStream, ReadError> {
+    let fail = |why: String| ReadError::Connector {
+        name: name.to_string(),
+        reason: why,
+    };
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| fail(e.to_string()))?;
+    let started = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false)
+                    .map_err(|e| fail(e.to_string()))?;
+                return Ok(conn);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(fail(format!("accepting its connection: {e}"))),
+        }
+        if let Some(status) = running.status(Duration::ZERO) {
+            return Err(fail(format!(
+                "exited ({status}) without connecting to {SOCKET_ENV}; its last words: {}",
+                last_words(words)
+            )));
+        }
+        if started.elapsed() > START_WAIT {
+            return Err(fail(format!(
+                "did not connect to {SOCKET_ENV} within {START_WAIT:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Hands what a connector sends to the stream readers.
+struct Relay {
+    name: String,
+    names: Vec<String>,
+    senders: Vec<SyncSender<Result<Msg, ReadError>>>,
+    timeout: Duration,
+    words: Arc<Mutex<String>>,
+}
+
+impl Relay {
+    fn run(self, mut r: impl Read, running: &mut Running) {
+        let n = self.names.len();
+        let mut ended = vec![false; n];
+        let mut turn = 0usize;
+        let mut chunk: Vec<_> = Vec::new();
+        // The stream whose chunk the attempt waits for gets the error.
+        let fail = |turn: usize, reason: String| {
+            let e = || ReadError::Connector {
+                name: self.name.clone(),
+                reason: reason.clone(),
+            };
+            if let Some(tx) = self.senders.get(turn) {
+                let _ = tx.send(Err(e()));
+            }
+            for (i, tx) in self.senders.iter().enumerate() {
+                if i != turn {
+                    let _ = tx.try_send(Err(e()));
+                }
+            }
+        };
+        loop {
+            if ended.iter().all(|e| *e) {
+                // Every stream ended: the connector should exit by itself.
+                if running.status(Duration::from_secs(10)).is_none() {
+                    eprintln!(
+                        "connector {}: still running after its streams ended; killed",
+                        self.name
+                    );
+                }
+                return;
+            }
+            let frame = match read_frame(&mut r) {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    let status = running
+                        .status(Duration::from_secs(5))
+                        .map_or("still running".to_string(), |s| s.to_string());
+                    return fail(
+                        turn,
+                        format!(
+                            "closed its socket ({status}) before stream {} ended; its last \
+                             words: {}",
+                            self.names[turn],
+                            last_words(&self.words)
+                        ),
+                    );
+                }
+                Err(FrameError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return fail(
+                        turn,
+                        format!(
+                            "sent nothing for {:?} (its source's timeout_seconds) while stream \
+                             {} waited: taken for hung and killed",
+                            self.timeout, self.names[turn]
+                        ),
+                    );
+                }
+                Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    let status = running
+                        .status(Duration::from_secs(5))
+                        .map_or("still running".to_string(), |s| s.to_string());
+                    return fail(
+                        turn,
+                        format!(
+                            "closed its socket in the middle of a frame ({status}); its last \
+                             words: {}",
+                            last_words(&self.words)
+                        ),
+                    );
+                }
+                Err(e) => return fail(turn, format!("sent a malformed frame: {e}")),
+            };
+            let stream = match &frame {
+                Frame::Batch { stream, .. }
+                | Frame::Barrier { stream, .. }
+                | Frame::End { stream, .. }
+                | Frame::Error { stream, .. } => *stream,
+                other => {
+                    return fail(
+                        turn,
+                        format!(
+                            "sent a {} frame, which only the host sends",
+                            kind_name(other)
+                        ),
+                    )
+                }
+            };
+            if let Frame::Error { reason, .. } = &frame {
+                let on = match stream {
+                    ANY_STREAM => "its source".to_string(),
+                    i => format!(
+                        "stream {}",
+                        self.names.get(usize::from(i)).map_or("?", |s| s.as_str())
+                    ),
+                };
+                return fail(turn, format!("{on}: {reason}"));
+            }
+            if usize::from(stream) != turn {
+                let got = self
+                    .names
+                    .get(usize::from(stream))
+                    .cloned()
+                    .unwrap_or_else(|| format!("#{stream} (there are {n})"));
+                return fail(
+                    turn,
+                    format!(
+                        "sent a frame of stream {got} out of turn: stream {}'s chunk or end \
+                         comes first (a round of the streams at a time, in the open frame's \
+                         order)",
+                        self.names[turn]
+                    ),
+                );
+            }
+            match frame {
+                Frame::Batch { batch, .. } => {
+                    if batch.schema().fields() != raw_schema().fields() {
+                        return fail(
+                            turn,
+                            format!(
+                                "sent stream {} a batch of columns {:?}; a batch holds raw \
+                                 records: position, record (JSON text), error (text or null)",
+                                self.names[turn],
+                                batch
+                                    .schema()
+                                    .fields()
+                                    .iter()
+                                    .map(|f| format!("{}: {}", f.name(), f.data_type()))
+                                    .collect::<Vec<_>>()
+                            ),
+                        );
+                    }
+                    match raw_records(&batch) {
+                        Ok(records) => chunk.extend(records),
+                        Err(e) => {
+                            return fail(
+                                turn,
+                                format!("sent stream {} a bad record: {e}", self.names[turn]),
+                            )
+                        }
+                    }
+                }
+                Frame::Barrier { position, .. } => {
+                    if chunk.is_empty() {
+                        return fail(
+                            turn,
+                            format!(
+                                "sent stream {} a barrier after no records: a chunk holds at \
+                                 least one (send end when the stream has no more)",
+                                self.names[turn]
+                            ),
+                        );
+                    }
+                    let records = std::mem::take(&mut chunk);
+                    let msg = Msg::Raw(FileChunk {
+                        records,
+                        last: position,
+                    });
+                    if self.senders[turn].send(Ok(msg)).is_err() {
+                        // The attempt stopped listening: the connector goes.
+                        return;
+                    }
+                    turn = next(&ended, turn);
+                }
+                Frame::End { bytes, .. } => {
+                    if !chunk.is_empty() {
+                        return fail(
+                            turn,
+                            format!(
+                                "ended stream {} with records after its last barrier",
+                                self.names[turn]
+                            ),
+                        );
+                    }
+                    ended[turn] = true;
+                    let _ = self.senders[turn].send(Ok(Msg::End { bytes }));
+                    if !ended.iter().all(|e| *e) {
+                        turn = next(&ended, turn);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The next stream not ended after `turn`, round the streams.
+fn next(ended: &[bool], turn: usize) -> usize {
+    let n = ended.len();
+    (1..=n)
+        .map(|k| (turn + k) % n)
+        .find(|&i| !ended[i])
+        .unwrap_or(turn)
+}
+
+fn kind_name(f: &Frame) -> &'static str {
+    match f {
+        Frame::Open { .. } => "open",
+        Frame::Describe { .. } => "describe",
+        Frame::Catalog { .. } => "catalog",
+        Frame::Ack { .. } => "ack",
+        _ => "data",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_are_read_from_urls_host_ports_and_lists() {
+        assert_eq!(
+            endpoints(&json!("nats://127.0.0.1:4222")),
+            Ok(vec![("127.0.0.1".to_string(), 4222)])
+        );
+        assert_eq!(
+            endpoints(&json!("nats://user@a.example, b.example:4333")),
+            Ok(vec![
+                ("a.example".to_string(), 4222),
+                ("b.example".to_string(), 4333)
+            ])
+        );
+        assert_eq!(
+            endpoints(&json!(["https://api.example/v1?x=1", "10.0.0.1:80"])),
+            Ok(vec![
+                ("api.example".to_string(), 443),
+                ("10.0.0.1".to_string(), 80)
+            ])
+        );
+        assert!(endpoints(&json!("db.example")).is_err(), "no port");
+        assert!(endpoints(&json!(7)).is_err());
+    }
+
+    #[test]
+    fn turns_go_round_the_streams_not_ended() {
+        assert_eq!(next(&[false, false, false], 0), 1);
+        assert_eq!(next(&[false, false, false], 2), 0);
+        assert_eq!(next(&[false, true, false], 0), 2);
+        assert_eq!(next(&[true, false, true], 1), 1);
+    }
+
+    #[test]
+    fn a_connector_name_that_is_a_path_is_refused_before_anything_runs() {
+        for bad in ["../bin/sh", "/bin/sh", "a/b", "", "Sh"] {
+            let e = program(bad).expect_err("refused");
+            assert!(e.to_string().contains("is not a connector's name"), "{e}");
+        }
+    }
+}

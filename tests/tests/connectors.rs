@@ -1,0 +1,462 @@
+//! External connectors end to end: programs of a connectors directory that
+//! speak the connector protocol on a Unix socket, hosted by a runner's
+//! source pump (or the engine itself). A NATS JetStream source written on
+//! the Python package (connectors/python) lands a real stream's messages
+//! once across a SIGKILLed connector; connectors that crash, hang, write a
+//! malformed frame or break the turn fail their attempt with the reason,
+//! and nothing after the last checkpoint lands.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use orca_tests::procs::{bin, sync_runner_with, text};
+use orca_tests::sqlx;
+use orca_tests::*;
+use serde_json::{json, Value};
+
+/// The Python the test suite's venv has (pyarrow, nats-py).
+fn python() -> String {
+    orca_tests::s3::python()
+}
+
+/// A connectors directory: each connector a shell script running a
+/// Python program of the repository.
+fn connectors(dir: &Path, progs: &[(&str, &str)]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.join("connectors");
+    std::fs::create_dir_all(&d).expect("connectors dir");
+    for (name, cmd) in progs {
+        let p = d.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\nexec {} {cmd} \"$@\"\n", python()))
+            .expect("connector script");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    d
+}
+
+fn repo(rel: &str) -> String {
+    repo_root().join(rel).to_string_lossy().into_owned()
+}
+
+/// Publishes `count` messages from id `first` to JetStream stream `stream`.
+fn publish(stream: &str, first: i64, count: i64) -> i64 {
+    let o = Command::new(python())
+        .arg(repo("tests/py/connectors/nats_publish.py"))
+        .args([stream, &first.to_string(), &count.to_string()])
+        .output()
+        .expect("publish to NATS");
+    assert!(o.status.success(), "nats_publish: {}", text(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("publish JSON");
+    v["last_seq"].as_i64().expect("last_seq")
+}
+
+struct Stream(String);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = Command::new(python())
+            .arg(repo("tests/py/connectors/nats_publish.py"))
+            .args([&self.0, "--delete"])
+            .output();
+    }
+}
+
+fn jetstream(tag: &str) -> Stream {
+    Stream(format!(
+        "ORCA_T_{}_{}",
+        tag.to_uppercase(),
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+async fn define_nats(db: &TestDb, stream: &str, batch_rows: u64) {
+    sqlx::raw_sql("CREATE SCHEMA IF NOT EXISTS raw")
+        .execute(&db.pool)
+        .await
+        .expect("schema raw");
+    sqlx::query("SELECT orca.create_sync('events', $1, $2, $3, NULL, 'exactly_once')")
+        .bind(
+            json!({"type": "connector", "connector": "nats_jetstream", "replay": "exact",
+                     "batch_rows": batch_rows,
+                     "config": {"servers": "nats://127.0.0.1:4222"}}),
+        )
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(json!([{"name": "orders", "config": {"stream": stream}}]))
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+}
+
+async fn run_status(db: &TestDb, run: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("run status")
+}
+
+async fn head(db: &TestDb) -> i64 {
+    db.scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'events'")
+        .await
+}
+
+/// The pids of processes whose command line holds `needle`.
+fn pids_with(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmd)
+                .contains(needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_nats_jetstream_connector_lands_every_message_once_across_a_sigkilled_connector() {
+    let db = TestDb::new().await;
+    let js = jetstream("kill");
+    let n = 6000i64;
+    assert_eq!(publish(&js.0, 1, n), n);
+    define_nats(&db, &js.0, 200).await;
+    let dir = scratch("connector-kill");
+    let conns = connectors(
+        &dir,
+        &[(
+            "nats_jetstream",
+            &repo("connectors/python/examples/nats_jetstream.py"),
+        )],
+    );
+    let conns_s = conns.to_string_lossy().into_owned();
+    // The connector's discover, through `orca discover`.
+    let source = json!({"type": "connector", "connector": "nats_jetstream",
+                        "config": {"servers": "nats://127.0.0.1:4222"}});
+    let o = Command::new(bin("orca"))
+        .args(["--json", "discover", &source.to_string()])
+        .env("ORCA_CONNECTORS", &conns)
+        .output()
+        .expect("orca discover");
+    assert!(o.status.success(), "{}", text(&o));
+    let cat: Value = serde_json::from_slice(&o.stdout).expect("catalog JSON");
+    let found = cat["streams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["config"]["stream"] == js.0.as_str())
+        .unwrap_or_else(|| panic!("{} in {cat}", js.0));
+    assert_eq!(found["messages"], n, "{found}");
+    assert!(
+        cat["plan"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|s| s["config"]["stream"] == js.0.as_str())),
+        "{cat}"
+    );
+    let runner = sync_runner_with(
+        &db,
+        &dir.join("store"),
+        &dir.join("logs"),
+        &[("ORCA_CONNECTORS", conns_s.as_str())],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('events', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    // Mid-read, the connector is killed: its attempt fails and says so.
+    wait_until(
+        "a few epochs from the connector",
+        Duration::from_secs(90),
+        || async { (head(&db).await >= 3).then_some(()) },
+        || runner.output(),
+    )
+    .await;
+    let killed = pids_with("examples/nats_jetstream.py");
+    assert!(
+        !killed.is_empty(),
+        "the connector runs: {}",
+        runner.output()
+    );
+    for pid in &killed {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    wait_until(
+        "the run to succeed after a retry",
+        Duration::from_secs(120),
+        || async {
+            let s = run_status(&db, run).await;
+            assert_ne!(s, "failed", "{}", runner.output());
+            (s == "succeeded").then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    let errors = db
+        .strings(&format!(
+            "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = {run} ORDER BY id"
+        ))
+        .await;
+    assert!(errors.len() >= 2, "a retry after the kill: {errors:?}");
+    assert!(
+        errors[0].contains("connector nats_jetstream")
+            && errors[0].contains("before stream orders ended"),
+        "the first attempt's error names the connector and what it left: {errors:?}"
+    );
+    // Every message once: seq 1..n, each id once.
+    let (rows, seqs, ids, min, max): (i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT nats_seq), count(DISTINCT id), min(nats_seq), max(nats_seq)
+         FROM raw.orders",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("raw.orders");
+    assert_eq!((rows, seqs, ids, min, max), (n, n, n, 1, n));
+    let nulls = db
+        .scalar_i64("SELECT count(*) FROM raw.orders WHERE note IS NULL")
+        .await;
+    assert_eq!(nulls, n / 10, "a null stays null");
+    assert!(
+        pids_with("examples/nats_jetstream.py").is_empty(),
+        "no connector is left running"
+    );
+
+    // New messages: the next run reads only those.
+    publish(&js.0, n + 1, 250);
+    let next: i64 = sqlx::query_scalar("SELECT orca.run('events', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_until(
+        "the second run",
+        Duration::from_secs(90),
+        || async { (run_status(&db, next).await == "succeeded").then_some(()) },
+        || runner.output(),
+    )
+    .await;
+    let (rows, seqs) = sqlx::query_as::<_, (i64, i64)>(
+        "SELECT count(*), count(DISTINCT nats_seq) FROM raw.orders",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("raw.orders");
+    assert_eq!((rows, seqs), (n + 250, n + 250));
+    drop(runner);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs one engine attempt of sync `sync` with the connectors of `conns`
+/// (the engine hosting the source itself).
+fn engine(db: &TestDb, sync: &str, store: &Path, conns: Option<&Path>) -> std::process::Output {
+    let mut c = Command::new(bin("orca-engine"));
+    c.args(["sync", sync])
+        .arg("--store")
+        .arg(store)
+        .env("DATABASE_URL", db.url())
+        .env_remove("ORCA_CONNECTORS")
+        .stdin(Stdio::null());
+    if let Some(d) = conns {
+        c.env("ORCA_CONNECTORS", d);
+    }
+    c.output().expect("orca-engine")
+}
+
+/// Sync `mode` (into schema `mode`) from connector `mode`.
+async fn define_misbehave(db: &TestDb, mode: &str, streams: &[&str], timeout: u64) {
+    sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {mode}"))
+        .execute(&db.pool)
+        .await
+        .expect("schema");
+    let streams: Vec<Value> = streams.iter().map(|s| json!({"name": s})).collect();
+    sqlx::query("SELECT orca.create_sync($4, $1, $2, $3, NULL, 'exactly_once')")
+        .bind(
+            json!({"type": "connector", "connector": mode, "replay": "exact",
+                     "batch_rows": 3, "timeout_seconds": timeout}),
+        )
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": mode}))
+        .bind(json!(streams))
+        .bind(mode)
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+}
+
+#[tokio::test]
+async fn connectors_that_crash_hang_garble_or_break_turn_fail_their_attempt_clearly() {
+    let db = TestDb::new().await;
+    let dir = scratch("connector-bad");
+    let script = repo("tests/py/connectors/misbehave.py");
+    let modes = [
+        "garbage",
+        "hang",
+        "crash",
+        "outofturn",
+        "noconnect",
+        "wrongcols",
+    ];
+    let progs: Vec<(String, String)> = modes
+        .iter()
+        .map(|m| (m.to_string(), format!("{script} {m}")))
+        .collect();
+    let progs: Vec<(&str, &str)> = progs
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let conns = connectors(&dir, &progs);
+    let store = dir.join("store");
+    for (mode, streams, says) in [
+        (
+            "garbage",
+            &["a"][..],
+            "sent a malformed frame: frame version 7 is not supported",
+        ),
+        ("hang", &["a"], "sent nothing for 2s"),
+        ("crash", &["a"], "the source fell over"),
+        (
+            "outofturn",
+            &["a", "b"],
+            "sent a frame of stream b out of turn: stream a's chunk or end comes first",
+        ),
+        (
+            "noconnect",
+            &["a"],
+            "exited (exit status: 4) without connecting",
+        ),
+        ("wrongcols", &["a"], "a batch holds raw records"),
+    ] {
+        define_misbehave(&db, mode, streams, 2).await;
+        let started = std::time::Instant::now();
+        let o = engine(&db, mode, &store, Some(&conns));
+        assert!(
+            !o.status.success(),
+            "{mode}: the attempt fails: {}",
+            text(&o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("connector {mode}")) && err.contains(says),
+            "{mode}: the error names the connector and says {says:?}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{mode}: failed in {:?}",
+            started.elapsed()
+        );
+        // Nothing past the last checkpoint: the destination holds what HEAD
+        // names and no more.
+        let head = db
+            .scalar_i64(&format!(
+                "SELECT head_epoch FROM orca.syncs WHERE name = '{mode}'"
+            ))
+            .await;
+        let tables = db
+            .strings(&format!(
+                "SELECT tablename::text FROM pg_tables
+                 WHERE schemaname = '{mode}' AND tablename NOT LIKE '\\_orca\\_%'"
+            ))
+            .await;
+        let mut rows = 0;
+        for t in &tables {
+            rows += db
+                .scalar_i64(&format!("SELECT count(*) FROM {mode}.\"{t}\""))
+                .await;
+        }
+        assert_eq!(
+            rows,
+            head * 3,
+            "{mode}: rows of committed epochs only ({tables:?})"
+        );
+        assert!(
+            pids_with(&format!("misbehave.py {mode}")).is_empty(),
+            "{mode}: the connector was killed with its attempt"
+        );
+    }
+
+    // A connector this host does not have, and a host with none.
+    define_misbehave(&db, "absent", &["a"], 2).await;
+    let o = engine(&db, "absent", &store, Some(&conns));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err
+                .contains("connector absent: is not installed in this host's connectors directory"),
+        "{err}"
+    );
+    let o = engine(&db, "absent", &store, None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("this host runs no external connectors"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_connector_source_is_checked_when_it_is_defined() {
+    let db = TestDb::new().await;
+    let refused = |source: Value, streams: Value| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query("SELECT orca.create_sync('events', $1, $2, $3)")
+                .bind(source)
+                .bind(json!({"type": "parquet", "url": "/tmp/out"}))
+                .bind(streams)
+                .execute(&pool)
+                .await
+                .expect_err("refused")
+                .to_string()
+        }
+    };
+    let s = json!([{"name": "orders"}]);
+    for (source, streams, says) in [
+        (
+            json!({"type": "connector", "connector": "../../bin/sh", "replay": "exact"}),
+            s.clone(),
+            "source.connector",
+        ),
+        (
+            json!({"type": "connector", "connector": "nats", "replay": "maybe"}),
+            s.clone(),
+            "source.replay",
+        ),
+        (
+            json!({"type": "connector", "connector": "nats"}),
+            s.clone(),
+            "replay",
+        ),
+        (
+            json!({"type": "connector", "connector": "nats", "replay": "exact",
+                   "config": {"password": "hunter2"}}),
+            s.clone(),
+            "source.config.password",
+        ),
+        (
+            json!({"type": "connector", "connector": "nats", "replay": "exact"}),
+            json!([{"name": "orders", "table": "public.orders"}]),
+            "streams[0].table",
+        ),
+        (
+            json!({"type": "connector", "connector": "nats", "replay": "exact",
+                   "timeout_seconds": 0}),
+            s.clone(),
+            "source.timeout_seconds",
+        ),
+    ] {
+        let e = refused(source, streams).await;
+        assert!(e.contains(says), "{says}: {e}");
+    }
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.syncs").await, 0);
+    // A secret reference is fine.
+    sqlx::query("SELECT orca.create_sync('events', $1, $2, $3)")
+        .bind(
+            json!({"type": "connector", "connector": "nats", "replay": "exact",
+                     "config": {"password": {"secret": "nats-pass"}}}),
+        )
+        .bind(json!({"type": "parquet", "url": "/tmp/out"}))
+        .bind(&s)
+        .execute(&db.pool)
+        .await
+        .expect("a secret in the config");
+}
