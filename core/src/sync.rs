@@ -286,7 +286,7 @@ pub struct Stream {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,
     /// A postgres table's big reads split over this many connections
-    /// (absent: the engine host's cores).
+    /// (absent: half the engine host's cores).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splits: Option<u32>,
     /// An external connector's options for this stream.
@@ -1509,5 +1509,70 @@ mod tests {
             .expect_err("refused");
             assert!(e.to_string().contains(field), "{e}");
         }
+    }
+
+    #[test]
+    fn a_connector_s_replay_decides_its_delivery_and_its_secrets_are_resolved() {
+        let dst = json!({"type": "iceberg", "namespace": "raw"});
+        let src = |replay: &str| {
+            json!({"type": "connector", "connector": "nats_jetstream", "replay": replay,
+                   "config": {"servers": "nats://10.0.0.1:4222", "password": {"secret": "nats"}}})
+        };
+        let streams = json!([{"name": "orders", "config": {"stream": "ORDERS"}}]);
+        let exact = check(
+            "events",
+            &src("exact"),
+            &dst,
+            &streams,
+            None,
+            "exactly_once",
+        )
+        .expect("an exact connector into an Iceberg append is exactly once");
+        assert_eq!(exact["streams"][0]["config"]["stream"], "ORDERS");
+        let parquet = json!({"type": "parquet", "url": "/tmp/out"});
+        check(
+            "events",
+            &src("exact"),
+            &parquet,
+            &streams,
+            None,
+            "exactly_once",
+        )
+        .expect("exact into stage-and-apply files");
+        check(
+            "events",
+            &src("superset"),
+            &parquet,
+            &streams,
+            None,
+            "exactly_once",
+        )
+        .expect_err("a superset read again lands twice in files that cannot skip rows");
+        let mut def = super::check(
+            "events",
+            &src("exact"),
+            &dst,
+            &streams,
+            None,
+            "at_least_once",
+        )
+        .expect("definition");
+        struct Fixed;
+        impl Resolver for Fixed {
+            fn resolve(
+                &mut self,
+                p: &secret::Provider,
+            ) -> std::result::Result<String, SecretError> {
+                Ok(format!("value of {p:?}"))
+            }
+        }
+        def.resolve_secrets(&mut Fixed).expect("resolved");
+        let Source::Connector { config, .. } = &def.source else {
+            panic!("a connector source")
+        };
+        assert!(config["password"]
+            .as_str()
+            .is_some_and(|p| p.contains("nats")));
+        assert_eq!(config["servers"], "nats://10.0.0.1:4222");
     }
 }

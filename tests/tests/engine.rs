@@ -2550,6 +2550,42 @@ async fn a_big_table_read_in_splits_resumes_every_split_after_sigkills_and_lands
 }
 
 #[tokio::test]
+async fn a_never_analyzed_table_is_split_by_a_sample_and_lands_once() {
+    let db = TestDb::new().await;
+    let rows = 60_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("splits-sample");
+    let (out, store) = (dir.join("out"), dir.join("store"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "parquet", "url": out.to_string_lossy()}),
+        json!({"splits": 2}),
+        "at_least_once",
+    )
+    .await;
+    let o = engine(&db, &store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["to_epoch"], 6, "{outcome}");
+    // The first epoch's record: a split read's resume point.
+    let mut records: Vec<PathBuf> = std::fs::read_dir(store.join("default/shop/_checkpoints"))
+        .expect("checkpoints")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    records.sort();
+    let first: Value =
+        serde_json::from_slice(&std::fs::read(&records[0]).expect("a record")).expect("JSON");
+    let splits = splits_of(&first["streams"]["orders"]["position"]);
+    assert_eq!(splits.len(), 2, "{first}");
+    let (n, ids, orca_ids, sum) = tally(&published(&out, "orders"));
+    assert_eq!((n, ids, orca_ids), (60_000, 60_000, 60_000));
+    assert_eq!(sum, rows * (rows + 1) / 2);
+    assert_eq!(head_position(&db, &store).await[1], "60000");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn splits_that_are_not_a_number_of_connections_are_refused() {
     let db = TestDb::new().await;
     make_source(&db, 10).await;

@@ -4,12 +4,12 @@
 //! Postgres:
 //! - raw `COPY table TO STDOUT (FORMAT binary)`, read and thrown away: the
 //!   ceiling, since every sync must at least get the bytes out;
-//! - orca-1conn: one attempt of a sync (Postgres source, parquet
+//! - orca-engine: one attempt of a sync (Postgres source, parquet
 //!   destination) with its checkpoints, staging and commits, the engine
-//!   reading the source itself (`orca-engine sync` without a runner) over
-//!   one connection (`"splits": 1`);
-//! - orca-engine: the same with the stream's default splits (the machine's
-//!   cores): the table read over that many connections by cursor ranges;
+//!   reading the source itself (`orca-engine sync` without a runner), with
+//!   the stream's default splits (half the machine's cores);
+//! - orca-split2: the same with `"splits": 2`, the table read over two
+//!   connections by ranges of its cursor;
 //! - orca-edge: the same with the source read by a source pump (as a runner
 //!   hosts it, here on a thread) and sent to the engine as frames over the
 //!   data edge, a Unix socket: how a runner runs a sync;
@@ -378,12 +378,12 @@ fn main() -> Result<()> {
         rows: copy_rows,
         seconds: copy_secs,
     }];
-    // One connection (splits 1, as every read was before splits), the
-    // default (the machine's cores), and the default through a runner's
-    // pump over the data edge.
+    // The default (splits: half the machine's cores), the read split over
+    // two connections, and the default through a runner's pump over the
+    // data edge.
     for (name, edge, splits) in [
-        ("orca-1conn", false, Some(1)),
         ("orca-engine", false, None),
+        ("orca-split2", false, Some(2)),
         ("orca-edge", true, None),
     ] {
         let dir = work.join(name);
@@ -450,10 +450,12 @@ fn main() -> Result<()> {
             .find(|f| f.name == n)
             .map(|f| f.rows as f64 / f.seconds)
     };
-    if let (Some(o), Some(one)) = (rate("orca-engine"), rate("orca-1conn")) {
+    if let (Some(two), Some(o)) = (rate("orca-split2"), rate("orca-engine")) {
         println!(
-            "RATIO orca-engine / orca-1conn = {:.2} (what splitting the read gains)",
-            o / one
+            "RATIO orca-split2 / orca-engine = {:.2} (what splitting the read over two \
+             connections gains here; the default is half the cores: {})",
+            two / o,
+            orca_engine::source::splits::default_splits()
         );
     }
     for orca in ["orca-engine", "orca-edge"] {

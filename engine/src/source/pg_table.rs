@@ -112,7 +112,7 @@ pub struct StreamSpec {
     #[serde(default)]
     pub cdc: bool,
     /// Connections a big read of the table is split over (by ranges of the
-    /// cursor); None: the engine host's cores.
+    /// cursor); None: half the engine host's cores.
     #[serde(default)]
     pub splits: Option<u8>,
 }

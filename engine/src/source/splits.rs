@@ -63,13 +63,17 @@ fn collapsed(splits: &[Split]) -> Option<Vec<String>> {
     splits.iter().rev().find_map(|s| s.after.clone())
 }
 
-/// The connections a stream's read splits over unless it says: the
-/// machine's cores (a split is a server backend and a decoding thread).
+/// The connections a stream's read splits over unless it says: half the
+/// machine's cores (at most 8). A split is a server backend and a decoding
+/// thread, and the epoch's encoding and staging need cores too: on the
+/// 2-core machine of benches/sync, where the server shares them, two
+/// splits were slower than one (docs/syncs.md, Benchmark), so a small
+/// machine reads unsplit unless a stream asks.
 pub fn default_splits() -> usize {
-    std::thread::available_parallelism()
+    let cores = std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1)
-        .min(8)
+        .unwrap_or(1);
+    (cores / 2).clamp(1, 8)
 }
 
 /// How to split the read of `table` after `after` into at most `want`
