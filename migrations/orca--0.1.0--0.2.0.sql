@@ -4005,3 +4005,96 @@ GRANT EXECUTE ON FUNCTION orca.drop_sync(text), orca.pause_sync(text), orca.resu
     TO orca_operator;
 REVOKE ALL ON orca.cdc_slots FROM PUBLIC;
 GRANT SELECT ON orca.cdc_slots TO orca_viewer;
+
+-- The supervisor of continuous syncs: orca.tick restarts a continuous sync's
+-- run once it ended, after a backoff.
+CREATE FUNCTION orca._tick_continuous(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    c         record;
+    v_run     bigint;
+    v_failed  integer;
+    v_backoff integer;
+    n         integer := 0;
+BEGIN
+    FOR c IN
+        SELECT p.org_id, p.id AS pipeline_id, p.name, p.current_version,
+               last.status AS last_status, last.finished_at AS last_finished
+        FROM orca.syncs y
+        JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
+        LEFT JOIN LATERAL (SELECT r.status, r.finished_at FROM orca.runs r
+                           WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
+        WHERE y.org_id = ANY (p_orgs)
+          AND (y.definition -> 'source' ->> 'continuous') = 'true'
+          AND NOT p.paused
+          AND last.status IN ('failed', 'succeeded')
+          AND NOT EXISTS (SELECT 1 FROM orca.runs r
+                          WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running'))
+        ORDER BY p.org_id, p.id
+        FOR UPDATE OF p SKIP LOCKED
+    LOOP
+        -- Failed runs in a row: since the last run that did not fail.
+        SELECT count(*) INTO v_failed
+        FROM orca.runs r
+        WHERE r.pipeline_id = c.pipeline_id AND r.status = 'failed'
+          AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
+                               WHERE x.pipeline_id = c.pipeline_id AND x.status <> 'failed'), 0);
+        v_backoff := least(600, 10 * (2 ^ greatest(v_failed - 1, 0))::integer);
+        CONTINUE WHEN coalesce(c.last_finished, p_now) + make_interval(secs => v_backoff) > p_now;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
+        SELECT c.org_id, c.pipeline_id, v.id,
+               ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', p_now)],
+               'manual', v.run_retries, 'sync'
+        FROM orca.pipeline_versions v WHERE v.id = c.current_version
+        RETURNING id INTO v_run;
+        PERFORM orca._runs_created(c.org_id, c.pipeline_id, ARRAY[v_run]);
+        PERFORM orca._event(c.org_id, 'sync.restarted', c.pipeline_id, v_run, NULL,
+                            jsonb_build_object('sync', c.name, 'after', c.last_status,
+                                               'failed_runs', v_failed,
+                                               'backoff_seconds', v_backoff));
+        n := n + 1;
+    END LOOP;
+    RETURN jsonb_build_object('continuous_restarted', n);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now  timestamptz := tick.now;
+    v_orgs bigint[] := orca._tick_orgs();
+BEGIN
+    IF v_now IS NULL OR NOT isfinite(v_now) THEN
+        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Time is injected by admins only (tests, replays): anyone else's tick
+    -- acts at the transaction's clock, so nobody can fire schedules early or
+    -- expire other runners' leases by naming a later instant.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
+        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+                        v_now, pg_catalog.now()
+            USING ERRCODE = 'OR086',
+                  HINT = 'call orca.tick() without now';
+    END IF;
+    RETURN jsonb_build_object('now', v_now)
+        || orca._tick_fires(v_orgs, v_now)
+        || orca._tick_leases(v_orgs, v_now)
+        || orca._tick_sensors(v_orgs, v_now)
+        || orca._tick_continuous(v_orgs, v_now)
+        || orca._tick_queued(v_orgs)
+        || orca._tick_prune(v_orgs, v_now);
+END
+$$;
+COMMENT ON FUNCTION orca.tick(timestamptz) IS
+'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
+'the number of ticks), leases past their deadline are lost and their runs retried, queued '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
+'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), and '
+'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
+'Idempotent for the same now. The background worker calls it '
+'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
+'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
+'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
+
+REVOKE ALL ON FUNCTION orca._tick_continuous(bigint[], timestamptz) FROM PUBLIC;

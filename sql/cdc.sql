@@ -137,6 +137,63 @@ BEGIN
 END
 $$;
 
+-- The supervisor of continuous syncs (a phase of orca.tick): a continuous
+-- sync that is not paused and has no queued or running run gets a new one,
+-- once its last run ended (failed with its retries spent, or succeeded: an
+-- engine that stopped) and a backoff passed: 10 s after one failed run (or a
+-- succeeded one), doubling with each failed run in a row, at most 10
+-- minutes. A run
+-- cancelled by hand is left alone (orca.resume_sync starts it again).
+CREATE FUNCTION orca._tick_continuous(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    c         record;
+    v_run     bigint;
+    v_failed  integer;
+    v_backoff integer;
+    n         integer := 0;
+BEGIN
+    FOR c IN
+        SELECT p.org_id, p.id AS pipeline_id, p.name, p.current_version,
+               last.status AS last_status, last.finished_at AS last_finished
+        FROM orca.syncs y
+        JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
+        LEFT JOIN LATERAL (SELECT r.status, r.finished_at FROM orca.runs r
+                           WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
+        WHERE y.org_id = ANY (p_orgs)
+          AND (y.definition -> 'source' ->> 'continuous') = 'true'
+          AND NOT p.paused
+          AND last.status IN ('failed', 'succeeded')
+          AND NOT EXISTS (SELECT 1 FROM orca.runs r
+                          WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running'))
+        ORDER BY p.org_id, p.id
+        FOR UPDATE OF p SKIP LOCKED
+    LOOP
+        -- Failed runs in a row: since the last run that did not fail.
+        SELECT count(*) INTO v_failed
+        FROM orca.runs r
+        WHERE r.pipeline_id = c.pipeline_id AND r.status = 'failed'
+          AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
+                               WHERE x.pipeline_id = c.pipeline_id AND x.status <> 'failed'), 0);
+        v_backoff := least(600, 10 * (2 ^ greatest(v_failed - 1, 0))::integer);
+        CONTINUE WHEN coalesce(c.last_finished, p_now) + make_interval(secs => v_backoff) > p_now;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
+        SELECT c.org_id, c.pipeline_id, v.id,
+               ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', p_now)],
+               'manual', v.run_retries, 'sync'
+        FROM orca.pipeline_versions v WHERE v.id = c.current_version
+        RETURNING id INTO v_run;
+        PERFORM orca._runs_created(c.org_id, c.pipeline_id, ARRAY[v_run]);
+        PERFORM orca._event(c.org_id, 'sync.restarted', c.pipeline_id, v_run, NULL,
+                            jsonb_build_object('sync', c.name, 'after', c.last_status,
+                                               'failed_runs', v_failed,
+                                               'backoff_seconds', v_backoff));
+        n := n + 1;
+    END LOOP;
+    RETURN jsonb_build_object('continuous_restarted', n);
+END
+$$;
+
 CREATE FUNCTION orca.pause_sync(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column

@@ -306,6 +306,7 @@ BEGIN
         || orca._tick_fires(v_orgs, v_now)
         || orca._tick_leases(v_orgs, v_now)
         || orca._tick_sensors(v_orgs, v_now)
+        || orca._tick_continuous(v_orgs, v_now)
         || orca._tick_queued(v_orgs)
         || orca._tick_prune(v_orgs, v_now);
 END
@@ -313,7 +314,8 @@ $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls, and '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
+'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), and '
 'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '

@@ -775,6 +775,107 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A continuous sync's run that failed with its retries spent is started
+/// again by the supervisor (a phase of orca.tick) once a backoff passed,
+/// with a sync.restarted event; the new run goes on from HEAD.
+#[tokio::test]
+async fn a_continuous_sync_whose_run_failed_is_restarted_after_a_backoff() {
+    let db = TestDb::new().await;
+    make_source(&db, 100).await;
+    let dir = scratch("cdc-supervised");
+    let runner = sync_runner(&db, &dir.join("store"), &dir.join("logs"));
+    sqlx::query("SELECT orca.create_sync('live', $1, $2, $3, NULL, 'at_least_once', 'default', 0)")
+        .bind(
+            json!({"type": "postgres_cdc", "url": db.url(), "continuous": true,
+                     "epoch_seconds": 1}),
+        )
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                      "mode": "merge"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let equal = |what: &'static str| {
+        let db = &db;
+        let runner = &runner;
+        async move {
+            wait_until(
+                what,
+                Duration::from_secs(60),
+                || async {
+                    let t = db
+                        .scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'")
+                        .await;
+                    (t == 1 && live_differences(db).await == 0).then_some(())
+                },
+                || runner.output(),
+            )
+            .await
+        }
+    };
+    equal("the snapshot to land").await;
+    // Its replication session cut, the attempt fails; with no retries, so
+    // does the run.
+    wait_until(
+        "the run to fail",
+        Duration::from_secs(60),
+        || async {
+            db.scalar_i64(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
+                 WHERE application_name LIKE 'orca orca_live_%'",
+            )
+            .await;
+            (runs_of(&db, "failed").await == 1).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    exec(&db, "UPDATE public.orders SET qty = -7 WHERE id <= 4").await;
+    // Within the backoff nothing starts; after it, a run does.
+    let started = db
+        .scalar_i64("SELECT (orca.tick() ->> 'continuous_restarted')::bigint")
+        .await;
+    assert_eq!(started, 0, "restarted within the backoff");
+    let started = db
+        .scalar_i64(
+            "SELECT (orca.tick(now() + interval '11 seconds') ->> 'continuous_restarted')::bigint",
+        )
+        .await;
+    assert_eq!(started, 1, "restarted after the backoff");
+    let event: Value = sqlx::query_scalar(
+        "SELECT data FROM orca.events WHERE kind = 'sync.restarted' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("a sync.restarted event");
+    assert_eq!(
+        (
+            &event["sync"],
+            &event["after"],
+            &event["failed_runs"],
+            &event["backoff_seconds"]
+        ),
+        (&json!("live"), &json!("failed"), &json!(1), &json!(10)),
+        "{event}"
+    );
+    equal("the changes made while it was down to land").await;
+    assert_eq!(runs_of(&db, "running").await, 1, "the new run goes on");
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    stopped(&db, &runner).await;
+    // Paused: the supervisor leaves it alone.
+    let started = db
+        .scalar_i64(
+            "SELECT (orca.tick(now() + interval '1 hour') ->> 'continuous_restarted')::bigint",
+        )
+        .await;
+    assert_eq!(started, 0, "a paused sync is not restarted");
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `orca discover` reads the source's catalog: which tables a change
 /// stream can read (and why not), and the streams a sync could take.
 #[tokio::test]
