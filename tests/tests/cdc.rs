@@ -672,15 +672,36 @@ async fn live_differences(db: &TestDb) -> i64 {
     .await
 }
 
+/// Waits until the continuous sync's raw.orders equals the source.
+async fn live_equal(db: &TestDb, runner: &orca_tests::procs::Runner, what: &str) {
+    wait_until(
+        what,
+        Duration::from_secs(60),
+        || async {
+            let t = db
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'",
+                )
+                .await;
+            (t == 1 && live_differences(db).await == 0).then_some(())
+        },
+        || runner.output(),
+    )
+    .await
+}
+
 /// Waits until the continuous sync's attempt has let go of its slot.
 async fn stopped(db: &TestDb, runner: &orca_tests::procs::Runner) {
     wait_until(
         "the continuous attempt to stop",
         Duration::from_secs(60),
         || async {
+            // This database's sync only: other tests stream from the
+            // same cluster.
             let active = db
                 .scalar_i64(
-                    "SELECT count(*) FROM pg_stat_replication WHERE application_name LIKE 'orca orca_live_%'",
+                    "SELECT count(*) FROM pg_stat_replication r, orca.cdc_slots s
+                     WHERE s.sync = 'live' AND r.application_name = 'orca ' || s.slot",
                 )
                 .await;
             (active == 0).then_some(())
@@ -717,24 +738,7 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
         1,
         "creating it started its run"
     );
-    let equal = |what: &'static str| {
-        let db = &db;
-        let runner = &runner;
-        async move {
-            wait_until(
-                what,
-                Duration::from_secs(60),
-                || async {
-                    let t = db
-                        .scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'")
-                        .await;
-                    (t == 1 && live_differences(db).await == 0).then_some(())
-                },
-                || runner.output(),
-            )
-            .await
-        }
-    };
+    let equal = |what: &'static str| live_equal(&db, &runner, what);
     equal("the snapshot to land").await;
     for round in 0..3 {
         exec(
@@ -797,24 +801,7 @@ async fn a_continuous_sync_whose_run_failed_is_restarted_after_a_backoff() {
         .execute(&db.pool)
         .await
         .expect("create_sync");
-    let equal = |what: &'static str| {
-        let db = &db;
-        let runner = &runner;
-        async move {
-            wait_until(
-                what,
-                Duration::from_secs(60),
-                || async {
-                    let t = db
-                        .scalar_i64("SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'")
-                        .await;
-                    (t == 1 && live_differences(db).await == 0).then_some(())
-                },
-                || runner.output(),
-            )
-            .await
-        }
-    };
+    let equal = |what: &'static str| live_equal(&db, &runner, what);
     equal("the snapshot to land").await;
     // Its replication session cut, the attempt fails; with no retries, so
     // does the run.
@@ -823,8 +810,8 @@ async fn a_continuous_sync_whose_run_failed_is_restarted_after_a_backoff() {
         Duration::from_secs(60),
         || async {
             db.scalar_i64(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
-                 WHERE application_name LIKE 'orca orca_live_%'",
+                "SELECT count(pg_terminate_backend(r.pid)) FROM pg_stat_replication r, orca.cdc_slots s
+                 WHERE s.sync = 'live' AND r.application_name = 'orca ' || s.slot",
             )
             .await;
             (runs_of(&db, "failed").await == 1).then_some(())

@@ -268,19 +268,7 @@ async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incremen
     assert_eq!((epoch, generation), (30, 3));
 
     // Later rows and an updated row: the next attempt reads only those.
-    sqlx::raw_sql(
-        "INSERT INTO public.orders (id, updated_at, customer)
-         SELECT g, '2030-01-01'::timestamptz + g * interval '1 ms', 'late'
-         FROM generate_series(300001, 300500) g;
-         UPDATE public.orders SET updated_at = '2031-01-01', customer = 'changed' WHERE id = 7;",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("more rows");
-    let o = engine(&db, &store, 10_000).output().expect("engine");
-    assert!(o.status.success(), "{}", text(&o));
-    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
-    assert_eq!(outcome["rows"], 501, "{outcome}");
+    late_rows_are_read_alone(&db, &store).await;
     let (n, ids, orca_ids, _) = tally(&published(&out, "orders"));
     assert_eq!(n, 300_501);
     assert_eq!(ids, 300_500, "row 7 twice: its old and its new version");
@@ -293,6 +281,24 @@ async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incremen
     assert_eq!(outcome["rows"], 0, "{outcome}");
     assert_eq!(head(&db).await.0, 31);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// 500 later rows and an updated one (id 7): the next attempt reads only
+/// those 501.
+async fn late_rows_are_read_alone(db: &TestDb, store: &Path) {
+    sqlx::raw_sql(
+        "INSERT INTO public.orders (id, updated_at, customer)
+         SELECT g, '2030-01-01'::timestamptz + g * interval '1 ms', 'late'
+         FROM generate_series(300001, 300500) g;
+         UPDATE public.orders SET updated_at = '2031-01-01', customer = 'changed' WHERE id = 7;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("more rows");
+    let o = engine(db, store, 10_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 501, "{outcome}");
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -2531,19 +2537,7 @@ async fn a_big_table_read_in_splits_resumes_every_split_after_sigkills_and_lands
     assert_eq!(last.as_array().map(Vec::len), Some(2), "{last}");
 
     // Later rows and an updated one: read after that point, unsplit.
-    sqlx::raw_sql(
-        "INSERT INTO public.orders (id, updated_at, customer)
-         SELECT g, '2030-01-01'::timestamptz + g * interval '1 ms', 'late'
-         FROM generate_series(300001, 300500) g;
-         UPDATE public.orders SET updated_at = '2031-01-01', customer = 'changed' WHERE id = 7;",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("more rows");
-    let o = engine(&db, &store, 10_000).output().expect("engine");
-    assert!(o.status.success(), "{}", text(&o));
-    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
-    assert_eq!(outcome["rows"], 501, "{outcome}");
+    late_rows_are_read_alone(&db, &store).await;
     let last = head_position(&db, &store).await;
     assert_eq!(last[1], "7", "{last}");
     let _ = std::fs::remove_dir_all(dir);

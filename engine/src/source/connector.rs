@@ -23,7 +23,6 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,9 +31,8 @@ use serde_json::{json, Value};
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::files::FileChunk;
-use crate::source::normalize::StreamSchema;
 use crate::source::plan::Plan;
-use crate::source::readers::{Msg, Reader, Shape};
+use crate::source::readers::{fed_readers, Msg, Reader, Sender};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::{raw_records, raw_schema};
 
@@ -352,19 +350,7 @@ pub(crate) fn spawn_connector(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>,
     .and_then(|_| w.flush().map_err(FrameError::from))
     .map_err(|e| fail(format!("sending it the open frame: {e}")))?;
 
-    let mut readers = Vec::with_capacity(plan.start.len());
-    let mut senders = Vec::with_capacity(plan.start.len());
-    for s in &plan.start {
-        let (tx, rx) = sync_channel(1);
-        senders.push(tx);
-        readers.push(Reader {
-            name: s.name.clone(),
-            shape: Shape::Inferred(StreamSchema::default()),
-            rx,
-            handle: None,
-            done: false,
-        });
-    }
+    let (senders, mut readers) = fed_readers(plan.start.iter().map(|s| s.name.clone()));
     let names: Vec<String> = plan.start.iter().map(|s| s.name.clone()).collect();
     let relay = Relay {
         name: name.clone(),
@@ -512,7 +498,7 @@ fn accept(
 struct Relay {
     name: String,
     names: Vec<String>,
-    senders: Vec<SyncSender<Result<Msg, ReadError>>>,
+    senders: Vec<Sender>,
     timeout: Duration,
     words: Arc<Mutex<String>>,
 }

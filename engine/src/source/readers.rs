@@ -51,7 +51,26 @@ pub(crate) struct Reader {
 }
 
 /// Where a reader sends its chunks.
-type Sender = SyncSender<Result<Msg, ReadError>>;
+pub(crate) type Sender = SyncSender<Result<Msg, ReadError>>;
+
+/// A reader per stream whose chunks come from elsewhere (a data edge, an
+/// external connector), untyped until the attempt says, and the senders
+/// that feed them, in the streams' order.
+pub(crate) fn fed_readers(names: impl Iterator<Item = String>) -> (Vec<Sender>, Vec<Reader>) {
+    names
+        .map(|name| {
+            let (tx, rx) = sync_channel(1);
+            let r = Reader {
+                name,
+                shape: Shape::Inferred(StreamSchema::default()),
+                rx,
+                handle: None,
+                done: false,
+            };
+            (tx, r)
+        })
+        .unzip()
+}
 
 /// Starts a stream's reader thread: `read` sends chunks until the stream
 /// ends (or the attempt stops listening); an error it returns goes down the

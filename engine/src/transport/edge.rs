@@ -11,17 +11,16 @@
 use std::io::{BufReader, BufWriter, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, RecordBatch};
 
 use crate::source::error::ReadError;
 use crate::source::files::FileChunk;
-use crate::source::normalize::StreamSchema;
 use crate::source::pg_table::PgTable;
 use crate::source::plan::Plan;
-use crate::source::readers::{Msg, Reader, Shape};
+use crate::source::readers::{fed_readers, Msg, Reader};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::{raw_records, ORCA_ID};
 
@@ -184,19 +183,7 @@ impl Edge {
         write_frame(&mut out, &open).map_err(|e| self.err(e.to_string()))?;
         out.flush().map_err(io)?;
 
-        let mut senders = Vec::new();
-        let mut readers = Vec::new();
-        for s in &plan.start {
-            let (tx, rx) = sync_channel(1);
-            senders.push(tx);
-            readers.push(Reader {
-                name: s.name.clone(),
-                shape: Shape::Inferred(StreamSchema::default()),
-                rx,
-                handle: None,
-                done: false,
-            });
-        }
+        let (senders, mut readers) = fed_readers(plan.start.iter().map(|s| s.name.clone()));
         let demux = Demux {
             names: plan.start.iter().map(|s| s.name.clone()).collect(),
             typed: plan.typed(),
