@@ -460,3 +460,80 @@ async fn a_connector_source_is_checked_when_it_is_defined() {
         .await
         .expect("a secret in the config");
 }
+
+/// A connector that must confirm upstream what it delivered gets ack
+/// frames: once a committed checkpoint holds a stream's records up to a
+/// point, one behind, never past what HEAD holds.
+#[tokio::test]
+async fn a_connector_is_acknowledged_what_committed_checkpoints_hold() {
+    let db = TestDb::new().await;
+    let dir = scratch("connector-acks");
+    let script = repo("tests/py/connectors/misbehave.py");
+    let conns = connectors(&dir, &[("acks", &format!("{script} acks"))]);
+    let log = dir.join("acks.log");
+    sqlx::raw_sql("CREATE SCHEMA acks")
+        .execute(&db.pool)
+        .await
+        .expect("schema");
+    sqlx::query("SELECT orca.create_sync('acks', $1, $2, $3, NULL, 'exactly_once')")
+        .bind(json!({"type": "connector", "connector": "acks", "replay": "exact", "batch_rows": 5}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "acks"}))
+        .bind(json!([{"name": "items"}]))
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let (conns_s, log_s) = (
+        conns.to_string_lossy().into_owned(),
+        log.to_string_lossy().into_owned(),
+    );
+    let runner = sync_runner_with(
+        &db,
+        &dir.join("store"),
+        &dir.join("logs"),
+        &[
+            ("ORCA_CONNECTORS", conns_s.as_str()),
+            ("MISBEHAVE_LOG", log_s.as_str()),
+        ],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('acks', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_until(
+        "the run to succeed",
+        Duration::from_secs(90),
+        || async {
+            let s = run_status(&db, run).await;
+            assert_ne!(s, "failed", "{}", runner.output());
+            (s == "succeeded").then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    let head = db
+        .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'acks'")
+        .await;
+    assert_eq!(head, 8, "40 records in epochs of 5");
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT id) FROM acks.items")
+            .await,
+        40
+    );
+    let acked: Vec<i64> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("ack items "))
+        .filter_map(|p| p.trim().parse().ok())
+        .collect();
+    assert!(!acked.is_empty(), "acknowledged: {}", runner.output());
+    assert!(
+        acked.windows(2).all(|w| w[0] < w[1]),
+        "acknowledgements only move forward: {acked:?}"
+    );
+    assert!(
+        acked.iter().all(|p| p % 5 == 0 && *p <= 40),
+        "only resume points of committed chunks: {acked:?}"
+    );
+    drop(runner);
+    let _ = std::fs::remove_dir_all(dir);
+}

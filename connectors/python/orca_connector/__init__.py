@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -27,6 +28,7 @@ PROTOCOL = 1
 VERSION = 1
 HEADER = struct.Struct("<IBBHI")
 KIND_BATCH, KIND_BARRIER, KIND_END, KIND_OPEN, KIND_ERROR = 1, 2, 3, 4, 5
+KIND_ACK = 8
 ANY_STREAM = 0xFFFF
 RAW_SCHEMA = pa.schema([
     pa.field("position", pa.string(), nullable=False),
@@ -76,6 +78,14 @@ class Source:
         ``stream`` is ``{"name", "config"}`` from the sync's definition."""
         raise NotImplementedError
 
+    def acknowledge(self, stream: str, position: Position) -> None:
+        """Called (on another thread) once a committed checkpoint holds
+        every record of ``stream`` up to ``position``: a source that must
+        confirm upstream what it delivered (a queue's ack, a durable
+        consumer's sequence) does it here, never before. Acknowledgements
+        come one checkpoint behind and are cumulative; the next attempt's
+        ``after`` acknowledges everything before it too."""
+
 
 def _frame(kind: int, stream: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), kind, VERSION, stream, 0) + payload
@@ -103,6 +113,20 @@ def _batch_payload(rows: List[Tuple[str, str]]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _take_acks(source: Source, sock: socket.socket) -> None:
+    """Hands the host's ack frames to ``source.acknowledge`` until the
+    socket closes."""
+    try:
+        while True:
+            length, kind, _, _, _ = HEADER.unpack(_read_exact(sock, HEADER.size))
+            payload = _read_exact(sock, length)
+            if kind == KIND_ACK:
+                for stream, position in json.loads(payload).items():
+                    source.acknowledge(stream, position)
+    except (ConnectorError, OSError):
+        return
+
+
 def _serve(source: Source, path: str) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
@@ -115,6 +139,8 @@ def _serve(source: Source, path: str) -> None:
         raise ConnectorError(f"the host speaks protocol {plan.get('protocol')}, "
                              f"this connector {PROTOCOL}")
     config = plan.get("config") or {}
+    acker = threading.Thread(target=_take_acks, args=(source, sock), daemon=True)
+    acker.start()
     batch_rows = max(1, int(plan.get("batch_rows") or 10000))
     streams = plan["streams"]
     iters = [iter(source.read(config, {"name": s["name"], "config": s.get("config") or {}},
@@ -142,6 +168,9 @@ def _serve(source: Source, path: str) -> None:
                 else:
                     sock.sendall(_frame(KIND_END, i, json.dumps({"bytes": 0}).encode()))
                     open_streams.remove(i)
+        # Every stream ended: the host sends the attempt's last
+        # acknowledgements, then closes the socket.
+        acker.join()
     except Exception as e:  # the host fails the attempt with the reason
         reason = str(e) if isinstance(e, ConnectorError) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"

@@ -2,7 +2,6 @@
 //! is written and HEAD moves to it (the commit point), then the destination
 //! applies the epoch and its staged files go, as the coordinator says.
 
-use crate::source::pg_cdc::lowest_acknowledged;
 use std::collections::VecDeque;
 
 use bytes::Bytes;
@@ -98,16 +97,16 @@ impl Attempt {
                     actions.extend(p.coord.committed(epoch)?);
                 }
                 // A change stream may let its slot forget what a
-                // committed epoch holds; a table has nothing to tell.
-                Action::Acknowledge { .. } if !self.cdc => {}
+                // committed epoch holds, an external connector its source;
+                // a table has nothing to tell.
+                Action::Acknowledge { .. } if !self.takes_acks => {}
                 Action::Acknowledge { epoch, positions } => {
-                    // A pump reads ack frames only from a change stream.
+                    // A pump reads ack frames only from such a source.
                     if let Some(edge) = &self.edge {
                         edge.acknowledge(&positions);
                     }
-                    let lowest = lowest_acknowledged(positions.values().map(String::as_str));
-                    if let (Some(acks), Some(lsn)) = (&self.acks, lowest) {
-                        acks.fetch_max(lsn.0, std::sync::atomic::Ordering::AcqRel);
+                    if let Some(acks) = &self.acks {
+                        acks.acknowledge(positions.iter().map(|(s, p)| (s.as_str(), p.as_str())));
                     }
                     self.log.event(
                         "acknowledged",

@@ -134,7 +134,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         channel,
         edge,
         acks: None,
-        cdc: def.source.is_cdc(),
+        takes_acks: def.source.is_cdc() || matches!(def.source, SourceDef::Connector { .. }),
     };
     a.log.event(
         "claimed",

@@ -32,11 +32,13 @@ pub(super) struct Attempt {
     /// The data edge the runner's source pump connects to, when a runner
     /// hosts the source.
     pub(super) edge: Option<Edge>,
-    /// A change stream read here: where the commit protocol's
-    /// acknowledgements go (with a runner's pump, they go over the edge).
-    pub(super) acks: Option<crate::source::pg_cdc::Acks>,
-    /// The source is a change stream, which acknowledgements go to.
-    pub(super) cdc: bool,
+    /// A source read here that confirms upstream (a change stream, an
+    /// external connector): where the commit protocol's acknowledgements
+    /// go (with a runner's pump, they go over the edge).
+    pub(super) acks: Option<crate::source::plan::Upstream>,
+    /// The source takes acknowledgements (a change stream, an external
+    /// connector).
+    pub(super) takes_acks: bool,
 }
 
 impl Attempt {

@@ -241,8 +241,11 @@ fn endpoints(v: &Value) -> Result<Vec<(String, u16)>, String> {
 }
 
 /// Starts the connector of `plan` and returns a reader per stream, in the
-/// plan's order.
-pub(crate) fn spawn_connector(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>, ReadError> {
+/// plan's order, and where the commit protocol's acknowledgements go.
+pub(crate) fn spawn_connector(
+    plan: &Plan,
+    guard: &Guard,
+) -> Result<(Vec<Reader>, ConnectorAcks), ReadError> {
     let name = plan
         .source
         .get("connector")
@@ -305,29 +308,12 @@ pub(crate) fn spawn_connector(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>,
     let socket = dir.join("connector.sock");
     let listener = UnixListener::bind(&socket)
         .map_err(|e| fail(format!("cannot listen on {}: {e}", socket.display())))?;
-    let mut child = command(&path, "read")
-        .env(SOCKET_ENV, &socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot start {} read: {e}", path.display())))?;
-    let words = Arc::new(Mutex::new(String::new()));
-    if let Some(err) = child.stderr.take() {
-        keep_last_words(&name, err, words.clone());
-    }
-    let mut running = Running {
-        child: Some(child),
-        dir,
-    };
-    let conn = accept(&listener, &mut running, &name, &words)?;
     let timeout = Duration::from_secs(
         plan.source
             .get("timeout_seconds")
             .and_then(Value::as_u64)
             .unwrap_or(orca_core::sync::CONNECTOR_TIMEOUT_DEFAULT),
     );
-    conn.set_read_timeout(Some(timeout))
-        .map_err(|e| fail(e.to_string()))?;
     let open = json!({
         "protocol": PROTOCOL,
         "sync": plan.sync,
@@ -339,39 +325,112 @@ pub(crate) fn spawn_connector(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>,
             "after": s.after,
         })).collect::<Vec<_>>(),
     });
-    let mut w = BufWriter::new(conn.try_clone().map_err(|e| fail(e.to_string()))?);
-    write_frame(
-        &mut w,
-        &Frame::Open {
-            first_epoch: 0,
-            plan: open,
-        },
-    )
-    .and_then(|_| w.flush().map_err(FrameError::from))
-    .map_err(|e| fail(format!("sending it the open frame: {e}")))?;
-
-    let (senders, mut readers) = fed_readers(plan.start.iter().map(|s| s.name.clone()));
+    let (senders, readers) = fed_readers(plan.start.iter().map(|s| s.name.clone()));
     let names: Vec<String> = plan.start.iter().map(|s| s.name.clone()).collect();
+    let pending: Pending = Arc::new((Mutex::new((None, false)), std::sync::Condvar::new()));
     let relay = Relay {
         name: name.clone(),
         names,
         senders,
         timeout,
-        words,
+        words: Arc::new(Mutex::new(String::new())),
+        pending: pending.clone(),
     };
-    let handle = std::thread::Builder::new()
+    // The connector is started by this thread, which lives as long as it
+    // does: its parent-death signal follows the thread that started it, not
+    // the process. Not joined by the attempt (no reader holds its handle):
+    // after the streams end it waits for the attempt to be done with the
+    // connector, which is after the attempt joins its readers. What goes
+    // wrong before the first frame reaches the first stream as its error.
+    std::thread::Builder::new()
         .name(format!("connector-{name}"))
         .spawn(move || {
-            // The connector is killed when this ends, however it ends.
-            let mut running = running;
-            relay.run(BufReader::new(conn), &mut running);
-            drop(w);
+            let started = relay.start(&path, &socket, dir, &listener, open);
+            match started {
+                // Killed when this ends, however it ends.
+                Ok((conn, mut running)) => relay.run(conn, &mut running),
+                Err(reason) => relay.fail(0, reason),
+            }
         })
         .map_err(|e| fail(format!("starting its thread: {e}")))?;
-    if let Some(first) = readers.first_mut() {
-        first.handle = Some(handle);
+    Ok((readers, ConnectorAcks { pending }))
+}
+
+/// The newest acknowledgement not yet written to the connector, and
+/// whether the attempt is done with it. Two threads wait on the condvar
+/// (the writer, and the relay once every stream ended): notify all.
+type Pending = Arc<(Mutex<(Option<Value>, bool)>, std::sync::Condvar)>;
+
+/// Writes the commit protocol's acknowledgements to a connector as **ack**
+/// frames (`{"<stream>": [resume point], ...}`), on a thread of its own and
+/// newest first: a connector that does not read them holds back only that
+/// thread, never the attempt, and one that reads late gets the newest
+/// (acknowledgements are cumulative).
+pub(crate) struct ConnectorAcks {
+    pending: Pending,
+}
+
+/// Starts the thread that writes a connector's acknowledgements.
+fn spawn_ack_writer(name: &str, conn: UnixStream, pending: Pending) -> Result<(), String> {
+    let p = pending;
+    std::thread::Builder::new()
+        .name(format!("connector-{name}-acks"))
+        .spawn(move || {
+            let mut w = BufWriter::new(conn);
+            let (cell, ready) = &*p;
+            loop {
+                let Ok(mut state) = cell.lock() else { return };
+                while state.0.is_none() && !state.1 {
+                    state = match ready.wait(state) {
+                        Ok(s) => s,
+                        Err(_) => return,
+                    };
+                }
+                let Some(positions) = state.0.take() else {
+                    return; // done with, nothing left to write
+                };
+                drop(state);
+                // A connector gone: the attempt hears of it from its
+                // streams.
+                if write_frame(&mut w, &Frame::Ack { positions })
+                    .and_then(|()| w.flush().map_err(FrameError::from))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("starting its acknowledgement thread: {e}"))?;
+    Ok(())
+}
+
+impl ConnectorAcks {
+    /// Takes the acknowledged resume points (stream, the point's values
+    /// joined by U+001F) for the connector.
+    pub(crate) fn acknowledge<'a>(&self, positions: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let ack: serde_json::Map<String, Value> = positions
+            .into_iter()
+            .map(|(s, p)| (s.to_string(), json!(p.split('\u{1f}').collect::<Vec<_>>())))
+            .collect();
+        if ack.is_empty() {
+            return;
+        }
+        let (cell, ready) = &*self.pending;
+        if let Ok(mut state) = cell.lock() {
+            state.0 = Some(Value::Object(ack));
+            ready.notify_all();
+        }
     }
-    Ok(readers)
+}
+
+impl Drop for ConnectorAcks {
+    fn drop(&mut self) {
+        let (cell, ready) = &*self.pending;
+        if let Ok(mut state) = cell.lock() {
+            state.1 = true;
+            ready.notify_all();
+        }
+    }
 }
 
 /// A directory only this process can enter, for the connector's socket.
@@ -458,37 +517,29 @@ impl Drop for Running {
 fn accept(
     listener: &UnixListener,
     running: &mut Running,
-    name: &str,
     words: &Mutex<String>,
-) -> Result<UnixStream, ReadError> {
-    let fail = |why: String| ReadError::Connector {
-        name: name.to_string(),
-        reason: why,
-    };
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| fail(e.to_string()))?;
+) -> Result<UnixStream, String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let started = Instant::now();
     loop {
         match listener.accept() {
             Ok((conn, _)) => {
-                conn.set_nonblocking(false)
-                    .map_err(|e| fail(e.to_string()))?;
+                conn.set_nonblocking(false).map_err(|e| e.to_string())?;
                 return Ok(conn);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(fail(format!("accepting its connection: {e}"))),
+            Err(e) => return Err(format!("accepting its connection: {e}")),
         }
         if let Some(status) = running.status(Duration::ZERO) {
-            return Err(fail(format!(
+            return Err(format!(
                 "exited ({status}) without connecting to {SOCKET_ENV}; its last words: {}",
                 last_words(words)
-            )));
+            ));
         }
         if started.elapsed() > START_WAIT {
-            return Err(fail(format!(
+            return Err(format!(
                 "did not connect to {SOCKET_ENV} within {START_WAIT:?}"
-            )));
+            ));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -501,32 +552,95 @@ struct Relay {
     senders: Vec<Sender>,
     timeout: Duration,
     words: Arc<Mutex<String>>,
+    /// The acknowledgements still to come: the connector hears them until
+    /// the attempt is done with it.
+    pending: Pending,
 }
 
+/// How long a connector whose streams all ended waits for the attempt to
+/// be done with it (its last acknowledgements) before its socket closes.
+const ACKS_WAIT: Duration = Duration::from_secs(120);
+
 impl Relay {
-    fn run(self, mut r: impl Read, running: &mut Running) {
+    /// Starts `PROGRAM read`, waits for it to connect, sends it the open
+    /// frame and starts its acknowledgement writer.
+    fn start(
+        &self,
+        path: &Path,
+        socket: &Path,
+        dir: PathBuf,
+        listener: &UnixListener,
+        open: Value,
+    ) -> Result<(BufReader<UnixStream>, Running), String> {
+        let mut child = command(path, "read")
+            .env(SOCKET_ENV, socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {} read: {e}", path.display()))?;
+        if let Some(err) = child.stderr.take() {
+            keep_last_words(&self.name, err, self.words.clone());
+        }
+        let mut running = Running {
+            child: Some(child),
+            dir,
+        };
+        let conn = accept(listener, &mut running, &self.words)?;
+        conn.set_read_timeout(Some(self.timeout))
+            .map_err(|e| e.to_string())?;
+        let clone = || conn.try_clone().map_err(|e| e.to_string());
+        let mut w = BufWriter::new(clone()?);
+        write_frame(
+            &mut w,
+            &Frame::Open {
+                first_epoch: 0,
+                plan: open,
+            },
+        )
+        .and_then(|_| w.flush().map_err(FrameError::from))
+        .map_err(|e| format!("sending it the open frame: {e}"))?;
+        spawn_ack_writer(&self.name, clone()?, self.pending.clone())?;
+        Ok((BufReader::new(conn), running))
+    }
+
+    /// Fails the attempt: the stream whose chunk it waits for (`turn`) gets
+    /// the error, and the others if they have room.
+    fn fail(&self, turn: usize, reason: String) {
+        let e = || ReadError::Connector {
+            name: self.name.clone(),
+            reason: reason.clone(),
+        };
+        if let Some(tx) = self.senders.get(turn) {
+            let _ = tx.send(Err(e()));
+        }
+        for (i, tx) in self.senders.iter().enumerate() {
+            if i != turn {
+                let _ = tx.try_send(Err(e()));
+            }
+        }
+    }
+
+    /// Waits until the attempt is done with the connector (every
+    /// acknowledgement it made handed to the writer), or `ACKS_WAIT`.
+    fn wait_done(&self) {
+        let (cell, ready) = &*self.pending;
+        let Ok(state) = cell.lock() else { return };
+        let _ = ready.wait_timeout_while(state, ACKS_WAIT, |s| !(s.1 && s.0.is_none()));
+    }
+
+    fn run(&self, mut r: BufReader<UnixStream>, running: &mut Running) {
         let n = self.names.len();
         let mut ended = vec![false; n];
         let mut turn = 0usize;
         let mut chunk: Vec<_> = Vec::new();
-        // The stream whose chunk the attempt waits for gets the error.
-        let fail = |turn: usize, reason: String| {
-            let e = || ReadError::Connector {
-                name: self.name.clone(),
-                reason: reason.clone(),
-            };
-            if let Some(tx) = self.senders.get(turn) {
-                let _ = tx.send(Err(e()));
-            }
-            for (i, tx) in self.senders.iter().enumerate() {
-                if i != turn {
-                    let _ = tx.try_send(Err(e()));
-                }
-            }
-        };
+        let fail = |turn: usize, reason: String| self.fail(turn, reason);
         loop {
             if ended.iter().all(|e| *e) {
-                // Every stream ended: the connector should exit by itself.
+                // Every stream ended: the connector hears the attempt's
+                // last acknowledgements, then its socket closes and it
+                // should exit by itself.
+                self.wait_done();
+                let _ = r.get_ref().shutdown(std::net::Shutdown::Both);
                 if running.status(Duration::from_secs(10)).is_none() {
                     eprintln!(
                         "connector {}: still running after its streams ended; killed",

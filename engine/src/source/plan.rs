@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::netguard::{Guard, Scope};
-use crate::source::connector::spawn_connector;
+use crate::source::connector::{spawn_connector, ConnectorAcks};
 use crate::source::error::ReadError;
 use crate::source::files::Format;
-use crate::source::pg_cdc::{spawn_cdc, Acks};
+use crate::source::pg_cdc::{lowest_acknowledged, spawn_cdc, Acks};
 use crate::source::pg_table::{describe, PgTable, SourceError, StreamSpec};
 use crate::source::readers::{spawn_file_reader, spawn_reader, Reader};
 use crate::util::{str_of, strings, Missing};
@@ -54,20 +54,57 @@ impl Plan {
         )
     }
 
+    /// The source confirms upstream what committed checkpoints cover (a
+    /// change stream, an external connector): the engine sends it ack
+    /// frames, and a pump reads them.
+    pub fn takes_acks(&self) -> bool {
+        matches!(
+            self.source.get("type").and_then(Value::as_str),
+            Some("postgres_cdc" | "connector")
+        )
+    }
+
     /// The source is a change stream (`postgres_cdc`).
     pub fn cdc(&self) -> bool {
         self.source.get("type").and_then(Value::as_str) == Some("postgres_cdc")
     }
 }
 
+/// Where the commit protocol's acknowledgements go, for a source that
+/// confirms upstream what a committed checkpoint covers.
+pub(crate) enum Upstream {
+    /// A change stream's slot: the lowest acknowledged LSN of its streams.
+    Slot(Acks),
+    /// An external connector: ack frames on its socket.
+    Connector(ConnectorAcks),
+}
+
+impl Upstream {
+    /// Takes the acknowledged resume points (stream, the point's values
+    /// joined by U+001F).
+    pub(crate) fn acknowledge<'a>(&self, positions: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        match self {
+            Upstream::Slot(acks) => {
+                let recorded = positions.into_iter().map(|(_, p)| p);
+                if let Some(lsn) = lowest_acknowledged(recorded) {
+                    acks.fetch_max(lsn.0, std::sync::atomic::Ordering::AcqRel);
+                }
+            }
+            Upstream::Connector(c) => c.acknowledge(positions),
+        }
+    }
+}
+
 /// Starts a reader thread per stream of the plan, reading the source
 /// itself (the engine reading without a runner does this too), and, for a
-/// change stream, the cell its acknowledgements go in.
-pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Acks>), ReadError> {
+/// source that confirms upstream (a change stream, an external connector),
+/// where its acknowledgements go.
+pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>), ReadError> {
     let guard = Guard::new(&plan.guard)?;
     let kind = str_of(&plan.source, "type")?;
     if kind == "connector" {
-        return Ok((spawn_connector(plan, &guard)?, None));
+        let (readers, acks) = spawn_connector(plan, &guard)?;
+        return Ok((readers, Some(Upstream::Connector(acks))));
     }
     let url = str_of(&plan.source, "url")?;
     let definition = serde_json::json!({ "streams": plan.streams });
@@ -104,7 +141,7 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Acks>), R
                 plan.batch_rows,
                 continuous,
             )?;
-            Ok((readers, Some(acks)))
+            Ok((readers, Some(Upstream::Slot(acks))))
         }
         "postgres" => {
             let specs = stream_specs(&definition, false)?;

@@ -33,7 +33,9 @@
 //! - kind 8, **ack** (engine to runner, after open): the commit protocol
 //!   acknowledged these resume points (a JSON object, stream to the point's
 //!   values joined by U+001F): a source that confirms what it sent upstream
-//!   (a change stream's slot) may confirm up to them.
+//!   (a change stream's slot, an external connector) may confirm up to
+//!   them. A host writes the same kind to an external connector, its
+//!   payload each stream's point as a JSON array of strings.
 //!
 //! A reader refuses an unknown version or kind, a payload over
 //! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch

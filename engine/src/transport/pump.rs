@@ -33,9 +33,8 @@ use serde_json::Value;
 
 use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
-use crate::source::pg_cdc::{lowest_acknowledged, Acks};
 use crate::source::pg_table;
-use crate::source::plan::{open_readers, stream_specs, Plan};
+use crate::source::plan::{open_readers, stream_specs, Plan, Upstream};
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::raw_batch;
@@ -201,15 +200,16 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
     }
 }
 
-/// Reads the engine's ack frames into the change stream's cell until the
-/// edge closes.
-fn take_acks(mut input: BufReader<UnixStream>, acks: &Acks) {
+/// Hands the engine's ack frames to the source until the edge closes.
+fn take_acks(mut input: BufReader<UnixStream>, acks: &Upstream) {
     while let Ok(Some(frame)) = read_frame(&mut input) {
         if let Frame::Ack { positions } = frame {
-            let recorded = positions.as_object().into_iter().flat_map(|o| o.values());
-            if let Some(lsn) = lowest_acknowledged(recorded.filter_map(Value::as_str)) {
-                acks.fetch_max(lsn.0, Ordering::AcqRel);
-            }
+            let recorded = positions
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(s, p)| Some((s.as_str(), p.as_str()?)));
+            acks.acknowledge(recorded);
         }
     }
 }

@@ -8,6 +8,8 @@ for the tests of how a host takes it (tests/tests/connectors.rs).
         outofturn the second stream's chunk before the first's
         noconnect exit 4 without connecting
         wrongcols a batch whose columns are not raw records
+        acks      a well-behaved connector (package-built) of 40 records in
+                  chunks of batch_rows that logs each acknowledgement
 Every read also appends a line to $MISBEHAVE_LOG, if set.
 """
 import json
@@ -31,6 +33,24 @@ if verb == "spec":
 if os.environ.get("MISBEHAVE_LOG"):
     with open(os.environ["MISBEHAVE_LOG"], "a") as f:
         f.write(f"{mode} read\n")
+if mode == "acks":
+    from orca_connector import Source, run
+
+    class Acks(Source):
+        name = "acks"
+        replay = "exact"
+
+        def read(self, config, stream, after):
+            start = int(after[0]) + 1 if after else 1
+            for i in range(start, 41):
+                yield {"id": i}, [str(i)]
+
+        def acknowledge(self, stream, position):
+            with open(os.environ["MISBEHAVE_LOG"], "a") as f:
+                f.write(f"ack {stream} {position[0]}\n")
+
+    run(Acks(), [verb])
+    sys.exit(0)
 if mode == "noconnect":
     print("misbehave: refusing to connect", file=sys.stderr)
     sys.exit(4)
