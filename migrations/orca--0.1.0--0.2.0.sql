@@ -4022,7 +4022,9 @@ BEGIN
                last.status AS last_status, last.finished_at AS last_finished
         FROM orca.syncs y
         JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
-        LEFT JOIN LATERAL (SELECT r.status, r.finished_at FROM orca.runs r
+        LEFT JOIN LATERAL (SELECT r.status,
+                                  coalesce(r.finished_at, r.started_at, r.created_at) AS finished_at
+                           FROM orca.runs r
                            WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
         WHERE y.org_id = ANY (p_orgs)
           AND (y.definition -> 'source' ->> 'continuous') = 'true'
@@ -4040,7 +4042,7 @@ BEGIN
           AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
                                WHERE x.pipeline_id = c.pipeline_id AND x.status <> 'failed'), 0);
         v_backoff := least(600, 10 * (2 ^ greatest(v_failed - 1, 0))::integer);
-        CONTINUE WHEN coalesce(c.last_finished, p_now) + make_interval(secs => v_backoff) > p_now;
+        CONTINUE WHEN c.last_finished + make_interval(secs => v_backoff) > p_now;
         INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
         SELECT c.org_id, c.pipeline_id, v.id,
                ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', p_now)],
