@@ -649,7 +649,22 @@ impl Relay {
                 }
                 return;
             }
-            let frame = match read_frame(&mut r) {
+            // A connector killed with acknowledgements unread resets the
+            // socket rather than closing it: the same end.
+            let read = match read_frame(&mut r) {
+                Err(FrameError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    Ok(None)
+                }
+                other => other,
+            };
+            let frame = match read {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     let status = running
