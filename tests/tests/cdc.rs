@@ -672,6 +672,27 @@ async fn live_differences(db: &TestDb) -> i64 {
     .await
 }
 
+/// The continuous sync `live`: public.orders merged into raw.orders, an
+/// epoch every second, its run tried `run_retries` more times.
+async fn define_live(db: &TestDb, run_retries: i32) {
+    sqlx::query(
+        "SELECT orca.create_sync('live', $1, $2, $3, NULL, 'at_least_once', 'default', $4)",
+    )
+    .bind(
+        json!({"type": "postgres_cdc", "url": db.url(), "continuous": true,
+                     "epoch_seconds": 1}),
+    )
+    .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+    .bind(
+        json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                      "mode": "merge"}]),
+    )
+    .bind(run_retries)
+    .execute(&db.pool)
+    .await
+    .expect("create_sync");
+}
+
 /// Waits until the continuous sync's raw.orders equals the source.
 async fn live_equal(db: &TestDb, runner: &orca_tests::procs::Runner, what: &str) {
     wait_until(
@@ -720,19 +741,7 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
     let dir = scratch("cdc-live");
     let store = dir.join("store");
     let runner = sync_runner(&db, &store, &dir.join("logs"));
-    sqlx::query("SELECT orca.create_sync('live', $1, $2, $3)")
-        .bind(
-            json!({"type": "postgres_cdc", "url": db.url(), "continuous": true,
-                     "epoch_seconds": 1}),
-        )
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
-                      "mode": "merge"}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_live(&db, 2).await;
     assert_eq!(
         runs_of(&db, "queued").await + runs_of(&db, "running").await,
         1,
@@ -788,19 +797,7 @@ async fn a_continuous_sync_whose_run_failed_is_restarted_after_a_backoff() {
     make_source(&db, 100).await;
     let dir = scratch("cdc-supervised");
     let runner = sync_runner(&db, &dir.join("store"), &dir.join("logs"));
-    sqlx::query("SELECT orca.create_sync('live', $1, $2, $3, NULL, 'at_least_once', 'default', 0)")
-        .bind(
-            json!({"type": "postgres_cdc", "url": db.url(), "continuous": true,
-                     "epoch_seconds": 1}),
-        )
-        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
-        .bind(
-            json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
-                      "mode": "merge"}]),
-        )
-        .execute(&db.pool)
-        .await
-        .expect("create_sync");
+    define_live(&db, 0).await;
     let equal = |what: &'static str| live_equal(&db, &runner, what);
     equal("the snapshot to land").await;
     // Its replication session cut, the attempt fails; with no retries, so

@@ -96,6 +96,21 @@ async fn run_status(db: &TestDb, run: i64) -> String {
         .expect("run status")
 }
 
+/// Waits for run `run` to succeed; a failure fails the test at once.
+async fn succeeded(db: &TestDb, run: i64, runner: &orca_tests::procs::Runner, what: &str) {
+    wait_until(
+        what,
+        Duration::from_secs(120),
+        || async {
+            let s = run_status(db, run).await;
+            assert_ne!(s, "failed", "{}", runner.output());
+            (s == "succeeded").then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+}
+
 async fn head(db: &TestDb) -> i64 {
     db.scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'events'")
         .await
@@ -183,17 +198,7 @@ async fn a_nats_jetstream_connector_lands_every_message_once_across_a_sigkilled_
     for pid in &killed {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
-    wait_until(
-        "the run to succeed after a retry",
-        Duration::from_secs(120),
-        || async {
-            let s = run_status(&db, run).await;
-            assert_ne!(s, "failed", "{}", runner.output());
-            (s == "succeeded").then_some(())
-        },
-        || runner.output(),
-    )
-    .await;
+    succeeded(&db, run, &runner, "the run to succeed after a retry").await;
     let errors = db
         .strings(&format!(
             "SELECT coalesce(error, '') FROM orca.attempts WHERE run_id = {run} ORDER BY id"
@@ -237,13 +242,7 @@ async fn a_nats_jetstream_connector_lands_every_message_once_across_a_sigkilled_
         .fetch_one(&db.pool)
         .await
         .expect("run");
-    wait_until(
-        "the second run",
-        Duration::from_secs(90),
-        || async { (run_status(&db, next).await == "succeeded").then_some(()) },
-        || runner.output(),
-    )
-    .await;
+    succeeded(&db, next, &runner, "the second run").await;
     let (rows, seqs) = sqlx::query_as::<_, (i64, i64)>(
         "SELECT count(*), count(DISTINCT nats_seq) FROM raw.orders",
     )
@@ -507,17 +506,7 @@ async fn a_connector_is_acknowledged_what_committed_checkpoints_hold() {
         .fetch_one(&db.pool)
         .await
         .expect("run");
-    wait_until(
-        "the run to succeed",
-        Duration::from_secs(90),
-        || async {
-            let s = run_status(&db, run).await;
-            assert_ne!(s, "failed", "{}", runner.output());
-            (s == "succeeded").then_some(())
-        },
-        || runner.output(),
-    )
-    .await;
+    succeeded(&db, run, &runner, "the run to succeed").await;
     let head = db
         .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'acks'")
         .await;

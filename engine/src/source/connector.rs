@@ -159,16 +159,7 @@ pub fn spec(name: &str, path: &Path) -> Result<Spec, ReadError> {
         .filter(|r| matches!(*r, "exact" | "superset"))
         .ok_or_else(|| fail(format!("spec names no replay (exact or superset): {raw}")))?
         .to_string();
-    let reaches = raw
-        .get("reaches")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    let reaches = crate::util::strings(&raw, "reaches");
     Ok(Spec {
         replay,
         reaches,
@@ -633,7 +624,6 @@ impl Relay {
         let mut ended = vec![false; n];
         let mut turn = 0usize;
         let mut chunk: Vec<_> = Vec::new();
-        let fail = |turn: usize, reason: String| self.fail(turn, reason);
         loop {
             if ended.iter().all(|e| *e) {
                 // Every stream ended: the connector hears the attempt's
@@ -670,7 +660,7 @@ impl Relay {
                     let status = running
                         .status(Duration::from_secs(5))
                         .map_or("still running".to_string(), |s| s.to_string());
-                    return fail(
+                    return self.fail(
                         turn,
                         format!(
                             "closed its socket ({status}) before stream {} ended; its last \
@@ -686,7 +676,7 @@ impl Relay {
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) =>
                 {
-                    return fail(
+                    return self.fail(
                         turn,
                         format!(
                             "sent nothing for {:?} (its source's timeout_seconds) while stream \
@@ -699,7 +689,7 @@ impl Relay {
                     let status = running
                         .status(Duration::from_secs(5))
                         .map_or("still running".to_string(), |s| s.to_string());
-                    return fail(
+                    return self.fail(
                         turn,
                         format!(
                             "closed its socket in the middle of a frame ({status}); its last \
@@ -708,7 +698,7 @@ impl Relay {
                         ),
                     );
                 }
-                Err(e) => return fail(turn, format!("sent a malformed frame: {e}")),
+                Err(e) => return self.fail(turn, format!("sent a malformed frame: {e}")),
             };
             let stream = match &frame {
                 Frame::Batch { stream, .. }
@@ -716,7 +706,7 @@ impl Relay {
                 | Frame::End { stream, .. }
                 | Frame::Error { stream, .. } => *stream,
                 other => {
-                    return fail(
+                    return self.fail(
                         turn,
                         format!(
                             "sent a {} frame, which only the host sends",
@@ -733,7 +723,7 @@ impl Relay {
                         self.names.get(usize::from(i)).map_or("?", |s| s.as_str())
                     ),
                 };
-                return fail(turn, format!("{on}: {reason}"));
+                return self.fail(turn, format!("{on}: {reason}"));
             }
             if usize::from(stream) != turn {
                 let got = self
@@ -741,7 +731,7 @@ impl Relay {
                     .get(usize::from(stream))
                     .cloned()
                     .unwrap_or_else(|| format!("#{stream} (there are {n})"));
-                return fail(
+                return self.fail(
                     turn,
                     format!(
                         "sent a frame of stream {got} out of turn: stream {}'s chunk or end \
@@ -754,7 +744,7 @@ impl Relay {
             match frame {
                 Frame::Batch { batch, .. } => {
                     if batch.schema().fields() != raw_schema().fields() {
-                        return fail(
+                        return self.fail(
                             turn,
                             format!(
                                 "sent stream {} a batch of columns {:?}; a batch holds raw \
@@ -772,7 +762,7 @@ impl Relay {
                     match raw_records(&batch) {
                         Ok(records) => chunk.extend(records),
                         Err(e) => {
-                            return fail(
+                            return self.fail(
                                 turn,
                                 format!("sent stream {} a bad record: {e}", self.names[turn]),
                             )
@@ -781,7 +771,7 @@ impl Relay {
                 }
                 Frame::Barrier { position, .. } => {
                     if chunk.is_empty() {
-                        return fail(
+                        return self.fail(
                             turn,
                             format!(
                                 "sent stream {} a barrier after no records: a chunk holds at \
@@ -803,7 +793,7 @@ impl Relay {
                 }
                 Frame::End { bytes, .. } => {
                     if !chunk.is_empty() {
-                        return fail(
+                        return self.fail(
                             turn,
                             format!(
                                 "ended stream {} with records after its last barrier",
