@@ -4100,3 +4100,595 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
 
 REVOKE ALL ON FUNCTION orca._tick_continuous(bigint[], timestamptz) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Discovery (sql/discovery.sql): orca.discover queues a discovery task
+-- (runs of kind discover, claimed as command discover), a runner's engine
+-- stores the catalog in orca.catalogs, orca.create_sync plans streams from
+-- it, and each sync attempt reports drift from the planned version.
+---------------------------------------------------------------------------
+
+ALTER TABLE orca.runs DROP CONSTRAINT runs_kind_check;
+ALTER TABLE orca.runs ADD CONSTRAINT runs_kind_check
+    CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync', 'discover'));
+COMMENT ON TABLE orca.runs IS
+'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
+'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
+'polls), keys (a keyed pipeline''s keys task; parent_run of the runs it queued) or sync (a run '
+'of a sync, request {"mode": "full"} for a backfill) or discover (orca.discover''s task).';
+ALTER TABLE orca.queue DROP CONSTRAINT queue_command_check;
+ALTER TABLE orca.queue ADD CONSTRAINT queue_command_check
+    CHECK (command IN ('attempt', 'sense', 'keys', 'sync', 'discover'));
+ALTER TABLE orca.syncs ADD COLUMN catalog_version integer;
+ALTER TABLE orca.syncs ADD COLUMN drift jsonb;
+ALTER TABLE orca.syncs ADD COLUMN drift_at timestamptz;
+
+CREATE  FUNCTION "_source_check"(
+	"org" TEXT, /* & str */
+	"name" TEXT, /* & str */
+	"source" jsonb, /* JsonB */
+	"allowlist" TEXT[] /* Vec < String > */
+) RETURNS jsonb /* JsonB */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'source_check_wrapper';
+
+CREATE TABLE orca.catalogs (
+    org_id        bigint NOT NULL REFERENCES orca.orgs (id),
+    name          text NOT NULL,
+    version       integer NOT NULL CHECK (version >= 1),
+    -- The source as orca.discover normalized it (secrets by reference).
+    source        jsonb NOT NULL,
+    -- {"source": kind, "server": {...}, "streams": [...], "plan": [...]}
+    catalog       jsonb NOT NULL,
+    -- The discovery run that found this version, and the last that found
+    -- the source unchanged since.
+    run_id        bigint,
+    discovered_at timestamptz NOT NULL DEFAULT now(),
+    checked_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, name, version)
+);
+COMMENT ON TABLE orca.catalogs IS
+'Source catalogs (orca.discover), per sync name and version: the source, and what a runner read '
+'of it: streams (table, columns with types and nullability, primary key, replica identity, '
+'rows_estimate, whether CDC can read it and what blocks it) and plan (the streams '
+'orca.create_sync can take with {"catalog": true}). A new version when the source changed.';
+ALTER TABLE orca.catalogs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.catalogs USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.catalogs', '');
+
+CREATE FUNCTION orca._source_identity(p_source jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object('type', p_source->'type', 'url', p_source->'url',
+                                                'connector', p_source->'connector',
+                                                'config', p_source->'config'))
+$$;
+
+
+CREATE FUNCTION orca._catalog_shape(p_catalog jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_catalog || jsonb_build_object('streams', coalesce(
+        (SELECT jsonb_agg(s - 'rows_estimate' ORDER BY o)
+         FROM jsonb_array_elements(CASE jsonb_typeof(p_catalog->'streams')
+                                        WHEN 'array' THEN p_catalog->'streams' ELSE '[]' END)
+              WITH ORDINALITY AS x(s, o)), '[]'::jsonb))
+$$;
+
+CREATE FUNCTION orca._catalog(p_org bigint, p_name text) RETURNS orca.catalogs
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM orca.catalogs c WHERE c.org_id = p_org AND c.name = p_name
+    ORDER BY c.version DESC LIMIT 1
+$$;
+
+CREATE FUNCTION orca.discover(name text, source jsonb DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    v_src jsonb := discover.source;
+    p     orca.pipelines;
+    v_run bigint;
+BEGIN
+    IF discover.name IS NULL THEN
+        RAISE EXCEPTION 'malformed discovery: name must not be NULL' USING ERRCODE = 'OR063';
+    END IF;
+    IF v_src IS NULL THEN
+        SELECT sy.definition->'source' INTO v_src FROM orca.syncs sy
+        WHERE sy.org_id = v_org AND sy.name = discover.name;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'unknown sync ''%'' in org ''%'': give the source to discover',
+                            discover.name, (SELECT o.name FROM orca.orgs o WHERE o.id = v_org)
+                USING ERRCODE = 'OR064',
+                      HINT = 'SELECT orca.discover(''shop'', ''{"type": "postgres_cdc", "url": {"secret": "shop-db"}}'')';
+        END IF;
+    END IF;
+    v_src := orca._unwrap(orca._source_check((SELECT o.name FROM orca.orgs o WHERE o.id = v_org),
+                                             discover.name, v_src, orca._allowlist(v_org)));
+    SELECT * INTO p FROM orca.pipelines x WHERE x.org_id = v_org AND x.name = discover.name FOR UPDATE;
+    IF NOT FOUND THEN
+        -- The pipeline the sync will be, so that its discovery is a run
+        -- like any other (leased, retried, in the run history).
+        PERFORM orca._sync_pipeline(v_org, discover.name, jsonb_build_object('source', v_src),
+                                    NULL, 'default', 2);
+        SELECT * INTO p FROM orca.pipelines x WHERE x.org_id = v_org AND x.name = discover.name;
+    ELSIF (SELECT v.partition_kind FROM orca.pipeline_versions v WHERE v.id = p.current_version)
+          IS DISTINCT FROM 'sync' THEN
+        RAISE EXCEPTION 'name ''%'' belongs to a pipeline; a sync (and its catalog) needs a name of its own',
+                        discover.name
+            USING ERRCODE = 'OR065';
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind,
+                           request)
+    VALUES (v_org, p.id, p.current_version,
+            ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())], 'manual', 1, 'discover',
+            jsonb_build_object('source', v_src))
+    RETURNING id INTO v_run;
+    PERFORM orca._event(v_org, 'run.queued', p.id, v_run, NULL,
+        jsonb_build_object('trigger', 'manual', 'kind', 'discover', 'by', session_user));
+    -- Not behind the sync's own run (max_runs 1): a discovery reads, it
+    -- moves nothing.
+    PERFORM orca._start_runs(ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;
+COMMENT ON FUNCTION orca.discover(text, jsonb) IS
+'Queues a discovery of a source and returns its run: a runner''s orca-engine connects to the '
+'source (the control plane reads none), reads its catalog (tables, columns, types, keys, '
+'replica identity, whether CDC can read each and what blocks it; an external connector''s '
+'discover) and stores it in orca.catalogs under the name, as a new version when it changed. '
+'name is the sync the catalog is for (it need not exist yet: orca.create_sync(name, ..., '
+'''{"catalog": true}'') plans its streams from it); source NULL rediscovers the sync''s own. '
+'Netguard judges the source as orca.create_sync does (OR094). Errors: OR063/OR060/OR061 bad '
+'source, OR064 unknown sync, OR065 a pipeline has the name. '
+'Example: SELECT orca.discover(''shop'', ''{"type": "postgres_cdc", "url": {"secret": "shop-db"}}'');';
+
+CREATE FUNCTION orca._discovery_run(p_lease uuid) RETURNS orca.runs
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_org bigint := orca._lease_org(p_lease);
+    a orca.attempts;
+    r orca.runs;
+BEGIN
+    a := orca._live_attempt(v_org, p_lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'discover' THEN
+        RAISE EXCEPTION 'lease % is not a discovery''s: run % is a % run', p_lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN r;
+END
+$$;
+
+CREATE FUNCTION orca.discovery(lease uuid) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r orca.runs := orca._discovery_run(discovery.lease);
+BEGIN
+    RETURN jsonb_build_object('name', (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id),
+                              'source', r.request->'source', 'run', r.id,
+                              'allowlist', to_jsonb(orca._allowlist(r.org_id)));
+END
+$$;
+COMMENT ON FUNCTION orca.discovery(uuid) IS
+'What the attempt of a discovery task (orca.discover) reads, under its live lease: the name, the '
+'source to discover (secrets by reference: orca.attempt_secret resolves them), the run, and the '
+'org''s netguard allowlist. Errors: OR012/OR014/OR015 for the lease, OR050 not a discovery''s.';
+
+CREATE FUNCTION orca.store_catalog(lease uuid, catalog jsonb) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    r      orca.runs := orca._discovery_run(store_catalog.lease);
+    v_name text := (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id);
+    c      orca.catalogs;
+BEGIN
+    IF jsonb_typeof(store_catalog.catalog) IS DISTINCT FROM 'object'
+       OR jsonb_typeof(store_catalog.catalog->'streams') IS DISTINCT FROM 'array'
+       OR jsonb_typeof(store_catalog.catalog->'plan') IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'malformed catalog: an object with streams and plan lists, got %',
+                        left(coalesce(store_catalog.catalog::text, 'NULL'), 200)
+            USING ERRCODE = 'OR063';
+    END IF;
+    -- One discovery of a name at a time decides its next version.
+    PERFORM pg_advisory_xact_lock(hashtextextended('orca.catalogs/' || r.org_id || '/' || v_name, 0));
+    c := orca._catalog(r.org_id, v_name);
+    IF c.version IS NOT NULL AND c.source = r.request->'source'
+       AND orca._catalog_shape(c.catalog) = orca._catalog_shape(store_catalog.catalog) THEN
+        UPDATE orca.catalogs x SET checked_at = now(), catalog = store_catalog.catalog
+        WHERE x.org_id = c.org_id AND x.name = c.name AND x.version = c.version;
+        PERFORM orca._event(r.org_id, 'catalog.checked', r.pipeline_id, r.id, NULL,
+            jsonb_build_object('name', v_name, 'version', c.version));
+        RETURN c.version;
+    END IF;
+    INSERT INTO orca.catalogs (org_id, name, version, source, catalog, run_id)
+    VALUES (r.org_id, v_name, coalesce(c.version, 0) + 1, r.request->'source',
+            store_catalog.catalog, r.id)
+    RETURNING * INTO c;
+    PERFORM orca._event(r.org_id, 'catalog.discovered', r.pipeline_id, r.id, NULL,
+        jsonb_build_object('name', v_name, 'version', c.version,
+                           'streams', jsonb_array_length(c.catalog->'streams'),
+                           'plannable', jsonb_array_length(c.catalog->'plan')));
+    RETURN c.version;
+END
+$$;
+COMMENT ON FUNCTION orca.store_catalog(uuid, jsonb) IS
+'A discovery task''s result, under its attempt''s live lease: stores the catalog as the name''s '
+'next version in orca.catalogs (event catalog.discovered), or, when only row estimates changed, '
+'refreshes the newest (catalog.checked). Returns the version. Errors: OR012/OR014/OR015 for the '
+'lease, OR050 not a discovery''s, OR063 not a catalog.';
+
+CREATE FUNCTION orca._planned_streams(c orca.catalogs, p_ask jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_want  jsonb := p_ask->'catalog';
+    v_out   jsonb;
+    v_table text;
+BEGIN
+    IF v_want = 'true'::jsonb THEN
+        v_out := c.catalog->'plan';
+    ELSIF jsonb_typeof(v_want) = 'array' AND jsonb_array_length(v_want) > 0 THEN
+        FOR v_table IN SELECT jsonb_array_elements_text(v_want) LOOP
+            IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(c.catalog->'plan') s
+                           WHERE s->>'table' = v_table OR s->>'name' = v_table) THEN
+                RAISE EXCEPTION 'catalog ''%'' version % plans no stream for %: %', c.name, c.version,
+                                quote_literal(v_table),
+                                coalesce((SELECT string_agg(x->>'table' || ' (' || coalesce(x->>'cdc_blocked_by', '') || ')', '; ')
+                                          FROM jsonb_array_elements(c.catalog->'streams') x
+                                          WHERE x->>'table' = v_table), 'no such table')
+                    USING ERRCODE = 'OR063',
+                          HINT = 'SELECT catalog->''plan'' FROM orca.catalogs lists what can be planned';
+            END IF;
+        END LOOP;
+        SELECT jsonb_agg(s ORDER BY o) INTO v_out
+        FROM jsonb_array_elements(c.catalog->'plan') WITH ORDINALITY AS x(s, o)
+        WHERE s->>'table' IN (SELECT jsonb_array_elements_text(v_want))
+           OR s->>'name' IN (SELECT jsonb_array_elements_text(v_want));
+    ELSE
+        RAISE EXCEPTION 'malformed sync: streams {"catalog": ...} takes true or a list of tables, got %',
+                        coalesce(v_want::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF v_out IS NULL OR jsonb_array_length(v_out) = 0 THEN
+        RAISE EXCEPTION 'catalog ''%'' version % plans no stream: no table it found can be read by this source',
+                        c.name, c.version
+            USING ERRCODE = 'OR063',
+                  HINT = 'orca.catalogs shows each table''s cdc_blocked_by';
+    END IF;
+    -- Options beside "catalog" apply to every planned stream ("mode": "append").
+    RETURN (SELECT jsonb_agg(s || (p_ask - 'catalog')) FROM jsonb_array_elements(v_out) s);
+END
+$$;
+
+CREATE FUNCTION orca.report_drift(sync text, generation integer, drift jsonb,
+                                  lease uuid DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    a     orca.attempts := orca._sync_caller(report_drift.sync, report_drift.lease, 'reporting drift of');
+    v_org bigint := a.org_id;
+    s     orca.syncs := orca._sync(v_org, report_drift.sync);
+    v_run bigint := a.run_id;
+BEGIN
+    PERFORM orca._owned(s, report_drift.generation);
+    IF jsonb_typeof(report_drift.drift) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'drift must be a list of changes, got %',
+                        left(coalesce(report_drift.drift::text, 'NULL'), 200)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF jsonb_array_length(report_drift.drift) = 0 THEN
+        UPDATE orca.syncs x SET drift = NULL, drift_at = NULL WHERE x.id = s.id AND x.drift IS NOT NULL;
+        RETURN;
+    END IF;
+    -- The same drift again is not news: one event per change of it.
+    IF s.drift IS DISTINCT FROM report_drift.drift THEN
+        PERFORM orca._event(v_org, 'sync.drift',
+            (SELECT p.id FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = s.name), v_run, a.id,
+            jsonb_build_object('sync', s.name, 'catalog_version', s.catalog_version,
+                               'generation', report_drift.generation, 'changes', report_drift.drift));
+    END IF;
+    UPDATE orca.syncs x SET drift = report_drift.drift, drift_at = now() WHERE x.id = s.id;
+END
+$$;
+COMMENT ON FUNCTION orca.report_drift(text, integer, jsonb, uuid) IS
+'An attempt reports what its source changed since the catalog version its streams were planned '
+'from (orca.syncs.catalog_version): a list of {table, column, change: added | removed | type | '
+'nullable, was, now}, kept in orca.syncs.drift with an event sync.drift when it differs from the '
+'last report; an empty list clears it. The stream''s schema policy still decides what the attempt '
+'does. Under the lease of the sync''s run (OR084), from its current generation (OR070).';
+
+CREATE OR REPLACE FUNCTION orca._command(p_kind text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
+                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover' ELSE 'attempt' END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
+                           commands text[] DEFAULT NULL)
+RETURNS SETOF orca.lease
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
+    v_ttl interval := make_interval(secs => orca._lease_seconds());
+    v_ids  bigint[];
+    v_tids tid[];
+BEGIN
+    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.pool IS NULL OR claim.pool = '' THEN
+        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
+            USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._runner_pool(t, claim.pool);
+    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.commands IS NOT NULL AND EXISTS (
+           SELECT 1 FROM unnest(claim.commands) AS c
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync or discover, got %',
+            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover') LIMIT 1)
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Keep the runner's row fresh without writing it on every poll. The
+    -- read comes first because an upsert locks the row even when its WHERE
+    -- then declines to update, and that lock would last the whole claim.
+    IF NOT EXISTS (SELECT 1 FROM orca.runners rn
+                   WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
+                     AND rn.last_seen >= now() - interval '1 second') THEN
+        INSERT INTO orca.runners AS rn (org_id, name, pool)
+        VALUES (v_org, claim.runner, claim.pool)
+        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
+        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+    END IF;
+
+    -- The pick is a statement of its own, and every table below is reached
+    -- through = ANY (v_ids): each statement then has one plan that stays on
+    -- primary keys, which PL/pgSQL caches instead of planning the whole
+    -- claim again on every call (a third of a small claim's time).
+    -- The picked rows stay locked to the end of the transaction, so their
+    -- ctids hold and the delete finds them by ctid, not by a filter on the
+    -- queue's key.
+    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
+    INTO v_ids, v_tids
+    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
+          WHERE q.org_id = v_org AND q.pool = claim.pool
+            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
+          ORDER BY q.attempt_id
+          LIMIT claim.max
+          FOR UPDATE SKIP LOCKED) x;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
+    ), leased AS (
+        -- leased_at is the clock, not the transaction's start: this statement
+        -- may see an attempt that a finish committed after this transaction
+        -- began, and must not look leased before the run ahead of it ended.
+        UPDATE orca.attempts a
+        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
+            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
+        WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
+        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+    ), live AS (
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
+    ), info AS (
+        -- LATERAL keeps these lookups on primary keys whatever the planner
+        -- guesses about how many rows the UPDATE returns.
+        SELECT l.*, x.*
+        FROM leased l
+        CROSS JOIN LATERAL (
+            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
+            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
+            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
+        ) x
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
+               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
+        FROM info i
+    )
+    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
+           orca._command(i.run_kind),
+           CASE WHEN i.run_kind IN ('sync', 'discover') THEN NULL ELSE i.binary_sha256 END
+    FROM info i
+    ORDER BY i.id;
+END
+$$;
+COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
+'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
+'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
+'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
+'the runner can run (attempt, sense, keys, sync, discover; NULL: all), so that a runner not set up for '
+'syncs leaves them to one that is. '
+'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
+
+CREATE OR REPLACE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
+                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    d     jsonb;
+    v_id  bigint;
+    v_old jsonb;
+    v_streams jsonb := create_sync.streams;
+    v_cat orca.catalogs;
+    v_catalog_version integer;
+BEGIN
+    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
+       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
+        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
+        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_sync.pool)
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
+                        coalesce(create_sync.run_retries::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    -- Streams planned from the sync's catalog (orca.discover).
+    v_cat := orca._catalog(v_org, create_sync.name);
+    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
+        IF v_cat.version IS NULL THEN
+            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
+                USING ERRCODE = 'OR063',
+                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
+                                    create_sync.name);
+        END IF;
+        v_streams := orca._planned_streams(v_cat, v_streams);
+    END IF;
+    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
+                                       create_sync.destination, v_streams,
+                                       create_sync.schedule, create_sync.delivery));
+    IF v_cat.version IS NOT NULL
+       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
+        v_catalog_version := v_cat.version;
+    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
+        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
+                        create_sync.name, v_cat.version, create_sync.name
+            USING ERRCODE = 'OR063',
+                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
+    END IF;
+    -- Netguard, as far as the definition shows it: hosts written as
+    -- addresses, sockets and local paths (names are judged when resolved).
+    PERFORM orca._unwrap(orca._netguard_definition(
+        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
+    SELECT sy.definition INTO v_old FROM orca.syncs sy
+    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
+    -- Defining a sync again replaces its definition; its HEAD and generation
+    -- stay. A sync dropped under the name left them on its pipeline.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
+                                 catalog_version)
+    SELECT v_org, create_sync.name, d, d->>'delivery',
+           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
+    FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
+    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                                             delivery = excluded.delivery,
+                                             catalog_version = excluded.catalog_version,
+                                             drift = NULL, drift_at = NULL
+    RETURNING s.id INTO v_id;
+    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
+                                create_sync.pool, create_sync.run_retries);
+    UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
+    WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
+    -- A continuous sync is one long-lived run. Redefined while it runs, the
+    -- run is cancelled (its attempt stops at its next epoch boundary) and a
+    -- new one reads the new definition from HEAD.
+    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
+        IF v_old IS DISTINCT FROM d THEN
+            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
+        END IF;
+        PERFORM orca._keep_running(v_org, create_sync.name);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
+        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
+                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
+                                       FROM jsonb_array_elements(d->'streams') AS x),
+                           'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
+'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
+'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
+'run orca-engine; a failed run is tried again run_retries times. '
+'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
+'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
+'which must have been discovered from this source; each attempt then reports how the source '
+'drifted from that catalog version (orca.report_drift). '
+'Each stream''s delivery level is worked out from the destination''s class, the source''s '
+'replay, the write mode and the primary key, and must reach the required level. Errors: '
+'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
+'OR094 netguard refuses a host written as an address, a socket or a local path it names '
+'(orca.allowlist). '
+'docs/syncs.md lists the connectors. '
+'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
+'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
+'"cursor":"updated_at","primary_key":["id"]}]'');';
+
+CREATE OR REPLACE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
+    v_org bigint := a.org_id;
+    s orca.syncs;
+    r orca.runs;
+BEGIN
+    -- A run's attempt says which run it is: its lease must be live and of
+    -- this sync (locks run, then attempt, then the sync, as finish does).
+    IF claim_sync.lease IS NOT NULL THEN
+        a := orca._leased_attempt(v_org, claim_sync.lease);
+        SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    END IF;
+    s := orca._sync(v_org, claim_sync.sync);
+    -- A HEAD set under an older rule or by hand: the engine checks it too.
+    PERFORM orca._check_record(s, s.head_record);
+    -- A definition made before passwords were refused still runs, with a
+    -- warning on every claim until it is defined again with a secret.
+    IF cardinality(orca._inline_passwords(s.definition)) > 0 THEN
+        PERFORM orca._event(v_org, 'sync.inline_password', r.pipeline_id, r.id, a.id,
+            jsonb_build_object('sync', s.name, 'at', to_jsonb(orca._inline_passwords(s.definition)),
+                               'hint', 'keep the connection string in a secret (orca.set_secret) '
+                                       'and define the sync again with {"secret": "name"}'));
+    END IF;
+    UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
+    PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
+        jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
+    RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
+                              'epoch', s.head_epoch, 'record', s.head_record,
+                              'definition', s.definition, 'run', r.id,
+                              'request', coalesce(r.request, '{}'::jsonb),
+                              'allowlist', to_jsonb(orca._allowlist(v_org)),
+                              'catalog', (SELECT jsonb_build_object('version', c.version,
+                                                                    'streams', c.catalog->'streams')
+                                          FROM orca.catalogs c
+                                          WHERE c.org_id = v_org AND c.name = s.name
+                                            AND c.version = s.catalog_version));
+END
+$$;
+COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
+'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
+'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
+'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
+'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
+'({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
+'(what its connectors may reach besides public addresses), and the catalog version the streams '
+'were planned from (its streams), which the attempt checks the source against. '
+'The lease is required (OR084) '
+'except for admins, who may drive a sync by hand in their session''s org.';
+
+GRANT SELECT ON orca.catalogs TO orca_viewer;
+REVOKE ALL ON FUNCTION orca._source_check(text, text, jsonb, text[]), orca._catalog_shape(jsonb),
+    orca._source_identity(jsonb),
+    orca._catalog(bigint, text), orca.discover(text, jsonb), orca._discovery_run(uuid),
+    orca.discovery(uuid), orca.store_catalog(uuid, jsonb), orca._planned_streams(orca.catalogs, jsonb),
+    orca.report_drift(text, integer, jsonb, uuid)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.discover(text, jsonb) TO orca_operator;
+GRANT EXECUTE ON FUNCTION orca.discovery(uuid), orca.store_catalog(uuid, jsonb),
+    orca.report_drift(text, integer, jsonb, uuid)
+    TO orca_attempt;

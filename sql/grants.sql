@@ -56,6 +56,7 @@ GRANT EXECUTE ON FUNCTION
     orca.unpause(text),
     orca.refresh_keys(text),
     orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer),
+    orca.discover(text, jsonb),
     orca.drop_sync(text),
     orca.pause_sync(text),
     orca.resume_sync(text),
@@ -88,7 +89,10 @@ GRANT EXECUTE ON FUNCTION
     orca.rewind_head(text, integer, bigint, text, uuid),
     orca.record_epoch(text, integer, bigint, jsonb, uuid),
     orca.record_commit(uuid, text, text, text, bigint, integer, text),
-    orca.attempt_secret(uuid, text)
+    orca.attempt_secret(uuid, text),
+    orca.discovery(uuid),
+    orca.store_catalog(uuid, jsonb),
+    orca.report_drift(text, integer, jsonb, uuid)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),

@@ -23,7 +23,7 @@ $$;
 CREATE FUNCTION orca._command(p_kind text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                       WHEN 'sync' THEN 'sync' ELSE 'attempt' END
+                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover' ELSE 'attempt' END
 $$;
 
 -- Each run's next attempt, pending in its pool: the attempt (numbered by the

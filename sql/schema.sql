@@ -174,7 +174,10 @@ CREATE TABLE orca.runs (
     -- 'keys': a keyed pipeline's task that reads its keys and then queues the
     -- runs its request asks for.
     -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
-    kind        text NOT NULL DEFAULT 'pipeline' CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync')),
+    -- 'discover': orca.discover's task, whose attempt reads the source's
+    -- catalog (`orca-engine discover`) and stores it (orca.catalogs).
+    kind        text NOT NULL DEFAULT 'pipeline'
+                CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync', 'discover')),
     -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}; a sync
     -- backfill's: {"mode": "full"}.
     request     jsonb,
@@ -200,7 +203,7 @@ COMMENT ON TABLE orca.runs IS
 'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
 'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
 'polls), keys (a keyed pipeline''s keys task; parent_run of the runs it queued) or sync (a run '
-'of a sync, request {"mode": "full"} for a backfill).';
+'of a sync, request {"mode": "full"} for a backfill) or discover (orca.discover''s task).';
 -- A schedule fire makes at most one run, however many ticks see it.
 CREATE UNIQUE INDEX runs_fire ON orca.runs (pipeline_id, fire_at) WHERE fire_at IS NOT NULL;
 -- What starting queued runs (oldest first) and counting running ones scan; the
@@ -280,7 +283,7 @@ CREATE TABLE orca.queue (
     -- What a runner runs for it (orca.lease.command), so that a runner
     -- claims only what it is set up to run (orca.claim's commands).
     command     text NOT NULL DEFAULT 'attempt'
-                CHECK (command IN ('attempt', 'sense', 'keys', 'sync')),
+                CHECK (command IN ('attempt', 'sense', 'keys', 'sync', 'discover')),
     PRIMARY KEY (org_id, pool, attempt_id)
 );
 COMMENT ON TABLE orca.queue IS
@@ -479,6 +482,12 @@ CREATE TABLE orca.syncs (
     head_at     timestamptz,
     created_at  timestamptz NOT NULL DEFAULT now(),
     created_by  name NOT NULL DEFAULT session_user,
+    -- The version of the catalog (orca.catalogs, same name) the streams
+    -- were planned from, which each attempt checks the source against, and
+    -- what the last attempt found changed since (NULL: nothing).
+    catalog_version integer,
+    drift       jsonb,
+    drift_at    timestamptz,
     UNIQUE (org_id, name),
     UNIQUE (org_id, id)
 );

@@ -154,6 +154,9 @@ DECLARE
     d     jsonb;
     v_id  bigint;
     v_old jsonb;
+    v_streams jsonb := create_sync.streams;
+    v_cat orca.catalogs;
+    v_catalog_version integer;
 BEGIN
     IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
        OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
@@ -170,9 +173,29 @@ BEGIN
                         coalesce(create_sync.run_retries::text, 'NULL')
             USING ERRCODE = 'OR063';
     END IF;
+    -- Streams planned from the sync's catalog (orca.discover).
+    v_cat := orca._catalog(v_org, create_sync.name);
+    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
+        IF v_cat.version IS NULL THEN
+            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
+                USING ERRCODE = 'OR063',
+                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
+                                    create_sync.name);
+        END IF;
+        v_streams := orca._planned_streams(v_cat, v_streams);
+    END IF;
     d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
-                                       create_sync.destination, create_sync.streams,
+                                       create_sync.destination, v_streams,
                                        create_sync.schedule, create_sync.delivery));
+    IF v_cat.version IS NOT NULL
+       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
+        v_catalog_version := v_cat.version;
+    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
+        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
+                        create_sync.name, v_cat.version, create_sync.name
+            USING ERRCODE = 'OR063',
+                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
+    END IF;
     -- Netguard, as far as the definition shows it: hosts written as
     -- addresses, sockets and local paths (names are judged when resolved).
     PERFORM orca._unwrap(orca._netguard_definition(
@@ -181,12 +204,15 @@ BEGIN
     WHERE sy.org_id = v_org AND sy.name = create_sync.name;
     -- Defining a sync again replaces its definition; its HEAD and generation
     -- stay. A sync dropped under the name left them on its pipeline.
-    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch)
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
+                                 catalog_version)
     SELECT v_org, create_sync.name, d, d->>'delivery',
-           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0)
+           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
     FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
     ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
-                                             delivery = excluded.delivery
+                                             delivery = excluded.delivery,
+                                             catalog_version = excluded.catalog_version,
+                                             drift = NULL, drift_at = NULL
     RETURNING s.id INTO v_id;
     PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
                                 create_sync.pool, create_sync.run_retries);
@@ -215,6 +241,10 @@ COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text
 'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
 'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
 'run orca-engine; a failed run is tried again run_retries times. '
+'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
+'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
+'which must have been discovered from this source; each attempt then reports how the source '
+'drifted from that catalog version (orca.report_drift). '
 'Each stream''s delivery level is worked out from the destination''s class, the source''s '
 'replay, the write mode and the primary key, and must reach the required level. Errors: '
 'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
@@ -259,7 +289,12 @@ BEGIN
                               'epoch', s.head_epoch, 'record', s.head_record,
                               'definition', s.definition, 'run', r.id,
                               'request', coalesce(r.request, '{}'::jsonb),
-                              'allowlist', to_jsonb(orca._allowlist(v_org)));
+                              'allowlist', to_jsonb(orca._allowlist(v_org)),
+                              'catalog', (SELECT jsonb_build_object('version', c.version,
+                                                                    'streams', c.catalog->'streams')
+                                          FROM orca.catalogs c
+                                          WHERE c.org_id = v_org AND c.name = s.name
+                                            AND c.version = s.catalog_version));
 END
 $$;
 COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
@@ -268,7 +303,9 @@ COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
 'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
 '({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
-'(what its connectors may reach besides public addresses). The lease is required (OR084) '
+'(what its connectors may reach besides public addresses), and the catalog version the streams '
+'were planned from (its streams), which the attempt checks the source against. '
+'The lease is required (OR084) '
 'except for admins, who may drive a sync by hand in their session''s org.';
 
 CREATE FUNCTION orca.advance_head(sync text, generation integer, epoch bigint, record text,

@@ -42,124 +42,8 @@ pub fn catalog(source: &str) -> Result<Value, DiscoverError> {
         .and_then(Value::as_str)
         .ok_or_else(|| DiscoverError::Url(v.get("url").cloned().unwrap_or_default().to_string()))?;
     let mut c = Client::connect(url, NoTls).map_err(|e| DiscoverError::Connect(e.to_string()))?;
-    let q = |e: postgres::Error| DiscoverError::Catalog(e.to_string());
-    let server = c
-        .query_one(
-            "SELECT current_setting('wal_level'),
-                    (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
-                    current_setting('server_version')",
-            &[],
-        )
-        .map_err(q)?;
-    let wal_level: String = server.get(0);
-    let replication: bool = server.get(1);
-    let mut server_blocks = Vec::new();
-    if wal_level != "logical" {
-        server_blocks.push(format!(
-            "wal_level is {wal_level}: ALTER SYSTEM SET wal_level = logical, then restart"
-        ));
-    }
-    if !replication {
-        server_blocks
-            .push("the role has no REPLICATION attribute: ALTER ROLE ... REPLICATION".into());
-    }
-    let rows = c
-        .query(
-            "SELECT n.nspname::text || '.' || c.relname::text, c.relreplident::text,
-                    (SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}')
-                     FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-                     WHERE i.indrelid = c.oid AND i.indisprimary),
-                    (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                                'name', a.attname::text, 'type', format_type(a.atttypid, a.atttypmod),
-                                'nullable', NOT a.attnotnull,
-                                'toastable', a.attlen = -1 AND a.attstorage <> 'p')
-                            ORDER BY a.attnum), '[]')
-                     FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-                    c.reltuples::bigint
-             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-               AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'orca')
-               AND n.nspname NOT LIKE 'pg\\_%' AND c.relname NOT LIKE 'iceberg\\_%'
-             ORDER BY 1",
-            &[],
-        )
-        .map_err(q)?;
-    let mut streams = Vec::new();
-    let mut plan = Vec::new();
-    for r in &rows {
-        let table: String = r.get(0);
-        let identity: String = r.get(1);
-        let key: Vec<String> = r.get(2);
-        let columns: Value = r.get(3);
-        let rows_estimate: i64 = r.get(4);
-        let cols = columns.as_array().cloned().unwrap_or_default();
-        let toastable: Vec<String> = cols
-            .iter()
-            .filter(|c| c["toastable"] == true)
-            .filter_map(|c| c["name"].as_str().map(str::to_string))
-            .filter(|n| !key.contains(n))
-            .collect();
-        let mut blocks = server_blocks.clone();
-        match identity.as_str() {
-            "f" => {}
-            "n" => blocks.push("REPLICA IDENTITY NOTHING: deletes carry no key".into()),
-            "d" if key.is_empty() => blocks
-                .push("no primary key: add one, or REPLICA IDENTITY FULL with a unique key".into()),
-            _ if !toastable.is_empty() => blocks.push(format!(
-                "TOASTable columns ({}) need REPLICA IDENTITY FULL",
-                toastable.join(", ")
-            )),
-            _ => {}
-        }
-        let cursor = cols
-            .iter()
-            .filter(|c| {
-                c["type"]
-                    .as_str()
-                    .is_some_and(|t| t.starts_with("timestamp") || t == "date")
-            })
-            .filter_map(|c| c["name"].as_str())
-            .find(|n| ["updated_at", "modified_at", "changed_at"].contains(n))
-            .map(str::to_string);
-        let name = table
-            .rsplit('.')
-            .next()
-            .unwrap_or(&table)
-            .to_lowercase()
-            .replace(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'), "_");
-        let readable = !key.is_empty()
-            && match kind {
-                "postgres_cdc" => blocks.is_empty(),
-                _ => cursor.is_some(),
-            };
-        if readable {
-            let mut s = json!({"name": name, "table": table, "primary_key": key,
-                               "mode": if key.is_empty() { "append" } else { "merge" }});
-            if kind == "postgres" {
-                s["cursor"] = json!(cursor);
-            }
-            plan.push(s);
-        }
-        streams.push(json!({
-            "table": table,
-            "columns": cols,
-            "primary_key": key,
-            "replica_identity": match identity.as_str() {
-                "d" => "default", "f" => "full", "i" => "index", _ => "nothing"
-            },
-            "rows_estimate": rows_estimate.max(0),
-            "cdc": blocks.is_empty(),
-            "cdc_blocked_by": blocks,
-            "cursor": cursor,
-        }));
-    }
-    Ok(json!({
-        "source": kind,
-        "server": {"version": server.get::<_, String>(2), "wal_level": wal_level,
-                   "replication_role": replication},
-        "streams": streams,
-        "plan": plan,
-    }))
+    orca_client::discover::postgres_catalog(&mut c, kind)
+        .map_err(|e| DiscoverError::Catalog(e.to_string()))
 }
 
 /// An external connector's streams, as its `discover` says: the program
@@ -206,14 +90,7 @@ fn connector_catalog(v: &Value) -> Result<Value, DiscoverError> {
     }
     let found: Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| fail(format!("discover printed no JSON: {e}")))?;
-    let streams = found.get("streams").cloned().unwrap_or_else(|| json!([]));
-    let plan: Vec<Value> = streams
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| json!({"name": s["name"], "config": s.get("config").cloned().unwrap_or_else(|| json!({}))}))
-        .collect();
-    Ok(json!({"source": "connector", "connector": name, "streams": streams, "plan": plan}))
+    Ok(orca_core::catalog::connector(&name, &found))
 }
 
 pub fn run(source: &str, json: bool) -> anyhow::Result<i32> {

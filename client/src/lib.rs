@@ -22,6 +22,7 @@ use postgres::types::ToSql;
 use postgres::{Client, Row};
 use serde_json::Value;
 
+pub mod discover;
 pub mod tls;
 
 /// How long a call keeps trying while the server is unreachable: longer than
@@ -452,6 +453,43 @@ impl Control {
 }
 
 impl Control {
+    /// `orca.discovery`: what a discovery task reads, under its lease.
+    pub fn discovery(&mut self, lease: LeaseToken) -> Result<api::Discovery, ClientError> {
+        const WHAT: &str = "orca.discovery";
+        let v = self.json(WHAT, "SELECT orca.discovery($1)", &[&lease.0])?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.store_catalog`: a discovery task's result; returns the
+    /// catalog's version (a new one only when the catalog changed).
+    pub fn store_catalog(
+        &mut self,
+        lease: LeaseToken,
+        catalog: &Value,
+    ) -> Result<i32, ClientError> {
+        self.with_retry("orca.store_catalog", |c| {
+            c.query_one("SELECT orca.store_catalog($1, $2)", &[&lease.0, catalog])?
+                .try_get::<_, i32>(0)
+        })
+    }
+
+    /// `orca.report_drift`: what an attempt found changed in its source
+    /// since the catalog its streams were planned from (empty: nothing).
+    pub fn report_drift(
+        &mut self,
+        sync: &str,
+        generation: Generation,
+        drift: &Value,
+        lease: Option<LeaseToken>,
+    ) -> Result<(), ClientError> {
+        let lease = lease.map(|l| l.0);
+        self.execute(
+            "orca.report_drift",
+            "SELECT orca.report_drift($1, $2, $3, $4)",
+            &[&sync, &generation.0, drift, &lease],
+        )
+    }
+
     /// `orca.attempt_secret`: a secret's value, under the attempt's lease.
     pub fn attempt_secret(
         &mut self,

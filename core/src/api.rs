@@ -131,6 +131,9 @@ pub enum Command {
     Keys,
     /// `orca-engine sync`: an attempt of a sync.
     Sync,
+    /// `orca-engine discover`: reads a source's catalog for
+    /// `orca.discover`.
+    Discover,
 }
 
 impl Command {
@@ -140,6 +143,7 @@ impl Command {
             Command::Sense => "sense",
             Command::Keys => "keys",
             Command::Sync => "sync",
+            Command::Discover => "discover",
         }
     }
 }
@@ -337,6 +341,21 @@ pub struct ClaimedSync {
     /// list refuses every non-public address and every local path.
     #[serde(default)]
     pub allowlist: Option<Vec<String>>,
+    /// The catalog version the sync's streams were planned from
+    /// (`orca.discover`), which the attempt checks the source against:
+    /// `{"version": N, "streams": [...]}`. Absent when none was.
+    #[serde(default)]
+    pub catalog: Option<Value>,
+}
+
+/// What a discovery task (`orca.discovery`) reads: the source of the
+/// sync-to-be, as `orca.discover` stored it, and the org's allowlist.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Discovery {
+    pub name: String,
+    pub source: crate::sync::Source,
+    pub allowlist: Vec<String>,
+    pub run: RunId,
 }
 
 /// What one `orca.tick` did.

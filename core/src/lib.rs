@@ -5,6 +5,7 @@
 //! plain `cargo test` exercises the logic without a running Postgres.
 
 pub mod api;
+pub mod catalog;
 pub mod conninfo;
 pub mod cron;
 pub mod delivery;

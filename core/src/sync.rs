@@ -136,6 +136,37 @@ impl Source {
         matches!(self, Source::PostgresCdc { .. })
     }
 
+    /// Replaces the source's secret references with their values.
+    pub fn resolve_secrets(
+        &mut self,
+        resolver: &mut dyn Resolver,
+    ) -> std::result::Result<(), SecretError> {
+        match self {
+            Source::Postgres { url, .. }
+            | Source::Files { url, .. }
+            | Source::PostgresCdc { url, .. } => url.resolve(resolver),
+            Source::Connector { config, .. } => resolve_config(config, resolver),
+        }
+    }
+
+    /// What the source reaches, as netguard judges it before anything is
+    /// resolved (see [`SyncDef::reaches`]).
+    pub fn reaches(&self) -> Vec<(&'static str, Reach<'_>)> {
+        match self {
+            Source::Postgres { url, .. } | Source::PostgresCdc { url, .. } => url
+                .plain()
+                .map(|u| vec![("source.url", Reach::Postgres(u))])
+                .unwrap_or_default(),
+            Source::Files { url, .. } => url
+                .plain()
+                .map(|u| vec![("source.url", Reach::Place(u))])
+                .unwrap_or_default(),
+            // What an external connector reaches, its spec names: the
+            // attempt checks it before the connector starts.
+            Source::Connector { .. } => Vec::new(),
+        }
+    }
+
     /// A continuous sync's epoch interval (`epoch_seconds`, default
     /// [`EPOCH_SECONDS_DEFAULT`]); None for a sync whose attempts end.
     pub fn continuous(&self) -> Option<u64> {
@@ -638,6 +669,39 @@ pub fn check(
     check_rules(name, source, destination, streams, schedule, required)
 }
 
+/// Validates a source to be discovered (`orca.discover`): the options a
+/// sync's source takes, of a kind whose catalog can be read (postgres,
+/// postgres_cdc, connector), with no password in plain text.
+pub fn check_source(name: &str, source: &Value) -> Result<Source> {
+    if !is_name(name) {
+        return Err(bad(
+            "name",
+            format!("'{name}' is not a valid name: use 1 to {NAME_MAX} lowercase letters, digits or '_'"),
+        ));
+    }
+    if let Some(at) = secret::inline_passwords("source", source).first() {
+        return Err(bad(
+            at,
+            "carries a password: keep the connection string in a secret \
+             (SELECT orca.set_secret('name', '<url>')) and write {\"secret\": \"name\"} here",
+        ));
+    }
+    let (src, opts) = connector("source", SOURCES, source)?;
+    if !matches!(src.name, "postgres" | "postgres_cdc" | "connector") {
+        return Err(bad(
+            "source.type",
+            format!(
+                "'{}' has no catalog to discover (postgres, postgres_cdc and connector have)",
+                src.name
+            ),
+        ));
+    }
+    if src.name == "connector" {
+        check_connector(&opts)?;
+    }
+    serde_json::from_value(Value::Object(opts)).map_err(|e| bad("source", e.to_string()))
+}
+
 fn check_rules(
     name: &str,
     source: &Value,
@@ -1052,12 +1116,7 @@ impl SyncDef {
         &mut self,
         resolver: &mut dyn Resolver,
     ) -> std::result::Result<(), SecretError> {
-        match &mut self.source {
-            Source::Postgres { url, .. }
-            | Source::Files { url, .. }
-            | Source::PostgresCdc { url, .. } => url.resolve(resolver)?,
-            Source::Connector { config, .. } => resolve_config(config, resolver)?,
-        }
+        self.source.resolve_secrets(resolver)?;
         for s in &mut self.streams {
             if let Some(config) = &mut s.config {
                 resolve_config(config, resolver)?;
@@ -1090,22 +1149,7 @@ impl SyncDef {
     /// options netguard judges (those that name a secret are judged once
     /// the attempt has read it).
     pub fn reaches(&self) -> Vec<(&'static str, Reach<'_>)> {
-        let mut out = Vec::new();
-        match &self.source {
-            Source::Postgres { url, .. } | Source::PostgresCdc { url, .. } => {
-                if let Ok(u) = url.plain() {
-                    out.push(("source.url", Reach::Postgres(u)));
-                }
-            }
-            Source::Files { url, .. } => {
-                if let Ok(u) = url.plain() {
-                    out.push(("source.url", Reach::Place(u)));
-                }
-            }
-            // What an external connector reaches, its spec names: the
-            // attempt checks it before the connector starts.
-            Source::Connector { .. } => {}
-        }
+        let mut out = self.source.reaches();
         match &self.destination {
             Destination::Postgres { url, .. } => {
                 if let Ok(u) = url.plain() {

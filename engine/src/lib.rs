@@ -15,6 +15,7 @@
 pub mod attempt;
 pub mod commit;
 pub mod dest;
+pub mod discover;
 pub mod netguard;
 pub mod release;
 pub mod source;

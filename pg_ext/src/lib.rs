@@ -82,7 +82,16 @@ extension_sql_file!(
     name = "keyed",
     requires = ["sensors"]
 );
-extension_sql_file!("../../sql/syncs.sql", name = "syncs", requires = ["keyed"]);
+extension_sql_file!(
+    "../../sql/discovery.sql",
+    name = "discovery",
+    requires = ["keyed"]
+);
+extension_sql_file!(
+    "../../sql/syncs.sql",
+    name = "syncs",
+    requires = ["discovery"]
+);
 extension_sql_file!("../../sql/tick.sql", name = "tick", requires = ["syncs"]);
 extension_sql_file!(
     "../../sql/webhooks.sql",

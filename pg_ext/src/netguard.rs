@@ -53,6 +53,30 @@ fn netguard_definition(org: &str, definition: JsonB, allowlist: Vec<String>) -> 
     }
 }
 
+/// A source to discover (`orca.discover`), validated and normalized, and
+/// judged by netguard as a definition's source is: `{"ok": source}`.
+#[pg_extern(immutable, strict, parallel_safe, name = "_source_check")]
+fn source_check(org: &str, name: &str, source: JsonB, allowlist: Vec<String>) -> JsonB {
+    let src = match orca_core::sync::check_source(name, &source.0) {
+        Ok(s) => s,
+        Err(e) => return JsonB(e.envelope()),
+    };
+    let list = match Allowlist::new(org, &allowlist) {
+        Ok(l) => l,
+        Err(e) => return fail(sqlstate::BAD_ALLOWLIST_ENTRY, e.to_string(), ""),
+    };
+    match netguard::check_reaches(&list, &src.reaches()) {
+        Ok(()) => JsonB(json!({"ok": serde_json::to_value(&src).unwrap_or_default()})),
+        Err(e @ (NetguardError::Refused(_) | NetguardError::PathRefused(_))) => fail(
+            sqlstate::NETGUARD_REFUSED,
+            e.to_string(),
+            "orca.allowlist lists what the org may reach besides public addresses; admins add \
+             to it with orca.allow(org, target)",
+        ),
+        Err(e) => fail(sqlstate::BAD_SYNC, e.to_string(), ""),
+    }
+}
+
 /// The allowlist entries that permit what a definition names as written
 /// (the upgrade to 0.2.0 gives them to syncs that ran before netguard).
 #[pg_extern(immutable, strict, parallel_safe, name = "_allowlist_for")]

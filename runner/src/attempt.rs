@@ -137,10 +137,11 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
-/// What to run for a lease: this runner's engine for a sync, else the
+/// What to run for a lease: this runner's engine for a sync or a
+/// discovery, else the
 /// version's pinned binary under the pipeline root.
 fn program(shared: &Shared, l: &Lease) -> Result<PathBuf, String> {
-    if l.command == Work::Sync {
+    if matches!(l.command, Work::Sync | Work::Discover) {
         return Ok(shared.engine.clone());
     }
     let Some(pins) = &shared.pins else {

@@ -156,6 +156,15 @@ fn commands(
                 .to_string(),
         ),
     }
+    // A discovery needs the engine only: it reads a catalog, stores nothing.
+    if runnable(engine) {
+        can.push("discover");
+    } else {
+        not.push(format!(
+            "not discovering sources: the engine {} cannot be run (--engine, ORCA_ENGINE)",
+            engine.display()
+        ));
+    }
     match store {
         None => not.push(
             "not running syncs: no --store (ORCA_STORE), where syncs keep their checkpoints"

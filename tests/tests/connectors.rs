@@ -164,7 +164,7 @@ async fn a_nats_jetstream_connector_lands_every_message_once_across_a_sigkilled_
         .flatten()
         .find(|s| s["config"]["stream"] == js.0.as_str())
         .unwrap_or_else(|| panic!("{} in {cat}", js.0));
-    assert_eq!(found["messages"], n, "{found}");
+    assert_eq!(found["rows_estimate"], n, "{found}");
     assert!(
         cat["plan"]
             .as_array()
@@ -176,6 +176,27 @@ async fn a_nats_jetstream_connector_lands_every_message_once_across_a_sigkilled_
         &dir.join("store"),
         &dir.join("logs"),
         &[("ORCA_CONNECTORS", conns_s.as_str())],
+    );
+    // The same discover as a runner's task (orca.discover of the sync's
+    // own source): the catalog lands in the control plane.
+    let discovery: i64 = sqlx::query_scalar("SELECT orca.discover('events')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("orca.discover");
+    succeeded(&db, discovery, &runner, "the connector's discovery").await;
+    let stored: Value = sqlx::query_scalar(
+        "SELECT catalog FROM orca.catalogs WHERE name = 'events' AND version = 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the stored catalog");
+    assert_eq!(stored["source"], "connector");
+    assert_eq!(stored["connector"], "nats_jetstream");
+    assert!(
+        stored["plan"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|s| s["config"]["stream"] == js.0.as_str())),
+        "{stored}"
     );
     let run: i64 = sqlx::query_scalar("SELECT orca.run('events', 'now')")
         .fetch_one(&db.pool)

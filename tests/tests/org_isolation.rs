@@ -35,6 +35,8 @@ const API: &[&str] = &[
     "create_webhook",
     "current_org_id",
     "disallow",
+    "discover",
+    "discovery",
     "drop_secret",
     "drop_sync",
     "drop_webhook",
@@ -59,6 +61,7 @@ const API: &[&str] = &[
     "register_runner",
     "release",
     "remove_member",
+    "report_drift",
     "report_keys",
     "report_snapshots",
     "report_step",
@@ -73,6 +76,7 @@ const API: &[&str] = &[
     "run",
     "sense_context",
     "set_secret",
+    "store_catalog",
     "set_webhook_enabled",
     "tick",
     "unpause",
@@ -359,6 +363,27 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
         .execute(&mut c)
         .await
         .expect("record its figures");
+    // A discovered catalog of the CDC sync's source: the discovery's
+    // attempt stores it under its lease, as a runner's engine would.
+    sqlx::query("SELECT orca.discover($1)")
+        .bind(format!("{org}_cdc"))
+        .execute(&mut c)
+        .await
+        .expect("discover the CDC sync's source");
+    let d: uuid::Uuid = sqlx::query_scalar(
+        "SELECT lease FROM orca.claim('discoverer', 'default', 1, ARRAY['discover'])",
+    )
+    .fetch_one(&mut c)
+    .await
+    .expect("claim the discovery");
+    sqlx::query(
+        "SELECT orca.store_catalog($1, '{\"source\": \"postgres_cdc\", \"streams\": \
+         [{\"table\": \"public.orders\", \"columns\": []}], \"plan\": []}'), orca.finish($1, true)",
+    )
+    .bind(d)
+    .execute(&mut c)
+    .await
+    .expect("store the catalog");
     (runs, leases[1].lease, leases[0].run, leases[1].attempt)
 }
 
@@ -558,6 +583,7 @@ async fn no_table_view_or_function_crosses_orgs() {
             .to_string(),
         "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)".to_string(),
         "SELECT orca.record_epoch('globex_sync', 1, 1, '{}')".to_string(),
+        "SELECT orca.report_drift('globex_sync', 1, '[]')".to_string(),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR084", "{sql}");
     }
@@ -567,6 +593,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.drop_sync('globex_sync')",
         "SELECT orca.pause_sync('globex_sync')",
         "SELECT orca.resume_sync('globex_sync')",
+        "SELECT orca.discover('globex_cdc')",
     ] {
         assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
     }
@@ -575,6 +602,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.advance_head('globex_sync', 1, 2, 'globex/globex_sync/_checkpoints/r2', '{g_lease}')"),
         format!("SELECT orca.rewind_head('globex_sync', 1, 0, NULL, '{g_lease}')"),
         format!("SELECT orca.record_epoch('globex_sync', 1, 1, '{{}}', '{g_lease}')"),
+        format!("SELECT orca.report_drift('globex_sync', 1, '[]', '{g_lease}')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
@@ -609,6 +637,8 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.finish_many(ARRAY['{g_lease}'::uuid])"),
         format!("SELECT orca.report_step('{g_lease}', 'one', '2024-02', 'succeeded')"),
         format!("SELECT orca.attempt_secret('{g_lease}', 'globex-db')"),
+        format!("SELECT orca.discovery('{g_lease}')"),
+        format!("SELECT orca.store_catalog('{g_lease}', '{{\"streams\": [], \"plan\": []}}')"),
         format!("SELECT orca.append_log('{g_lease}', 100, ARRAY['planted'])"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");

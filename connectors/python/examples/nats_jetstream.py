@@ -64,7 +64,9 @@ class JetStream(Source):
             return [{"name": s.config.name.lower().replace("-", "_"),
                      "config": {"stream": s.config.name},
                      "subjects": s.config.subjects,
-                     "messages": s.state.messages} for s in streams]
+                     # rows_estimate: what a catalog may see change
+                     # without a new version (orca.store_catalog).
+                     "rows_estimate": s.state.messages} for s in streams]
         finally:
             self.loop.run_until_complete(nc.close())
 

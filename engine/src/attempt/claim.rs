@@ -107,6 +107,17 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         Source::Tables(t) => t,
         Source::Files { .. } => &[],
     };
+    let drift = drift_from_catalog(claim.catalog.as_ref(), tables);
+    if claim.catalog.is_some() {
+        // Reported, not enforced: the streams' schema policy decides what
+        // a change does to the attempt.
+        control.report_drift(
+            &opts.sync,
+            claim.generation,
+            &serde_json::to_value(&drift).unwrap_or_default(),
+            lease,
+        )?;
+    }
     let layout = Layout::new(&opts.org, &opts.sync);
     let store = Store::open(&opts.store_url)?;
     let dest = Dest::open(
@@ -136,6 +147,13 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         acks: None,
         takes_acks: def.source.is_cdc() || matches!(def.source, SourceDef::Connector { .. }),
     };
+    if !drift.is_empty() {
+        a.log.event(
+            "drift",
+            json!({"catalog_version": claim.catalog.as_ref().map(|c| c["version"].clone()),
+                   "changes": drift}),
+        );
+    }
     a.log.event(
         "claimed",
         json!({"sync": opts.sync, "head": head_epoch, "batch_rows": batch_rows,
@@ -181,6 +199,34 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         head_record,
         full,
     })
+}
+
+/// How the tables differ from the catalog version the streams were
+/// planned from (`{"version", "streams"}`), table by table.
+fn drift_from_catalog(
+    catalog: Option<&Value>,
+    tables: &[PgTable],
+) -> Vec<orca_core::catalog::Drift> {
+    let Some(planned) = catalog.and_then(|c| c.get("streams")) else {
+        return Vec::new();
+    };
+    tables
+        .iter()
+        .flat_map(|t| {
+            let found: Vec<orca_core::catalog::Column> = t
+                .columns
+                .iter()
+                .zip(&t.sql_types)
+                .map(|(c, ty)| orca_core::catalog::Column {
+                    name: c.name.clone(),
+                    sql_type: ty.clone(),
+                    nullable: c.nullable,
+                    toastable: false,
+                })
+                .collect();
+            orca_core::catalog::drift(planned, &t.spec.table, &found)
+        })
+        .collect()
 }
 
 /// Listens on the control channel and the data edge a runner asked for,

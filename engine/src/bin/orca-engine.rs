@@ -1,7 +1,9 @@
-//! `orca-engine`: runs one attempt of a sync, or releases its held cells.
+//! `orca-engine`: runs one attempt of a sync or of a source's discovery,
+//! or releases a sync's held cells.
 //!
 //! ```text
 //! orca-engine sync shop --store /var/lib/orca/store
+//! orca-engine discover --lease <lease>      (what a runner runs for orca.discover)
 //! orca-engine release shop --store /var/lib/orca/store --nul strip
 //! ```
 //! Exit status 0 when the source had no more rows and every epoch committed
@@ -55,6 +57,18 @@ enum Command {
         #[arg(long)]
         edge: Option<std::path::PathBuf>,
     },
+    /// Reads a source's catalog for a discovery task (`orca.discover`) and
+    /// stores it: what a runner runs for a discovery's lease.
+    Discover {
+        /// The lease of the discovery's attempt.
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: String,
+        /// The control plane: the database with the orca extension.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, env = "ORCA_ORG", default_value = "default")]
+        org: String,
+    },
     /// Writes the cells the destination could not take (kept under
     /// `_held/`) into their rows, where they are still null.
     Release {
@@ -93,6 +107,27 @@ fn parse_nul(s: &str) -> Result<NulFix, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Discover {
+            lease,
+            database_url,
+            org,
+        } => {
+            let opts = orca_engine::discover::DiscoverOptions {
+                database_url,
+                org,
+                lease,
+            };
+            match orca_engine::discover::run(&opts) {
+                Ok(v) => {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("orca-engine: discover: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Release {
             name,
             at,

@@ -231,6 +231,114 @@ fn endpoints(v: &Value) -> Result<Vec<(String, u16)>, String> {
     }
 }
 
+/// Checks the servers `spec` says the configs' options name against the
+/// org's allowlist, before the connector is started with them.
+fn check_reaches<'a>(
+    name: &str,
+    spec: &Spec,
+    configs: impl Iterator<Item = (String, &'a Value)>,
+    guard: &Guard,
+) -> Result<(), ReadError> {
+    for (at, cfg) in configs {
+        for key in &spec.reaches {
+            let Some(v) = cfg.get(key) else { continue };
+            let servers = endpoints(v).map_err(|e| ReadError::Connector {
+                name: name.to_string(),
+                reason: format!("{at}.{key}: {e}"),
+            })?;
+            for (host, port) in servers {
+                guard.endpoint(&host, port)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The longest a connector's `discover` may take.
+const DISCOVER_WAIT: Duration = Duration::from_secs(120);
+
+/// Runs connector `name`'s `discover` with `config` (secrets resolved) on
+/// its stdin, once netguard allowed what the config names, and returns
+/// what it printed: `{"streams": [...]}`.
+pub fn discover(name: &str, config: &Value, guard: &Guard) -> Result<Value, ReadError> {
+    let fail = |why: String| ReadError::Connector {
+        name: name.to_string(),
+        reason: why,
+    };
+    let path = program(name)?;
+    let spec = spec(name, &path)?;
+    check_reaches(
+        name,
+        &spec,
+        std::iter::once(("source.config".to_string(), config)),
+        guard,
+    )?;
+    let mut child = command(&path, "discover")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {} discover: {e}", path.display())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A connector that does not read its config is its own business:
+        // what it prints decides.
+        let _ = stdin.write_all(config.to_string().as_bytes());
+    }
+    // Read while it runs: a catalog larger than a pipe's buffer would
+    // otherwise stall it.
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|e| Box::new(e) as Box<dyn Read + Send>),
+    );
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < DISCOVER_WAIT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(fail(format!(
+                    "discover gave no answer within {DISCOVER_WAIT:?}"
+                )));
+            }
+        }
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if !status.success() {
+        return Err(fail(format!("discover failed ({status}): {}", tail(&err))));
+    }
+    let found: Value = serde_json::from_str(out.trim())
+        .map_err(|e| fail(format!("discover printed no JSON ({e}): {}", tail(&out))))?;
+    if !found.get("streams").is_some_and(Value::is_array) {
+        return Err(fail(format!(
+            "discover printed no streams list: {}",
+            tail(&out)
+        )));
+    }
+    Ok(found)
+}
+
 /// Starts the connector of `plan` and returns a reader per stream, in the
 /// plan's order, and where the commit protocol's acknowledgements go.
 pub(crate) fn spawn_connector(
@@ -282,18 +390,12 @@ pub(crate) fn spawn_connector(
                 .ok_or_else(|| ReadError::Definition(format!("stream {} is not defined", s.name)))
         })
         .collect::<Result<_, _>>()?;
-    for (at, cfg) in std::iter::once(("source.config".to_string(), &config)).chain(
+    let configs = std::iter::once(("source.config".to_string(), &config)).chain(
         stream_defs
             .iter()
             .map(|d| (format!("stream {}'s config", d["name"]), &d["config"])),
-    ) {
-        for key in &spec.reaches {
-            let Some(v) = cfg.get(key) else { continue };
-            for (host, port) in endpoints(v).map_err(|e| fail(format!("{at}.{key}: {e}")))? {
-                guard.endpoint(&host, port)?;
-            }
-        }
-    }
+    );
+    check_reaches(&name, &spec, configs, guard)?;
 
     let dir = private_dir()?;
     let socket = dir.join("connector.sock");

@@ -517,3 +517,138 @@ async fn a_connector_s_servers_are_judged_by_the_org_s_allowlist_before_it_reads
     drop(runner);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_discovery_is_judged_by_the_org_s_allowlist_and_its_catalog_stays_in_its_org() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme'), orca.create_org('globex');
+                 SELECT orca.add_member('acme', '{OPERATOR}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("two orgs");
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    let mut admin = db.connect().await;
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    let url_localhost = db.url().replacen("127.0.0.1", "localhost", 1);
+    let runs = || db.scalar_i64("SELECT count(*) FROM orca.runs WHERE kind = 'discover'");
+
+    // An address in the source is judged at once: no run is queued.
+    let e = sqlx::query("SELECT orca.discover('shop', $1)")
+        .bind(pg_source(&db.url()))
+        .execute(&mut op)
+        .await
+        .expect_err("acme may not reach the control plane's loopback");
+    let (code, message) = refusal(e);
+    assert_eq!(code, "OR094", "{message}");
+    assert!(message.contains("127.0.0.1"), "{message}");
+    assert_eq!(runs().await, 0);
+    // Plain-text passwords and sources with no catalog are refused too.
+    for (source, code) in [
+        (pg_source("postgres://app:hunter2@db.example/shop"), "OR063"),
+        (
+            json!({"type": "files", "url": "/in", "format": "jsonl"}),
+            "OR063",
+        ),
+        (json!({"type": "ftp", "url": "ftp://x"}), "OR060"),
+    ] {
+        let e = sqlx::query("SELECT orca.discover('shop', $1)")
+            .bind(&source)
+            .execute(&mut op)
+            .await
+            .expect_err("refused");
+        assert_eq!(refusal(e).0, code, "{source}");
+    }
+    assert_eq!(runs().await, 0);
+
+    // A name is judged when the runner's engine resolves it.
+    let dir = scratch("netguard-discover");
+    let token = token(&db, "acme", "default", "acme-runner").await;
+    let engine = bin("orca-engine");
+    let env = [
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("ORCA_RUNNER_TOKEN", token.as_str()),
+    ];
+    let runner = Runner::start(
+        &url_as(&db, RUNNER_LOGIN),
+        "acme-runner",
+        1,
+        &dir.join("logs"),
+        &env,
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.discover('shop', $1)")
+        .bind(pg_source(&url_localhost))
+        .fetch_one(&mut op)
+        .await
+        .expect("a host name passes");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("netguard refused localhost at") && error.contains("a loopback address"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.catalogs").await, 0);
+
+    // Allowed by the admin, the same discovery stores acme's catalog, which
+    // globex neither sees nor plans from.
+    sqlx::query("SELECT orca.allow('acme', 'localhost')")
+        .execute(&mut admin)
+        .await
+        .expect("allow acme");
+    let run: i64 = sqlx::query_scalar("SELECT orca.discover('shop', $1)")
+        .bind(pg_source(&url_localhost))
+        .fetch_one(&mut op)
+        .await
+        .expect("discover again");
+    wait_for_sql(
+        &db,
+        "the allowed discovery to succeed",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT s->>'table' FROM orca.catalogs c, jsonb_array_elements(c.catalog->'streams') s
+         WHERE c.name = 'shop' ORDER BY 1",
+    )
+    .fetch_all(&mut op)
+    .await
+    .expect("acme's catalog");
+    assert!(tables.contains(&"public.orders".to_string()), "{tables:?}");
+    const GLOBEX_OP: &str = "orca_t_sec_globex_operator";
+    ensure_role(&db, GLOBEX_OP, &["orca_operator"]).await;
+    sqlx::query("SELECT orca.add_member('globex', $1)")
+        .bind(GLOBEX_OP)
+        .execute(&mut admin)
+        .await
+        .expect("globex's operator");
+    let mut globex = connect_org(&db, GLOBEX_OP, "globex").await;
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.catalogs")
+        .fetch_one(&mut globex)
+        .await
+        .expect("globex's catalogs");
+    assert_eq!(seen, 0, "globex sees acme's catalog");
+    let e = sqlx::query(
+        "SELECT orca.create_sync('shop', $1, '{\"type\": \"parquet\", \"url\": \"/out\"}', '{\"catalog\": true}')",
+    )
+    .bind(json!({"type": "postgres", "url": "postgres://db.example/shop"}))
+    .execute(&mut globex)
+    .await
+    .expect_err("globex has no catalog named shop");
+    let (code, message) = refusal(e);
+    assert_eq!(code, "OR063", "{message}");
+    assert!(message.contains("no catalog"), "{message}");
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
