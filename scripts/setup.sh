@@ -133,6 +133,11 @@ if ! "$PY" -c 'import nats' 2>/dev/null; then
     say "installing nats-py into $(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "nats-py==2.16.0"
 fi
+# redis-py, which the example Redis destination connector writes with.
+if ! "$PY" -c 'import redis' 2>/dev/null; then
+    say "installing redis-py into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "redis==8.1.0"
+fi
 
 # 6. The system cluster, which the tests use.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
@@ -159,6 +164,16 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
         for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.1; done
     else
         say "no nats-server: the external connector test needs NATS JetStream on 127.0.0.1:4222"
+    fi
+fi
+# Redis, which the example destination connector writes to in the tests.
+if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
+    if command -v redis-server >/dev/null; then
+        say "starting redis-server on 127.0.0.1:6379"
+        as_root redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save '' >/dev/null
+        for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && break; sleep 0.1; done
+    else
+        say "no redis-server: the destination connector test needs Redis on 127.0.0.1:6379"
     fi
 fi
 # 7. The installation key for secrets (docs/security.md): 32 random bytes as

@@ -213,6 +213,41 @@ pub enum Destination {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lanes: Option<u64>,
     },
+    /// An external connector's `write` (docs/connectors.md): the engine
+    /// sends it each epoch's rows and asks it to commit them.
+    Connector {
+        connector: String,
+        /// How it makes an epoch visible, as the definition relies on it
+        /// (the connector's spec must promise the same or better).
+        commits: ConnectorCommits,
+        #[serde(default, skip_serializing_if = "Map::is_empty")]
+        config: Map<String, Value>,
+        /// How long the connector may take to answer a request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_seconds: Option<u64>,
+    },
+}
+
+/// What a destination connector promises of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectorCommits {
+    /// An epoch's rows and the stream's marker become visible together, and
+    /// a commit of an epoch at or below the marker changes nothing (as a
+    /// Postgres transaction does).
+    Atomic,
+    /// Rows are delivered as they come and the marker after them: a crash
+    /// between the two delivers the epoch again.
+    AtLeastOnce,
+}
+
+impl ConnectorCommits {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectorCommits::Atomic => "atomic",
+            ConnectorCommits::AtLeastOnce => "at_least_once",
+        }
+    }
 }
 
 impl Destination {
@@ -221,6 +256,7 @@ impl Destination {
             Destination::Parquet { .. } => "parquet",
             Destination::Iceberg { .. } => "iceberg",
             Destination::Postgres { .. } => "postgres",
+            Destination::Connector { .. } => "connector",
         }
     }
 
@@ -230,6 +266,8 @@ impl Destination {
             Destination::Parquet { lanes, .. }
             | Destination::Iceberg { lanes, .. }
             | Destination::Postgres { lanes, .. } => *lanes,
+            // One connection to the connector: its commits are in order.
+            Destination::Connector { .. } => None,
         }
     }
 }
@@ -379,6 +417,11 @@ const DESTINATIONS: &[Connector] = &[
         name: "postgres",
         required: &["url"],
         optional: &["schema", "lanes"],
+    },
+    Connector {
+        name: "connector",
+        required: &["connector", "commits"],
+        optional: &["config", "timeout_seconds"],
     },
 ];
 
@@ -541,6 +584,50 @@ fn check_connector(opts: &Map<String, Value>) -> Result<()> {
         if !t.as_u64().is_some_and(|n| (1..=86_400).contains(&n)) {
             return Err(bad(
                 "source.timeout_seconds",
+                format!("must be a number of seconds from 1 to 86400, got {t}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A destination connector's own options: its name, what its commits
+/// promise, its config (no credential in plain text), its timeout.
+fn check_destination_connector(opts: &Map<String, Value>) -> Result<()> {
+    let name = opts.get("connector").and_then(Value::as_str).unwrap_or("");
+    if !is_connector_name(name) {
+        return Err(bad(
+            "destination.connector",
+            format!(
+                "'{name}' is not a connector's name: 1 to {NAME_MAX} lowercase letters, digits, \
+                 '_' or '-', as the runner's connectors directory holds it"
+            ),
+        ));
+    }
+    let commits = opts.get("commits").and_then(Value::as_str).unwrap_or("");
+    if !matches!(commits, "atomic" | "at_least_once") {
+        return Err(bad(
+            "destination.commits",
+            format!(
+                "'{commits}' is not what the connector's commits promise: atomic (rows and \
+                 marker together) or at_least_once"
+            ),
+        ));
+    }
+    match opts.get("config") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(c)) => check_config("destination.config", c)?,
+        Some(other) => {
+            return Err(bad(
+                "destination.config",
+                format!("must be an object of the connector's options, got {other}"),
+            ))
+        }
+    }
+    if let Some(t) = opts.get("timeout_seconds") {
+        if !t.as_u64().is_some_and(|n| (1..=86_400).contains(&n)) {
+            return Err(bad(
+                "destination.timeout_seconds",
                 format!("must be a number of seconds from 1 to 86400, got {t}"),
             ));
         }
@@ -800,9 +887,16 @@ fn check_rules(
             ));
         }
     }
+    if dst.name == "connector" {
+        check_destination_connector(&dst_opts)?;
+    }
     let (class, skips_by_id) = match dst.name {
         "parquet" => (DestClass::StageAndApply, false),
         "iceberg" => (DestClass::StageAndApply, true),
+        "connector" => match dst_opts.get("commits").and_then(Value::as_str) {
+            Some("atomic") => (DestClass::Transactional, false),
+            _ => (DestClass::DeliverAndAck, false),
+        },
         _ => (DestClass::Transactional, true),
     };
     if src.name == "connector" {
@@ -1008,6 +1102,13 @@ fn check_rules(
                 stream.pattern = Some(pattern.to_string());
             }
         }
+        if mode == WriteMode::Overwrite && dst.name == "connector" {
+            return Err(bad(
+                format!("{at}.mode"),
+                "a destination connector takes append and merge; overwrite (a refresh behind \
+                 a shadow) is not in the connector protocol",
+            ));
+        }
         if mode == WriteMode::Merge && dst.name == "parquet" {
             return Err(bad(
                 format!("{at}.mode"),
@@ -1127,6 +1228,7 @@ impl SyncDef {
                 url.resolve(resolver)?
             }
             Destination::Iceberg { .. } => {}
+            Destination::Connector { config, .. } => resolve_config(config, resolver)?,
         }
         Ok(())
     }
@@ -1161,7 +1263,9 @@ impl SyncDef {
                     out.push(("destination.url", Reach::Place(u)));
                 }
             }
-            Destination::Iceberg { .. } => {}
+            // As for a source connector: its spec names what it reaches,
+            // checked before it starts.
+            Destination::Iceberg { .. } | Destination::Connector { .. } => {}
         }
         out
     }

@@ -40,6 +40,9 @@ pub struct Shared {
     /// The syncs' store and the Iceberg warehouse, handed to the children.
     pub store: Option<String>,
     pub warehouse: Option<String>,
+    /// The external connectors' directory (`--connectors`), handed to the
+    /// engines, which start destination connectors themselves.
+    pub connectors: Option<PathBuf>,
     /// The longest line of a child's output taken (`--output-line-max`).
     pub output_line_max: usize,
 }
@@ -204,6 +207,9 @@ fn spawn_child(
     }
     if let Some(warehouse) = &shared.warehouse {
         cmd.env("ORCA_WAREHOUSE", warehouse);
+    }
+    if let Some(dir) = &shared.connectors {
+        cmd.env(orca_engine::source::connector::CONNECTORS_ENV, dir);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -232,12 +232,16 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("registering the runner")?;
     let engine = args.engine.clone().unwrap_or_else(default_engine);
-    if let Some(dir) = &args.connectors {
-        let dir = dir
-            .canonicalize()
-            .with_context(|| format!("connectors directory {}", dir.display()))?;
-        orca_engine::source::connector::set_directory(dir);
-    }
+    let connectors = match &args.connectors {
+        Some(dir) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("connectors directory {}", dir.display()))?;
+            orca_engine::source::connector::set_directory(dir.clone());
+            Some(dir)
+        }
+        None => None,
+    };
     let pins = match &args.pipelines {
         Some(root) => Some(
             pinned::Pins::new(root, args.allow_unpinned)
@@ -295,6 +299,7 @@ async fn main() -> anyhow::Result<()> {
         sockets: sockets.clone(),
         store: args.store.clone(),
         warehouse: args.warehouse.clone(),
+        connectors,
         output_line_max: args.output_line_max.max(1024),
     });
     let (release_tx, release_rx) = watch::channel(false);

@@ -555,3 +555,173 @@ async fn a_connector_is_acknowledged_what_committed_checkpoints_hold() {
     drop(runner);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Every key under `prefix` in the machine's Redis, with its type's size.
+fn redis_keys(prefix: &str) -> Vec<String> {
+    let o = Command::new(python())
+        .args([
+            "-c",
+            "import redis, sys; r = redis.Redis(decode_responses=True); \
+             print('\\n'.join(sorted(r.scan_iter(sys.argv[1] + '*', count=10000))))",
+            prefix,
+        ])
+        .output()
+        .expect("read Redis");
+    assert!(o.status.success(), "redis: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn redis_eval(script: &str, prefix: &str) -> Value {
+    let o = Command::new(python())
+        .args(["-c", script, prefix])
+        .output()
+        .expect("read Redis");
+    assert!(o.status.success(), "redis: {}", text(&o));
+    serde_json::from_slice(&o.stdout).expect("JSON from Redis")
+}
+
+#[tokio::test]
+async fn a_destination_connector_commits_each_epoch_once_across_a_killed_engine() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.accounts (id bigint PRIMARY KEY, balance integer NOT NULL,
+                                       updated_at timestamptz NOT NULL);
+         INSERT INTO public.accounts
+         SELECT g, g % 1000, '2024-01-01'::timestamptz + g * interval '1 second'
+         FROM generate_series(1, 20000) g;
+         CREATE TABLE public.ledger (id bigint PRIMARY KEY, note text,
+                                     updated_at timestamptz NOT NULL);
+         INSERT INTO public.ledger
+         SELECT g, 'entry ' || g, '2024-01-01'::timestamptz + g * interval '1 second'
+         FROM generate_series(1, 20000) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source tables");
+    let dir = scratch("connector-dest");
+    let conns = connectors(
+        &dir,
+        &[(
+            "redis_hash",
+            &repo("connectors/python/examples/redis_hash.py"),
+        )],
+    );
+    let conns_s = conns.to_string_lossy().into_owned();
+    let prefix = format!("orca_t_{}:", uuid::Uuid::new_v4().simple());
+    let destination = |commits: &str, mode: &str| {
+        (
+            json!({"type": "connector", "connector": "redis_hash", "commits": commits,
+                   "config": {"url": "redis://127.0.0.1:6379/0", "prefix": prefix}}),
+            json!([
+                {"name": "accounts", "table": "public.accounts", "cursor": "updated_at",
+                 "primary_key": ["id"], "mode": mode},
+                {"name": "ledger", "table": "public.ledger", "cursor": "updated_at",
+                 "primary_key": ["id"], "mode": "append"}
+            ]),
+        )
+    };
+    let source = json!({"type": "postgres", "url": db.url(), "batch_rows": 500});
+    // What the definition can check, it refuses at once.
+    for (commits, mode, needle) in [
+        ("sometimes", "merge", "destination.commits"),
+        ("atomic", "overwrite", "overwrite"),
+    ] {
+        let (d, s) = destination(commits, mode);
+        let e = sqlx::query("SELECT orca.create_sync('ledger', $1, $2, $3)")
+            .bind(&source)
+            .bind(&d)
+            .bind(&s)
+            .execute(&db.pool)
+            .await
+            .expect_err("refused");
+        let msg = e.to_string();
+        assert!(msg.contains(needle), "{msg}");
+    }
+    let (d, s) = destination("atomic", "merge");
+    sqlx::query("SELECT orca.create_sync('ledger', $1, $2, $3, NULL, 'at_least_once')")
+        .bind(&source)
+        .bind(&d)
+        .bind(&s)
+        .execute(&db.pool)
+        .await
+        .expect("create_sync into Redis");
+    let runner = sync_runner_with(
+        &db,
+        &dir.join("store"),
+        &dir.join("logs"),
+        &[("ORCA_CONNECTORS", conns_s.as_str())],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('ledger', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    // A few epochs in, the engine (and with it the connector) is killed.
+    let started = std::time::Instant::now();
+    loop {
+        let h = db
+            .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'ledger'")
+            .await;
+        if h >= 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no epochs: {}",
+            runner.output()
+        );
+        assert_ne!(run_status(&db, run).await, "failed", "{}", runner.output());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let engines: Vec<i32> = pids_with("orca-engine")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("sync"))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert!(!engines.is_empty(), "the engine runs: {}", runner.output());
+    for pid in &engines {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    succeeded(&db, run, &runner, "the sync after the kill").await;
+    let attempts = db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM orca.attempts WHERE run_id = {run}"
+        ))
+        .await;
+    assert_eq!(attempts, 2, "{}", runner.output());
+    // Every account once, as the source has it; every ledger row once,
+    // although the killed attempt's last epoch may have been committed to
+    // Redis and not to HEAD (the next attempt found it in, by the marker).
+    let hashes = redis_keys(&format!("{prefix}accounts:"));
+    assert_eq!(hashes.len(), 20000);
+    let facts = redis_eval(
+        "import json, redis, sys; r = redis.Redis(decode_responses=True); p = sys.argv[1]; \
+         rows = [json.loads(x) for x in r.lrange(p + 'ledger', 0, -1)]; \
+         print(json.dumps({'rows': len(rows), 'ids': len({x['id'] for x in rows}), \
+                           'a7': r.hgetall(p + 'accounts:7'), \
+                           'markers': [int(r.get(p + '_orca:marker:' + s)) for s in ('accounts', 'ledger')], \
+                           'fence': int(r.get(p + '_orca:fence'))}))",
+        &prefix,
+    );
+    assert_eq!(facts["rows"], 20000, "{facts}");
+    assert_eq!(facts["ids"], 20000, "{facts}");
+    assert_eq!(facts["a7"]["balance"], "7", "{facts}");
+    let head = db
+        .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'ledger'")
+        .await;
+    assert_eq!(facts["markers"], json!([head, head]), "{facts}");
+    assert_eq!(facts["fence"], 2, "{facts}");
+    drop(runner);
+    let _ = redis_eval(
+        "import json, redis, sys; r = redis.Redis(); p = sys.argv[1]; \
+         n = sum(r.delete(k) for k in r.scan_iter(p + '*', count=10000)); print(json.dumps(n))",
+        &prefix,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

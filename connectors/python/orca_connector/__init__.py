@@ -28,7 +28,7 @@ PROTOCOL = 1
 VERSION = 1
 HEADER = struct.Struct("<IBBHI")
 KIND_BATCH, KIND_BARRIER, KIND_END, KIND_OPEN, KIND_ERROR = 1, 2, 3, 4, 5
-KIND_ACK = 8
+KIND_ACK, KIND_REQUEST, KIND_REPLY = 8, 9, 10
 ANY_STREAM = 0xFFFF
 RAW_SCHEMA = pa.schema([
     pa.field("position", pa.string(), nullable=False),
@@ -181,15 +181,151 @@ def _serve(source: Source, path: str) -> None:
         sock.close()
 
 
-def run(source: Source, argv: Optional[List[str]] = None) -> None:
-    """The connector program's entry point: ``PROGRAM spec|check|discover|read``.
-    ``check`` and ``discover`` read the config as JSON on stdin."""
+class Fenced(Exception):
+    """A commit or fence of a generation older than the destination's fence."""
+
+    def __init__(self, fence: int):
+        super().__init__(f"fenced by generation {fence}")
+        self.fence = fence
+
+
+class Destination:
+    """A destination connector. Override ``name``, ``commits``, ``modes``,
+    ``reaches``, and :meth:`fence`, :meth:`marker` and :meth:`commit` (and
+    :meth:`open` to connect, :meth:`check` to test a config).
+
+    The engine sends each epoch's rows of a stream and then asks to commit
+    them; :meth:`commit` must make the rows and the stream's marker (the
+    epoch) visible together when ``commits`` is "atomic", and must refuse
+    (raise :class:`Fenced`) a generation older than the fence, in the same
+    transaction. A commit of an epoch at or below the marker is answered as
+    done without calling :meth:`commit` (a retry, or recovery applying
+    again)."""
+
+    name = "destination"
+    #: "atomic": rows and marker become visible together (exactly once with
+    #: an exact source); "at_least_once": a crash may deliver an epoch again.
+    commits = "atomic"
+    #: The write modes it takes: "append", "merge".
+    modes: List[str] = ["append"]
+    #: Config options that name servers, checked against the org's allowlist.
+    reaches: List[str] = []
+
+    def spec(self) -> Dict[str, Any]:
+        return {"protocol": PROTOCOL, "name": self.name, "commits": self.commits,
+                "modes": self.modes, "reaches": self.reaches}
+
+    def check(self, config: Dict[str, Any]) -> None:
+        """Raises if the config cannot work (default: nothing to check)."""
+
+    def open(self, config: Dict[str, Any], streams: List[Dict[str, Any]]) -> None:
+        """Called once per attempt: the config (secrets resolved) and the
+        streams (``name``, ``mode``, ``primary_key``, ``config``)."""
+
+    def fence(self, generation: int) -> int:
+        """Raises the fence to ``generation`` and returns it; a fence already
+        above it is returned as it is (the host then stops)."""
+        raise NotImplementedError
+
+    def marker(self, stream: str) -> int:
+        """The last epoch committed to ``stream`` (0: none)."""
+        raise NotImplementedError
+
+    def commit(self, stream: str, epoch: int, generation: int, rows: "pa.Table",
+               mode: str) -> None:
+        """Makes ``rows`` and the marker ``epoch`` visible."""
+        raise NotImplementedError
+
+
+def _reply(sock: socket.socket, answer: Dict[str, Any]) -> None:
+    sock.sendall(_frame(KIND_REPLY, 0, json.dumps(answer, default=str).encode()))
+
+
+def _serve_write(dest: Destination, path: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    pending: Dict[int, List["pa.RecordBatch"]] = {}
+    streams: List[Dict[str, Any]] = []
+    try:
+        while True:
+            try:
+                head = sock.recv(HEADER.size, socket.MSG_PEEK)
+            except OSError:
+                return
+            if not head:
+                return  # the attempt is done with us
+            length, kind, version, stream, _ = HEADER.unpack(_read_exact(sock, HEADER.size))
+            payload = _read_exact(sock, length)
+            if version != VERSION:
+                raise ConnectorError(f"frame version {version}, this connector speaks {VERSION}")
+            if kind == KIND_OPEN:
+                plan = json.loads(payload)
+                if plan.get("protocol") != PROTOCOL:
+                    raise ConnectorError(f"the host speaks protocol {plan.get('protocol')}, "
+                                         f"this connector {PROTOCOL}")
+                streams = plan["streams"]
+                dest.open(plan.get("config") or {}, streams)
+                _reply(sock, {"ok": True})
+            elif kind == KIND_BATCH:
+                reader = pa.ipc.open_stream(payload)
+                pending.setdefault(stream, []).extend(reader)
+            elif kind == KIND_REQUEST:
+                req = json.loads(payload)
+                op = req.get("op")
+                try:
+                    if op == "fence":
+                        g = int(req["generation"])
+                        fence = dest.fence(g)
+                        _reply(sock, {"ok": True} if fence <= g else
+                               {"ok": False, "fenced": fence, "generation": g})
+                    elif op == "marker":
+                        _reply(sock, {"ok": True, "epoch": int(dest.marker(req["stream"]))})
+                    elif op == "commit":
+                        name, epoch = req["stream"], int(req["epoch"])
+                        index = next(i for i, s in enumerate(streams) if s["name"] == name)
+                        batches = pending.pop(index, [])
+                        rows = pa.Table.from_batches(batches) if batches else None
+                        n = rows.num_rows if rows is not None else 0
+                        if epoch <= dest.marker(name):
+                            _reply(sock, {"ok": True, "rows": n, "skipped": True})
+                            continue
+                        if rows is None:
+                            rows = pa.table({})
+                        dest.commit(name, epoch, int(req["generation"]), rows,
+                                    req.get("mode") or "append")
+                        _reply(sock, {"ok": True, "rows": n})
+                    else:
+                        _reply(sock, {"ok": False, "error": f"unknown request {op!r}"})
+                except Fenced as f:
+                    _reply(sock, {"ok": False, "fenced": f.fence,
+                                  "generation": req.get("generation")})
+                except Exception as e:
+                    reason = str(e) if isinstance(e, ConnectorError) else \
+                        f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+                    _reply(sock, {"ok": False, "error": reason})
+            else:
+                raise ConnectorError(f"the host sent a frame of kind {kind} to a destination")
+    finally:
+        sock.close()
+
+
+def run(source, argv: Optional[List[str]] = None) -> None:
+    """The connector program's entry point: ``PROGRAM spec|check|discover|read``
+    for a :class:`Source`, ``PROGRAM spec|check|write`` for a
+    :class:`Destination`. ``check`` and ``discover`` read the config as JSON
+    on stdin."""
     argv = sys.argv[1:] if argv is None else argv
     verb = argv[0] if argv else ""
     try:
+        if verb == "write" and isinstance(source, Destination):
+            path = os.environ.get("ORCA_CONNECTOR_SOCKET")
+            if not path:
+                raise ConnectorError("ORCA_CONNECTOR_SOCKET is not set: the host starts write")
+            _serve_write(source, path)
+            return
         if verb == "spec":
             print(json.dumps(source.spec()))
-        elif verb in ("check", "discover"):
+        elif verb == "check" or (verb == "discover" and isinstance(source, Source)):
             config = json.loads(sys.stdin.read() or "{}")
             if verb == "check":
                 try:

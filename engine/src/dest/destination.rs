@@ -15,6 +15,7 @@ use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
 
 use crate::commit::record::{Layout, Refresh, Staged};
 use crate::commit::store::Store;
+use crate::dest::connector::ConnectorDest;
 use crate::dest::error::DestError;
 use crate::dest::held::Held;
 use crate::dest::iceberg::{committed, hold_narrower, iceberg_error, refresh_iceberg};
@@ -49,6 +50,10 @@ pub enum Dest {
         /// The sync's folder in its store (`{org}/{sync}`): a refresh keeps
         /// its epochs' files under `_refresh/{stream}/` there until it ends.
         root: String,
+    },
+    Connector {
+        conn: ConnectorDest,
+        modes: HashMap<String, WriteMode>,
     },
 }
 
@@ -98,6 +103,23 @@ impl Dest {
                     modes,
                 })
             }
+            Destination::Connector {
+                connector,
+                commits,
+                config,
+                timeout_seconds,
+            } => Ok(Dest::Connector {
+                conn: ConnectorDest::open(
+                    connector,
+                    *commits,
+                    config,
+                    *timeout_seconds,
+                    guard,
+                    sync,
+                    streams,
+                )?,
+                modes: streams.iter().map(|s| (s.name.clone(), s.mode)).collect(),
+            }),
             Destination::Iceberg { namespace, .. } => {
                 let sync_tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
                 for t in tables {
@@ -126,6 +148,7 @@ impl Dest {
         match self {
             Dest::Parquet(p) => p.raise_fence(generation),
             Dest::Postgres { pg, .. } => pg.raise_fence(generation),
+            Dest::Connector { conn, .. } => conn.raise_fence(generation),
             Dest::Iceberg {
                 tables,
                 namespace,
@@ -161,7 +184,7 @@ impl Dest {
     ) -> Result<(arrow_array::RecordBatch, Vec<Held>), DestError> {
         match self {
             Dest::Postgres { .. } => postgres::hold(batch),
-            Dest::Parquet(_) => Ok((batch, Vec::new())),
+            Dest::Parquet(_) | Dest::Connector { .. } => Ok((batch, Vec::new())),
             Dest::Iceberg {
                 tables, namespace, ..
             } => {
@@ -178,6 +201,7 @@ impl Dest {
         match self {
             Dest::Parquet(p) => p.marker(stream),
             Dest::Postgres { pg, .. } => pg.marker(stream),
+            Dest::Connector { conn, .. } => conn.marker(stream),
             Dest::Iceberg {
                 tables,
                 namespace,
@@ -204,6 +228,13 @@ impl Dest {
         let refresh = how.refresh;
         match self {
             Dest::Parquet(p) => p.apply(staging, generation, epoch, stream, staged, refresh),
+            Dest::Connector { conn, modes } => {
+                // The definition refuses overwrite for connectors: there is
+                // no refresh to apply.
+                let batches = read_all(staging, staged)?;
+                let mode = modes.get(stream).copied().unwrap_or(WriteMode::Append);
+                conn.commit(generation, epoch, stream, &batches, mode)
+            }
             Dest::Postgres { pg, modes } => {
                 // The marker moves even for an epoch in which the stream
                 // read nothing: it costs one row in the same transaction.

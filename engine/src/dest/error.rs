@@ -27,4 +27,6 @@ pub enum DestError {
     NotBuilt(String),
     #[error(transparent)]
     Netguard(#[from] NetError),
+    #[error("destination connector {name}: {reason}")]
+    Connector { name: String, reason: String },
 }

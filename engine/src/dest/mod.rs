@@ -1,7 +1,8 @@
 //! The destinations a sync writes: Parquet files ([`parquet`]), Postgres
-//! tables ([`postgres`]), Iceberg tables ([`iceberg`]), behind one face
-//! ([`destination`]).
+//! tables ([`postgres`]), Iceberg tables ([`iceberg`]), an external
+//! connector's `write` ([`connector`]), behind one face ([`destination`]).
 
+pub mod connector;
 pub mod destination;
 pub mod error;
 pub mod held;

@@ -99,7 +99,12 @@ pub fn program(name: &str) -> Result<PathBuf, ReadError> {
 /// What a connector's `spec` says of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Spec {
-    pub replay: String,
+    /// What a read again returns (a source connector's).
+    pub replay: Option<String>,
+    /// What its commits promise (a destination connector's).
+    pub commits: Option<String>,
+    /// The write modes it takes (a destination connector's).
+    pub modes: Vec<String>,
     /// The config options that name servers (`host:port` or URLs).
     pub reaches: Vec<String>,
     pub raw: Value,
@@ -157,17 +162,30 @@ pub fn spec(name: &str, path: &Path) -> Result<Spec, ReadError> {
         .get("replay")
         .and_then(Value::as_str)
         .filter(|r| matches!(*r, "exact" | "superset"))
-        .ok_or_else(|| fail(format!("spec names no replay (exact or superset): {raw}")))?
-        .to_string();
+        .map(str::to_string);
+    let commits = raw
+        .get("commits")
+        .and_then(Value::as_str)
+        .filter(|c| matches!(*c, "atomic" | "at_least_once"))
+        .map(str::to_string);
+    if replay.is_none() && commits.is_none() {
+        return Err(fail(format!(
+            "spec names neither a replay (exact or superset: a source) nor commits (atomic or \
+             at_least_once: a destination): {raw}"
+        )));
+    }
     let reaches = crate::util::strings(&raw, "reaches");
+    let modes = crate::util::strings(&raw, "modes");
     Ok(Spec {
         replay,
+        commits,
+        modes,
         reaches,
         raw,
     })
 }
 
-fn command(path: &Path, verb: &str) -> Command {
+pub(crate) fn command(path: &Path, verb: &str) -> Command {
     let mut c = Command::new(path);
     c.arg(verb).stdin(Stdio::null());
     // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
@@ -184,7 +202,7 @@ fn command(path: &Path, verb: &str) -> Command {
 }
 
 /// The last of a text, for an error.
-fn tail(text: &str) -> String {
+pub(crate) fn tail(text: &str) -> String {
     let t = text.trim();
     let cut = t.len().saturating_sub(LAST_WORDS);
     let start = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
@@ -233,7 +251,7 @@ fn endpoints(v: &Value) -> Result<Vec<(String, u16)>, String> {
 
 /// Checks the servers `spec` says the configs' options name against the
 /// org's allowlist, before the connector is started with them.
-fn check_reaches<'a>(
+pub(crate) fn check_reaches<'a>(
     name: &str,
     spec: &Spec,
     configs: impl Iterator<Item = (String, &'a Value)>,
@@ -362,11 +380,16 @@ pub(crate) fn spawn_connector(
         .get("replay")
         .and_then(Value::as_str)
         .unwrap_or("superset");
-    if promised == "exact" && spec.replay != "exact" {
+    let Some(replay) = spec.replay.as_deref() else {
+        return Err(fail(
+            "is not a source: its spec names no replay (a destination connector's names commits)"
+                .into(),
+        ));
+    };
+    if promised == "exact" && replay != "exact" {
         return Err(fail(format!(
-            "the sync takes its replay for exact, and the connector's spec says {}: \
-             redefine the sync with \"replay\": \"superset\"",
-            spec.replay
+            "the sync takes its replay for exact, and the connector's spec says {replay}: \
+             redefine the sync with \"replay\": \"superset\""
         )));
     }
     let config = plan
@@ -527,7 +550,7 @@ impl Drop for ConnectorAcks {
 }
 
 /// A directory only this process can enter, for the connector's socket.
-fn private_dir() -> Result<PathBuf, ReadError> {
+pub(crate) fn private_dir() -> Result<PathBuf, ReadError> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -544,7 +567,11 @@ fn private_dir() -> Result<PathBuf, ReadError> {
 
 /// Keeps the last of a connector's stderr, and passes each line on to
 /// ours (the attempt's log).
-fn keep_last_words(name: &str, err: std::process::ChildStderr, words: Arc<Mutex<String>>) {
+pub(crate) fn keep_last_words(
+    name: &str,
+    err: std::process::ChildStderr,
+    words: Arc<Mutex<String>>,
+) {
     let name = name.to_string();
     let _ = std::thread::Builder::new()
         .name(format!("connector-{name}-stderr"))
@@ -568,20 +595,20 @@ fn keep_last_words(name: &str, err: std::process::ChildStderr, words: Arc<Mutex<
         });
 }
 
-fn last_words(words: &Mutex<String>) -> String {
+pub(crate) fn last_words(words: &Mutex<String>) -> String {
     tail(&words.lock().map(|w| w.clone()).unwrap_or_default())
 }
 
 /// A started connector: killed, and its socket's directory removed, when
 /// dropped.
-struct Running {
-    child: Option<Child>,
-    dir: PathBuf,
+pub(crate) struct Running {
+    pub(crate) child: Option<Child>,
+    pub(crate) dir: PathBuf,
 }
 
 impl Running {
     /// How it ended, if it has: waits up to `wait` for it.
-    fn status(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn status(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut()?;
         let started = Instant::now();
         loop {
@@ -607,7 +634,7 @@ impl Drop for Running {
 }
 
 /// Waits for the started connector to connect, or to exit.
-fn accept(
+pub(crate) fn accept(
     listener: &UnixListener,
     running: &mut Running,
     words: &Mutex<String>,
@@ -930,6 +957,8 @@ fn kind_name(f: &Frame) -> &'static str {
         Frame::Describe { .. } => "describe",
         Frame::Catalog { .. } => "catalog",
         Frame::Ack { .. } => "ack",
+        Frame::Request { .. } => "request",
+        Frame::Reply { .. } => "reply",
         _ => "data",
     }
 }

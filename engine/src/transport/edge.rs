@@ -310,10 +310,12 @@ impl Demux {
             Frame::Open { .. }
             | Frame::Describe { .. }
             | Frame::Catalog { .. }
-            | Frame::Ack { .. } => {
+            | Frame::Ack { .. }
+            | Frame::Request { .. }
+            | Frame::Reply { .. } => {
                 self.fail_open(
-                    "the runner sent an open, describe, catalog or ack frame while the streams \
-                     flowed",
+                    "the runner sent an open, describe, catalog, ack, request or reply frame \
+                     while the streams flowed",
                 );
                 return Err(Gone);
             }
@@ -372,7 +374,9 @@ impl Demux {
             | Frame::Open { .. }
             | Frame::Describe { .. }
             | Frame::Catalog { .. }
-            | Frame::Ack { .. } => return Err(Gone),
+            | Frame::Ack { .. }
+            | Frame::Request { .. }
+            | Frame::Reply { .. } => return Err(Gone),
         };
         if self.senders[i].send(Ok(msg)).is_err() {
             return Err(Gone);

@@ -37,6 +37,12 @@
 //!   them. A host writes the same kind to an external connector, its
 //!   payload each stream's point as a JSON array of strings.
 //!
+//! - kind 9, **request** (host to a destination connector): a JSON object
+//!   `{"op": "fence" | "marker" | "commit", ...}` (docs/connectors.md).
+//! - kind 10, **reply** (destination connector to host): the answer to the
+//!   last request, a JSON object `{"ok": true, ...}` or `{"ok": false,
+//!   "error": "..."}`.
+//!
 //! A reader refuses an unknown version or kind, a payload over
 //! [`MAX_PAYLOAD`], a payload that is not what its kind carries, and a batch
 //! whose IPC stream does not hold exactly one record batch.
@@ -91,6 +97,12 @@ pub enum Frame {
     Ack {
         positions: serde_json::Value,
     },
+    Request {
+        request: serde_json::Value,
+    },
+    Reply {
+        reply: serde_json::Value,
+    },
 }
 
 /// The `stream` of an error frame about the source as a whole.
@@ -126,6 +138,8 @@ const KIND_ERROR: u8 = 5;
 const KIND_DESCRIBE: u8 = 6;
 const KIND_CATALOG: u8 = 7;
 const KIND_ACK: u8 = 8;
+const KIND_REQUEST: u8 = 9;
+const KIND_REPLY: u8 = 10;
 
 fn header(len: u32, kind: u8, stream: u16, epoch: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -192,6 +206,8 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<(), FrameError> 
         Frame::Describe { request } => put(w, KIND_DESCRIBE, 0, 0, &json_bytes(request)),
         Frame::Catalog { tables } => put(w, KIND_CATALOG, 0, 0, &json_bytes(tables)),
         Frame::Ack { positions } => put(w, KIND_ACK, 0, 0, &json_bytes(positions)),
+        Frame::Request { request } => put(w, KIND_REQUEST, 0, 0, &json_bytes(request)),
+        Frame::Reply { reply } => put(w, KIND_REPLY, 0, 0, &json_bytes(reply)),
     }
 }
 
@@ -308,6 +324,18 @@ pub fn read_frame(r: &mut impl Read) -> Result<Option<Frame>, FrameError> {
             let positions = serde_json::from_slice(&payload)
                 .map_err(|e| bad("ack", "a JSON object of resume points", e.to_string()))?;
             Ok(Some(Frame::Ack { positions }))
+        }
+        KIND_REQUEST | KIND_REPLY => {
+            let v: serde_json::Value = serde_json::from_slice(&payload)
+                .map_err(|e| bad("request or reply", "a JSON object", e.to_string()))?;
+            if !v.is_object() {
+                return Err(bad("request or reply", "a JSON object", v.to_string()));
+            }
+            Ok(Some(if kind == KIND_REQUEST {
+                Frame::Request { request: v }
+            } else {
+                Frame::Reply { reply: v }
+            }))
         }
         other => Err(FrameError::Kind(other)),
     }
