@@ -725,3 +725,113 @@ async fn a_destination_connector_commits_each_epoch_once_across_a_killed_engine(
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn destination_connectors_that_crash_hang_garble_or_refuse_fail_their_attempt_clearly() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.items (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL);
+         INSERT INTO public.items
+         SELECT g, '2024-01-01'::timestamptz + g * interval '1 second' FROM generate_series(1, 9) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    let dir = scratch("connector-dest-bad");
+    let conns = dir.join("connectors");
+    std::fs::create_dir_all(&conns).expect("connectors dir");
+    let script = repo("tests/py/connectors/misbehave_dest.py");
+    let store = dir.join("store");
+    for (mode, stream_mode, says) in [
+        (
+            "crash",
+            "merge",
+            "exited (exit status: 3), its last words: misbehave_dest: the disk fell over",
+        ),
+        ("hang", "merge", "sent no answer to commit within 2s"),
+        ("garbage", "merge", "unknown frame kind 42"),
+        (
+            "refuse",
+            "merge",
+            "refused commit: quota exceeded for this stream",
+        ),
+        (
+            "loose",
+            "merge",
+            "the sync takes its commits for atomic, and the connector's spec says at_least_once",
+        ),
+        (
+            "nomerge",
+            "merge",
+            "stream items is written with merge, and the connector's spec takes [\"append\"]",
+        ),
+    ] {
+        let name = format!("bad_{mode}");
+        let p = conns.join(&name);
+        std::fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\nexec env MISBEHAVE_DIR={} {} {script} {mode} \"$@\"\n",
+                dir.display(),
+                python()
+            ),
+        )
+        .expect("connector script");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        sqlx::query("SELECT orca.create_sync($1, $2, $3, $4, NULL, 'at_least_once')")
+            .bind(&name)
+            .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 3}))
+            .bind(
+                json!({"type": "connector", "connector": name, "commits": "atomic",
+                         "timeout_seconds": 2}),
+            )
+            .bind(
+                json!([{"name": "items", "table": "public.items", "cursor": "updated_at",
+                          "primary_key": ["id"], "mode": stream_mode}]),
+            )
+            .execute(&db.pool)
+            .await
+            .expect("create_sync");
+        let started = std::time::Instant::now();
+        let o = engine(&db, &name, &store, Some(&conns));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success(),
+            "{mode}: the attempt fails: {}",
+            text(&o)
+        );
+        assert!(
+            err.contains(&format!("destination connector {name}")) && err.contains(says),
+            "{mode}: the error names the connector and says {says:?}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{mode}: failed in {:?}",
+            started.elapsed()
+        );
+        // Nothing past the last checkpoint: the connector holds no epoch
+        // HEAD does not name (HEAD moves first; what it names and the
+        // connector lacks, the next attempt's recovery applies).
+        let head = db
+            .scalar_i64(&format!(
+                "SELECT head_epoch FROM orca.syncs WHERE name = '{name}'"
+            ))
+            .await;
+        let log = std::fs::read_to_string(dir.join(format!("{mode}.jsonl"))).unwrap_or_default();
+        let epochs: Vec<i64> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["epoch"].as_i64())
+            .collect();
+        assert!(
+            epochs.iter().all(|e| *e <= head),
+            "{mode}: HEAD {head}, committed {log}"
+        );
+        assert!(
+            pids_with(&format!("misbehave_dest.py {mode}")).is_empty(),
+            "{mode}: the connector was killed with its attempt"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -39,6 +39,8 @@ pub struct ConnectorDest {
     reader: BufReader<UnixStream>,
     writer: BufWriter<UnixStream>,
     words: Arc<Mutex<String>>,
+    /// How long an answer may take.
+    timeout: Duration,
     /// Killed, and its socket's directory removed, when the attempt drops
     /// the destination.
     running: Running,
@@ -142,6 +144,7 @@ impl ConnectorDest {
             reader: BufReader::new(conn),
             writer,
             words,
+            timeout,
             running,
         };
         let open = json!({
@@ -191,6 +194,17 @@ impl ConnectorDest {
         let frame = match read_frame(&mut self.reader) {
             Ok(Some(f)) => f,
             Ok(None) => return Err(self.gone(format!("closed its socket before answering {what}"))),
+            Err(crate::transport::frame::FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(self.gone(format!(
+                    "sent no answer to {what} within {:?} (timeout_seconds)",
+                    self.timeout
+                )))
+            }
             Err(e) => return Err(self.gone(format!("answering {what}: {e}"))),
         };
         let Frame::Reply { reply } = frame else {
