@@ -652,3 +652,129 @@ async fn a_discovery_is_judged_by_the_org_s_allowlist_and_its_catalog_stays_in_i
     drop(runner);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_destination_connector_s_servers_are_judged_before_it_writes() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme');
+                 SELECT orca.add_member('acme', '{OPERATOR}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("acme");
+    let dir = scratch("netguard-dest-connector");
+    let inbox = dir.join("in");
+    std::fs::create_dir_all(&inbox).expect("inbox");
+    std::fs::write(inbox.join("a.jsonl"), "{\"id\": 1}\n{\"id\": 2}\n").expect("a file");
+    let mut admin = db.connect().await;
+    sqlx::query("SELECT orca.allow('acme', $1)")
+        .bind(inbox.to_string_lossy().to_string())
+        .execute(&mut admin)
+        .await
+        .expect("acme may read its directory");
+    use std::os::unix::fs::PermissionsExt;
+    let conns = dir.join("connectors");
+    std::fs::create_dir_all(&conns).expect("connectors");
+    let script = repo_root().join("connectors/python/examples/redis_hash.py");
+    std::fs::write(
+        conns.join("redis_hash"),
+        format!(
+            "#!/bin/sh\nexec {} {} \"$@\"\n",
+            orca_tests::s3::python(),
+            script.display()
+        ),
+    )
+    .expect("connector");
+    std::fs::set_permissions(
+        conns.join("redis_hash"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    let prefix = format!("orca_t_ng_{}:", uuid::Uuid::new_v4().simple());
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    create_sync(
+        &mut op,
+        "feed",
+        &json!({"type": "files", "url": inbox.to_string_lossy(), "format": "jsonl"}),
+        &json!({"type": "connector", "connector": "redis_hash", "commits": "atomic",
+                "config": {"url": "redis://127.0.0.1:6379/0", "prefix": prefix}}),
+        &json!([{"name": "events", "pattern": "*.jsonl"}]),
+    )
+    .await
+    .expect("the definition names no server netguard knows of");
+    let token = token(&db, "acme", "default", "acme-runner").await;
+    let (engine, store) = (bin("orca-engine"), dir.join("store"));
+    let (store_s, conns_s) = (
+        store.to_string_lossy().to_string(),
+        conns.to_string_lossy().to_string(),
+    );
+    let env = [
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("ORCA_RUNNER_TOKEN", token.as_str()),
+        ("ORCA_CONNECTORS", conns_s.as_str()),
+    ];
+    let runner = Runner::start(
+        &url_as(&db, RUNNER_LOGIN),
+        "acme-runner",
+        1,
+        &dir.join("logs"),
+        &env,
+    );
+    let keys = || {
+        let o = std::process::Command::new(orca_tests::s3::python())
+            .args([
+                "-c",
+                "import redis, sys; print(len(list(redis.Redis().scan_iter(sys.argv[1] + '*'))))",
+                &prefix,
+            ])
+            .output()
+            .expect("redis");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('feed', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("netguard refused 127.0.0.1") && error.contains("a loopback address"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert_eq!(keys(), "0", "the refused connector wrote");
+
+    // Allowed by the admin, the same sync writes its rows.
+    sqlx::query("SELECT orca.allow('acme', '127.0.0.1')")
+        .execute(&mut admin)
+        .await
+        .expect("allow acme");
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('feed', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run again");
+    wait_for_sql(
+        &db,
+        "the allowed sync to succeed",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    // The list, the fence and the marker.
+    assert_eq!(keys(), "3", "{}", outputs(&[&runner]));
+    drop(runner);
+    let _ = std::process::Command::new(orca_tests::s3::python())
+        .args([
+            "-c",
+            "import redis, sys; r = redis.Redis(); [r.delete(k) for k in r.scan_iter(sys.argv[1] + '*')]",
+            &prefix,
+        ])
+        .output();
+    let _ = std::fs::remove_dir_all(dir);
+}
