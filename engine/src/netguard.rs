@@ -265,6 +265,16 @@ impl Guard {
         }
     }
 
+    /// The address to connect to for `host:port`, once every address the
+    /// name resolves to passed; None when nothing is enforced (connect by
+    /// name).
+    pub fn address(&self, host: &str, port: u16) -> Result<Option<SocketAddr>, NetError> {
+        match &self.list {
+            Some(list) => self.resolve(list, host, port).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Resolves a host and checks every address it resolves to; returns the
     /// first, which the caller connects to.
     fn resolve(&self, list: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, NetError> {

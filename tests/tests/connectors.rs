@@ -835,3 +835,117 @@ async fn destination_connectors_that_crash_hang_garble_or_refuse_fail_their_atte
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The paginated test API (tests/py/connectors/pages_server.py), killed
+/// when dropped.
+struct Pages {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pages_server(dir: &Path, tag: &str, items: u32, evil: bool) -> Pages {
+    let port_file = dir.join(format!("{tag}.port"));
+    let log = dir.join(format!("{tag}.log"));
+    let mut c = Command::new(python());
+    c.arg(repo("tests/py/connectors/pages_server.py"))
+        .arg(&port_file)
+        .args([&items.to_string(), "10"])
+        .arg(&log);
+    if evil {
+        c.arg("--evil");
+    }
+    let child = c.spawn().expect("the pages server");
+    let started = std::time::Instant::now();
+    let port = loop {
+        if let Ok(p) = std::fs::read_to_string(&port_file) {
+            break p.trim().parse().expect("a port");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no pages server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Pages { child, port, log }
+}
+
+#[tokio::test]
+async fn an_http_api_connector_pages_through_the_host_which_retries_and_guards_each_request() {
+    let db = TestDb::new().await;
+    let dir = scratch("connector-http");
+    let conns = connectors(
+        &dir,
+        &[(
+            "http_pages",
+            &repo("connectors/python/examples/http_pages.py"),
+        )],
+    );
+    let store = dir.join("store");
+    let define = |name: &'static str, port: u16| {
+        let pool = db.pool.clone();
+        let url = db.url();
+        async move {
+            sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {name}"))
+                .execute(&pool)
+                .await
+                .expect("schema");
+            sqlx::query("SELECT orca.create_sync($1, $2, $3, $4, NULL, 'exactly_once')")
+                .bind(name)
+                .bind(
+                    json!({"type": "connector", "connector": "http_pages", "replay": "exact",
+                             "batch_rows": 7,
+                             "config": {"base_url": format!("http://127.0.0.1:{port}")}}),
+                )
+                .bind(json!({"type": "postgres", "url": url, "schema": name}))
+                .bind(json!([{"name": "items", "config": {"path": "/items"}}]))
+                .execute(&pool)
+                .await
+                .expect("create_sync");
+        }
+    };
+    // 45 items in pages of 10, every page's first request a 503.
+    let api = pages_server(&dir, "api", 45, false);
+    define("pages", api.port).await;
+    let o = engine(&db, "pages", &store, Some(&conns));
+    assert!(o.status.success(), "{}", text(&o));
+    let (rows, ids): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM pages.items")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("pages.items: {e}\n{}", text(&o)));
+    assert_eq!((rows, ids), (45, 45));
+    let hits = std::fs::read_to_string(&api.log).expect("the server's log");
+    for page in 1..=5 {
+        assert!(
+            hits.contains(&format!("page {page} 503"))
+                && hits.contains(&format!("page {page} 200")),
+            "page {page} was retried by the host: {hits}"
+        );
+    }
+    // Nothing new: the next attempt reads the last page again and lands
+    // nothing twice.
+    let o = engine(&db, "pages", &store, Some(&conns));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pages.items").await, 45);
+
+    // A next link to the metadata address: the host refuses that request
+    // (the allowlist permits 127.0.0.1 only), and the attempt fails saying so.
+    let evil = pages_server(&dir, "evil", 25, true);
+    define("evil", evil.port).await;
+    let o = engine(&db, "evil", &store, Some(&conns));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        err.contains("connector http_pages") && err.contains("netguard refused 169.254.169.254"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -181,6 +181,64 @@ def _serve(source: Source, path: str) -> None:
         sock.close()
 
 
+class HostHTTP:
+    """The host's HTTP service (``ORCA_HOST_SOCKET``): the host makes the
+    request to an address netguard checked, retries connection failures,
+    429 and 502-504 (idempotent methods, or ``retry=True``), and returns the
+    response. Prefer it to reaching a server yourself: the org's allowlist
+    then holds for every request, redirects included (they are not
+    followed: request the ``location`` again)."""
+
+    def __init__(self):
+        path = os.environ.get("ORCA_HOST_SOCKET")
+        if not path:
+            raise ConnectorError("ORCA_HOST_SOCKET is not set: this host offers no HTTP service")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(path)
+        self._file = self._sock.makefile("rb")
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def request(self, method: str, url: str, headers: Optional[Dict[str, str]] = None,
+                body: Optional[bytes] = None, retry: Optional[bool] = None,
+                timeout_seconds: Optional[int] = None) -> Dict[str, Any]:
+        """``{"status", "headers", "body": bytes, "attempts"}``; raises
+        :class:`ConnectorError` with the host's reason (netguard's refusal
+        among them)."""
+        import base64
+        with self._lock:
+            self._next += 1
+            req: Dict[str, Any] = {"id": self._next, "method": method, "url": url,
+                                   "headers": headers or {}}
+            if body is not None:
+                req["body_base64"] = base64.b64encode(body).decode()
+            if retry is not None:
+                req["retry"] = retry
+            if timeout_seconds is not None:
+                req["timeout_seconds"] = timeout_seconds
+            self._sock.sendall((json.dumps(req) + "\n").encode())
+            line = self._file.readline()
+        if not line:
+            raise ConnectorError("the host closed its HTTP service")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise ConnectorError(f"{method} {url}: {answer['error']}")
+        if "body_base64" in answer:
+            answer["body"] = base64.b64decode(answer.pop("body_base64"))
+        else:
+            answer["body"] = (answer.get("body") or "").encode()
+        return answer
+
+    def get_json(self, url: str, headers: Optional[Dict[str, str]] = None) -> Any:
+        """GET ``url`` and decode its JSON body; a status other than 2xx
+        raises."""
+        r = self.request("GET", url, headers)
+        if not 200 <= r["status"] < 300:
+            raise ConnectorError(f"GET {url}: HTTP {r['status']} after {r['attempts']} tries: "
+                                 f"{r['body'][:200]!r}")
+        return json.loads(r["body"])
+
+
 class Fenced(Exception):
     """A commit or fence of a generation older than the destination's fence."""
 

@@ -44,6 +44,9 @@ pub const SOCKET_ENV: &str = "ORCA_CONNECTOR_SOCKET";
 /// The protocol version this host speaks.
 pub const PROTOCOL: u64 = 1;
 
+/// The host service's socket, beside the connector's in its private
+/// directory.
+pub(crate) const HOST_SOCKET: &str = "host.sock";
 /// How long `spec` and the connection after `read` may take.
 const START_WAIT: Duration = Duration::from_secs(30);
 /// How much of a connector's stderr a failure quotes.
@@ -291,7 +294,22 @@ pub fn discover(name: &str, config: &Value, guard: &Guard) -> Result<Value, Read
         std::iter::once(("source.config".to_string(), config)),
         guard,
     )?;
+    // The host's HTTP service, for a connector that calls its API through
+    // the host; its socket goes with the directory when discover ends.
+    let dir = private_dir()?;
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(dir.clone());
+    crate::source::host_http::serve(name, &dir.join(HOST_SOCKET), guard).map_err(fail)?;
     let mut child = command(&path, "discover")
+        .env(
+            crate::source::host_http::HOST_SOCKET_ENV,
+            dir.join(HOST_SOCKET),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -424,6 +442,7 @@ pub(crate) fn spawn_connector(
     let socket = dir.join("connector.sock");
     let listener = UnixListener::bind(&socket)
         .map_err(|e| fail(format!("cannot listen on {}: {e}", socket.display())))?;
+    crate::source::host_http::serve(&name, &dir.join(HOST_SOCKET), guard).map_err(fail)?;
     let timeout = Duration::from_secs(
         plan.source
             .get("timeout_seconds")
@@ -694,6 +713,10 @@ impl Relay {
     ) -> Result<(BufReader<UnixStream>, Running), String> {
         let mut child = command(path, "read")
             .env(SOCKET_ENV, socket)
+            .env(
+                crate::source::host_http::HOST_SOCKET_ENV,
+                socket.with_file_name(HOST_SOCKET),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -6,6 +6,7 @@
 pub mod connector;
 pub mod error;
 pub mod files;
+pub mod host_http;
 pub mod normalize;
 pub mod pg_cdc;
 pub mod pg_copy;
