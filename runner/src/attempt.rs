@@ -140,6 +140,9 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
+/// `orca-engine sync`'s exit status for "start a new attempt at HEAD".
+const ENGINE_RESTART: i32 = 4;
+
 /// What to run for a lease: this runner's engine for a sync or a
 /// discovery, else the
 /// version's pinned binary under the pipeline root.
@@ -461,6 +464,35 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     file.flush().await;
     match status {
         Ok(s) if s.success() => report(&shared, &l, true, None).await,
+        // The engine asks for a new attempt at HEAD (a continuous change
+        // stream met a table's new shape): handed back, not failed, so the
+        // run's retries are not spent on a change the next attempt takes.
+        Ok(s) if l.command == Work::Sync && s.code() == Some(ENGINE_RESTART) => {
+            let why = last
+                .lock()
+                .ok()
+                .and_then(|g| g.clone())
+                .unwrap_or_else(|| "the engine asked for a new attempt".into());
+            say(
+                &prefix,
+                &file,
+                &format!("runner: handing the attempt back: {why}"),
+            )
+            .await;
+            file.flush().await;
+            match control::release(&shared.db, l.lease, &why).await {
+                Ok(()) => Outcome::Released,
+                Err(e) => {
+                    report(
+                        &shared,
+                        &l,
+                        false,
+                        Some(format!("{why} (and handing it back failed: {e})")),
+                    )
+                    .await
+                }
+            }
+        }
         Ok(s) => {
             let last = last.lock().ok().and_then(|g| g.clone());
             let msg = match (s.code(), last) {

@@ -865,6 +865,62 @@ async fn a_continuous_sync_whose_run_failed_is_restarted_after_a_backoff() {
     );
     equal("the changes made while it was down to land").await;
     assert_eq!(runs_of(&db, "running").await, 1, "the new run goes on");
+    // A new column: the attempt ends before the transaction that shows it
+    // and is handed back, not failed, so the run (with no retries) goes on
+    // in a new attempt that reads the new shape.
+    let run = db
+        .scalar_i64(
+            "SELECT r.id FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+             WHERE p.name = 'live' AND r.status = 'running'",
+        )
+        .await;
+    exec(
+        &db,
+        "ALTER TABLE public.orders ADD COLUMN region text;
+         UPDATE public.orders SET region = 'eu', qty = 70 WHERE id <= 10;",
+    )
+    .await;
+    wait_until(
+        "the new column's values to land",
+        Duration::from_secs(60),
+        || async {
+            let t = db
+                .scalar_i64(
+                    "SELECT count(*) FROM information_schema.columns
+                     WHERE table_schema = 'raw' AND table_name = 'orders' AND column_name = 'region'",
+                )
+                .await;
+            if t == 0 {
+                return None;
+            }
+            let eu = db
+                .scalar_i64("SELECT count(*) FROM raw.orders WHERE region = 'eu'")
+                .await;
+            (eu == 10).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    let (status, failures): (String, i32) =
+        sqlx::query_as("SELECT status, failures FROM orca.runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the run");
+    assert_eq!(
+        (status.as_str(), failures),
+        ("running", 0),
+        "{}",
+        runner.output()
+    );
+    let released = db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM orca.attempts WHERE run_id = {run} AND status = 'released'
+               AND error LIKE '%has a new column region%'"
+        ))
+        .await;
+    assert_eq!(released, 1, "{}", runner.output());
+    equal("the rest to stay equal").await;
     exec(&db, "SELECT orca.pause_sync('live')").await;
     stopped(&db, &runner).await;
     // Paused: the supervisor leaves it alone.

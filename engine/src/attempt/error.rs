@@ -62,6 +62,11 @@ pub enum EngineError {
     Cdc(String),
     #[error("connector {name}: {reason}")]
     Connector { name: String, reason: String },
+    /// The source asked for a new attempt at the last resume point; what
+    /// was committed stays, and a runner hands the attempt back (exit 4)
+    /// rather than failing it.
+    #[error("{0}; the next attempt goes on from HEAD")]
+    Restart(String),
     #[error("control channel at {path}: {source}")]
     Channel {
         path: String,
@@ -92,6 +97,7 @@ impl From<ReadError> for EngineError {
             ReadError::Netguard(e) => EngineError::Netguard(e),
             ReadError::Cdc(e) => EngineError::Cdc(e),
             ReadError::Connector { name, reason } => EngineError::Connector { name, reason },
+            ReadError::Restart(why) => EngineError::Restart(why),
         }
     }
 }

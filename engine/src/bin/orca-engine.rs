@@ -9,7 +9,9 @@
 //! Exit status 0 when the source had no more rows and every epoch committed
 //! (or a `stop` on the control channel ended it at a resume point: the
 //! outcome says `"stopped": true`), 3 when a newer attempt fenced this one (it stopped without committing),
-//! 1 on any other error. The outcome is printed as one JSON object.
+//! 4 when the source asked for a new attempt at HEAD (a continuous change
+//! stream met a table's new shape: a runner hands the attempt back, which
+//! spends none of the run's retries), 1 on any other error. The outcome is printed as one JSON object.
 
 use std::process::ExitCode;
 
@@ -199,6 +201,10 @@ fn main() -> ExitCode {
                 Err(e @ EngineError::Fenced { .. }) => {
                     eprintln!("orca-engine: {e}");
                     ExitCode::from(3)
+                }
+                Err(e @ EngineError::Restart(_)) => {
+                    eprintln!("orca-engine: {e}");
+                    ExitCode::from(4)
                 }
                 Err(e) => {
                     eprintln!("orca-engine: {e}");

@@ -38,7 +38,15 @@ pub enum ReadError {
     /// An external connector, as its host saw it.
     #[error("connector {name}: {reason}")]
     Connector { name: String, reason: String },
+    /// The source asks for a new attempt at its last resume point (a
+    /// continuous change stream met a table's new shape): not a failure.
+    /// Its text starts with [`RESTART`], which an error frame keeps.
+    #[error("restart: {0}")]
+    Restart(String),
 }
+
+/// What the text of a [`ReadError::Restart`] starts with.
+pub const RESTART: &str = "restart: ";
 
 impl From<Missing> for ReadError {
     fn from(m: Missing) -> Self {

@@ -238,10 +238,15 @@ pub(crate) fn spawn_cdc(
             if let Err(e) = r {
                 let text = e.to_string();
                 for o in &outs {
-                    let _ = o.tx.send(Err(ReadError::Stream {
-                        stream: o.name().to_string(),
-                        reason: text.clone(),
-                    }));
+                    // A restart stays one: the attempt hands itself back.
+                    let each = match &e {
+                        ReadError::Restart(why) => ReadError::Restart(why.clone()),
+                        _ => ReadError::Stream {
+                            stream: o.name().to_string(),
+                            reason: text.clone(),
+                        },
+                    };
+                    let _ = o.tx.send(Err(each));
                 }
             }
         })
@@ -608,9 +613,10 @@ impl Cdc {
                         Step::Go => {}
                         // The next attempt reads the table's new shape and
                         // resumes at this transaction; a continuous one
-                        // fails so that its run starts that attempt.
+                        // asks its runner for that attempt now, spending no
+                        // retry of its run.
                         Step::Evolve(why) if self.continuous.is_some() => {
-                            break Err(cdc(format!(
+                            break Err(ReadError::Restart(format!(
                                 "{why}: the attempt ends before it, and the next reads it"
                             )));
                         }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, RecordBatch};
 
-use crate::source::error::ReadError;
+use crate::source::error::{ReadError, RESTART};
 use crate::source::files::FileChunk;
 use crate::source::pg_table::PgTable;
 use crate::source::plan::Plan;
@@ -285,6 +285,13 @@ impl Demux {
         Err(Gone)
     }
 
+    /// A stream the runner's source asked a new attempt for.
+    fn restart(&self, stream: usize, why: &str) -> Result<bool, Gone> {
+        let e = ReadError::Restart(why.to_string());
+        let _ = self.senders[stream].send(Err(e));
+        Err(Gone)
+    }
+
     /// Takes one frame; Ok(false) once every stream has ended.
     fn take(&mut self, frame: Frame) -> Result<bool, Gone> {
         let (stream, epoch) = match &frame {
@@ -293,6 +300,18 @@ impl Demux {
             }
             Frame::End { stream, .. } => (*stream, None),
             Frame::Error { stream, reason } => {
+                if let Some(why) = reason.strip_prefix(RESTART) {
+                    let i = usize::from(*stream);
+                    if i < self.names.len() {
+                        return self.restart(i, why);
+                    }
+                    for i in 0..self.names.len() {
+                        if !self.ended[i] {
+                            return self.restart(i, why);
+                        }
+                    }
+                    return Err(Gone);
+                }
                 let reason = format!("the runner's source: {reason}");
                 match usize::from(*stream) {
                     i if i < self.names.len() => return self.fail(i, reason),
