@@ -453,10 +453,10 @@ mod tests {
             Err(FrameError::Version(2))
         ));
         let mut k = edge.clone();
-        k[4] = 9;
+        k[4] = 11;
         assert!(matches!(
             read_frame(&mut k.as_slice()),
-            Err(FrameError::Kind(9))
+            Err(FrameError::Kind(11))
         ));
         let mut big = edge.clone();
         big[0..4].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
