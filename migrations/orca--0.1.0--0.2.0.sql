@@ -4692,3 +4692,196 @@ GRANT EXECUTE ON FUNCTION orca.discover(text, jsonb) TO orca_operator;
 GRANT EXECUTE ON FUNCTION orca.discovery(uuid), orca.store_catalog(uuid, jsonb),
     orca.report_drift(text, integer, jsonb, uuid)
     TO orca_attempt;
+
+-- Scaling a sync without stopping it: orca.scale_sync sets its lanes,
+-- orca.sync_lanes is what a continuous attempt follows between epochs, and
+-- orca.create_sync no longer restarts a continuous run for lanes alone.
+CREATE FUNCTION orca.scale_sync(name text, lanes integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca.current_org_id();
+    s      orca.syncs;
+    v_was  integer;
+    v_kind text;
+    v      orca.pipeline_versions;
+    d      jsonb;
+BEGIN
+    s := orca._sync(v_org, scale_sync.name);
+    v_kind := s.definition->'destination'->>'type';
+    IF v_kind NOT IN ('parquet', 'iceberg', 'postgres') THEN
+        RAISE EXCEPTION 'sync ''%'' writes to a % destination, which has no writer lanes',
+                        s.name, quote_nullable(v_kind)
+            USING ERRCODE = 'OR063',
+                  HINT = 'parquet, iceberg and postgres destinations take lanes';
+    END IF;
+    IF scale_sync.lanes IS NULL OR scale_sync.lanes NOT BETWEEN 1 AND 64 THEN
+        RAISE EXCEPTION 'lanes must be a number of writer lanes from 1 to 64, got %',
+                        coalesce(scale_sync.lanes::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    v_was := coalesce((s.definition->'destination'->>'lanes')::integer, 1);
+    IF v_was = scale_sync.lanes THEN
+        RETURN v_was;
+    END IF;
+    d := jsonb_set(s.definition, '{destination,lanes}', to_jsonb(scale_sync.lanes));
+    UPDATE orca.syncs x SET definition = d WHERE x.id = s.id;
+    -- The pipeline's version carries the definition too (what orca.runs
+    -- shows a run was made from): a new one, same schedule, pool, retries.
+    SELECT pv.* INTO v FROM orca.pipeline_versions pv JOIN orca.pipelines p
+        ON p.current_version = pv.id
+    WHERE p.org_id = v_org AND p.name = s.name;
+    IF FOUND THEN
+        PERFORM orca._sync_pipeline(v_org, s.name, d, v.cron, v.pool, v.run_retries);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.scaled',
+        (SELECT p.id FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = s.name), NULL, NULL,
+        jsonb_build_object('sync', s.name, 'lanes', scale_sync.lanes, 'was', v_was,
+                           'by', session_user));
+    RETURN v_was;
+END
+$$;
+COMMENT ON FUNCTION orca.scale_sync(text, integer) IS
+'Sets a sync''s writer lanes (1 to 64; parquet, iceberg and postgres destinations) and returns '
+'the lanes it had. Nothing stops: a continuous sync''s running attempt takes the new lanes at '
+'its next epoch boundary (its run, change stream and HEAD go on), a scheduled sync''s next '
+'run takes them. Every epoch is recorded with its own lanes'' files, so recovery is unchanged. '
+'Event sync.scaled. Errors: OR064 unknown sync, OR063 lanes out of range or a destination '
+'without lanes. Example: SELECT orca.scale_sync(''orders_cdc'', 4);';
+
+CREATE FUNCTION orca.sync_lanes(sync text, generation integer, lease uuid DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    a     orca.attempts := orca._sync_caller(sync_lanes.sync, sync_lanes.lease, 'scaling');
+    s     orca.syncs := orca._sync(a.org_id, sync_lanes.sync);
+BEGIN
+    PERFORM orca._owned(s, sync_lanes.generation);
+    RETURN (s.definition->'destination'->>'lanes')::integer;
+END
+$$;
+COMMENT ON FUNCTION orca.sync_lanes(text, integer, uuid) IS
+'The writer lanes a sync''s definition asks for now (NULL: none named, one lane), for the '
+'attempt of the given generation under its lease: a continuous attempt asks between epochs '
+'and follows orca.scale_sync. Errors: OR084 no lease, OR012 a lease not of this org, OR070 '
+'a fenced generation.';
+
+CREATE OR REPLACE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
+                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
+                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+    d     jsonb;
+    v_id  bigint;
+    v_old jsonb;
+    v_streams jsonb := create_sync.streams;
+    v_cat orca.catalogs;
+    v_catalog_version integer;
+BEGIN
+    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
+       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
+        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
+        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
+                        quote_nullable(create_sync.pool)
+            USING ERRCODE = 'OR063';
+    END IF;
+    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
+                        coalesce(create_sync.run_retries::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    -- Streams planned from the sync's catalog (orca.discover).
+    v_cat := orca._catalog(v_org, create_sync.name);
+    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
+        IF v_cat.version IS NULL THEN
+            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
+                USING ERRCODE = 'OR063',
+                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
+                                    create_sync.name);
+        END IF;
+        v_streams := orca._planned_streams(v_cat, v_streams);
+    END IF;
+    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
+                                       create_sync.destination, v_streams,
+                                       create_sync.schedule, create_sync.delivery));
+    IF v_cat.version IS NOT NULL
+       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
+        v_catalog_version := v_cat.version;
+    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
+        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
+                        create_sync.name, v_cat.version, create_sync.name
+            USING ERRCODE = 'OR063',
+                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
+    END IF;
+    -- Netguard, as far as the definition shows it: hosts written as
+    -- addresses, sockets and local paths (names are judged when resolved).
+    PERFORM orca._unwrap(orca._netguard_definition(
+        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
+    SELECT sy.definition INTO v_old FROM orca.syncs sy
+    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
+    -- Defining a sync again replaces its definition; its HEAD and generation
+    -- stay. A sync dropped under the name left them on its pipeline.
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
+                                 catalog_version)
+    SELECT v_org, create_sync.name, d, d->>'delivery',
+           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
+    FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
+    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
+                                             delivery = excluded.delivery,
+                                             catalog_version = excluded.catalog_version,
+                                             drift = NULL, drift_at = NULL
+    RETURNING s.id INTO v_id;
+    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
+                                create_sync.pool, create_sync.run_retries);
+    UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
+    WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
+    -- A continuous sync is one long-lived run. Redefined while it runs, the
+    -- run is cancelled (its attempt stops at its next epoch boundary) and a
+    -- new one reads the new definition from HEAD. Writer lanes alone are
+    -- followed by the running attempt between epochs (orca.sync_lanes).
+    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
+        IF (v_old #- '{destination,lanes}') IS DISTINCT FROM (d #- '{destination,lanes}') THEN
+            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
+            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
+        END IF;
+        PERFORM orca._keep_running(v_org, create_sync.name);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
+        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
+                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
+                                       FROM jsonb_array_elements(d->'streams') AS x),
+                           'by', session_user));
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
+'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
+'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
+'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
+'run orca-engine; a failed run is tried again run_retries times. '
+'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
+'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
+'which must have been discovered from this source; each attempt then reports how the source '
+'drifted from that catalog version (orca.report_drift). '
+'Each stream''s delivery level is worked out from the destination''s class, the source''s '
+'replay, the write mode and the primary key, and must reach the required level. Errors: '
+'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
+'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
+'OR094 netguard refuses a host written as an address, a socket or a local path it names '
+'(orca.allowlist). '
+'docs/syncs.md lists the connectors. '
+'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
+'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
+'"cursor":"updated_at","primary_key":["id"]}]'');';
+
+
+REVOKE ALL ON FUNCTION orca.scale_sync(text, integer), orca.sync_lanes(text, integer, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.scale_sync(text, integer) TO orca_operator;
+GRANT EXECUTE ON FUNCTION orca.sync_lanes(text, integer, uuid) TO orca_attempt;

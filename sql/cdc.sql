@@ -247,3 +247,78 @@ COMMENT ON FUNCTION orca.resume_sync(text) IS
 'Resumes a paused sync from its HEAD: its schedule makes runs again, and a continuous sync '
 'gets its long-lived run back (returned; NULL when one is already queued or running, or for '
 'a scheduled sync). Errors: OR064 unknown sync. Example: SELECT orca.resume_sync(''shop'');';
+
+-- Scaling: a sync's writer lanes change in its definition, in place. A
+-- continuous attempt follows them at its next epoch boundary
+-- (orca.sync_lanes), so its run, its change stream and its slot position
+-- go on; a scheduled sync's next run takes them.
+CREATE FUNCTION orca.scale_sync(name text, lanes integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org  bigint := orca.current_org_id();
+    s      orca.syncs;
+    v_was  integer;
+    v_kind text;
+    v      orca.pipeline_versions;
+    d      jsonb;
+BEGIN
+    s := orca._sync(v_org, scale_sync.name);
+    v_kind := s.definition->'destination'->>'type';
+    IF v_kind NOT IN ('parquet', 'iceberg', 'postgres') THEN
+        RAISE EXCEPTION 'sync ''%'' writes to a % destination, which has no writer lanes',
+                        s.name, quote_nullable(v_kind)
+            USING ERRCODE = 'OR063',
+                  HINT = 'parquet, iceberg and postgres destinations take lanes';
+    END IF;
+    IF scale_sync.lanes IS NULL OR scale_sync.lanes NOT BETWEEN 1 AND 64 THEN
+        RAISE EXCEPTION 'lanes must be a number of writer lanes from 1 to 64, got %',
+                        coalesce(scale_sync.lanes::text, 'NULL')
+            USING ERRCODE = 'OR063';
+    END IF;
+    v_was := coalesce((s.definition->'destination'->>'lanes')::integer, 1);
+    IF v_was = scale_sync.lanes THEN
+        RETURN v_was;
+    END IF;
+    d := jsonb_set(s.definition, '{destination,lanes}', to_jsonb(scale_sync.lanes));
+    UPDATE orca.syncs x SET definition = d WHERE x.id = s.id;
+    -- The pipeline's version carries the definition too (what orca.runs
+    -- shows a run was made from): a new one, same schedule, pool, retries.
+    SELECT pv.* INTO v FROM orca.pipeline_versions pv JOIN orca.pipelines p
+        ON p.current_version = pv.id
+    WHERE p.org_id = v_org AND p.name = s.name;
+    IF FOUND THEN
+        PERFORM orca._sync_pipeline(v_org, s.name, d, v.cron, v.pool, v.run_retries);
+    END IF;
+    PERFORM orca._event(v_org, 'sync.scaled',
+        (SELECT p.id FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = s.name), NULL, NULL,
+        jsonb_build_object('sync', s.name, 'lanes', scale_sync.lanes, 'was', v_was,
+                           'by', session_user));
+    RETURN v_was;
+END
+$$;
+COMMENT ON FUNCTION orca.scale_sync(text, integer) IS
+'Sets a sync''s writer lanes (1 to 64; parquet, iceberg and postgres destinations) and returns '
+'the lanes it had. Nothing stops: a continuous sync''s running attempt takes the new lanes at '
+'its next epoch boundary (its run, change stream and HEAD go on), a scheduled sync''s next '
+'run takes them. Every epoch is recorded with its own lanes'' files, so recovery is unchanged. '
+'Event sync.scaled. Errors: OR064 unknown sync, OR063 lanes out of range or a destination '
+'without lanes. Example: SELECT orca.scale_sync(''orders_cdc'', 4);';
+
+CREATE FUNCTION orca.sync_lanes(sync text, generation integer, lease uuid DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    a     orca.attempts := orca._sync_caller(sync_lanes.sync, sync_lanes.lease, 'scaling');
+    s     orca.syncs := orca._sync(a.org_id, sync_lanes.sync);
+BEGIN
+    PERFORM orca._owned(s, sync_lanes.generation);
+    RETURN (s.definition->'destination'->>'lanes')::integer;
+END
+$$;
+COMMENT ON FUNCTION orca.sync_lanes(text, integer, uuid) IS
+'The writer lanes a sync''s definition asks for now (NULL: none named, one lane), for the '
+'attempt of the given generation under its lease: a continuous attempt asks between epochs '
+'and follows orca.scale_sync. Errors: OR084 no lease, OR012 a lease not of this org, OR070 '
+'a fenced generation.';

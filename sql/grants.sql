@@ -60,6 +60,7 @@ GRANT EXECUTE ON FUNCTION
     orca.drop_sync(text),
     orca.pause_sync(text),
     orca.resume_sync(text),
+    orca.scale_sync(text, integer),
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),
@@ -92,7 +93,8 @@ GRANT EXECUTE ON FUNCTION
     orca.attempt_secret(uuid, text),
     orca.discovery(uuid),
     orca.store_catalog(uuid, jsonb),
-    orca.report_drift(text, integer, jsonb, uuid)
+    orca.report_drift(text, integer, jsonb, uuid),
+    orca.sync_lanes(text, integer, uuid)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),

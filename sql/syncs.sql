@@ -220,9 +220,10 @@ BEGIN
     WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
     -- A continuous sync is one long-lived run. Redefined while it runs, the
     -- run is cancelled (its attempt stops at its next epoch boundary) and a
-    -- new one reads the new definition from HEAD.
+    -- new one reads the new definition from HEAD. Writer lanes alone are
+    -- followed by the running attempt between epochs (orca.sync_lanes).
     IF (d->'source'->>'continuous')::boolean IS TRUE THEN
-        IF v_old IS DISTINCT FROM d THEN
+        IF (v_old #- '{destination,lanes}') IS DISTINCT FROM (d #- '{destination,lanes}') THEN
             PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
             WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
         END IF;

@@ -490,6 +490,25 @@ impl Control {
         )
     }
 
+    /// `orca.sync_lanes`: the writer lanes the sync's definition asks for
+    /// now (None: the destination names none), for a continuous attempt
+    /// that follows a scaling between epochs.
+    pub fn sync_lanes(
+        &mut self,
+        sync: &str,
+        generation: Generation,
+        lease: Option<LeaseToken>,
+    ) -> Result<Option<i32>, ClientError> {
+        let lease = lease.map(|l| l.0);
+        self.with_retry("orca.sync_lanes", |c| {
+            c.query_one(
+                "SELECT orca.sync_lanes($1, $2, $3)",
+                &[&sync, &generation.0, &lease],
+            )?
+            .try_get::<_, Option<i32>>(0)
+        })
+    }
+
     /// `orca.attempt_secret`: a secret's value, under the attempt's lease.
     pub fn attempt_secret(
         &mut self,

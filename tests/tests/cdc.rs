@@ -788,6 +788,121 @@ async fn a_continuous_sync_streams_on_and_pauses_and_resumes_from_head() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The lanes of HEAD's record: how many writer lanes its epoch was staged
+/// over.
+async fn head_lanes(db: &TestDb, store: &Path) -> Option<usize> {
+    let record: Option<String> =
+        sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'live'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("HEAD");
+    let body = std::fs::read(store.join(record?)).ok()?;
+    let v: Value = serde_json::from_slice(&body).ok()?;
+    Some(v["committables"].as_array()?.len())
+}
+
+/// A continuous sync scaled while it runs takes its new lanes at an epoch
+/// boundary: the same run and attempt go on, later epochs are staged over
+/// the new lanes, and the merge stays equal to the source.
+#[tokio::test]
+async fn a_continuous_sync_scales_its_lanes_without_a_new_attempt() {
+    let db = TestDb::new().await;
+    make_source(&db, 300).await;
+    let dir = scratch("cdc-scale");
+    let store = dir.join("store");
+    let runner = sync_runner(&db, &store, &dir.join("logs"));
+    define_live(&db, 0).await;
+    live_equal(&db, &runner, "the snapshot to land").await;
+    assert_eq!(head_lanes(&db, &store).await, Some(1));
+    let attempts = "SELECT count(*) FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+                    JOIN orca.pipelines p ON p.id = r.pipeline_id WHERE p.name = 'live'";
+    assert_eq!(db.scalar_i64(attempts).await, 1);
+
+    for (round, lanes) in [(1_i64, 3_i64), (2, 1)] {
+        let was = db
+            .scalar_i64(&format!("SELECT orca.scale_sync('live', {lanes})::bigint"))
+            .await;
+        assert_eq!(was, if lanes == 3 { 1 } else { 3 }, "the lanes it had");
+        wait_until(
+            &format!("epochs staged over {lanes} lanes"),
+            Duration::from_secs(60),
+            || async {
+                exec(
+                    &db,
+                    &format!("UPDATE public.orders SET qty = {round} * 1000 + id WHERE id % 10 = {round}"),
+                )
+                .await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                (head_lanes(&db, &store).await == Some(lanes as usize)).then_some(())
+            },
+            || runner.output(),
+        )
+        .await;
+        live_equal(&db, &runner, "the changes after scaling to land").await;
+        assert_eq!(runs_of(&db, "running").await, 1, "still the one run");
+        assert_eq!(db.scalar_i64(attempts).await, 1, "and its one attempt");
+    }
+    let scaled = db
+        .scalar_i64("SELECT count(*) FROM orca.events WHERE kind = 'sync.scaled'")
+        .await;
+    assert_eq!(scaled, 2);
+    // Scaling to what it has is not news; out of range, or a sync that is
+    // not there, is refused naming the value.
+    assert_eq!(
+        db.scalar_i64("SELECT orca.scale_sync('live', 1)::bigint")
+            .await,
+        1
+    );
+    for (sql, code, says) in [
+        ("SELECT orca.scale_sync('live', 0)", "OR063", "got 0"),
+        ("SELECT orca.scale_sync('live', 65)", "OR063", "got 65"),
+        ("SELECT orca.scale_sync('nope', 2)", "OR064", "'nope'"),
+    ] {
+        let e = sqlx::query(sql).execute(&db.pool).await.expect_err(sql);
+        let e = e.as_database_error().expect("a database error");
+        assert_eq!(e.code().as_deref(), Some(code), "{sql}");
+        assert!(e.message().contains(says), "{sql}: {}", e.message());
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.events WHERE kind = 'sync.scaled'")
+            .await,
+        2
+    );
+    // Redefined with other lanes only, the run is not cancelled either.
+    sqlx::query(
+        "SELECT orca.create_sync('live', $1, $2, $3, NULL, 'at_least_once', 'default', 0)",
+    )
+    .bind(json!({"type": "postgres_cdc", "url": db.url(), "continuous": true, "epoch_seconds": 1}))
+    .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw", "lanes": 2}))
+    .bind(json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"], "mode": "merge"}]))
+    .execute(&db.pool)
+    .await
+    .expect("create_sync");
+    wait_until(
+        "epochs staged over 2 lanes",
+        Duration::from_secs(60),
+        || async {
+            exec(
+                &db,
+                "UPDATE public.orders SET qty = qty + 1 WHERE id % 10 = 3",
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            (head_lanes(&db, &store).await == Some(2)).then_some(())
+        },
+        || runner.output(),
+    )
+    .await;
+    live_equal(&db, &runner, "the changes after redefining to land").await;
+    assert_eq!(runs_of(&db, "cancelled").await, 0);
+    assert_eq!(db.scalar_i64(attempts).await, 1);
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    stopped(&db, &runner).await;
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A continuous sync's run that failed with its retries spent is started
 /// again by the supervisor (a phase of orca.tick) once a backoff passed,
 /// with a sync.restarted event; the new run goes on from HEAD.

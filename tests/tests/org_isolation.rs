@@ -74,10 +74,12 @@ const API: &[&str] = &[
     "rotate_runner_token",
     "rotate_webhook_secret",
     "run",
+    "scale_sync",
     "sense_context",
     "set_secret",
     "store_catalog",
     "set_webhook_enabled",
+    "sync_lanes",
     "tick",
     "unpause",
 ];
@@ -584,6 +586,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.rewind_head('globex_sync', 1, 0, NULL)".to_string(),
         "SELECT orca.record_epoch('globex_sync', 1, 1, '{}')".to_string(),
         "SELECT orca.report_drift('globex_sync', 1, '[]')".to_string(),
+        "SELECT orca.sync_lanes('globex_sync', 1)".to_string(),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR084", "{sql}");
     }
@@ -593,6 +596,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         "SELECT orca.drop_sync('globex_sync')",
         "SELECT orca.pause_sync('globex_sync')",
         "SELECT orca.resume_sync('globex_sync')",
+        "SELECT orca.scale_sync('globex_sync', 2)",
         "SELECT orca.discover('globex_cdc')",
     ] {
         assert_eq!(code_of(&mut a, sql).await, "OR064", "{sql}");
@@ -603,6 +607,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.rewind_head('globex_sync', 1, 0, NULL, '{g_lease}')"),
         format!("SELECT orca.record_epoch('globex_sync', 1, 1, '{{}}', '{g_lease}')"),
         format!("SELECT orca.report_drift('globex_sync', 1, '[]', '{g_lease}')"),
+        format!("SELECT orca.sync_lanes('globex_sync', 1, '{g_lease}')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }

@@ -210,9 +210,22 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     let in_flight = scalar_i64(&mut c, "SELECT count(*) FROM orca.leases").await;
     drop(c);
     cluster.restart();
-    let mut c = PgConnection::connect(&url)
-        .await
-        .expect("connect after the restart");
+    // pg_ctl -w has seen the server ready; a connection over TCP may still
+    // meet it finishing recovery for a moment.
+    let mut c = {
+        let mut tries = 0;
+        loop {
+            match PgConnection::connect(&url).await {
+                Ok(c) => break c,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("connect after the restart: {e}; again");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => panic!("connect after the restart: {e}\n{}", cluster.log()),
+            }
+        }
+    };
     c.execute("ALTER EXTENSION orca UPDATE")
         .await
         .expect("ALTER EXTENSION orca UPDATE");

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::attempt::apply::crash_after_head;
 use crate::attempt::barrier::take_round;
 use crate::attempt::error::EngineError;
+use crate::attempt::open::Opened;
 use crate::attempt::options::Outcome;
 use crate::attempt::recover::Recovered;
 use crate::attempt::state::{Attempt, Progress, Source};
@@ -35,6 +36,10 @@ pub(super) fn stream_epochs(
     } = a.recover(head_epoch, head_record)?;
     let begins = a.resume(&mut states, full)?;
     let crash_after = crash_after_head();
+    // A continuous attempt follows the definition's lanes between epochs
+    // (orca.scale_sync), unless the command line fixed them.
+    let follows_lanes =
+        plan.source.get("continuous") == Some(&json!(true)) && a.opts.lanes.is_none();
     let mut opened = a.open(plan, source, lanes, head, &states)?;
     let mut p = Progress {
         out: Outcome {
@@ -74,6 +79,9 @@ pub(super) fn stream_epochs(
         let staging = a.stage(&mut p, epoch, synced_at, round.chunks, &mut opened)?;
         let record = a.record(&mut p, epoch, staging, &round.ended);
         a.commit(&mut p, record, crash_after)?;
+        if follows_lanes {
+            a.follow_lanes(&mut p, &mut opened)?;
+        }
         a.log.flush(&a.store)?;
     }
     if p.out.stopped {
@@ -93,4 +101,35 @@ pub(super) fn stream_epochs(
                "stopped": p.out.stopped}),
     );
     Ok(p.out)
+}
+
+impl Attempt {
+    /// Takes the lanes the definition asks for now, at an epoch boundary
+    /// (every epoch so far is committed): the routers split the next
+    /// epoch's rows over them, and the coordinator waits for as many
+    /// pre-commits.
+    fn follow_lanes(&mut self, p: &mut Progress, opened: &mut Opened) -> Result<(), EngineError> {
+        let asked = self.control.sync_lanes(
+            &self.opts.sync,
+            orca_core::api::Generation(self.generation),
+            self.opts.lease_token(),
+        )?;
+        let lanes = asked
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(1)
+            .clamp(1, orca_core::sync::MAX_LANES as usize);
+        if lanes == opened.lanes {
+            return Ok(());
+        }
+        p.coord.set_lanes(lanes)?;
+        for r in opened.routers.values_mut() {
+            *r = r.with_lanes(lanes);
+        }
+        self.log.event(
+            "scaled",
+            json!({"lanes": lanes, "was": opened.lanes, "after_epoch": p.coord.last_committed()}),
+        );
+        opened.lanes = lanes;
+        Ok(())
+    }
 }

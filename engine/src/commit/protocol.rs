@@ -189,6 +189,22 @@ impl Coordinator {
         Ok(actions)
     }
 
+    /// Changes the number of writer lanes, between epochs only: every epoch
+    /// whose barrier was requested must be committed first. Each epoch's
+    /// record lists its own lanes' committables, so a recovery applies an
+    /// epoch as it was staged whatever the lanes are now.
+    pub fn set_lanes(&mut self, lanes: usize) -> Result<(), ProtocolError> {
+        if let Some(epoch) = self.open.keys().next() {
+            return Err(ProtocolError::OutOfOrder {
+                epoch: *epoch,
+                what: "a change of lanes",
+                expected: self.last_committed + 1,
+            });
+        }
+        self.lanes = lanes.max(1);
+        Ok(())
+    }
+
     /// The last epoch made visible.
     pub fn last_committed(&self) -> u64 {
         self.last_committed

@@ -37,6 +37,12 @@ fn hash(parts: &[String]) -> u64 {
 }
 
 impl Router {
+    /// The same key over another number of lanes (a sync scaled between
+    /// epochs).
+    pub fn with_lanes(&self, lanes: usize) -> Router {
+        Router::new(lanes, self.key.clone())
+    }
+
     /// `key`: the columns that group rows; empty means `_orca_id`.
     pub fn new(lanes: usize, key: Vec<String>) -> Self {
         let key = if key.is_empty() {
