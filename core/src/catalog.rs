@@ -195,6 +195,55 @@ pub fn drift(planned: &Value, table: &str, found: &[Column]) -> Vec<Drift> {
         .cloned()
         .and_then(|c| serde_json::from_value(c).ok())
         .unwrap_or_default();
+    columns_drift(table, &was, found)
+}
+
+/// How an external connector's streams differ from the catalog version a
+/// sync's streams were planned from: a stream of the sync that its
+/// `discover` no longer lists (column `*`, `removed`), and the column
+/// changes of a stream whose connector describes its columns both then and
+/// now. `streams` are the sync's stream names; `found` is what `discover`
+/// printed now (`{"streams": [...]}`). A stream the catalog does not know
+/// was not planned from it and has no drift.
+pub fn connector_drift(planned: &Value, streams: &[String], found: &Value) -> Vec<Drift> {
+    let by_name = |list: &Value, name: &str| -> Option<Value> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s.get("name").and_then(Value::as_str) == Some(name))
+            .cloned()
+    };
+    let columns = |s: &Value| -> Option<Vec<Column>> {
+        s.get("columns")
+            .cloned()
+            .and_then(|c| serde_json::from_value(c).ok())
+    };
+    let now = found.get("streams").cloned().unwrap_or_else(|| json!([]));
+    let mut out = Vec::new();
+    for name in streams {
+        let Some(was) = by_name(planned, name) else {
+            continue;
+        };
+        match by_name(&now, name) {
+            None => out.push(Drift {
+                table: name.clone(),
+                column: "*".into(),
+                change: "removed".into(),
+                was: None,
+                now: None,
+            }),
+            Some(is) => {
+                if let (Some(w), Some(f)) = (columns(&was), columns(&is)) {
+                    out.extend(columns_drift(name, &w, &f));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The column changes of one table or stream, `was` to `found`.
+fn columns_drift(table: &str, was: &[Column], found: &[Column]) -> Vec<Drift> {
     let mut out = Vec::new();
     let one = |column: &str, change: &str, was: Option<String>, now: Option<String>| Drift {
         table: table.to_string(),
@@ -203,7 +252,7 @@ pub fn drift(planned: &Value, table: &str, found: &[Column]) -> Vec<Drift> {
         was,
         now,
     };
-    for w in &was {
+    for w in was {
         match found.iter().find(|f| f.name == w.name) {
             None => out.push(one(&w.name, "removed", Some(w.sql_type.clone()), None)),
             Some(f) if f.sql_type != w.sql_type => out.push(one(
@@ -232,6 +281,48 @@ pub fn drift(planned: &Value, table: &str, found: &[Column]) -> Vec<Drift> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connector_s_drift_is_a_stream_gone_or_its_described_columns_changed() {
+        let planned = json!([
+            {"name": "orders", "columns": [{"name": "id", "type": "bigint", "nullable": false},
+                                           {"name": "total", "type": "numeric", "nullable": true}]},
+            {"name": "events"},
+            {"name": "unread"}
+        ]);
+        let streams = vec![
+            "orders".to_string(),
+            "events".to_string(),
+            "other".to_string(),
+        ];
+        let same = json!({"streams": [
+            {"name": "orders", "columns": [{"name": "id", "type": "bigint", "nullable": false},
+                                           {"name": "total", "type": "numeric", "nullable": true}]},
+            {"name": "events"}]});
+        assert!(connector_drift(&planned, &streams, &same).is_empty());
+        let changed = json!({"streams": [
+            {"name": "orders", "columns": [{"name": "id", "type": "text", "nullable": false},
+                                           {"name": "region", "type": "text", "nullable": true}]}]});
+        let d = connector_drift(&planned, &streams, &changed);
+        let got: Vec<(&str, &str, &str)> = d
+            .iter()
+            .map(|d| (d.table.as_str(), d.column.as_str(), d.change.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("orders", "id", "type"),
+                ("orders", "total", "removed"),
+                ("orders", "region", "added"),
+                ("events", "*", "removed"),
+            ]
+        );
+        // Columns described only now are not a change of a stream whose
+        // catalog had none.
+        let described = json!({"streams": [{"name": "orders"},
+            {"name": "events", "columns": [{"name": "x", "type": "text", "nullable": true}]}]});
+        assert!(connector_drift(&planned, &streams, &described).is_empty());
+    }
 
     fn col(name: &str, t: &str, nullable: bool) -> Column {
         Column {

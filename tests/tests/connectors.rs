@@ -116,6 +116,14 @@ async fn head(db: &TestDb) -> i64 {
         .await
 }
 
+/// A process's parent, from /proc (the field after its name's
+/// parenthesis and its state).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The pids of processes whose command line holds `needle`.
 fn pids_with(needle: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -676,13 +684,10 @@ async fn a_destination_connector_commits_each_epoch_once_across_a_killed_engine(
         assert_ne!(run_status(&db, run).await, "failed", "{}", runner.output());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // This runner's engine only: other tests run engines beside it.
     let engines: Vec<i32> = pids_with("orca-engine")
         .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains("sync"))
-                .unwrap_or(false)
-        })
+        .filter(|p| parent_of(*p) == Some(runner.pid() as i32))
         .collect();
     assert!(!engines.is_empty(), "the engine runs: {}", runner.output());
     for pid in &engines {
@@ -947,5 +952,105 @@ async fn an_http_api_connector_pages_through_the_host_which_retries_and_guards_e
         err.contains("connector http_pages") && err.contains("netguard refused 169.254.169.254"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Writes the shapes connector's source as `streams` (name and columns).
+fn shape(path: &Path, streams: Value) {
+    std::fs::write(path, json!({"streams": streams}).to_string()).expect("shape file");
+}
+
+/// A connector's sync planned from its catalog is checked against what the
+/// connector discovers before each attempt: a stream it no longer lists and
+/// a column it describes differently are reported as drift (once, with a
+/// sync.drift event), and the sync goes on.
+#[tokio::test]
+async fn a_connector_s_drift_from_its_catalog_is_reported_before_each_attempt() {
+    let db = TestDb::new().await;
+    let dir = scratch("connector-drift");
+    let conns = connectors(&dir, &[("shapes", &repo("tests/py/connectors/shapes.py"))]);
+    let conns_s = conns.to_string_lossy().into_owned();
+    let file = dir.join("shape.json");
+    let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "nullable": true});
+    shape(
+        &file,
+        json!([{"name": "accounts", "columns": [col("id", "bigint"), col("plan", "text")]},
+               {"name": "invoices", "columns": [col("id", "bigint")]}]),
+    );
+    let source = json!({"type": "connector", "connector": "shapes", "replay": "exact",
+                        "config": {"shape": file.to_string_lossy()}});
+    let runner = sync_runner_with(
+        &db,
+        &dir.join("store"),
+        &dir.join("logs"),
+        &[("ORCA_CONNECTORS", conns_s.as_str())],
+    );
+    let discovery: i64 = sqlx::query_scalar("SELECT orca.discover('shaped', $1)")
+        .bind(&source)
+        .fetch_one(&db.pool)
+        .await
+        .expect("orca.discover");
+    succeeded(&db, discovery, &runner, "the discovery").await;
+    sqlx::raw_sql("CREATE SCHEMA shaped")
+        .execute(&db.pool)
+        .await
+        .expect("schema");
+    sqlx::query("SELECT orca.create_sync('shaped', $1, $2, '{\"catalog\": true}')")
+        .bind(&source)
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "shaped"}))
+        .execute(&db.pool)
+        .await
+        .expect("create_sync planned from the catalog");
+    let run_once = || async {
+        let run: i64 = sqlx::query_scalar("SELECT orca.run('shaped', 'now')")
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+        succeeded(&db, run, &runner, "a run of the shaped sync").await;
+    };
+    let drift = || async {
+        sqlx::query_scalar::<_, Option<Value>>("SELECT drift FROM orca.syncs WHERE name = 'shaped'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("drift")
+    };
+    let events = "SELECT count(*) FROM orca.events WHERE kind = 'sync.drift'";
+    run_once().await;
+    assert_eq!(drift().await, None, "the source is as discovered");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM shaped.accounts").await,
+        3
+    );
+
+    // The source changes: a column's type, and a stream is gone.
+    shape(
+        &file,
+        json!([{"name": "accounts", "columns": [col("id", "text"), col("plan", "text")]}]),
+    );
+    run_once().await;
+    let d = drift().await.expect("drift is reported");
+    let mut got: Vec<(String, String, String)> = d
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (s("table"), s("column"), s("change"))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("accounts".into(), "id".into(), "type".into()),
+            ("invoices".into(), "*".into(), "removed".into()),
+        ],
+        "{d}"
+    );
+    assert_eq!(db.scalar_i64(events).await, 1);
+    // The same drift again is not news.
+    run_once().await;
+    assert_eq!(db.scalar_i64(events).await, 1);
+    drop(runner);
     let _ = std::fs::remove_dir_all(dir);
 }

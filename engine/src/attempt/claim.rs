@@ -107,7 +107,28 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         Source::Tables(t) => t,
         Source::Files { .. } => &[],
     };
-    let drift = drift_from_catalog(claim.catalog.as_ref(), tables);
+    let drift = match (
+        &def.source,
+        claim.catalog.as_ref().and_then(|c| c.get("streams")),
+    ) {
+        // A connector's streams are what its discover lists: asked again
+        // now, under the same netguard as its read.
+        (
+            SourceDef::Connector {
+                connector, config, ..
+            },
+            Some(planned),
+        ) => {
+            let found = crate::source::connector::discover(
+                connector,
+                &Value::Object(config.clone()),
+                &guard,
+            )?;
+            let names: Vec<String> = def.streams.iter().map(|s| s.name.clone()).collect();
+            orca_core::catalog::connector_drift(planned, &names, &found)
+        }
+        _ => drift_from_catalog(claim.catalog.as_ref(), tables),
+    };
     if claim.catalog.is_some() {
         // Reported, not enforced: the streams' schema policy decides what
         // a change does to the attempt.
