@@ -488,17 +488,32 @@ DECLARE
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
+    v_why text := coalesce(release.reason, 'released by its runner');
+    v_recent integer;
 BEGIN
     PERFORM orca._lease_holder(t, release.lease);
     a := orca._leased_attempt(v_org, release.lease);
-    PERFORM orca._attempt_ended(a.id, 'released',
-                                coalesce(release.reason, 'released by its runner'));
+    -- A run handed back again and again (an engine that asks for a new
+    -- attempt each time it starts, a runner restarting in a loop) would go
+    -- round with no pause and no end: past a bound the attempt fails, and
+    -- the run's retries (and a continuous sync's backoff) take over.
+    SELECT count(*) INTO v_recent FROM orca.attempts x
+    WHERE x.run_id = a.run_id AND x.status = 'released'
+      AND x.finished_at > now() - interval '10 minutes';
+    IF v_recent >= 10 THEN
+        PERFORM orca._attempt_ended(a.id, 'failed',
+            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));
+        RETURN;
+    END IF;
+    PERFORM orca._attempt_ended(a.id, 'released', v_why);
 END
 $$;
 COMMENT ON FUNCTION orca.release(uuid, text) IS
-'Hands a leased attempt back unfinished, for a runner that is shutting down: the run gets a '
-'new pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. '
-'Errors: OR012/OR014/OR015 for the lease.';
+'Hands a leased attempt back unfinished, for a runner that is shutting down or an engine that '
+'asks for a new attempt (a continuous sync meeting a new table shape): the run gets a new '
+'pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. A run '
+'handed back 10 times in 10 minutes is in a loop: the 11th attempt fails instead (its error '
+'says so), and the run''s retries decide. Errors: OR012/OR014/OR015 for the lease.';
 
 CREATE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
                                  error text DEFAULT NULL, output jsonb DEFAULT NULL,

@@ -418,3 +418,40 @@ async fn a_released_attempt_goes_to_another_runner_without_spending_budgets() {
         "OR014"
     );
 }
+
+/// A run handed back again and again is in a loop: past ten hand-backs in
+/// ten minutes the attempt fails, and the run's retries (none here) decide.
+#[tokio::test]
+async fn a_run_handed_back_in_a_loop_fails_instead_of_going_round() {
+    let db = TestDb::new().await;
+    with_pending(&db, 1).await;
+    for n in 1..=11 {
+        let l = claim(&db.pool, "looping", 1).await;
+        assert_eq!(l.len(), 1, "attempt {n} is there to claim");
+        assert_eq!(l[0].number, n);
+        sqlx::query("SELECT orca.release($1, 'restart: a new column')")
+            .bind(l[0].lease)
+            .execute(&db.pool)
+            .await
+            .expect("release");
+    }
+    let (status, error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, error FROM orca.runs")
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+    assert_eq!(status, "failed");
+    let error = error.unwrap_or_default();
+    assert!(
+        error.contains("handed back 11 times in 10 minutes") && error.contains("a new column"),
+        "{error}"
+    );
+    let released = db
+        .scalar_i64("SELECT count(*) FROM orca.attempts WHERE status = 'released'")
+        .await;
+    assert_eq!(released, 10);
+    assert!(
+        claim(&db.pool, "looping", 1).await.is_empty(),
+        "nothing left to claim"
+    );
+}
