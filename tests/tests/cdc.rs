@@ -217,6 +217,120 @@ async fn a_snapshot_then_changes_land_merged_and_logged_with_deletes_and_the_slo
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A snapshot cut short by a crash is read on in a later snapshot (a
+/// temporary slot's): the changes made meanwhile to keys it had not read
+/// are in those rows already, so the change log holds each change once,
+/// and the merge equals the source.
+#[tokio::test]
+async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
+    let db = TestDb::new().await;
+    make_source(&db, 3_000).await;
+    define(&db).await;
+    let dir = scratch("cdc-resnap");
+    let store = dir.join("store");
+    // Epochs of 500: the merge's snapshot is epochs 1-6, the change log's
+    // 7-12; the engine dies once HEAD is at 8.
+    let o = engine(&db, &store, 500)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "8")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "it was to crash: {}", text(&o));
+    let record: String =
+        sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("HEAD");
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(store.join(&record)).expect("record")).expect("JSON");
+    let pos = &v["streams"]["changes"]["position"];
+    assert_eq!(pos[0], "snapshot", "{v}");
+    assert_eq!(
+        pos[2], "1000",
+        "the change log's snapshot stands after key 1000: {v}"
+    );
+
+    // Meanwhile: updates on both sides of key 1000, deletes and inserts
+    // after it, a key moved within the unread part and one moved into it.
+    exec(
+        &db,
+        "UPDATE public.orders SET qty = -id WHERE id % 100 = 7;
+         DELETE FROM public.orders WHERE id BETWEEN 2000 AND 2004;
+         INSERT INTO public.orders (id, customer, qty) SELECT g, 'late', 1 FROM generate_series(4001, 4005) g;
+         UPDATE public.orders SET id = 6000 WHERE id = 2500;
+         UPDATE public.orders SET id = 7000 WHERE id = 10;",
+    )
+    .await;
+    let out = run_engine(&db, &store, 500);
+    assert_eq!(
+        differences(&db).await,
+        0,
+        "the merge equals the source: {out}"
+    );
+    exec(&db, "UPDATE public.orders SET qty = 1 WHERE id = 2600").await;
+    let out = run_engine(&db, &store, 500);
+    assert_eq!(differences(&db).await, 0, "{out}");
+
+    // The change log: 1000 rows of the first snapshot, the 10 updates of
+    // keys up to 1000 and key 10's delete, the 2001 rows the later
+    // snapshot read (it shows the 20 updates, 5 deletes, 5 inserts and two
+    // moves after key 1000 already), and the last update.
+    let db = &db;
+    let log = |sql: String| async move { db.scalar_i64(&sql).await };
+    assert_eq!(
+        log("SELECT count(*) FROM raw.changes".into()).await,
+        1000 + 10 + 1 + 2001 + 1
+    );
+    let lsns = db
+        .strings(
+            "SELECT _orca_lsn::text FROM raw.changes GROUP BY _orca_lsn HAVING count(*) > 100
+             ORDER BY _orca_lsn",
+        )
+        .await;
+    assert_eq!(lsns.len(), 2, "two snapshots: {lsns:?}");
+    assert_eq!(
+        log(format!(
+            "SELECT count(*) FROM raw.changes WHERE _orca_lsn = {}",
+            lsns[1]
+        ))
+        .await,
+        2001,
+        "the later snapshot's rows carry its point"
+    );
+    // No change twice: no key has two rows in a row that say the same.
+    let twice = log(
+        "SELECT count(*) FROM (
+             SELECT id, (_orca_deleted, customer, amount, qty, note) AS v,
+                    lag((_orca_deleted, customer, amount, qty, note)) OVER (PARTITION BY id ORDER BY _orca_lsn) AS before
+             FROM raw.changes) x
+         WHERE v IS NOT DISTINCT FROM before"
+            .into(),
+    )
+    .await;
+    assert_eq!(twice, 0, "a change shown twice");
+    // Replayed, the log is the source: each key's last row.
+    let replayed = log(
+        "SELECT count(*) FROM public.orders o FULL JOIN (
+             SELECT DISTINCT ON (id) * FROM raw.changes ORDER BY id, _orca_lsn DESC) c USING (id)
+         WHERE o.id IS NULL AND NOT c._orca_deleted
+            OR c.id IS NULL
+            OR o.id IS NOT NULL AND (c._orca_deleted OR (o.qty, o.customer) IS DISTINCT FROM (c.qty, c.customer))"
+            .into(),
+    )
+    .await;
+    assert_eq!(replayed, 0, "the log replayed is the source");
+    let slot_name = slot(db).await.expect("the sync's slot");
+    exec(db, "SELECT orca.drop_sync('shop')").await;
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE starts_with(slot_name, '{slot_name}')"
+        ))
+        .await,
+        0,
+        "no temporary slot left either"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Changes as the source's trigger logged them, and as the change log
 /// holds them after the snapshot: (deleted, id, amount) with how often.
 async fn change_sets(db: &TestDb) -> (Vec<String>, Vec<String>) {

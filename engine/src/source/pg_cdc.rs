@@ -10,15 +10,19 @@
 //! A stream's resume point is where it stands in that stream:
 //! - `["snapshot", L]`, `["snapshot", L, key...]`: its table's first read,
 //!   after the row with that key; the changes after LSN `L` follow it;
-//! - `["lsn", L]`: every transaction that committed before `L` is delivered.
+//! - `["lsn", L]`: every transaction that committed before `L` is delivered;
+//! - `["snapshot+", L, windows, key...]`, `["lsn+", L, windows]`: the same,
+//!   with the [`Window`]s of a snapshot read in parts (JSON).
 //!
 //! The first attempt creates the slot with an exported snapshot and reads
 //! each table in that snapshot, so the table's rows and the changes after
 //! the slot's consistent point meet without a gap or an overlap. A
-//! snapshot cut short by a crash resumes after its last key in a newer
-//! snapshot: the replayed changes bring those rows to the same end state
-//! (a merge is exact; a change log may hold a change its snapshot row
-//! already shows).
+//! snapshot cut short by a crash, or a stream new to the sync, is read
+//! (after its last key) in the exported snapshot of a temporary slot made
+//! for it, at a later point L2: those rows already show the changes that
+//! committed before L2, so the change stream skips the changes of their
+//! keys up to L2 (a window), and neither a merge nor a change log sees a
+//! change twice.
 //!
 //! An attempt reads up to the end of the WAL as it was when it started (a
 //! logical message it writes marks the point) and ends there; replay from
@@ -56,6 +60,78 @@ const SESSION: &str =
 /// How often the reader looks at the acknowledged position while it waits
 /// for the change stream.
 const POLL: Duration = Duration::from_millis(200);
+
+/// A part of a table's snapshot read as of a later point than the slot's:
+/// the rows after `after` (every row: None), up to where the next window
+/// begins, were read in a snapshot at `lsn`, so the changes of their keys
+/// that committed before `lsn` are in them already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub lsn: Lsn,
+    pub after: Option<Vec<String>>,
+}
+
+/// A resume point's windows as its third value holds them.
+fn windows_text(windows: &[Window]) -> String {
+    serde_json::Value::Array(
+        windows
+            .iter()
+            .map(|w| serde_json::json!([w.lsn.to_string(), w.after]))
+            .collect(),
+    )
+    .to_string()
+}
+
+fn windows_parse(text: &str) -> Option<Vec<Window>> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    v.as_array()?
+        .iter()
+        .map(|w| {
+            let lsn = Lsn::parse(w.get(0)?.as_str()?)?;
+            let after = match w.get(1)? {
+                serde_json::Value::Null => None,
+                a => Some(serde_json::from_value(a.clone()).ok()?),
+            };
+            Some(Window { lsn, after })
+        })
+        .collect()
+}
+
+/// A resume point with its windows (`["lsn+", L, windows]` and
+/// `["snapshot+", L, windows, key...]`; plain points have none).
+pub fn parse_resume(stream: &str, v: &[String]) -> Result<(Position, Vec<Window>), ReadError> {
+    match v.first().map(String::as_str) {
+        Some(kind @ ("lsn+" | "snapshot+")) if v.len() >= 3 => {
+            let windows = windows_parse(&v[2]).ok_or_else(|| ReadError::Stream {
+                stream: stream.to_string(),
+                reason: format!("resume point {v:?} has no windows it can read"),
+            })?;
+            let mut plain = vec![kind.trim_end_matches('+').to_string(), v[1].clone()];
+            plain.extend(v[3..].iter().cloned());
+            Ok((Position::parse(stream, &plain)?, windows))
+        }
+        _ => Ok((Position::parse(stream, v)?, Vec::new())),
+    }
+}
+
+/// A resume point as recorded: the position, with the windows that still
+/// matter (a window's changes end once the stream passed its point).
+pub fn resume_point(pos: &Position, windows: &[Window]) -> Vec<String> {
+    let live: Vec<Window> = windows
+        .iter()
+        .filter(|w| match pos {
+            Position::Stream(at) => w.lsn > *at,
+            Position::Snapshot { .. } => true,
+        })
+        .cloned()
+        .collect();
+    let mut v = pos.to_vec();
+    if !live.is_empty() {
+        v[0].push('+');
+        v.insert(2, windows_text(&live));
+    }
+    v
+}
 
 /// Where a stream stands in the change stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,7 +186,7 @@ impl Position {
 pub fn acknowledged_lsn(recorded: &str) -> Option<Lsn> {
     let mut parts = recorded.split('\u{1f}');
     match (parts.next(), parts.next()) {
-        (Some("lsn" | "snapshot"), Some(l)) => Lsn::parse(l),
+        (Some("lsn" | "snapshot" | "lsn+" | "snapshot+"), Some(l)) => Lsn::parse(l),
         _ => None,
     }
 }
@@ -137,6 +213,9 @@ struct Out {
     /// The relation columns it last saw, by name (a drop is told from an
     /// older change by a column it saw before).
     seen: Vec<String>,
+    /// The parts of its snapshot read later than the slot's point, in key
+    /// order.
+    windows: Vec<Window>,
 }
 
 impl Out {
@@ -159,13 +238,26 @@ impl Out {
         let rows = self.rows.pending();
         let arrays = self.rows.take();
         let ids: ArrayRef = Arc::new(StringArray::from(std::mem::take(&mut self.ids)));
+        if let Position::Stream(at) = self.pos {
+            self.windows.retain(|w| w.lsn > at);
+        }
         let msg = Msg::Chunk {
             arrays,
             ids,
-            last: self.pos.to_vec(),
+            last: resume_point(&self.pos, &self.windows),
             rows,
         };
         self.tx.send(Ok(msg)).is_ok()
+    }
+
+    /// Takes a part of its snapshot read as of `lsn` after `after`. A part
+    /// that begins where the last one did replaces it: nothing of that
+    /// one was committed.
+    fn read_from(&mut self, lsn: Lsn, after: Option<Vec<String>>) {
+        if self.windows.last().is_some_and(|w| w.after == after) {
+            self.windows.pop();
+        }
+        self.windows.push(Window { lsn, after });
     }
 
     fn end(&self) {
@@ -197,9 +289,13 @@ pub(crate) fn spawn_cdc(
     let mut readers = Vec::with_capacity(tables.len());
     let mut outs = Vec::with_capacity(tables.len());
     for (t, start) in tables.into_iter().zip(starts) {
-        let pos = start
-            .map(|s| Position::parse(&t.spec.name, &s))
-            .transpose()?;
+        let (pos, windows) = match start {
+            Some(s) => {
+                let (p, w) = parse_resume(&t.spec.name, &s)?;
+                (Some(p), w)
+            }
+            None => (None, Vec::new()),
+        };
         let (tx, rx): (_, Receiver<Result<Msg, ReadError>>) = sync_channel(1);
         readers.push(Reader {
             name: t.spec.name.clone(),
@@ -217,6 +313,7 @@ pub(crate) fn spawn_cdc(
                 pos: Position::Stream(Lsn(0)),
                 ids: Vec::new(),
                 seen: Vec::new(),
+                windows,
             },
             pos,
         ));
@@ -326,7 +423,7 @@ impl Cdc {
                 after: None,
             });
         }
-        if !self.snapshot(&mut client, outs, exported.as_deref())? {
+        if !self.snapshot(&rt, &target, &mut client, outs, exported.as_deref())? {
             return Ok(());
         }
         drop(gate);
@@ -429,8 +526,21 @@ impl Cdc {
         rt: &tokio::runtime::Runtime,
         target: &ReplicationTarget,
     ) -> Result<(Lsn, String, ReplicationClient), ReadError> {
+        self.exporting_slot(rt, target, &self.slot, false)
+    }
+
+    /// A slot made on a replication session of its own, with the snapshot
+    /// its consistent point stands for (valid while the session lives); a
+    /// temporary one goes with the session.
+    fn exporting_slot(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        target: &ReplicationTarget,
+        name: &str,
+        temporary: bool,
+    ) -> Result<(Lsn, String, ReplicationClient), ReadError> {
         let repl = |e: pgwire_replication::PgWireError| {
-            cdc(format!("replication session for slot {}: {e}", self.slot))
+            cdc(format!("replication session for slot {name}: {e}"))
         };
         rt.block_on(async {
             let mut gate = ReplicationClient::connect_gated(self.config(target))
@@ -438,8 +548,9 @@ impl Cdc {
                 .map_err(repl)?;
             let rows = gate
                 .simple_query(&format!(
-                    "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')",
-                    quote_ident(&self.slot)
+                    "CREATE_REPLICATION_SLOT {}{} LOGICAL pgoutput (SNAPSHOT 'export')",
+                    quote_ident(name),
+                    if temporary { " TEMPORARY" } else { "" }
                 ))
                 .await
                 .map_err(repl)?;
@@ -461,6 +572,8 @@ impl Cdc {
     /// others' empty ones. False once the attempt stopped listening.
     fn snapshot(
         &self,
+        rt: &tokio::runtime::Runtime,
+        target: &ReplicationTarget,
         client: &mut postgres::Client,
         outs: &mut [Out],
         exported: Option<&str>,
@@ -471,12 +584,25 @@ impl Cdc {
         {
             return Ok(true);
         }
+        // Not the slot's own snapshot (a snapshot resumed, a stream new to
+        // the sync): a temporary slot's, whose point the rows read in it
+        // stand for; its session stays until they are read.
+        let (later, _gate) = match exported {
+            Some(_) => (None, None),
+            None => {
+                // Slot names are at most 63 characters.
+                let name = format!("{}_read", &self.slot[..self.slot.len().min(58)]);
+                let (lsn, snapshot, gate) = self.exporting_slot(rt, target, &name, true)?;
+                (Some((lsn, snapshot)), Some(gate))
+            }
+        };
         let mut tx = client
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()?;
-        if let Some(name) = exported.filter(|n| !n.is_empty()) {
+        let snapshot = exported.or(later.as_ref().map(|(_, s)| s.as_str()));
+        if let Some(name) = snapshot.filter(|n| !n.is_empty()) {
             tx.batch_execute(&format!(
                 "SET TRANSACTION SNAPSHOT '{}'",
                 name.replace('\'', "")
@@ -486,13 +612,21 @@ impl Cdc {
             let Position::Snapshot { lsn, after } = outs[i].pos.clone() else {
                 continue;
             };
+            // The rows carry the point they were read at.
+            let read_at = match &later {
+                Some((at, _)) => {
+                    outs[i].read_from(*at, after.clone());
+                    *at
+                }
+                None => lsn,
+            };
             let t = outs[i].table.clone();
             let stream = t.spec.name.clone();
             let copy = |source| ReadError::Copy {
                 stream: stream.clone(),
                 source,
             };
-            let query = t.copy_query_at(after.as_deref(), lsn.0)?;
+            let query = t.copy_query_at(after.as_deref(), read_at.0)?;
             let input = tx.copy_out(query.as_str())?;
             let mut r = CopyReader::new(input, t.columns.clone())
                 .map_err(copy)?
@@ -631,7 +765,7 @@ impl Cdc {
                     let end = Lsn(end_lsn.as_u64());
                     if end > from {
                         pending += txn.len();
-                        self.apply(end, std::mem::take(&mut txn), outs)?;
+                        self.apply(client, end, std::mem::take(&mut txn), outs)?;
                         last = last.max(end);
                         if pending >= self.batch_rows {
                             pending = 0;
@@ -770,9 +904,19 @@ impl Cdc {
     }
 
     /// A committed transaction's rows, into each stream's round.
-    fn apply(&self, end: Lsn, txn: Vec<Change>, outs: &mut [Out]) -> Result<(), ReadError> {
+    fn apply(
+        &self,
+        client: &mut postgres::Client,
+        end: Lsn,
+        txn: Vec<Change>,
+        outs: &mut [Out],
+    ) -> Result<(), ReadError> {
         let lsn = (end.0 as i64).to_string();
+        let skip = shown_already(client, outs, end, &txn)?;
         for (n, c) in txn.into_iter().enumerate() {
+            if skip[n] {
+                continue;
+            }
             let o = &mut outs[c.out];
             let mut values: Vec<Option<&str>> = c.values.iter().map(|v| v.as_deref()).collect();
             values.push(Some(if c.deleted { "t" } else { "f" }));
@@ -798,6 +942,42 @@ fn round(outs: &mut [Out], at: Lsn) -> bool {
         }
     }
     true
+}
+
+/// Which changes of a transaction that committed at `end` a snapshot's
+/// window already shows: those of keys read in a window at a later point.
+/// Which window a key falls in is the database's call (its comparison of
+/// the key's type, as the snapshot's `WHERE key > after` made it).
+fn shown_already(
+    client: &mut postgres::Client,
+    outs: &[Out],
+    end: Lsn,
+    txn: &[Change],
+) -> Result<Vec<bool>, ReadError> {
+    let mut skip = vec![false; txn.len()];
+    for (oi, o) in outs.iter().enumerate() {
+        if !o.windows.iter().any(|w| end <= w.lsn) {
+            continue;
+        }
+        let mine: Vec<usize> = (0..txn.len()).filter(|&n| txn[n].out == oi).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut inside: Vec<Option<usize>> = vec![None; mine.len()];
+        for (j, w) in o.windows.iter().enumerate() {
+            let above: Vec<usize> = match &w.after {
+                None => (0..mine.len()).collect(),
+                Some(after) => o.above(client, after, mine.iter().map(|&n| &txn[n]))?,
+            };
+            for a in above {
+                inside[a] = Some(j);
+            }
+        }
+        for (k, &n) in mine.iter().enumerate() {
+            skip[n] = inside[k].is_some_and(|j| end <= o.windows[j].lsn);
+        }
+    }
+    Ok(skip)
 }
 
 enum Step {
@@ -924,6 +1104,59 @@ impl Out {
         })
     }
 
+    /// Which of `changes` (by their place in it) have a key after `after`,
+    /// in the key's order as the database compares it.
+    fn above<'a>(
+        &self,
+        client: &mut postgres::Client,
+        after: &[String],
+        changes: impl Iterator<Item = &'a Change>,
+    ) -> Result<Vec<usize>, ReadError> {
+        use crate::source::pg_table::quote_literal;
+        let t = &self.table;
+        let typed = |v: Option<&str>, k: usize| match v {
+            Some(v) => format!("{}::{}", quote_literal(v), t.sql_types[k]),
+            None => format!("NULL::{}", t.sql_types[k]),
+        };
+        let cols: Vec<String> = (0..t.key.len()).map(|i| format!("c{i}")).collect();
+        let bound: Vec<String> = t
+            .key
+            .iter()
+            .zip(after)
+            .map(|(&k, v)| typed(Some(v), k))
+            .collect();
+        let rows: Vec<String> = changes
+            .enumerate()
+            .map(|(n, c)| {
+                let mut r = vec![n.to_string()];
+                r.extend(
+                    t.key
+                        .iter()
+                        .map(|&k| typed(c.values.get(k).and_then(|v| v.as_deref()), k)),
+                );
+                format!("({})", r.join(", "))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for part in rows.chunks(1000) {
+            let q = format!(
+                "SELECT x.i FROM (VALUES {}) AS x(i, {}) WHERE ({}) > ({})",
+                part.join(", "),
+                cols.join(", "),
+                cols.iter()
+                    .map(|c| format!("x.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                bound.join(", ")
+            );
+            for row in client.query(q.as_str(), &[])? {
+                let i: i32 = row.get(0);
+                out.push(i as usize);
+            }
+        }
+        Ok(out)
+    }
+
     /// A row's key values.
     fn key_of<'a>(&self, c: &'a Change) -> Vec<&'a Option<String>> {
         self.table
@@ -973,6 +1206,55 @@ mod tests {
         let e = Position::parse("orders", &["2024-01-01".into(), "7".into()]).expect_err("bad");
         assert!(e.to_string().contains("stream orders"), "{e}");
         assert_eq!(acknowledged_lsn("2024-01-01\u{1f}7"), None);
+    }
+
+    #[test]
+    fn windows_ride_in_the_resume_point_until_the_stream_passes_them() {
+        let windows = vec![
+            Window {
+                lsn: Lsn(0x20),
+                after: Some(vec!["1000".into(), "a\u{1f}b".into()]),
+            },
+            Window {
+                lsn: Lsn(0x30),
+                after: Some(vec!["2000".into(), "c".into()]),
+            },
+        ];
+        let snap = Position::Snapshot {
+            lsn: Lsn(0x10),
+            after: Some(vec!["2500".into(), "d".into()]),
+        };
+        let v = resume_point(&snap, &windows);
+        assert_eq!(v[0], "snapshot+");
+        assert_eq!(v[3..], ["2500", "d"]);
+        assert_eq!(
+            parse_resume("s", &v).expect("parses"),
+            (snap.clone(), windows.clone())
+        );
+        assert_eq!(acknowledged_lsn(&v.join("\u{1f}")), Some(Lsn(0x10)));
+        // Past the first window's point only the second is left; past both,
+        // the plain form.
+        let v = resume_point(&Position::Stream(Lsn(0x20)), &windows);
+        assert_eq!(
+            parse_resume("s", &v).expect("parses"),
+            (Position::Stream(Lsn(0x20)), windows[1..].to_vec())
+        );
+        assert_eq!(
+            resume_point(&Position::Stream(Lsn(0x30)), &windows),
+            ["lsn", "0/30"]
+        );
+        let whole = vec![Window {
+            lsn: Lsn(0x20),
+            after: None,
+        }];
+        let v = resume_point(&Position::Stream(Lsn(0x10)), &whole);
+        assert_eq!(
+            parse_resume("s", &v).expect("parses"),
+            (Position::Stream(Lsn(0x10)), whole)
+        );
+        let bad = vec!["lsn+".to_string(), "0/10".into(), "not json".into()];
+        let e = parse_resume("orders", &bad).expect_err("bad windows");
+        assert!(e.to_string().contains("no windows"), "{e}");
     }
 
     #[test]
