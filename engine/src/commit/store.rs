@@ -35,6 +35,9 @@ pub enum StoreError {
 pub struct Store {
     rt: tokio::runtime::Runtime,
     os: Arc<dyn ObjectStore>,
+    /// The same store when it is a local directory, for what a file system
+    /// does better than objects (publishing by a hard link).
+    local: Option<Arc<LocalFileSystem>>,
     prefix: Path,
     url: String,
 }
@@ -59,6 +62,7 @@ impl Store {
             .enable_all()
             .build()?;
         let place = orca_lake::objstore::place(url).map_err(|e| bad(e.message().to_string()))?;
+        let mut local = None;
         let (os, prefix): (Arc<dyn ObjectStore>, Path) = match place {
             orca_lake::objstore::Place::Bucket { bucket, key } => (
                 orca_lake::objstore::bucket_store(&bucket, &Default::default())
@@ -77,13 +81,17 @@ impl Store {
                 } else if !std::path::Path::new(dir).is_dir() {
                     return Err(bad("no such directory".into()));
                 }
-                let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
-                (Arc::new(fs), Path::default())
+                let fs = Arc::new(
+                    LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?,
+                );
+                local = Some(fs.clone());
+                (fs, Path::default())
             }
         };
         Ok(Store {
             rt,
             os,
+            local,
             prefix,
             url: url.trim_end_matches('/').to_string(),
         })
@@ -183,6 +191,33 @@ impl Store {
         }
     }
 
+    /// Writes (or replaces) `rel` with the bytes of `source`'s `from`, and
+    /// says whether `from` was there. Between two directories of one local
+    /// file system that is a hard link (the bytes are not written a second
+    /// time), made under a hidden name and renamed over `rel`, so a reader
+    /// sees the old object or the new one; otherwise a read and a write.
+    pub fn put_from(&self, source: &Store, from: &str, rel: &str) -> Result<bool, StoreError> {
+        if let (Some(dst), Some(src)) = (&self.local, &source.local) {
+            let (to, origin) = (self.path(rel), source.path(from));
+            if let (Ok(to_file), Ok(from_file)) =
+                (dst.path_to_filesystem(&to), src.path_to_filesystem(&origin))
+            {
+                match link_over(&from_file, &to_file) {
+                    Ok(()) => return Ok(true),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && !from_file.exists() => {
+                        return Ok(false)
+                    }
+                    // Another device, a file system without links: copied.
+                    Err(_) => {}
+                }
+            }
+        }
+        match source.get(from)? {
+            Some(data) => self.put(rel, data).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// The objects under a folder, as paths relative to the store.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, StoreError> {
         let p = self.path(rel);
@@ -203,6 +238,27 @@ impl Store {
         out.sort();
         Ok(out)
     }
+}
+
+/// Links `from` as `to`: under a hidden name beside `to` first, then
+/// renamed over it (atomic, and it replaces what was there).
+fn link_over(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    let dir = to
+        .parent()
+        .ok_or_else(|| std::io::Error::other("an object path has a folder"))?;
+    std::fs::create_dir_all(dir)?;
+    let name = to
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.link-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::hard_link(from, &tmp)?;
+    if let Err(e) = std::fs::rename(&tmp, to) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -230,6 +286,52 @@ mod tests {
         s.delete("a/d").expect("deleting twice is fine");
         assert!(!s.exists("a/d").expect("exists"));
         assert!(Store::open("relative/path").is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn publishing_between_local_stores_links_and_replaces() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("orca-store-link-{}", std::process::id()));
+        let open = |d: &str| Store::open(dir.join(d).to_str().expect("utf-8")).expect("store");
+        let (staging, out) = (open("staging"), open("out"));
+        staging
+            .put(
+                "_staging/1-g1/orders-lane0.parquet",
+                Bytes::from_static(b"new"),
+            )
+            .expect("stage");
+        out.put("orders/part-1.parquet", Bytes::from_static(b"old"))
+            .expect("an earlier try's file");
+        assert!(out
+            .put_from(
+                &staging,
+                "_staging/1-g1/orders-lane0.parquet",
+                "orders/part-1.parquet"
+            )
+            .expect("publish"));
+        assert_eq!(
+            out.get("orders/part-1.parquet").expect("get"),
+            Some(Bytes::from_static(b"new"))
+        );
+        let ino = |p: &str| std::fs::metadata(dir.join(p)).expect("metadata").ino();
+        assert_eq!(
+            ino("staging/_staging/1-g1/orders-lane0.parquet"),
+            ino("out/orders/part-1.parquet"),
+            "one file, linked"
+        );
+        assert_eq!(
+            out.list("orders").expect("list"),
+            vec!["orders/part-1.parquet"]
+        );
+        assert!(!out
+            .put_from(
+                &staging,
+                "_staging/9-g1/gone.parquet",
+                "orders/part-9.parquet"
+            )
+            .expect("a missing staged file"));
+        assert!(!out.exists("orders/part-9.parquet").expect("exists"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

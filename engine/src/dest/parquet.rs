@@ -1,6 +1,7 @@
 //! The parquet destination: staged Parquet files published per epoch.
 //!
-//! Lane 0 commits epoch N of a stream by copying its staged files to
+//! Lane 0 commits epoch N of a stream by copying (on one local file system,
+//! hard-linking) its staged files to
 //! `{stream}/part-{N}.parquet` (writer lane 0's; lane k's to
 //! `part-{N}-{k}.parquet`) and then writing the stream marker
 //! `{stream}/_orca_epoch` = N. Both are idempotent, so a commit retried, or
@@ -107,14 +108,17 @@ impl ParquetDest {
             }
         }
         for s in staged {
-            let data = staging.get(&s.path)?.ok_or_else(|| DestError::StagedGone {
-                path: staging.url_of(&s.path),
-            })?;
             let name = match s.lane {
                 0 => format!("{dir}/part-{epoch:010}.parquet"),
                 lane => format!("{dir}/part-{epoch:010}-{lane}.parquet"),
             };
-            self.store.put(&name, data)?;
+            // Staged files are immutable: a local store links them rather
+            // than writing their bytes again.
+            if !self.store.put_from(staging, &s.path, &name)? {
+                return Err(DestError::StagedGone {
+                    path: staging.url_of(&s.path),
+                });
+            }
         }
         let fresh = match refresh {
             Some(r) if r.ends => self.swap_in(stream, &shadow)?,
