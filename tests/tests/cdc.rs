@@ -331,6 +331,68 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A stream added to a CDC sync reads its snapshot at a later point than
+/// where the sync's other streams stand: the changes between the two are
+/// in its snapshot rows and not again in its change log, while the merge
+/// that stood before them takes them as changes.
+#[tokio::test]
+async fn a_stream_added_later_joins_the_change_stream_without_a_change_twice() {
+    let db = TestDb::new().await;
+    make_source(&db, 1_000).await;
+    let orders = json!({"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                        "mode": "merge"});
+    let define_with = |streams: Value| {
+        let db = &db;
+        async move {
+            sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+                .bind(json!({"type": "postgres_cdc", "url": db.url()}))
+                .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+                .bind(streams)
+                .execute(&db.pool)
+                .await
+                .expect("create_sync");
+        }
+    };
+    define_with(json!([orders.clone()])).await;
+    let dir = scratch("cdc-added");
+    let store = dir.join("store");
+    run_engine(&db, &store, 500);
+    assert_eq!(differences(&db).await, 0);
+    // Changes the merge has not read yet, then a change log joins.
+    exec(
+        &db,
+        "UPDATE public.orders SET qty = -id WHERE id % 10 = 1;
+         DELETE FROM public.orders WHERE id BETWEEN 500 AND 504;
+         INSERT INTO public.orders (id, customer) VALUES (2001, 'late');",
+    )
+    .await;
+    define_with(json!([orders,
+        {"name": "changes", "table": "public.orders", "primary_key": ["id"], "mode": "append"}]))
+    .await;
+    let out = run_engine(&db, &store, 500);
+    assert_eq!(
+        differences(&db).await,
+        0,
+        "the merge took the changes: {out}"
+    );
+    let rows = db.scalar_i64("SELECT count(*) FROM public.orders").await;
+    let log = db.scalar_i64("SELECT count(*) FROM raw.changes").await;
+    assert_eq!(
+        log, rows,
+        "the change log is its snapshot, which shows the changes: {out}"
+    );
+    exec(&db, "UPDATE public.orders SET qty = 7 WHERE id = 2").await;
+    run_engine(&db, &store, 500);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.changes").await,
+        rows + 1,
+        "and the changes after it follow"
+    );
+    assert_eq!(differences(&db).await, 0);
+    exec(&db, "SELECT orca.drop_sync('shop')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Changes as the source's trigger logged them, and as the change log
 /// holds them after the snapshot: (deleted, id, amount) with how often.
 async fn change_sets(db: &TestDb) -> (Vec<String>, Vec<String>) {
