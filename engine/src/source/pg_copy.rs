@@ -459,7 +459,6 @@ struct RowIds {
     seeds: (u64, u64),
     is_key: Vec<bool>,
     cur: (u64, u64),
-    text: String,
     builder: StringBuilder,
 }
 
@@ -476,11 +475,23 @@ impl RowIds {
     }
 
     fn finish_row(&mut self) {
-        use std::fmt::Write;
-        self.text.clear();
-        let _ = write!(self.text, "{:016x}{:016x}", self.cur.0, self.cur.1);
-        self.builder.append_value(&self.text);
+        // By hand: the formatting machinery was ~1.5 % of a table read.
+        let hex = id_hex(self.cur.0, self.cur.1);
+        self.builder
+            .append_value(std::str::from_utf8(&hex).unwrap_or_default());
     }
+}
+
+/// Two lanes of an id as 32 lowercase hex digits, as `{:016x}{:016x}`.
+fn id_hex(a: u64, b: u64) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, lane) in [a, b].into_iter().enumerate() {
+        for j in 0..16 {
+            out[i * 16 + j] = DIGITS[((lane >> (60 - 4 * j)) & 0xf) as usize];
+        }
+    }
+    out
 }
 
 /// Reads rows of a binary COPY stream into batches of columns.
@@ -536,7 +547,6 @@ impl<R: Read> CopyReader<R> {
             ),
             is_key,
             cur: (0, 0),
-            text: String::with_capacity(32),
             builder: StringBuilder::new(),
         });
         self
@@ -619,6 +629,21 @@ impl<R: Read> CopyReader<R> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ids_are_the_hex_of_their_two_lanes() {
+        for (a, b) in [
+            (0, 0),
+            (1, u64::MAX),
+            (0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210),
+        ] {
+            let hex = super::id_hex(a, b);
+            assert_eq!(
+                std::str::from_utf8(&hex).expect("ascii"),
+                format!("{a:016x}{b:016x}")
+            );
+        }
+    }
+
     use super::*;
     use arrow_array::{Array, Decimal128Array, Int64Array, StringArray, TimestampMicrosecondArray};
 
