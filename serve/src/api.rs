@@ -102,6 +102,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(crate::logs::log_stream))
         .routes(routes!(webhooks))
         .routes(routes!(sync_epochs))
+        .routes(routes!(pause_sync))
+        .routes(routes!(resume_sync))
+        .routes(routes!(scale_sync))
         .routes(routes!(webhook_deliveries))
 }
 
@@ -706,6 +709,14 @@ pub struct SyncRow {
     pub slot_lag_bytes: Option<i64>,
     pub slot_lag_seconds: Option<i64>,
     pub slot_held_back: Option<bool>,
+    /// The destination's writer lanes (`orca.scale_sync`; null: one).
+    pub lanes: Option<i32>,
+    /// How the source differs from the catalog version the streams were
+    /// planned from, as the last attempt found it (`orca.report_drift`).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub drift: Option<sqlx::types::Json<serde_json::Value>>,
+    /// Whether the sync's schedule (or continuous run) is paused.
+    pub paused: Option<bool>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -741,13 +752,134 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
                 (SELECT coalesce(sum(e.held), 0)::bigint FROM orca.sync_epochs e \
                  WHERE e.sync_id = o.sync_id) AS held, \
                 c.slot, c.lag_bytes AS slot_lag_bytes, c.lag_seconds AS slot_lag_seconds, \
-                c.held_back AS slot_held_back \
+                c.held_back AS slot_held_back, \
+                (SELECT (sy.definition->'destination'->>'lanes')::int FROM orca.syncs sy \
+                 WHERE sy.id = o.sync_id) AS lanes, \
+                (SELECT sy.drift FROM orca.syncs sy WHERE sy.id = o.sync_id) AS drift, \
+                (SELECT p.paused FROM orca.syncs sy JOIN orca.pipelines p \
+                   ON p.org_id = sy.org_id AND p.name = sy.name \
+                 WHERE sy.id = o.sync_id) AS paused \
          FROM orca.sync_overview o LEFT JOIN orca.cdc_slots c ON c.sync_id = o.sync_id \
          ORDER BY o.sync",
     )
     .fetch_all(&mut *s.tx)
     .await?;
     Ok(Json(rows))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SyncState {
+    pub sync: String,
+    /// Whether its schedule (or continuous run) is paused now.
+    pub paused: bool,
+    /// The run resuming started (a continuous sync's), if any.
+    pub run: Option<i64>,
+}
+
+async fn sync_state(s: &mut Session, name: &str, run: Option<i64>) -> Result<SyncState, ApiError> {
+    let paused: bool = sqlx::query_scalar(
+        "SELECT p.paused FROM orca.pipelines p JOIN orca.syncs sy \
+           ON sy.org_id = p.org_id AND sy.name = p.name WHERE sy.name = $1",
+    )
+    .bind(name)
+    .fetch_one(&mut *s.tx)
+    .await?;
+    Ok(SyncState {
+        sync: name.to_string(),
+        paused,
+        run,
+    })
+}
+
+/// Pauses a sync (`orca.pause_sync`): no more runs, and a running attempt
+/// stops at its next epoch boundary.
+#[utoipa::path(post, path = "/syncs/{name}/pause", tag = "syncs",
+    params(("name" = String, Path, description = "The sync", example = "orders_mirror")),
+    responses(
+        (status = 200, description = "The sync, paused", body = SyncState),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn pause_sync(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+) -> Result<Json<SyncState>, ApiError> {
+    sqlx::query("SELECT orca.pause_sync($1)")
+        .bind(&name)
+        .execute(&mut *s.tx)
+        .await?;
+    let state = sync_state(&mut s, &name, None).await?;
+    s.commit().await?;
+    Ok(Json(state))
+}
+
+/// Resumes a sync from its HEAD (`orca.resume_sync`); a continuous sync
+/// gets its run back.
+#[utoipa::path(post, path = "/syncs/{name}/resume", tag = "syncs",
+    params(("name" = String, Path, description = "The sync", example = "orders_mirror")),
+    responses(
+        (status = 200, description = "The sync, resumed", body = SyncState),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn resume_sync(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+) -> Result<Json<SyncState>, ApiError> {
+    let run: Option<i64> = sqlx::query_scalar("SELECT orca.resume_sync($1)")
+        .bind(&name)
+        .fetch_one(&mut *s.tx)
+        .await?;
+    let state = sync_state(&mut s, &name, run).await?;
+    s.commit().await?;
+    Ok(Json(state))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Lanes {
+    /// Writer lanes, 1 to 64.
+    #[schema(example = 4, minimum = 1, maximum = 64)]
+    pub lanes: i32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Scaled {
+    pub sync: String,
+    pub lanes: i32,
+    /// The lanes it had.
+    pub was: i32,
+}
+
+/// Sets a sync's writer lanes (`orca.scale_sync`): a continuous sync's
+/// attempt takes them at its next epoch boundary, without a stop.
+#[utoipa::path(post, path = "/syncs/{name}/scale", tag = "syncs",
+    params(("name" = String, Path, description = "The sync", example = "orders_mirror")),
+    request_body = Lanes,
+    responses(
+        (status = 200, description = "The lanes set", body = Scaled),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "Not in the key's org", body = ErrorBody),
+    ))]
+async fn scale_sync(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+    Body(body): Body<Lanes>,
+) -> Result<Json<Scaled>, ApiError> {
+    let was: i32 = sqlx::query_scalar("SELECT orca.scale_sync($1, $2)")
+        .bind(&name)
+        .bind(body.lanes)
+        .fetch_one(&mut *s.tx)
+        .await?;
+    s.commit().await?;
+    Ok(Json(Scaled {
+        sync: name,
+        lanes: body.lanes,
+        was,
+    }))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -732,3 +732,114 @@ async fn a_console_session_is_a_cookie_and_writes_need_its_csrf_token() {
     assert!(policy.contains("default-src 'self'"), "{policy}");
     drop(server);
 }
+
+/// Syncs are paused, resumed and scaled through the API by an operator of
+/// their org; a viewer may only look, another org's key finds no such sync,
+/// and bad lanes are refused naming the value.
+#[tokio::test]
+async fn syncs_are_paused_resumed_and_scaled_by_their_org_s_operators() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute("SELECT orca.create_org('globex')")
+        .await
+        .expect("org");
+    let root = scratch_root();
+    sqlx::query("SELECT orca.create_sync('mirror', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": format!("{root}/http-sync-in"), "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": format!("{root}/http-sync-out")}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("a sync");
+    let operator = api_key(&db, "default", "ops", "operator").await;
+    let viewer = api_key(&db, "default", "look", "viewer").await;
+    let globex = api_key(&db, "globex", "theirs", "operator").await;
+    let server = serve(&db).await;
+    let base = server.base.as_str();
+    let mirror = |body: &Value| {
+        body.as_array()
+            .and_then(|a| a.iter().find(|s| s["sync"] == "mirror").cloned())
+            .unwrap_or_else(|| panic!("mirror in {body}"))
+    };
+
+    let (status, body) = post(base, "/syncs/mirror/scale", &operator, json!({"lanes": 3})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"sync": "mirror", "lanes": 3, "was": 1}));
+    let (status, body) = get(base, "/syncs", Some(&viewer)).await;
+    assert_eq!(status, 200, "{body}");
+    let m = mirror(&body);
+    assert_eq!(
+        (m["lanes"].clone(), m["paused"].clone(), m["drift"].clone()),
+        (json!(3), json!(false), Value::Null)
+    );
+    let lanes: i64 = sqlx::query_scalar(
+        "SELECT (definition->'destination'->>'lanes')::bigint FROM orca.syncs WHERE name = 'mirror'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("lanes");
+    assert_eq!(lanes, 3);
+
+    for (body, code, says) in [
+        (json!({"lanes": 0}), "OR063", "got 0"),
+        (json!({"lanes": 99}), "OR063", "got 99"),
+    ] {
+        let (status, out) = post(base, "/syncs/mirror/scale", &operator, body).await;
+        assert_eq!(
+            (status, out["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{out}"
+        );
+        assert!(
+            out["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{out}"
+        );
+    }
+    let (status, out) = post(
+        base,
+        "/syncs/mirror/scale",
+        &operator,
+        json!({"lanes": "x"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{out}");
+    let (status, out) = post(base, "/syncs/nope/scale", &operator, json!({"lanes": 2})).await;
+    assert_eq!(
+        (status, out["error"]["code"].as_str()),
+        (404, Some("OR064")),
+        "{out}"
+    );
+
+    // Who may: not a viewer, not another org.
+    for (key, path, want) in [
+        (&viewer, "/syncs/mirror/pause", 403),
+        (&viewer, "/syncs/mirror/scale", 403),
+        (&globex, "/syncs/mirror/pause", 404),
+        (&globex, "/syncs/mirror/resume", 404),
+        (&globex, "/syncs/mirror/scale", 404),
+    ] {
+        let (status, out) = post(base, path, key, json!({"lanes": 2})).await;
+        assert_eq!(status, want, "{path}: {out}");
+    }
+
+    let (status, body) = post(base, "/syncs/mirror/pause", &operator, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"sync": "mirror", "paused": true, "run": null}));
+    let (_, body) = get(base, "/syncs", Some(&viewer)).await;
+    assert_eq!(mirror(&body)["paused"], true);
+    let (status, body) = post(base, "/syncs/mirror/resume", &operator, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"sync": "mirror", "paused": false, "run": null})
+    );
+    let lanes: i64 = sqlx::query_scalar(
+        "SELECT (definition->'destination'->>'lanes')::bigint FROM orca.syncs WHERE name = 'mirror'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("lanes");
+    assert_eq!(lanes, 3, "globex's and the viewer's calls changed nothing");
+}
