@@ -119,6 +119,27 @@ enum Cmd {
         #[arg(long)]
         detach: bool,
     },
+    /// Pause a sync: its schedule makes no runs, and a running attempt
+    /// stops at its next epoch boundary (orca.pause_sync).
+    SyncPause {
+        /// The sync's name.
+        name: String,
+    },
+    /// Resume a paused sync from its HEAD; a continuous sync gets its run
+    /// back (orca.resume_sync).
+    SyncResume {
+        /// The sync's name.
+        name: String,
+    },
+    /// Set a sync's writer lanes, 1 to 64; a continuous sync's attempt
+    /// takes them at its next epoch boundary, without a stop
+    /// (orca.scale_sync).
+    SyncScale {
+        /// The sync's name.
+        name: String,
+        /// Writer lanes.
+        lanes: i32,
+    },
     /// Cancel a queued or running run.
     Cancel {
         /// The run's id.
@@ -397,6 +418,9 @@ fn main() {
                 backfill,
                 detach,
             } => syncs::run(&mut c, &name, backfill, detach),
+            Cmd::SyncPause { name } => syncs::pause(&mut c, &name),
+            Cmd::SyncResume { name } => syncs::resume(&mut c, &name),
+            Cmd::SyncScale { name, lanes } => syncs::scale(&mut c, &name, lanes),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Secrets { cmd } => match cmd {

@@ -1072,8 +1072,51 @@ async fn a_continuous_sync_scales_its_lanes_without_a_new_attempt() {
     live_equal(&db, &runner, "the changes after redefining to land").await;
     assert_eq!(runs_of(&db, "cancelled").await, 0);
     assert_eq!(db.scalar_i64(attempts).await, 1);
-    exec(&db, "SELECT orca.pause_sync('live')").await;
+
+    // The same from the command line: scale, list, pause.
+    let orca = |args: &[&str]| {
+        Command::new(bin("orca"))
+            .args(args)
+            .env("DATABASE_URL", db.url())
+            .output()
+            .expect("orca")
+    };
+    let o = orca(&["sync-scale", "live", "4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("2 -> 4 lanes"),
+        "{}",
+        text(&o)
+    );
+    let o = orca(&["syncs", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).expect("orca syncs --json");
+    let live = listed
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["sync"] == "live").cloned())
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (live["lanes"].clone(), live["paused"].clone()),
+        (json!(4), json!(false)),
+        "{live}"
+    );
+    let o = orca(&["sync-scale", "nope", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nope"),
+        "{}",
+        text(&o)
+    );
+    let o = orca(&["sync-pause", "live"]);
+    assert!(o.status.success(), "{}", text(&o));
     stopped(&db, &runner).await;
+    let o = orca(&["syncs", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).expect("orca syncs --json");
+    assert!(
+        listed
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["sync"] == "live" && s["paused"] == true)),
+        "{listed}"
+    );
     drop(runner);
     exec(&db, "SELECT orca.drop_sync('live')").await;
     let _ = std::fs::remove_dir_all(dir);
