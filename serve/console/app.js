@@ -470,12 +470,43 @@ async function webhooks() {
 }
 
 async function sync(name) {
-  const epochs = await get(`/syncs/${encodeURIComponent(name)}/epochs?limit=100`);
-  page(`Sync ${name}`, table(["#epoch", "#generation", "rows by stream", "#rows", "#quarantined",
-    "#held", "committed"], epochs.items.map((e) => [String(e.epoch), String(e.generation),
+  const path = `/syncs/${encodeURIComponent(name)}`;
+  const epochs = await get(`${path}/epochs?limit=100`);
+  const head = h("p", { id: "sync-head", "aria-live": "polite" });
+  const drift = h("div", { id: "sync-drift" });
+  const lanes = h("input", { type: "number", id: "lanes", min: "1", max: "64", value: "1",
+    "aria-label": "writer lanes" });
+  const act = (what, body) => async () => {
+    try { await api("POST", `${path}/${what}`, body && body()); await draw(); } catch (e) { showError(e); }
+  };
+  const buttons = h("p", {},
+    h("button", { type: "button", class: "danger", id: "pause", onclick: act("pause") }, "Pause sync"), " ",
+    h("button", { type: "button", id: "resume", onclick: act("resume") }, "Resume sync"), " ",
+    h("label", { for: "lanes" }, "Writer lanes "), lanes, " ",
+    h("button", { type: "button", id: "scale",
+      onclick: act("scale", () => ({ lanes: Number(lanes.value) })) }, "Scale"));
+  // Its state comes from the listing: lanes, paused, the catalog's drift.
+  const draw = async () => {
+    const s = (await get("/syncs")).find((x) => x.sync === name);
+    if (!s) { head.replaceChildren(h("span", { class: "error" }, "no such sync")); return; }
+    head.replaceChildren(status(s.paused ? "paused" : "active"),
+      ` ${s.source || "?"} → ${s.destination || "?"}, ${s.lanes || 1} writer lane(s), HEAD at epoch `,
+      `${s.head_epoch} (generation ${s.generation})`,
+      ...(s.last_run ? ["; last run ", h("a", { href: `#/runs/${s.last_run}` }, String(s.last_run)), " ",
+        status(s.last_status)] : []));
+    lanes.value = String(s.lanes || 1);
+    document.getElementById("pause").disabled = !!s.paused;
+    document.getElementById("resume").disabled = !s.paused;
+    drift.replaceChildren(...(s.drift && s.drift.length ? [h("h2", {}, "Drift from its catalog"),
+      table(["table", "column", "change", "was", "now"], s.drift.map((d) => [d.table, d.column,
+        d.change, d.was || "-", d.now || "-"]), { label: "drift" })] : []));
+  };
+  page(`Sync ${name}`, head, buttons, drift, table(["#epoch", "#generation", "rows by stream", "#rows",
+    "#quarantined", "#held", "committed"], epochs.items.map((e) => [String(e.epoch), String(e.generation),
     Object.entries(e.rows).map(([k, v]) => `${k}: ${v}`).join(", ") || "-", String(e.total_rows),
     String(e.quarantined), String(e.held), when(e.committed_at)]),
   { label: "epochs", empty: "No epochs recorded yet." }));
+  await draw();
 }
 
 async function runners() {

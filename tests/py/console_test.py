@@ -127,6 +127,22 @@ with sync_playwright() as p:
     # Syncs: each stream with its mode and the delivery level it keeps.
     page.get_by_role("link", name="Syncs", exact=True).click()
     expect(page.get_by_role("table", name="syncs")).to_contain_text(re.compile(r"events \(\w+\): \w+_once"))
+    # A sync's page: pause, resume and scale it; bad lanes are refused.
+    page.get_by_role("link", name="mirror", exact=True).click()
+    head = page.locator("#sync-head")
+    expect(head).to_contain_text("active")
+    page.get_by_role("button", name="Pause sync").click()
+    expect(head).to_contain_text("paused")
+    expect(page.get_by_role("button", name="Pause sync")).to_be_disabled()
+    page.get_by_role("button", name="Resume sync").click()
+    expect(head).to_contain_text("active")
+    page.get_by_label("writer lanes").fill("3")
+    page.get_by_role("button", name="Scale").click()
+    expect(head).to_contain_text("3 writer lane(s)")
+    page.get_by_label("writer lanes").fill("99")
+    page.get_by_role("button", name="Scale").click()
+    expect(page.get_by_role("alert")).to_contain_text("OR063")
+    expect(head).to_contain_text("3 writer lane(s)")
 
     for section, heading in [("Syncs", "Syncs"), ("Runners", "Runners"), ("Runs", "Runs")]:
         page.get_by_role("link", name=section, exact=True).click()
