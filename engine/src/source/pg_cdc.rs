@@ -540,7 +540,14 @@ impl Cdc {
         temporary: bool,
     ) -> Result<(Lsn, String, ReplicationClient), ReadError> {
         let repl = |e: pgwire_replication::PgWireError| {
-            cdc(format!("replication session for slot {name}: {e}"))
+            let why = if temporary {
+                " (a snapshot read after the slot's own, resumed or of a new stream, needs \
+                 one more replication slot and WAL sender while it reads: \
+                 max_replication_slots, max_wal_senders)"
+            } else {
+                ""
+            };
+            cdc(format!("replication session for slot {name}: {e}{why}"))
         };
         rt.block_on(async {
             let mut gate = ReplicationClient::connect_gated(self.config(target))
