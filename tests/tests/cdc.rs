@@ -331,6 +331,116 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Crashed twice in its snapshot, over a text key of its own collation
+/// (ICU's, whose order is not the database's C order), a change log still
+/// holds each change once: each later part of the snapshot is a window kept
+/// in the resume point across attempts, and which window a key falls in is
+/// the column's collation's call.
+#[tokio::test]
+async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
+    let db = TestDb::new().await;
+    // k00001, K00002, k00003...: in ICU order as numbered, in C order every
+    // upper-case name before every lower-case one.
+    exec(
+        &db,
+        "CREATE TABLE public.names (name text COLLATE \"und-x-icu\" PRIMARY KEY, n integer);
+         ALTER TABLE public.names REPLICA IDENTITY FULL;
+         INSERT INTO public.names
+         SELECT CASE WHEN g % 2 = 0 THEN 'K' ELSE 'k' END || lpad(g::text, 5, '0'), g
+         FROM generate_series(1, 1200) g;",
+    )
+    .await;
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "postgres_cdc", "url": db.url()}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(json!([
+            {"name": "names", "table": "public.names", "primary_key": ["name"], "mode": "merge"},
+            {"name": "log", "table": "public.names", "primary_key": ["name"], "mode": "append"}
+        ]))
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let dir = scratch("cdc-collated");
+    let store = dir.join("store");
+    let position = || async {
+        let record: String =
+            sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
+                .fetch_one(&db.pool)
+                .await
+                .expect("HEAD");
+        let v: Value = serde_json::from_slice(&std::fs::read(store.join(&record)).expect("record"))
+            .expect("JSON");
+        v["streams"]["log"]["position"].clone()
+    };
+    let crash_at = |head: &str| {
+        let o = engine(&db, &store, 200)
+            .env("ORCA_ENGINE_CRASH_AFTER_HEAD", head)
+            .output()
+            .expect("engine");
+        assert!(!o.status.success(), "it was to crash: {}", text(&o));
+    };
+    // Epochs of 200: the merge's snapshot is epochs 1-6, the log's 7-12.
+    crash_at("8");
+    let p = position().await;
+    assert_eq!(
+        (p[0].clone(), p[2].clone()),
+        (json!("snapshot"), json!("K00400")),
+        "{p}"
+    );
+    // Names up to K00400 were read at the slot's point; k00051 is one of
+    // them, though C orders it after K00400.
+    exec(&db, "UPDATE public.names SET n = -n WHERE n % 50 IN (0, 1)").await;
+    crash_at("10");
+    let p = position().await;
+    assert_eq!(
+        p[0], "snapshot+",
+        "the window rides in the resume point: {p}"
+    );
+    assert_eq!(p[3], "K00800", "{p}");
+    exec(
+        &db,
+        "UPDATE public.names SET n = n + 100000 WHERE n % 50 = 3",
+    )
+    .await;
+    let out = run_engine(&db, &store, 200);
+    let differ = "SELECT count(*) FROM public.names s FULL JOIN raw.names r USING (name)
+                  WHERE s.name IS NULL OR r.name IS NULL OR s.n IS DISTINCT FROM r.n";
+    assert_eq!(
+        db.scalar_i64(differ).await,
+        0,
+        "the merge equals the source: {out}"
+    );
+    // The log: three snapshots of 400 names each, the first crash's 16
+    // updates of names read before it, the second's 16 of names read
+    // before or in the first window (those after it are in the second).
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.log").await,
+        1200 + 16 + 16,
+        "{out}"
+    );
+    let twice = db
+        .scalar_i64(
+            "SELECT count(*) FROM (
+                 SELECT (_orca_deleted, n) AS v,
+                        lag((_orca_deleted, n)) OVER (PARTITION BY name ORDER BY _orca_lsn) AS before
+                 FROM raw.log) x
+             WHERE v IS NOT DISTINCT FROM before",
+        )
+        .await;
+    assert_eq!(twice, 0, "a change shown twice");
+    let replayed = db
+        .scalar_i64(
+            "SELECT count(*) FROM public.names s FULL JOIN (
+                 SELECT DISTINCT ON (name) * FROM raw.log ORDER BY name, _orca_lsn DESC) l
+               USING (name)
+             WHERE s.name IS NULL OR l.name IS NULL OR s.n IS DISTINCT FROM l.n",
+        )
+        .await;
+    assert_eq!(replayed, 0, "the log replayed is the source");
+    exec(&db, "SELECT orca.drop_sync('shop')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A stream added to a CDC sync reads its snapshot at a later point than
 /// where the sync's other streams stand: the changes between the two are
 /// in its snapshot rows and not again in its change log, while the merge

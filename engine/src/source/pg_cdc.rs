@@ -216,6 +216,8 @@ struct Out {
     /// The parts of its snapshot read later than the slot's point, in key
     /// order.
     windows: Vec<Window>,
+    /// Its key columns' collations, once a window needs them.
+    collations: Option<Vec<Option<String>>>,
 }
 
 impl Out {
@@ -314,6 +316,7 @@ pub(crate) fn spawn_cdc(
                 ids: Vec::new(),
                 seen: Vec::new(),
                 windows,
+                collations: None,
             },
             pos,
         ));
@@ -599,7 +602,18 @@ impl Cdc {
             None => {
                 // Slot names are at most 63 characters.
                 let name = format!("{}_read", &self.slot[..self.slot.len().min(58)]);
-                let (lsn, snapshot, gate) = self.exporting_slot(rt, target, &name, true)?;
+                // The session of an attempt that died may hold its
+                // temporary slot for a moment.
+                let until = Instant::now() + Duration::from_secs(10);
+                let (lsn, snapshot, gate) = loop {
+                    match self.exporting_slot(rt, target, &name, true) {
+                        Ok(made) => break made,
+                        Err(_) if Instant::now() < until => {
+                            std::thread::sleep(Duration::from_millis(200))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
                 (Some((lsn, snapshot)), Some(gate))
             }
         };
@@ -652,7 +666,8 @@ impl Cdc {
                     let msg = Msg::Chunk {
                         arrays,
                         ids,
-                        last: outs[i].pos.to_vec(),
+                        // With its windows: a later attempt skips by them.
+                        last: resume_point(&outs[i].pos, &outs[i].windows),
                         rows,
                     };
                     if outs[i].tx.send(Ok(msg)).is_err() {
@@ -957,12 +972,12 @@ fn round(outs: &mut [Out], at: Lsn) -> bool {
 /// the key's type, as the snapshot's `WHERE key > after` made it).
 fn shown_already(
     client: &mut postgres::Client,
-    outs: &[Out],
+    outs: &mut [Out],
     end: Lsn,
     txn: &[Change],
 ) -> Result<Vec<bool>, ReadError> {
     let mut skip = vec![false; txn.len()];
-    for (oi, o) in outs.iter().enumerate() {
+    for (oi, o) in outs.iter_mut().enumerate() {
         if !o.windows.iter().any(|w| end <= w.lsn) {
             continue;
         }
@@ -971,10 +986,10 @@ fn shown_already(
             continue;
         }
         let mut inside: Vec<Option<usize>> = vec![None; mine.len()];
-        for (j, w) in o.windows.iter().enumerate() {
-            let above: Vec<usize> = match &w.after {
+        for j in 0..o.windows.len() {
+            let above: Vec<usize> = match o.windows[j].after.clone() {
                 None => (0..mine.len()).collect(),
-                Some(after) => o.above(client, after, mine.iter().map(|&n| &txn[n]))?,
+                Some(after) => o.above(client, &after, mine.iter().map(|&n| &txn[n]))?,
             };
             for a in above {
                 inside[a] = Some(j);
@@ -1114,12 +1129,34 @@ impl Out {
     /// Which of `changes` (by their place in it) have a key after `after`,
     /// in the key's order as the database compares it.
     fn above<'a>(
-        &self,
+        &mut self,
         client: &mut postgres::Client,
         after: &[String],
         changes: impl Iterator<Item = &'a Change>,
     ) -> Result<Vec<usize>, ReadError> {
         use crate::source::pg_table::quote_literal;
+        if after.len() != self.table.key.len() {
+            return Err(ReadError::Stream {
+                stream: self.name().to_string(),
+                reason: format!(
+                    "a snapshot window after {after:?} does not fit the key ({} columns)",
+                    self.table.key.len()
+                ),
+            });
+        }
+        if self.collations.is_none() {
+            self.collations = Some(self.key_collations(client)?);
+        }
+        let collate: Vec<String> = self
+            .collations
+            .iter()
+            .flatten()
+            .map(|c| {
+                c.as_ref()
+                    .map(|c| format!(" COLLATE {c}"))
+                    .unwrap_or_default()
+            })
+            .collect();
         let t = &self.table;
         let typed = |v: Option<&str>, k: usize| match v {
             Some(v) => format!("{}::{}", quote_literal(v), t.sql_types[k]),
@@ -1150,8 +1187,11 @@ impl Out {
                 "SELECT x.i FROM (VALUES {}) AS x(i, {}) WHERE ({}) > ({})",
                 part.join(", "),
                 cols.join(", "),
+                // The column's own collation, as the snapshot's WHERE
+                // compared in it.
                 cols.iter()
-                    .map(|c| format!("x.{c}"))
+                    .zip(&collate)
+                    .map(|(c, k)| format!("x.{c}{k}"))
                     .collect::<Vec<_>>()
                     .join(", "),
                 bound.join(", ")
@@ -1162,6 +1202,39 @@ impl Out {
             }
         }
         Ok(out)
+    }
+
+    /// Each key column's collation (None: a type without one), qualified
+    /// and quoted.
+    fn key_collations(
+        &self,
+        client: &mut postgres::Client,
+    ) -> Result<Vec<Option<String>>, ReadError> {
+        let names: Vec<String> = self
+            .table
+            .key
+            .iter()
+            .map(|&k| self.table.columns[k].name.clone())
+            .collect();
+        let rows = client.query(
+            "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.collname)
+                     FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace
+                     WHERE c.oid = a.attcollation)
+             FROM unnest($2::text[]) WITH ORDINALITY AS k(name, i)
+             JOIN pg_attribute a ON a.attrelid = $1::text::regclass AND a.attname = k.name
+             ORDER BY k.i",
+            &[&qualified(&self.table.spec.table), &names],
+        )?;
+        if rows.len() != names.len() {
+            return Err(ReadError::Stream {
+                stream: self.name().to_string(),
+                reason: format!(
+                    "key columns {names:?} of {} are not all there any more",
+                    self.table.spec.table
+                ),
+            });
+        }
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// A row's key values.
