@@ -737,14 +737,13 @@ pub struct StreamDelivery {
     ))]
 async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
     let rows = sqlx::query_as::<_, SyncRow>(
-        "SELECT o.sync, delivery, source, destination, streams, schedule, pool, generation, \
-                head_epoch, head_at, last_run, last_status, last_finished_at, last_error, \
-                queued, running, \
+        "SELECT o.sync, o.delivery, o.source, o.destination, o.streams, o.schedule, o.pool, \
+                o.generation, o.head_epoch, o.head_at, o.last_run, o.last_status, \
+                o.last_finished_at, o.last_error, o.queued, o.running, \
                 (SELECT coalesce(jsonb_agg(jsonb_build_object( \
                             'stream', x->>'name', 'delivery', x->>'delivery', 'mode', x->>'mode') \
                             ORDER BY x->>'name'), '[]'::jsonb) \
-                 FROM orca.syncs sy, jsonb_array_elements(sy.definition->'streams') x \
-                 WHERE sy.id = o.sync_id) AS stream_levels, \
+                 FROM jsonb_array_elements(sy.definition->'streams') x) AS stream_levels, \
                 (SELECT e.total_rows FROM orca.sync_epochs e WHERE e.sync_id = o.sync_id \
                  ORDER BY e.epoch DESC LIMIT 1) AS last_epoch_rows, \
                 (SELECT coalesce(sum(e.quarantined), 0)::bigint FROM orca.sync_epochs e \
@@ -753,13 +752,10 @@ async fn syncs(mut s: Session) -> Result<Json<Vec<SyncRow>>, ApiError> {
                  WHERE e.sync_id = o.sync_id) AS held, \
                 c.slot, c.lag_bytes AS slot_lag_bytes, c.lag_seconds AS slot_lag_seconds, \
                 c.held_back AS slot_held_back, \
-                (SELECT (sy.definition->'destination'->>'lanes')::int FROM orca.syncs sy \
-                 WHERE sy.id = o.sync_id) AS lanes, \
-                (SELECT sy.drift FROM orca.syncs sy WHERE sy.id = o.sync_id) AS drift, \
-                (SELECT p.paused FROM orca.syncs sy JOIN orca.pipelines p \
-                   ON p.org_id = sy.org_id AND p.name = sy.name \
-                 WHERE sy.id = o.sync_id) AS paused \
+                (sy.definition->'destination'->>'lanes')::int AS lanes, sy.drift, p.paused \
          FROM orca.sync_overview o LEFT JOIN orca.cdc_slots c ON c.sync_id = o.sync_id \
+         JOIN orca.syncs sy ON sy.id = o.sync_id \
+         LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name \
          ORDER BY o.sync",
     )
     .fetch_all(&mut *s.tx)

@@ -240,11 +240,7 @@ pub fn record_id(stream: &str, position: &str) -> String {
         }
         h
     };
-    format!(
-        "{:016x}{:016x}",
-        fnv(0xcbf2_9ce4_8422_2325),
-        fnv(0x6c62_272e_07bb_0142)
-    )
+    crate::util::id_text(fnv(0xcbf2_9ce4_8422_2325), fnv(0x6c62_272e_07bb_0142))
 }
 
 /// Normalizes a chunk of a stream's records into one batch, widening the

@@ -368,6 +368,20 @@ struct Cdc {
     continuous: Option<Duration>,
 }
 
+/// Tries `f` for up to 10 s: the session of an attempt that died may hold
+/// a slot (the sync's, or its temporary one) for a moment.
+fn while_a_dead_session_lets_go<T>(
+    mut f: impl FnMut() -> Result<T, ReadError>,
+) -> Result<T, ReadError> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f() {
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
+            done => return done,
+        }
+    }
+}
+
 fn cdc(reason: impl std::fmt::Display) -> ReadError {
     ReadError::Cdc(reason.to_string())
 }
@@ -405,7 +419,7 @@ impl Cdc {
                 if found.is_some() {
                     self.drop_slot(&mut client)?;
                 }
-                let (lsn, snapshot, gate) = self.create_slot(&rt, &target)?;
+                let (lsn, snapshot, gate) = self.exporting_slot(&rt, &target, &self.slot, false)?;
                 (Some(lsn), Some(snapshot), Some(gate))
             }
         };
@@ -496,15 +510,12 @@ impl Cdc {
     }
 
     fn drop_slot(&self, client: &mut postgres::Client) -> Result<(), ReadError> {
-        // The session of an attempt that died may hold it for a moment.
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            match client.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot]) {
-                Ok(_) => return Ok(()),
-                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
-                Err(e) => return Err(e.into()),
-            }
-        }
+        while_a_dead_session_lets_go(|| {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
+                .map(|_| ())
+                .map_err(ReadError::from)
+        })
     }
 
     fn config(&self, target: &ReplicationTarget) -> ReplicationConfig {
@@ -520,16 +531,6 @@ impl Cdc {
         .with_tls(target.tls.clone())
         .with_options(SESSION)
         .with_application_name(format!("orca {}", self.slot))
-    }
-
-    /// Creates the slot on a replication session, which exports the
-    /// snapshot its consistent point stands for while the session lives.
-    fn create_slot(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        target: &ReplicationTarget,
-    ) -> Result<(Lsn, String, ReplicationClient), ReadError> {
-        self.exporting_slot(rt, target, &self.slot, false)
     }
 
     /// A slot made on a replication session of its own, with the snapshot
@@ -602,18 +603,8 @@ impl Cdc {
             None => {
                 // Slot names are at most 63 characters.
                 let name = format!("{}_read", &self.slot[..self.slot.len().min(58)]);
-                // The session of an attempt that died may hold its
-                // temporary slot for a moment.
-                let until = Instant::now() + Duration::from_secs(10);
-                let (lsn, snapshot, gate) = loop {
-                    match self.exporting_slot(rt, target, &name, true) {
-                        Ok(made) => break made,
-                        Err(_) if Instant::now() < until => {
-                            std::thread::sleep(Duration::from_millis(200))
-                        }
-                        Err(e) => return Err(e),
-                    }
-                };
+                let (lsn, snapshot, gate) =
+                    while_a_dead_session_lets_go(|| self.exporting_slot(rt, target, &name, true))?;
                 (Some((lsn, snapshot)), Some(gate))
             }
         };
@@ -947,7 +938,7 @@ impl Cdc {
                 stream: o.name().to_string(),
                 source,
             })?;
-            o.ids.push(format!("{:016x}{:016x}", end.0, n));
+            o.ids.push(crate::util::id_text(end.0, n as u64));
             o.pos = Position::Stream(end);
         }
         Ok(())

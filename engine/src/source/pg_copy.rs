@@ -476,22 +476,10 @@ impl RowIds {
 
     fn finish_row(&mut self) {
         // By hand: the formatting machinery was ~1.5 % of a table read.
-        let hex = id_hex(self.cur.0, self.cur.1);
+        let hex = crate::util::id_hex(self.cur.0, self.cur.1);
         self.builder
             .append_value(std::str::from_utf8(&hex).unwrap_or_default());
     }
-}
-
-/// Two lanes of an id as 32 lowercase hex digits, as `{:016x}{:016x}`.
-fn id_hex(a: u64, b: u64) -> [u8; 32] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 32];
-    for (i, lane) in [a, b].into_iter().enumerate() {
-        for j in 0..16 {
-            out[i * 16 + j] = DIGITS[((lane >> (60 - 4 * j)) & 0xf) as usize];
-        }
-    }
-    out
 }
 
 /// Reads rows of a binary COPY stream into batches of columns.
@@ -636,7 +624,7 @@ mod tests {
             (1, u64::MAX),
             (0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210),
         ] {
-            let hex = super::id_hex(a, b);
+            let hex = crate::util::id_hex(a, b);
             assert_eq!(
                 std::str::from_utf8(&hex).expect("ascii"),
                 format!("{a:016x}{b:016x}")
