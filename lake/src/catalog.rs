@@ -10,7 +10,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Once, OnceLock};
 
-use arrow_array::RecordBatch;
 use futures::TryStreamExt;
 use iceberg::{Catalog, CatalogBuilder, MetadataLocation, NamespaceIdent, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
@@ -263,7 +262,10 @@ impl Lake {
                 "table {dataset} has no column {column}, which the pipeline takes its keys from"
             )));
         }
-        let batches: Vec<RecordBatch> = self
+        // The column streams a batch at a time: memory holds the keys, not
+        // the table.
+        let what = || LakeError::iceberg(format!("reading {dataset}.{column}"));
+        let mut batches = self
             .rt
             .block_on(async {
                 table
@@ -272,13 +274,11 @@ impl Lake {
                     .select([column])
                     .build()?
                     .to_arrow()
-                    .await?
-                    .try_collect()
                     .await
             })
-            .map_err(LakeError::iceberg(format!("reading {dataset}.{column}")))?;
+            .map_err(what())?;
         let mut keys = BTreeSet::new();
-        for b in &batches {
+        while let Some(b) = self.rt.block_on(batches.try_next()).map_err(what())? {
             let col =
                 arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8).map_err(|e| {
                     LakeError::Table(format!(

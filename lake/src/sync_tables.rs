@@ -465,7 +465,7 @@ impl SyncTables {
             at.generation,
             uuid::Uuid::new_v4().simple()
         );
-        table::write_data_files(&self.t, table, batches, prefix)
+        table::write_data_files(&self.t, table, batches.into_iter().map(Ok), prefix)
     }
 
     /// The data files of the table's current snapshot.

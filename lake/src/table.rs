@@ -1,29 +1,22 @@
-//! A table handle and what can be done with one: create or load it, write
-//! data files, scan a snapshot, list a snapshot's files, commit (append, or
+//! A table handle and what can be done with one: create or load it, list a
+//! snapshot's files, commit (append, or
 //! a commit that removes files), and find a commit by its summary
 //! properties.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
 use arrow_schema::Schema as ArrowSchema;
-use futures::TryStreamExt;
-use iceberg::spec::{DataFile, DataFileFormat, Operation};
+use iceberg::spec::{DataFile, Operation};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
-};
-use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, TableCreation, TableIdent};
-use parquet::file::properties::WriterProperties;
 
 use crate::catalog::{ident, Lake};
 use crate::rewrite;
+use crate::spec::{describe_partitioning, TableSpec};
 use crate::{LakeError, Result};
+
+pub use crate::writer::{fit, write_data_files};
 
 /// A table, known by its dataset name.
 pub struct Table {
@@ -58,6 +51,13 @@ impl Table {
         self.inner.metadata().location()
     }
 
+    /// Its partitioning as a person reads it: `identity(month)`,
+    /// `month(at)`, or `unpartitioned`.
+    pub fn partitioning(&self) -> String {
+        let m = self.inner.metadata();
+        describe_partitioning(m.default_partition_spec(), m.current_schema())
+    }
+
     /// Its schema, as Arrow sees it.
     pub fn arrow_schema(&self) -> Result<Arc<ArrowSchema>> {
         Ok(Arc::new(
@@ -77,10 +77,19 @@ pub fn load(t: &Lake, dataset: &str) -> Result<Table> {
     Ok(Table::new(dataset, id, inner))
 }
 
-/// Loads a table, creating it (and its namespace) with this schema if it
-/// does not exist; an existing table must have these columns.
-pub fn create_or_load(t: &Lake, dataset: &str, schema: &ArrowSchema) -> Result<Table> {
+/// Loads a table, creating it (and its namespace) with this spec if it does
+/// not exist: its columns, partitioning ([`Partitioning::Auto`](crate::spec::Partitioning::Auto) is
+/// unpartitioned here) and sort order. An existing table must have the
+/// columns; it keeps the partitioning and sort order it has.
+pub fn create_or_load(t: &Lake, dataset: &str, spec: impl Into<TableSpec>) -> Result<Table> {
+    let spec: TableSpec = spec.into();
+    let schema = spec.schema.as_ref();
     let id = ident(dataset)?;
+    let ice = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(schema).map_err(
+        LakeError::iceberg(format!("the columns of table {dataset}")),
+    )?;
+    // Checked before anything is created: a bad spec makes no namespace.
+    let (partition_spec, sort_order) = spec.iceberg(dataset, &ice)?;
     let inner = t.rt.block_on(async {
         if !t.catalog.namespace_exists(id.namespace()).await? {
             // Another writer may create it at the same moment.
@@ -97,10 +106,11 @@ pub fn create_or_load(t: &Lake, dataset: &str, schema: &ArrowSchema) -> Result<T
         if t.catalog.table_exists(&id).await? {
             return t.catalog.load_table(&id).await;
         }
-        let ice = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(schema)?;
         let creation = TableCreation::builder()
             .name(id.name().to_string())
             .schema(ice)
+            .partition_spec(partition_spec)
+            .sort_order(sort_order)
             .build();
         match t.catalog.create_table(id.namespace(), creation).await {
             Ok(table) => Ok(table),
@@ -179,75 +189,6 @@ pub fn live_data_files(
     files.map_err(LakeError::iceberg(format!(
         "listing the files of snapshot {}",
         snapshot.snapshot_id()
-    )))
-}
-
-/// Every row of a table at a snapshot.
-pub fn scan_snapshot(
-    t: &Lake,
-    table: &iceberg::table::Table,
-    snapshot: i64,
-) -> Result<Vec<RecordBatch>> {
-    t.rt.block_on(async {
-        table
-            .scan()
-            .snapshot_id(snapshot)
-            .build()?
-            .to_arrow()
-            .await?
-            .try_collect()
-            .await
-    })
-    .map_err(LakeError::iceberg(format!("reading snapshot {snapshot}")))
-}
-
-/// Batches that fit the table's schema, as it names its columns.
-pub fn fit(table: &Table, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
-    let schema = table.arrow_schema()?;
-    batches
-        .into_iter()
-        .map(|b| {
-            RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(|e| {
-                LakeError::Table(format!(
-                    "batch does not fit table {} ({e}); its columns are {:?}",
-                    table.dataset(),
-                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
-                ))
-            })
-        })
-        .collect()
-}
-
-/// Writes batches that fit the table's schema as Parquet data files whose
-/// names start with `prefix` (unique to the writer, so that a retry never
-/// overwrites a committed file). Nothing is committed.
-pub fn write_data_files(
-    t: &Lake,
-    table: &Table,
-    batches: Vec<RecordBatch>,
-    prefix: String,
-) -> Result<Vec<DataFile>> {
-    let meta = table.inner.metadata();
-    let files = t.rt.block_on(async {
-        let location = DefaultLocationGenerator::new(meta)?;
-        let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
-        let parquet =
-            ParquetWriterBuilder::new(WriterProperties::default(), meta.current_schema().clone());
-        let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-            parquet,
-            table.inner.file_io().clone(),
-            location,
-            names,
-        );
-        let mut writer = DataFileWriterBuilder::new(rolling).build(None).await?;
-        for b in batches {
-            writer.write(b).await?;
-        }
-        writer.close().await
-    });
-    files.map_err(LakeError::iceberg(format!(
-        "writing data files of {}",
-        table.dataset()
     )))
 }
 
