@@ -133,6 +133,15 @@ if ! "$PY" -c 'import nats' 2>/dev/null; then
     say "installing nats-py into $(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "nats-py==2.16.0"
 fi
+# DuckDB and its Iceberg extension (PyPI packages that ship the extension
+# files: nothing is downloaded at run time), which the tests read Orca's
+# partitioned tables with to see them pruned.
+if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os
+assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
+    say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
+    "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
+        "duckdb-ext-avro==1.4.4.20260205"
+fi
 # redis-py, which the example Redis destination connector writes with.
 if ! "$PY" -c 'import redis' 2>/dev/null; then
     say "installing redis-py into $(dirname "$(dirname "$PY")")"

@@ -3,9 +3,18 @@
 //!
 //! - [`catalog`]: where tables live ([`LakeConfig`]), the catalog opened
 //!   once per process ([`LakeCell`]), reads of snapshots and keys;
-//! - [`table`]: a table handle, creating and loading tables, writing data
-//!   files, scanning a snapshot, appending, and finding a commit by its
-//!   summary properties;
+//! - [`table`]: a table handle, creating and loading tables, appending,
+//!   and finding a commit by its summary properties;
+//! - [`spec`]: what a table is created with: columns, partitioning, sort
+//!   order ([`TableSpec`]);
+//! - [`writer`]: rows written as data files, split by partition value and
+//!   sorted;
+//! - [`scan`]: reading a snapshot, planned (files pruned by partition value
+//!   and statistics) and streamed;
+//! - [`query`]: tables at pinned snapshots as DataFusion tables, and the
+//!   tables a SQL query reads;
+//! - [`maintain`]: expiring snapshots, removing orphan files, compacting
+//!   small files;
 //! - [`sync_tables`]: the tables a sync's epochs are applied to (fenced,
 //!   marked, merged by key);
 //! - [`objstore`]: one URL-to-store helper for `s3://` and local paths, and
@@ -18,14 +27,22 @@
 //! the engine uses it directly, without the SDK.
 
 pub mod catalog;
+pub mod maintain;
 pub mod objstore;
+pub mod query;
 mod rewrite;
+pub mod scan;
+pub mod spec;
 pub mod sync_tables;
 pub mod table;
+pub mod writer;
 
 pub use catalog::{ident, KeysRead, Lake, LakeCell, LakeConfig};
+pub use datafusion;
 pub use iceberg;
 pub use iceberg::spec::DataFile;
+pub use scan::ScanStats;
+pub use spec::{PartitionField, Partitioning, SortKey, TableSpec, Transform};
 pub use table::Table;
 
 /// What can go wrong with a table, each naming what it concerns.

@@ -428,7 +428,15 @@ fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32,
     log.line(&format!("{} run over {}", P::NAME, partitions.join(",")));
     let mut store = MemStore::default();
     let steps = P::steps();
-    let outcome = execute(P::NAME, &steps, &partitions, &mut store, &log, None);
+    let outcome = execute(
+        P::NAME,
+        Some(P::params().partitions),
+        &steps,
+        &partitions,
+        &mut store,
+        &log,
+        None,
+    );
     summary(&outcome);
     if let Some(last) = steps.last() {
         let key = if last.is_mapped() { None } else { Some("*") };
@@ -497,6 +505,7 @@ fn attempt<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Resu
     ));
     let outcome = execute(
         P::NAME,
+        Some(P::params().partitions),
         &steps,
         &ctx.partitions,
         &mut store,

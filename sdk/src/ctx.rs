@@ -5,7 +5,9 @@ use std::fmt::Display;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use crate::pipeline::Partitioning;
 use crate::store::Store;
+use orca_lake::query::ScanLog;
 use orca_lake::LakeCell;
 
 /// Where `ctx.log` lines go besides standard output.
@@ -49,6 +51,12 @@ pub(crate) struct StepIo<'a> {
     pub commits: HashMap<String, u32>,
     /// Snapshots this call read, per dataset: recorded with its commits.
     pub read: HashMap<String, Option<i64>>,
+    /// The pipeline's partitioning, which a table it creates follows.
+    pub partitioning: Option<Partitioning>,
+    /// The step's query session (scans and SQL), made on first use.
+    pub session: Option<datafusion::prelude::SessionContext>,
+    /// The plans of the scans its queries made, until they are logged.
+    pub scans: ScanLog,
 }
 
 /// A step's context.
@@ -73,9 +81,11 @@ impl Ctx<'_> {
     /// Writes a line tagged with the step and partition to standard output
     /// and to the attempt's log.
     pub fn log(&self, message: impl Display) {
-        self.log.line(&format!(
-            "[{} {} #{}] {message}",
-            self.step, self.partition, self.attempt
-        ));
+        self.log.line(&format!("{} {message}", self.tag()));
+    }
+
+    /// What each of its log lines starts with: `[step partition #attempt]`.
+    pub(crate) fn tag(&self) -> String {
+        format!("[{} {} #{}]", self.step, self.partition, self.attempt)
     }
 }

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::ctx::{Ctx, LogSink, StepIo};
 use crate::error::SdkError;
-use crate::pipeline::{registry_hash, StepInfo};
+use crate::pipeline::{registry_hash, Partitioning, StepInfo};
 use crate::step::StepError;
 use crate::store::Store;
 use orca_lake::{LakeCell, LakeConfig};
@@ -141,6 +141,7 @@ struct RunEnv<'a> {
     run: Option<i64>,
     registry_hash: String,
     tables: LakeCell,
+    partitioning: Option<Partitioning>,
 }
 
 /// Runs one (step, partition) with its retries.
@@ -185,6 +186,9 @@ fn run_pair(
                 registry_hash: &env.registry_hash,
                 commits: Default::default(),
                 read: Default::default(),
+                partitioning: env.partitioning,
+                session: None,
+                scans: Default::default(),
             },
         };
         let result = catch_unwind(AssertUnwindSafe(|| (step.run)(&mut ctx, input.clone())))
@@ -229,10 +233,39 @@ fn run_pair(
     }
 }
 
+/// The most memory this process has held (its peak resident set), in KiB,
+/// where the system says (Linux's `/proc/self/status`).
+pub fn peak_memory_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// Runs every step over `partitions`. A step that fails for some partition
 /// stops the run after the step has been tried for every partition.
+/// `partitioning` is the pipeline's, which tables its steps create follow.
+/// The log's last line says the process's peak memory.
 pub fn execute(
     pipeline: &'static str,
+    partitioning: Option<Partitioning>,
+    steps: &[StepInfo],
+    partitions: &[String],
+    store: &mut dyn Store,
+    log: &LogSink,
+    run: Option<i64>,
+) -> Outcome {
+    let outcome = execute_steps(pipeline, partitioning, steps, partitions, store, log, run);
+    if let Some(kib) = peak_memory_kib() {
+        log.line(&format!("peak memory {} MiB", kib.div_ceil(1024)));
+    }
+    outcome
+}
+
+fn execute_steps(
+    pipeline: &'static str,
+    partitioning: Option<Partitioning>,
     steps: &[StepInfo],
     partitions: &[String],
     store: &mut dyn Store,
@@ -246,6 +279,7 @@ pub fn execute(
         run,
         registry_hash: registry_hash(steps),
         tables: LakeCell::new(LakeConfig::from_env(None)),
+        partitioning,
     };
     let mut reports = Vec::new();
     for step in steps {

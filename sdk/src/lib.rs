@@ -32,6 +32,7 @@ mod error;
 mod keys;
 mod manifest;
 mod pipeline;
+pub mod query;
 mod step;
 mod store;
 pub mod tables;
@@ -41,11 +42,20 @@ pub use ctx::{Ctx, LogSink};
 pub use driver::{execute, Outcome, StepReport, StepResult};
 pub use error::{Error, Result, SdkError};
 pub use keys::{Day, Month, Name, PartitionKey};
+pub use orca_lake::{TableSpec, Transform};
 pub use orca_macros::{pipeline, step};
 pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, StepInfo};
+pub use query::{Batches, IntoBatches, Query, Scan, SqlParams};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
 pub use store::{MemStore, PgStore, Store, StoredState};
 pub use tables::{append, commit, ensure_table, files, scan, table, write_files, Table};
+
+/// DataFusion, at the version the SDK is built with: its expressions
+/// (`col`, `lit`) filter scans, its DataFrame API goes on from a
+/// [`Query`].
+pub use orca_lake::datafusion;
+/// What a filter is written with: `col("month").eq(lit("2013-05"))`.
+pub use orca_lake::datafusion::prelude::{col, lit};
 
 /// The Arrow crates the table functions take and return, at the versions the
 /// SDK is built with.

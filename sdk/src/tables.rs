@@ -1,10 +1,14 @@
 //! Iceberg tables from steps: `table`, `ensure_table`, `scan`, `files`,
-//! `append`, `write_files` and `commit`, over `orca-lake`.
+//! `append`, `write_files` and `commit`, over `orca-lake` (`ctx.sql` is in
+//! [`crate::query`]).
 //!
 //! The catalog lives in the control plane's Postgres, in the SQL-catalog
 //! layout other Iceberg clients read (catalog name = the org). Data and
 //! metadata go under `ORCA_WAREHOUSE`: dataset `lake.clean` is table `clean`
 //! in namespace `lake` at `<warehouse>/lake/clean` (docs/tables.md).
+//!
+//! A table a pipeline creates is partitioned by the pipeline's partition
+//! unless its spec says otherwise ([`default_partitioning`]).
 //!
 //! What makes reruns safe:
 //! - `scan` reads the snapshot pinned for this (run, step, partition): the
@@ -17,17 +21,18 @@
 
 use std::collections::HashMap;
 
-use arrow_array::RecordBatch;
-use arrow_schema::Schema as ArrowSchema;
+use arrow_schema::{DataType, Schema as ArrowSchema};
 use orca_lake::table::{self as lake_table, Change};
-use orca_lake::DataFile;
+use orca_lake::{DataFile, Partitioning as TablePartitioning, TableSpec, Transform};
 
 pub use orca_lake::Table;
 
 use crate::ctx::Ctx;
 use crate::error::Result;
+use crate::pipeline::Partitioning;
+use crate::query::{IntoBatches, Scan};
 
-fn declared(ctx: &Ctx<'_>, dataset: &str, reading: bool) -> Result<()> {
+pub(crate) fn declared(ctx: &Ctx<'_>, dataset: &str, reading: bool) -> Result<()> {
     let (list, what) = if reading {
         (ctx.io.reads, "reads")
     } else {
@@ -56,20 +61,107 @@ pub fn table(ctx: &mut Ctx<'_>, dataset: &str) -> Result<Table> {
     Ok(lake_table::load(ctx.io.tables.get()?, dataset)?)
 }
 
-/// Loads a table the step writes, creating it (and its namespace) with this
-/// schema if it does not exist. An existing table must have these columns.
-pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, schema: &ArrowSchema) -> Result<Table> {
+/// Loads a table the step writes, creating it (and its namespace) if it
+/// does not exist, with a schema or a [`TableSpec`] (partitioning, sort
+/// order). Without a partitioning in the spec, a new table is partitioned
+/// by the pipeline's partition ([`default_partitioning`]). An existing table
+/// must have the columns; it keeps its partitioning and sort order.
+pub fn ensure_table(ctx: &mut Ctx<'_>, dataset: &str, spec: impl Into<TableSpec>) -> Result<Table> {
     declared(ctx, dataset, false)?;
-    Ok(lake_table::create_or_load(
-        ctx.io.tables.get()?,
-        dataset,
-        schema,
-    )?)
+    let mut spec: TableSpec = spec.into();
+    let asked = spec.partitioning.clone();
+    if spec.partitioning == TablePartitioning::Auto {
+        spec.partitioning = default_partitioning(ctx.io.partitioning.as_ref(), &spec.schema);
+    }
+    let t = ctx.io.tables.get()?;
+    let existed = t.exists(&orca_lake::ident(dataset)?)?;
+    let table = lake_table::create_or_load(t, dataset, spec.clone())?;
+    let have = table.partitioning();
+    if !existed {
+        ctx.log(format!("created {dataset}, partitioned by {have}"));
+    } else if let TablePartitioning::By(_) = asked {
+        let wanted = describe_fields(&spec);
+        if wanted != have {
+            ctx.log(format!(
+                "{dataset} exists partitioned by {have}, not {wanted}: it keeps its partitioning"
+            ));
+        }
+    }
+    Ok(table)
+}
+
+/// A spec's partition fields as [`Table::partitioning`] spells them.
+fn describe_fields(spec: &TableSpec) -> String {
+    let fields = spec.partition_fields();
+    if fields.is_empty() {
+        return "unpartitioned".into();
+    }
+    fields
+        .iter()
+        .map(|f| format!("{}({})", f.transform, f.column))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How a table a pipeline creates is partitioned when its spec does not
+/// say: by the pipeline's partition.
+/// - monthly: identity on a column `month` (text such as `2013-05`, or a
+///   date), else month of the date or timestamp column (the one named
+///   `date`, or the only one);
+/// - daily: identity on a column `day`, else day of that date or timestamp
+///   column;
+/// - keyed: identity on the key column (`Keyed("lake.clean", "origin")`:
+///   `origin`);
+///
+/// and unpartitioned when the schema has no such column.
+pub fn default_partitioning(p: Option<&Partitioning>, schema: &ArrowSchema) -> TablePartitioning {
+    let has = |name: &str| schema.field_with_name(name).is_ok();
+    let temporal = || {
+        let dated: Vec<&str> = schema
+            .fields()
+            .iter()
+            .filter(|f| {
+                matches!(
+                    f.data_type(),
+                    DataType::Date32 | DataType::Date64 | DataType::Timestamp(_, _)
+                )
+            })
+            .map(|f| f.name().as_str())
+            .collect();
+        match dated.as_slice() {
+            [one] => Some(one.to_string()),
+            many => many.iter().find(|n| **n == "date").map(|n| n.to_string()),
+        }
+    };
+    let by = |column: &str, transform: Transform| {
+        TablePartitioning::By(vec![orca_lake::PartitionField {
+            column: column.to_string(),
+            transform,
+        }])
+    };
+    match p {
+        Some(Partitioning::Dated { kind, .. }) => {
+            let (column, transform) = if *kind == "daily" {
+                ("day", Transform::Day)
+            } else {
+                ("month", Transform::Month)
+            };
+            if has(column) {
+                by(column, Transform::Identity)
+            } else if let Some(c) = temporal() {
+                by(&c, transform)
+            } else {
+                TablePartitioning::Unpartitioned
+            }
+        }
+        Some(Partitioning::Keyed { column, .. }) if has(column) => by(column, Transform::Identity),
+        _ => TablePartitioning::Unpartitioned,
+    }
 }
 
 /// The table as it is now, and the snapshot pinned for this (run, step,
 /// partition): the current one on the first read, the same one after.
-fn pinned(
+pub(crate) fn pinned(
     ctx: &mut Ctx<'_>,
     table: &Table,
 ) -> Result<(orca_lake::iceberg::table::Table, Option<i64>)> {
@@ -109,29 +201,26 @@ pub fn files(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<DataFile>> {
     )?)
 }
 
-/// Reads the table at the snapshot pinned for this (run, step, partition).
-pub fn scan(ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<RecordBatch>> {
-    let (fresh, pinned) = pinned(ctx, table)?;
-    let Some(snapshot) = pinned else {
-        return Ok(Vec::new());
-    };
-    Ok(lake_table::scan_snapshot(
-        ctx.io.tables.get()?,
-        &fresh,
-        snapshot,
-    )?)
+/// A scan of the table at the snapshot pinned for this (run, step,
+/// partition): `scan(ctx, &t).filter(col("month").eq(lit(m))).select(["a",
+/// "b"]).stream()?` yields batches as the files are read, `.collect()?`
+/// reads them all. The filter is pushed down to partition values, file
+/// statistics and row groups; the attempt log says how many files it read.
+pub fn scan<'c, 'a>(ctx: &'c mut Ctx<'a>, table: &Table) -> Scan<'c, 'a> {
+    Scan::new(ctx, table)
 }
 
-/// Writes batches as Parquet data files of the table, not yet committed
+/// Writes rows (batches, or a scan or query as it streams) as Parquet data
+/// files of the table, one file set per partition value, not yet committed
 /// (for `commit`). Each file name is unique to the run, step, partition and
 /// attempt, so a retry never overwrites a committed file.
-pub fn write_files(
+pub fn write_files<'a>(
     ctx: &mut Ctx<'_>,
     table: &Table,
-    batches: Vec<RecordBatch>,
+    batches: impl IntoBatches<'a>,
 ) -> Result<Vec<DataFile>> {
     declared(ctx, table.dataset(), false)?;
-    let batches = lake_table::fit(table, batches)?;
+    let batches = batches.into_batches()?;
     let prefix = format!(
         "orca-{}-{}-{}-{}-{}",
         ctx.run
@@ -141,12 +230,14 @@ pub fn write_files(
         ctx.attempt,
         uuid::Uuid::new_v4().simple()
     );
-    Ok(lake_table::write_data_files(
-        ctx.io.tables.get()?,
-        table,
-        batches,
-        prefix,
-    )?)
+    let files = lake_table::write_data_files(ctx.io.tables.get()?, table, batches, prefix)?;
+    let rows: u64 = files.iter().map(DataFile::record_count).sum();
+    ctx.log(format!(
+        "wrote {rows} rows of {} in {} data files",
+        table.dataset(),
+        files.len()
+    ));
+    Ok(files)
 }
 
 /// The summary properties a commit carries.
@@ -299,8 +390,9 @@ fn fault_point(name: &str) {
     }
 }
 
-/// Appends batches as one snapshot and returns its id (`write_files` + `commit`).
-pub fn append(ctx: &mut Ctx<'_>, table: &Table, batches: Vec<RecordBatch>) -> Result<i64> {
+/// Appends rows (batches, or a scan or query as it streams) as one snapshot
+/// and returns its id (`write_files` + `commit`).
+pub fn append<'a>(ctx: &mut Ctx<'_>, table: &Table, batches: impl IntoBatches<'a>) -> Result<i64> {
     declared(ctx, table.dataset(), false)?;
     // Look before writing: a retry after a commit the control plane never
     // heard of must not write the files again.

@@ -6,6 +6,10 @@ Postgres tables Orca's catalog writes.
     python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
     python iceberg.py stats   <db-url> <warehouse> <dataset> <int column>
                                                 -> JSON: rows, distinct, sum, snapshots
+    python iceberg.py prune   <db-url> <warehouse> <dataset> <column> <value>
+                                                -> JSON: the table's partition spec, and
+                                                   the files and rows PyIceberg and DuckDB
+                                                   read for column = value, and in all
 """
 import json
 import os
@@ -16,6 +20,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 
 def catalog(url, warehouse):
+    # The catalog name is the org (ORCA_TEST_CATALOG, else default).
+    name = os.environ.get("ORCA_TEST_CATALOG", "default")
     url = url.replace("postgres://", "postgresql+psycopg2://", 1)
     if warehouse.startswith("s3://"):
         # The same S3 settings the pipeline binaries read from AWS_*.
@@ -25,8 +31,35 @@ def catalog(url, warehouse):
             "s3.secret-access-key": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
             "s3.region": os.environ.get("AWS_REGION", "us-east-1"),
         }
-        return SqlCatalog("default", uri=url, warehouse=warehouse, **props)
-    return SqlCatalog("default", uri=url, warehouse="file://" + warehouse)
+        return SqlCatalog(name, uri=url, warehouse=warehouse, **props)
+    return SqlCatalog(name, uri=url, warehouse="file://" + warehouse)
+
+
+def duckdb_files(metadata, column, value):
+    """What DuckDB's Iceberg extension reads of a table for column = value:
+    the files its profile says it read, and the rows it counted. The
+    extension comes from PyPI's duckdb-ext-iceberg: nothing is downloaded."""
+    import glob
+    import re
+
+    import duckdb
+    import duckdb_ext
+
+    d = os.path.join(list(duckdb_ext.__path__)[0], "extensions")
+    con = duckdb.connect(config={"autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False})
+    for e in ["avro", "iceberg"]:
+        con.execute(f"LOAD '{glob.glob(os.path.join(d, '*', '*', e + '.duckdb_extension'))[0]}'")
+    path = metadata.removeprefix("file://")
+    q = f"SELECT count(*) FROM iceberg_scan('{path}') WHERE {column} = ?"
+    rows = con.execute(q, [value]).fetchone()[0]
+    plan = "\n".join(r[1] for r in con.execute("EXPLAIN ANALYZE " + q, [value]).fetchall())
+    m = re.search(r"Total Files Read: (\d+)", plan)
+    every = "\n".join(r[1] for r in con.execute(
+        f"EXPLAIN ANALYZE SELECT count(*) FROM iceberg_scan('{path}')").fetchall())
+    n = re.search(r"Total Files Read: (\d+)", every)
+    return {"files": int(m.group(1)) if m else None,
+            "all_files": int(n.group(1)) if n else None, "rows": rows}
 
 
 def main():
@@ -46,6 +79,39 @@ def main():
             "snapshots": snaps,
             "current": t.current_snapshot().snapshot_id if t.current_snapshot() else None,
             "location": t.location(),
+        }
+        print(json.dumps(out, default=str))
+    elif cmd == "files":
+        # The current snapshot's data files, each with its partition and the
+        # values of one column in the file's own order.
+        import pyarrow.parquet as pq
+        column = sys.argv[5]
+        t = cat.load_table(dataset)
+        out = {
+            "sort_order": [[t.schema().find_column_name(f.source_id), str(f.direction)]
+                           for f in t.sort_order().fields],
+            "files": [],
+        }
+        for task in t.scan().plan_files():
+            path = task.file.file_path.removeprefix("file://")
+            out["files"].append({
+                "partition": str(task.file.partition),
+                "values": pq.read_table(path, columns=[column]).column(0).to_pylist(),
+            })
+        print(json.dumps(out, default=str))
+    elif cmd == "prune":
+        from pyiceberg.expressions import EqualTo
+        column, value = sys.argv[5:7]
+        t = cat.load_table(dataset)
+        hit = t.scan(row_filter=EqualTo(column, value))
+        out = {
+            "spec": [[f.name, str(f.transform)] for f in t.spec().fields],
+            "pyiceberg": {
+                "files": len(list(hit.plan_files())),
+                "all_files": len(list(t.scan().plan_files())),
+                "rows": hit.to_arrow().num_rows,
+            },
+            "duckdb": duckdb_files(t.metadata_location, column, value),
         }
         print(json.dumps(out, default=str))
     elif cmd == "stats":

@@ -191,6 +191,48 @@ async fn the_lake_s_tables_read_back_in_pyiceberg_with_their_orca_properties() {
         .strings("SELECT DISTINCT direction || ' ' || related FROM orca.lineage('lake.clean') ORDER BY 1")
         .await;
     assert_eq!(lineage, ["downstream lake.monthly", "upstream lake.raw"]);
+
+    // Every table is partitioned by month, as the pipeline is, and each
+    // clean step read its month's file alone (of the one to three months
+    // the runs had loaded when it read): the attempt logs say so.
+    let logged = runner.output();
+    for (month, rows) in [("2013-01", 93), ("2013-02", 84), ("2013-03", 93)] {
+        let line = logged
+            .lines()
+            .find(|l| l.contains(&format!("[clean {month} #1] scan of lake.raw")))
+            .unwrap_or_else(|| panic!("no scan of lake.raw logged for {month}:\n{logged}"));
+        assert!(
+            line.contains(": 1 of ") && line.contains(&format!(" {rows} rows before filtering")),
+            "{line}"
+        );
+    }
+    // PyIceberg and DuckDB, reading the same tables, prune by month too.
+    for (dataset, rows) in [("lake.raw", 84), ("lake.clean", 84), ("lake.monthly", 1)] {
+        let pruned = py(&[
+            "prune",
+            &db.url(),
+            wh.to_str().unwrap_or_default(),
+            dataset,
+            "month",
+            "2013-02",
+        ]);
+        assert_eq!(
+            pruned["spec"],
+            json!([["month", "identity"]]),
+            "{dataset}: {pruned}"
+        );
+        for reader in ["pyiceberg", "duckdb"] {
+            assert_eq!(
+                (
+                    &pruned[reader]["files"],
+                    &pruned[reader]["all_files"],
+                    &pruned[reader]["rows"]
+                ),
+                (&json!(1), &json!(3), &json!(rows)),
+                "{reader} reading {dataset} for 2013-02: {pruned}"
+            );
+        }
+    }
 }
 
 async fn probe_src(db: &TestDb, wh: &Path, rows: usize) -> i64 {
@@ -377,6 +419,57 @@ async fn an_undeclared_dataset_fails_the_attempt_naming_the_step_and_the_dataset
         error.contains("step read declares neither reads nor writes of dataset probe.secret"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn an_undeclared_dataset_in_sql_fails_the_attempt_naming_the_step_and_the_dataset() {
+    let db = TestDb::new().await;
+    register(&db, "probe_tables");
+    let wh = scratch("undeclared-sql-wh");
+    probe_src(&db, &wh, 1).await;
+    // The table exists: only the step's declaration stands in the way.
+    py(&[
+        "create",
+        &db.url(),
+        wh.to_str().unwrap_or_default(),
+        "probe.secret",
+        &json!([{"n": 1}]).to_string(),
+    ]);
+    let dir = scratch("undeclared-sql");
+    let whs = wh.to_string_lossy().to_string();
+    let runner = Runner::start(
+        &db.url(),
+        "r",
+        1,
+        &dir,
+        &[
+            ("ORCA_WAREHOUSE", whs.as_str()),
+            ("PROBE_SQL_TOUCH", "probe.secret"),
+        ],
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-05')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, run, "failed", &runner).await;
+    let error: String = sqlx::query_scalar(
+        "SELECT error FROM orca.step_states WHERE run_id = $1 AND step = 'read'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .expect("step error");
+    assert!(
+        error.contains("step read does not declare dataset probe.secret in its reads"),
+        "{error}"
+    );
+    // Nothing of it was read: no pin of probe.secret.
+    let pins = db
+        .strings(&format!(
+            "SELECT dataset FROM orca.reads WHERE run_id = {run} AND dataset = 'probe.secret'"
+        ))
+        .await;
+    assert!(pins.is_empty(), "{pins:?}");
 }
 
 async fn sensor_runs(db: &TestDb) -> Vec<String> {
@@ -674,9 +767,35 @@ async fn a_compaction_replaces_files_without_changing_the_rows_and_refuses_to_lo
     let summary = &current["summary"];
     assert_eq!(summary["orca.step"], "compact");
     assert_eq!(summary["orca.run"], run.to_string());
+    // probe.pieces is partitioned by month, as its pipeline is: a file per
+    // month after the compaction.
     assert_eq!(summary["deleted-data-files"], "6");
-    assert_eq!(summary["added-data-files"], "1");
-    assert_eq!(summary["total-data-files"], "1");
+    assert_eq!(summary["added-data-files"], "2");
+    assert_eq!(summary["total-data-files"], "2");
+    // The table's sort order (day, latest first) holds in each new file.
+    let files = py(&[
+        "files",
+        &db.url(),
+        wh.to_str().unwrap_or_default(),
+        "probe.pieces",
+        "day",
+    ]);
+    assert_eq!(files["sort_order"], json!([["day", "DESC"]]), "{files}");
+    let mut lens = Vec::new();
+    for f in files["files"].as_array().into_iter().flatten() {
+        let days: Vec<i64> = f["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_i64)
+            .collect();
+        let mut sorted = days.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(days, sorted, "a file is not sorted by day descending: {f}");
+        lens.push(days.len());
+    }
+    lens.sort();
+    assert_eq!(lens, [29, 31], "{files}");
     assert_eq!(summary["total-records"], "60");
     // The control plane recorded it as a replace.
     let ops = db

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use orca::arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
-use orca::{append, ensure_table, scan, table, Ctx, Name, Result};
+use orca::datafusion::common::ScalarValue;
+use orca::{append, ensure_table, Ctx, Name, Result};
 use serde::{Deserialize, Serialize};
 
 /// What one airport's flights say about it.
@@ -37,10 +38,18 @@ fn labels_schema() -> Schema {
     ])
 }
 
-fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_any().downcast_ref::<T>())
-        .ok_or_else(|| format!("lake.clean has no column {name} of the expected type").into())
+/// An integer of the first row of a query's result (0 when it is NULL).
+fn int(batches: &[RecordBatch], column: &str) -> Result<i64> {
+    let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return Ok(0);
+    };
+    let c = b
+        .column_by_name(column)
+        .ok_or_else(|| format!("no column {column}"))?;
+    match ScalarValue::try_from_array(c, 0)? {
+        ScalarValue::Int64(v) => Ok(v.unwrap_or(0)),
+        v => Err(format!("{column} is {v:?}, not an integer").into()),
+    }
 }
 
 /// A word for an average departure delay, in minutes.
@@ -54,22 +63,16 @@ fn word(avg_delay: f64) -> &'static str {
 
 #[orca::step(mapped, reads = ["lake.clean"])]
 fn label(ctx: &mut Ctx, origin: Name) -> Result<Label> {
-    let clean = table(ctx, "lake.clean")?;
-    let (mut days, mut flights, mut departed, mut delay) = (0i64, 0i64, 0i64, 0i64);
-    for b in scan(ctx, &clean)? {
-        let o = column::<StringArray>(&b, "origin")?;
-        let f = column::<Int64Array>(&b, "flights")?;
-        let dep = column::<Int64Array>(&b, "departed")?;
-        let dm = column::<Int64Array>(&b, "delay_minutes")?;
-        for i in 0..b.num_rows() {
-            if o.value(i) == origin.as_str() {
-                days += 1;
-                flights += f.value(i);
-                departed += dep.value(i);
-                delay += dm.value(i);
-            }
-        }
-    }
+    let totals = ctx
+        .sql(
+            "SELECT count(*) AS days, sum(flights) AS flights, sum(departed) AS departed,
+                    sum(delay_minutes) AS delay
+             FROM lake.clean WHERE origin = $1",
+            [origin.clone()],
+        )?
+        .collect()?;
+    let (days, flights) = (int(&totals, "days")?, int(&totals, "flights")?);
+    let (departed, delay) = (int(&totals, "departed")?, int(&totals, "delay")?);
     let avg = if departed == 0 {
         0.0
     } else {
@@ -112,7 +115,7 @@ fn publish(ctx: &mut Ctx, labels: Vec<Label>) -> Result<usize> {
             )),
         ],
     )?;
-    let out = ensure_table(ctx, "lake.labels", &labels_schema())?;
+    let out = ensure_table(ctx, "lake.labels", labels_schema())?;
     let snapshot = append(ctx, &out, vec![batch])?;
     ctx.log(format!(
         "{} labels appended to lake.labels as snapshot {snapshot}",

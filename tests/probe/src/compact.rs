@@ -1,7 +1,8 @@
 //! `probe_compact`: a compaction, for the end-to-end test of commits that
 //! remove files. Each month's `pieces` step appends its days to
 //! `probe.pieces` in three commits (three small files); the `compact` step
-//! rewrites every file of the table it read into one and commits a `replace`.
+//! rewrites every file of the table it read into one per month (the table is
+//! partitioned by month) and commits a `replace`.
 //!
 //! `PROBE_DROP_ROWS=1` makes `compact` lose a batch on the way, which the
 //! replace must refuse: a replace keeps the table's rows.
@@ -10,7 +11,9 @@ use std::sync::Arc;
 
 use orca::arrow_array::{Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
-use orca::{append, commit, ensure_table, files, scan, table, write_files, Ctx, Month, Result};
+use orca::{
+    append, commit, ensure_table, files, scan, table, write_files, Ctx, Month, Result, TableSpec,
+};
 
 fn schema() -> Schema {
     Schema::new(vec![
@@ -21,7 +24,13 @@ fn schema() -> Schema {
 
 #[orca::step(mapped, writes = ["probe.pieces"])]
 fn pieces(ctx: &mut Ctx, month: Month) -> Result<usize> {
-    let t = ensure_table(ctx, "probe.pieces", &schema())?;
+    // Partitioned by month (the pipeline's partition), each file sorted by
+    // day, latest first.
+    let t = ensure_table(
+        ctx,
+        "probe.pieces",
+        TableSpec::new(schema()).sort_by_desc("day"),
+    )?;
     let days: Vec<i64> = (1..=i64::from(month.days())).collect();
     for chunk in days.chunks(days.len().div_ceil(3)) {
         let batch = RecordBatch::try_new(
@@ -40,7 +49,7 @@ fn pieces(ctx: &mut Ctx, month: Month) -> Result<usize> {
 fn compact(ctx: &mut Ctx, _days: Vec<usize>) -> Result<(usize, usize)> {
     let t = table(ctx, "probe.pieces")?;
     let before = files(ctx, &t)?;
-    let mut batches = scan(ctx, &t)?;
+    let mut batches = scan(ctx, &t).collect()?;
     if std::env::var("PROBE_DROP_ROWS").is_ok() {
         batches.pop();
     }

@@ -8,7 +8,11 @@ use orca::{scan, table, Ctx, Month, Result};
 #[orca::step(mapped, reads = ["probe.src", "probe.rows"])]
 fn react(ctx: &mut Ctx, month: Month) -> Result<(String, usize)> {
     let src = table(ctx, "probe.src")?;
-    let rows: usize = scan(ctx, &src)?.iter().map(RecordBatch::num_rows).sum();
+    let rows: usize = scan(ctx, &src)
+        .collect()?
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum();
     ctx.log(format!("{month}: probe.src has {rows} rows"));
     Ok((month.to_string(), rows))
 }

@@ -7,14 +7,15 @@
 //!
 //! Environment: `PROBE_DIR` (calls log and markers), `PROBE_STALL_ONCE` and
 //! `PROBE_FAIL_ONCE` (`step:partition[:ms]`, after the step's reads),
-//! `PROBE_TOUCH=dataset` (the `read` step also opens that dataset).
+//! `PROBE_TOUCH=dataset` (the `read` step also opens that dataset),
+//! `PROBE_SQL_TOUCH=dataset` (the `read` step also queries it in SQL).
 
 use std::io::Write;
 use std::sync::Arc;
 
 use orca::arrow_array::{Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
-use orca::{append, ensure_table, scan, table, Ctx, Month, Result};
+use orca::{append, col, ensure_table, lit, scan, table, Ctx, Month, Result};
 
 fn first_time(marker: &str) -> bool {
     let Ok(d) = std::env::var("PROBE_DIR") else {
@@ -89,7 +90,7 @@ fn write(ctx: &mut Ctx, month: Month) -> Result<i64> {
             Arc::new(Int64Array::from(days)),
         ],
     )?;
-    let t = ensure_table(ctx, "probe.rows", &rows_schema())?;
+    let t = ensure_table(ctx, "probe.rows", rows_schema())?;
     let snapshot = append(ctx, &t, vec![batch])?;
     hooks(ctx)?;
     Ok(snapshot)
@@ -100,8 +101,21 @@ fn read(ctx: &mut Ctx, _written: i64) -> Result<usize> {
     if let Ok(other) = std::env::var("PROBE_TOUCH") {
         table(ctx, &other)?;
     }
+    if let Ok(other) = std::env::var("PROBE_SQL_TOUCH") {
+        ctx.sql(&format!("SELECT count(*) FROM {other}"), ())?
+            .collect()?;
+    }
     let src = table(ctx, "probe.src")?;
-    let rows: usize = scan(ctx, &src)?.iter().map(RecordBatch::num_rows).sum();
+    // A filtered, projected scan as it streams: every row of probe.src holds
+    // n >= 0, so it counts the rows of the snapshot the step pinned.
+    let mut rows = 0;
+    for b in scan(ctx, &src)
+        .filter(col("n").gt_eq(lit(0i64)))
+        .select(["n"])
+        .stream()?
+    {
+        rows += b?.num_rows();
+    }
     hooks(ctx)?;
     Ok(rows)
 }
@@ -113,7 +127,7 @@ fn count(
 ) -> Result<std::collections::BTreeMap<String, usize>> {
     let t = table(ctx, "probe.rows")?;
     let mut per = std::collections::BTreeMap::new();
-    for b in scan(ctx, &t)? {
+    for b in scan(ctx, &t).collect()? {
         let months = b
             .column_by_name("month")
             .and_then(|c| c.as_any().downcast_ref::<StringArray>())
