@@ -222,10 +222,11 @@ BEGIN
     END IF;
     IF claim.commands IS NOT NULL AND EXISTS (
            SELECT 1 FROM unnest(claim.commands) AS c
-           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover')) THEN
-        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync or discover, got %',
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync, discover or maintain, got %',
             (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
-             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover') LIMIT 1)
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')
+             LIMIT 1)
             USING ERRCODE = 'OR050';
     END IF;
     -- Keep the runner's row fresh without writing it on every poll. The
@@ -294,7 +295,7 @@ BEGIN
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
            orca._command(i.run_kind),
-           CASE WHEN i.run_kind IN ('sync', 'discover') THEN NULL ELSE i.binary_sha256 END
+           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END
     FROM info i
     ORDER BY i.id;
 END
@@ -303,7 +304,8 @@ COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
 'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
 'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
 'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
-'the runner can run (attempt, sense, keys, sync, discover; NULL: all), so that a runner not set up for '
+'the runner can run (attempt, sense, keys, sync, discover, maintain; NULL: all), so that a runner '
+'not set up for '
 'syncs leaves them to one that is. '
 'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
 

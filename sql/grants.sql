@@ -61,6 +61,9 @@ GRANT EXECUTE ON FUNCTION
     orca.pause_sync(text),
     orca.resume_sync(text),
     orca.scale_sync(text, integer),
+    orca.maintain(text, jsonb),
+    orca.schedule_maintenance(text, text, jsonb, text),
+    orca.unschedule_maintenance(text),
     orca.create_runner_token(text, text),
     orca.revoke_runner_token(text),
     orca.rotate_runner_token(text, interval),
@@ -94,7 +97,9 @@ GRANT EXECUTE ON FUNCTION
     orca.discovery(uuid),
     orca.store_catalog(uuid, jsonb),
     orca.report_drift(text, integer, jsonb, uuid),
-    orca.sync_lanes(text, integer, uuid)
+    orca.sync_lanes(text, integer, uuid),
+    orca.maintenance_task(uuid),
+    orca.report_maintenance(uuid, jsonb)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),

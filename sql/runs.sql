@@ -19,11 +19,12 @@ END
 $$;
 
 -- What a runner runs for an attempt of a run of this kind: the binary's
--- attempt, sense or keys command, or orca-engine's sync.
+-- attempt, sense or keys command, or orca-engine's sync, discover or maintain.
 CREATE FUNCTION orca._command(p_kind text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover' ELSE 'attempt' END
+                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover'
+                       WHEN 'maintain' THEN 'maintain' ELSE 'attempt' END
 $$;
 
 -- Each run's next attempt, pending in its pool: the attempt (numbered by the

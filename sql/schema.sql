@@ -176,8 +176,10 @@ CREATE TABLE orca.runs (
     -- 'sync': a run of a sync; its attempts run `orca-engine sync`.
     -- 'discover': orca.discover's task, whose attempt reads the source's
     -- catalog (`orca-engine discover`) and stores it (orca.catalogs).
+    -- 'maintain': a dataset's table maintenance (orca.maintain), whose
+    -- attempt is `orca-engine maintain`.
     kind        text NOT NULL DEFAULT 'pipeline'
-                CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync', 'discover')),
+                CHECK (kind IN ('pipeline', 'sense', 'keys', 'sync', 'discover', 'maintain')),
     -- A keys task's request: {"mode": "all" | "new" | "refresh", ...}; a sync
     -- backfill's: {"mode": "full"}.
     request     jsonb,
@@ -203,7 +205,8 @@ COMMENT ON TABLE orca.runs IS
 'Runs: a pipeline version over partitions. trigger: schedule, backfill, manual or sensor; '
 'status: queued, running, succeeded, failed or cancelled. kind: pipeline, sense (a sensor''s '
 'polls), keys (a keyed pipeline''s keys task; parent_run of the runs it queued) or sync (a run '
-'of a sync, request {"mode": "full"} for a backfill) or discover (orca.discover''s task).';
+'of a sync, request {"mode": "full"} for a backfill), discover (orca.discover''s task) or '
+'maintain (orca.maintain''s table maintenance, request {"dataset", "options"}).';
 -- A schedule fire makes at most one run, however many ticks see it.
 CREATE UNIQUE INDEX runs_fire ON orca.runs (pipeline_id, fire_at) WHERE fire_at IS NOT NULL;
 -- What starting queued runs (oldest first) and counting running ones scan; the
@@ -283,7 +286,7 @@ CREATE TABLE orca.queue (
     -- What a runner runs for it (orca.lease.command), so that a runner
     -- claims only what it is set up to run (orca.claim's commands).
     command     text NOT NULL DEFAULT 'attempt'
-                CHECK (command IN ('attempt', 'sense', 'keys', 'sync', 'discover')),
+                CHECK (command IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')),
     PRIMARY KEY (org_id, pool, attempt_id)
 );
 COMMENT ON TABLE orca.queue IS

@@ -216,7 +216,7 @@ BEGIN
         v_cursor := sn.commit_cursor;
         FOR c IN
             SELECT cm.id, cm.dataset, cm.snapshot_id, cm.partition, r.status, r.partitions AS run_partitions,
-                   r.pipeline_id
+                   r.pipeline_id, r.kind
             FROM orca.commits cm JOIN orca.runs r ON r.id = cm.run_id
             WHERE cm.org_id = sn.org_id AND cm.id > sn.commit_cursor
             ORDER BY cm.id
@@ -226,6 +226,8 @@ BEGIN
             EXIT WHEN c.status IN ('queued', 'running');
             v_cursor := c.id;
             CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            -- A compaction by table maintenance holds the same rows: nothing new.
+            CONTINUE WHEN c.kind = 'maintain';
             CONTINUE WHEN c.dataset IS DISTINCT FROM coalesce(sn.keys_dataset, c.dataset);
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM orca.step_datasets d
@@ -307,6 +309,7 @@ BEGIN
         || orca._tick_leases(v_orgs, v_now)
         || orca._tick_sensors(v_orgs, v_now)
         || orca._tick_continuous(v_orgs, v_now)
+        || orca._tick_maintenance(v_orgs, v_now)
         || orca._tick_queued(v_orgs)
         || orca._tick_prune(v_orgs, v_now);
 END
@@ -315,7 +318,8 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
 'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
-'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), and '
+'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), due '
+'table maintenance schedules queue their runs (orca.schedule_maintenance), and '
 'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '

@@ -8,6 +8,7 @@ mod db;
 mod discover;
 mod listing;
 mod locate;
+mod maintain;
 mod register;
 mod secrets;
 mod show;
@@ -115,6 +116,20 @@ enum Cmd {
         /// Read every stream again from its start (orca.backfill '@all').
         #[arg(long)]
         backfill: bool,
+        /// Queue and return at once instead of following the run.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Queue a dataset's table maintenance (orca.maintain: compact small
+    /// files, expire old snapshots, remove orphan files), follow the run and
+    /// print what each operation did.
+    Maintain {
+        /// The dataset (namespace.table).
+        dataset: String,
+        /// The operations' settings as JSON, e.g.
+        /// '{"expire": {"keep_last": 5}, "compact": false}' (docs/tables.md).
+        #[arg(long, default_value = "{}")]
+        options: String,
         /// Queue and return at once instead of following the run.
         #[arg(long)]
         detach: bool,
@@ -418,6 +433,11 @@ fn main() {
                 backfill,
                 detach,
             } => syncs::run(&mut c, &name, backfill, detach),
+            Cmd::Maintain {
+                dataset,
+                options,
+                detach,
+            } => maintain::run(&mut c, &dataset, &options, detach),
             Cmd::SyncPause { name } => syncs::pause(&mut c, &name),
             Cmd::SyncResume { name } => syncs::resume(&mut c, &name),
             Cmd::SyncScale { name, lanes } => syncs::scale(&mut c, &name, lanes),

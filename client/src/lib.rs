@@ -453,6 +453,32 @@ impl Control {
 }
 
 impl Control {
+    /// `orca.maintenance_task`: what a maintenance run's attempt does, under
+    /// its lease.
+    pub fn maintenance_task(
+        &mut self,
+        lease: LeaseToken,
+    ) -> Result<api::MaintenanceTask, ClientError> {
+        const WHAT: &str = "orca.maintenance_task";
+        let v = self.json(WHAT, "SELECT orca.maintenance_task($1)", &[&lease.0])?;
+        Ok(api::from_json(WHAT, v)?)
+    }
+
+    /// `orca.report_maintenance`: what a maintenance attempt did.
+    pub fn report_maintenance(
+        &mut self,
+        lease: LeaseToken,
+        report: &Value,
+    ) -> Result<(), ClientError> {
+        self.with_retry("orca.report_maintenance", |c| {
+            c.execute(
+                "SELECT orca.report_maintenance($1, $2)",
+                &[&lease.0, report],
+            )
+            .map(|_| ())
+        })
+    }
+
     /// `orca.discovery`: what a discovery task reads, under its lease.
     pub fn discovery(&mut self, lease: LeaseToken) -> Result<api::Discovery, ClientError> {
         const WHAT: &str = "orca.discovery";

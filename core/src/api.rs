@@ -134,6 +134,9 @@ pub enum Command {
     /// `orca-engine discover`: reads a source's catalog for
     /// `orca.discover`.
     Discover,
+    /// `orca-engine maintain`: a dataset's table maintenance for
+    /// `orca.maintain`.
+    Maintain,
 }
 
 impl Command {
@@ -144,6 +147,7 @@ impl Command {
             Command::Keys => "keys",
             Command::Sync => "sync",
             Command::Discover => "discover",
+            Command::Maintain => "maintain",
         }
     }
 }
@@ -356,6 +360,73 @@ pub struct Discovery {
     pub source: crate::sync::Source,
     pub allowlist: Vec<String>,
     pub run: RunId,
+}
+
+/// What a maintenance run's attempt does (`orca.maintenance_task`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaintenanceTask {
+    pub run: RunId,
+    pub attempt: i32,
+    pub pipeline: String,
+    pub dataset: String,
+    pub options: MaintenanceOptions,
+    /// Snapshots runs that may still read the dataset pinned.
+    pub pinned: Vec<i64>,
+    /// Sensors watching the dataset, and what each saw.
+    pub watchers: Vec<MaintenanceWatcher>,
+}
+
+/// The operations of a maintenance run, as `orca._maintenance_options`
+/// normalized them: each its settings, or `false` (skipped).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaintenanceOptions {
+    pub expire: Switch<ExpireSettings>,
+    pub orphans: Switch<OrphanSettings>,
+    pub compact: Switch<CompactSettings>,
+}
+
+/// An operation's settings, or `false`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Switch<T> {
+    On(T),
+    Off(bool),
+}
+
+impl<T> Switch<T> {
+    pub fn on(&self) -> Option<&T> {
+        match self {
+            Switch::On(t) => Some(t),
+            Switch::Off(_) => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpireSettings {
+    pub keep_last: u64,
+    pub older_than_seconds: u64,
+    pub grace_seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrphanSettings {
+    pub older_than_seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactSettings {
+    pub small_bytes: u64,
+    pub min_files: u64,
+}
+
+/// A sensor watching a dataset: since when (milliseconds since the epoch),
+/// and the snapshots of it it saw.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaintenanceWatcher {
+    pub pipeline: String,
+    pub since_ms: i64,
+    pub seen: Vec<i64>,
 }
 
 /// What one `orca.tick` did.

@@ -60,6 +60,8 @@ sqlstates! {
     UNKNOWN_TIME_ZONE = "OR032": "unknown time zone";
     BAD_MANIFEST = "OR040": "malformed manifest";
     DATASET_CYCLE = "OR041": "a registration would close a cycle of datasets across pipelines";
+    BAD_MAINTENANCE = "OR042": "malformed dataset or options of table maintenance";
+    NO_WRITER = "OR043": "no pipeline of the org reads or writes the dataset, so none can maintain it";
     INVALID_ARGUMENT = "OR050": "invalid argument";
     UNKNOWN_CONNECTOR = "OR060": "unknown sync connector";
     MISSING_OPTION = "OR061": "a sync connector's required option is missing";

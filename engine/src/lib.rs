@@ -16,6 +16,7 @@ pub mod attempt;
 pub mod commit;
 pub mod dest;
 pub mod discover;
+pub mod maintain;
 pub mod netguard;
 pub mod release;
 pub mod source;

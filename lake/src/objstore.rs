@@ -302,6 +302,79 @@ impl Storage for ObjectStorage {
     }
 }
 
+/// A file a listing found: its path (in the listed location's spelling),
+/// size and when it was last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub path: String,
+    pub size: u64,
+    pub modified_ms: i64,
+}
+
+/// Every file under `location` (a table's directory, or its prefix in a
+/// bucket), found by walking the directory or listing the prefix. A
+/// location that does not exist holds nothing.
+pub async fn list(
+    location: &str,
+    props: &HashMap<String, String>,
+) -> std::result::Result<Vec<Listed>, crate::LakeError> {
+    let failed =
+        |e: &dyn std::fmt::Display| crate::LakeError::Table(format!("listing {location}: {e}"));
+    match place(location).map_err(|e| failed(&e))? {
+        Place::Bucket { bucket, key } => {
+            let store = bucket_store(&bucket, props).map_err(|e| failed(&e))?;
+            // A prefix ends at a separator: lake/raw must not list lake/raw2.
+            let prefix = Path::parse(format!("{}/", key.as_ref().trim_end_matches('/')))
+                .map_err(|e| failed(&e))?;
+            store
+                .list(Some(&prefix))
+                .map_ok(|m| Listed {
+                    path: format!("s3://{bucket}/{}", m.location),
+                    size: m.size,
+                    modified_ms: m.last_modified.timestamp_millis(),
+                })
+                .try_collect()
+                .await
+                .map_err(|e| failed(&e))
+        }
+        Place::Local => {
+            let (scheme, root) = match location.strip_prefix("file://") {
+                Some(rest) => ("file://", rest),
+                None => ("", location.strip_prefix("file:").unwrap_or(location)),
+            };
+            let mut out = Vec::new();
+            let mut dirs = vec![std::path::PathBuf::from(root)];
+            while let Some(dir) = dirs.pop() {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(failed(&format!("{}: {e}", dir.display()))),
+                };
+                for entry in entries {
+                    let entry = entry.map_err(|e| failed(&e))?;
+                    let meta = entry.metadata().map_err(|e| failed(&e))?;
+                    if meta.is_dir() {
+                        dirs.push(entry.path());
+                        continue;
+                    }
+                    let modified_ms = meta
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                    out.push(Listed {
+                        path: format!("{scheme}{}", entry.path().display()),
+                        size: meta.len(),
+                        modified_ms,
+                    });
+                }
+            }
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(out)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,6 +82,13 @@ fn expand_partitions(
     envelope(result)
 }
 
+/// Whether a cron expression parses and can match in a time zone: `{"ok":
+/// null}`, or the error (OR030, OR031, OR032) for `orca._unwrap`.
+#[pg_extern(immutable, parallel_safe, name = "_cron_check")]
+fn cron_check(cron: &str, tz: &str) -> JsonB {
+    envelope(Schedule::parse(cron, tz).map(|_| Value::Null))
+}
+
 #[pg_extern(immutable, parallel_safe, name = "_cron_fires")]
 fn cron_fires(
     cron: &str,

@@ -112,6 +112,11 @@ extension_sql_file!(
     requires = ["retention"]
 );
 extension_sql_file!("../../sql/cdc.sql", name = "cdc", requires = ["views"]);
+extension_sql_file!(
+    "../../sql/maintenance.sql",
+    name = "maintenance",
+    requires = ["cdc"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

@@ -143,11 +143,11 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
 /// `orca-engine sync`'s exit status for "start a new attempt at HEAD".
 const ENGINE_RESTART: i32 = 4;
 
-/// What to run for a lease: this runner's engine for a sync or a
-/// discovery, else the
+/// What to run for a lease: this runner's engine for a sync, a discovery
+/// or a table's maintenance, else the
 /// version's pinned binary under the pipeline root.
 fn program(shared: &Shared, l: &Lease) -> Result<PathBuf, String> {
-    if matches!(l.command, Work::Sync | Work::Discover) {
+    if matches!(l.command, Work::Sync | Work::Discover | Work::Maintain) {
         return Ok(shared.engine.clone());
     }
     let Some(pins) = &shared.pins else {

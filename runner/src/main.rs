@@ -156,12 +156,13 @@ fn commands(
                 .to_string(),
         ),
     }
-    // A discovery needs the engine only: it reads a catalog, stores nothing.
+    // A discovery needs the engine only: it reads a catalog, stores nothing;
+    // so does table maintenance (it works in the warehouse).
     if runnable(engine) {
-        can.push("discover");
+        can.extend(["discover", "maintain"]);
     } else {
         not.push(format!(
-            "not discovering sources: the engine {} cannot be run (--engine, ORCA_ENGINE)",
+            "not discovering sources nor maintaining tables: the engine {} cannot be run (--engine, ORCA_ENGINE)",
             engine.display()
         ));
     }

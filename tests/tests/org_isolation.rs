@@ -47,6 +47,8 @@ const API: &[&str] = &[
     "key_status",
     "keys_context",
     "lineage",
+    "maintain",
+    "maintenance_task",
     "metrics",
     "pause",
     "pause_sync",
@@ -63,6 +65,7 @@ const API: &[&str] = &[
     "remove_member",
     "report_drift",
     "report_keys",
+    "report_maintenance",
     "report_snapshots",
     "report_step",
     "resume_sync",
@@ -75,6 +78,7 @@ const API: &[&str] = &[
     "rotate_webhook_secret",
     "run",
     "scale_sync",
+    "schedule_maintenance",
     "sense_context",
     "set_secret",
     "store_catalog",
@@ -82,6 +86,7 @@ const API: &[&str] = &[
     "sync_lanes",
     "tick",
     "unpause",
+    "unschedule_maintenance",
 ];
 
 /// Every org's rows of every table, as JSON, for before/after comparison.
@@ -145,6 +150,10 @@ async fn populate(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid::Uuid, 
     .fetch_all(&mut c)
     .await
     .expect("backfill");
+    // A table maintenance schedule of its own dataset.
+    c.execute(format!("SELECT orca.schedule_maintenance('{only}.clean', '0 4 * * *')").as_str())
+        .await
+        .expect("schedule maintenance");
     // A webhook endpoint (public address: no netguard entry needed).
     sqlx::query("SELECT orca.create_webhook('https://hooks.example.com/' || $1, '{run.*}')")
         .bind(org)
@@ -645,9 +654,29 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.discovery('{g_lease}')"),
         format!("SELECT orca.store_catalog('{g_lease}', '{{\"streams\": [], \"plan\": []}}')"),
         format!("SELECT orca.append_log('{g_lease}', 100, ARRAY['planted'])"),
+        format!("SELECT orca.maintenance_task('{g_lease}')"),
+        format!("SELECT orca.report_maintenance('{g_lease}', '{{}}')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
+    // globex's datasets are not acme's to maintain, nor its schedules to drop.
+    for sql in [
+        "SELECT orca.maintain('globex_only.clean')",
+        "SELECT orca.schedule_maintenance('globex_only.clean', '0 5 * * *')",
+    ] {
+        assert_eq!(code_of(&mut a, sql).await, "OR043", "{sql}");
+    }
+    let dropped: bool =
+        sqlx::query_scalar("SELECT orca.unschedule_maintenance('globex_only.clean')")
+            .fetch_one(&mut a)
+            .await
+            .expect("unschedule");
+    assert!(!dropped, "acme dropped globex's maintenance schedule");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.maintenance WHERE dataset = 'globex_only.clean'")
+            .await,
+        1
+    );
     let g_hook = db
         .scalar_i64(
             "SELECT w.id FROM orca.webhooks w JOIN orca.orgs o ON o.id = w.org_id \

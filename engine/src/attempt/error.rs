@@ -28,6 +28,9 @@ pub enum EngineError {
     Fenced { sync: String, generation: i32 },
     #[error("sync definition: {0}")]
     Definition(String),
+    /// A table maintenance run could not do its work (`orca-engine maintain`).
+    #[error("table maintenance: {0}")]
+    Maintenance(String),
     #[error("{0} is not built yet")]
     NotBuilt(String),
     #[error(transparent)]

@@ -1,9 +1,10 @@
-//! `orca-engine`: runs one attempt of a sync or of a source's discovery,
-//! or releases a sync's held cells.
+//! `orca-engine`: runs one attempt of a sync, of a source's discovery or of
+//! a table's maintenance, or releases a sync's held cells.
 //!
 //! ```text
 //! orca-engine sync shop --store /var/lib/orca/store
 //! orca-engine discover --lease <lease>      (what a runner runs for orca.discover)
+//! orca-engine maintain --lease <lease>      (what a runner runs for orca.maintain)
 //! orca-engine release shop --store /var/lib/orca/store --nul strip
 //! ```
 //! Exit status 0 when the source had no more rows and every epoch committed
@@ -71,6 +72,18 @@ enum Command {
         #[arg(long, env = "ORCA_ORG", default_value = "default")]
         org: String,
     },
+    /// Maintains a dataset's table for a maintenance run (`orca.maintain`):
+    /// compacts small files, expires old snapshots, removes orphan files.
+    Maintain {
+        /// The lease of the maintenance run's attempt.
+        #[arg(long, env = "ORCA_LEASE")]
+        lease: String,
+        /// The control plane: the database with the orca extension.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, env = "ORCA_ORG", default_value = "default")]
+        org: String,
+    },
     /// Writes the cells the destination could not take (kept under
     /// `_held/`) into their rows, where they are still null.
     Release {
@@ -126,6 +139,27 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("orca-engine: discover: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Maintain {
+            lease,
+            database_url,
+            org,
+        } => {
+            let opts = orca_engine::maintain::MaintainOptions {
+                database_url,
+                org,
+                lease,
+            };
+            match orca_engine::maintain::run(&opts) {
+                Ok(v) => {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("orca-engine: maintain: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 mod api_keys;
 mod catalog;
 mod limits;
+mod maintenance;
 mod netguard;
 mod pinned;
 mod secrets;
