@@ -47,7 +47,7 @@ fn counts(c: &mut Client, ids: &[i64]) -> anyhow::Result<Counts> {
     for row in c
         .query(
             "SELECT status, count(*) FROM orca.runs \
-             WHERE (id = ANY($1) AND kind IN ('pipeline', 'sync')) OR parent_run = ANY($1) \
+             WHERE (id = ANY($1) AND kind IN ('pipeline', 'sync', 'maintain')) OR parent_run = ANY($1) \
              GROUP BY status",
             &[&ids],
         )
