@@ -213,6 +213,38 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// Runs the `orca` CLI against a test database.
+pub fn orca(db: &crate::TestDb, args: &[&str]) -> Output {
+    Command::new(bin("orca"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .expect("run orca")
+}
+
+/// Registers a workspace binary (`orca register`), which must succeed.
+pub fn register(db: &crate::TestDb, binary: &str) {
+    let out = orca(db, &["register", bin(binary).to_str().unwrap_or_default()]);
+    assert!(
+        out.status.success(),
+        "orca register {binary}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits up to 90 s for a run to reach `status`, showing the runner's
+/// output when it does not.
+pub async fn wait_run(db: &crate::TestDb, run: i64, status: &str, runner: &Runner) {
+    crate::wait_for_sql(
+        db,
+        &format!("run {run} to be {status}"),
+        &format!("SELECT status = '{status}' FROM orca.runs WHERE id = {run}"),
+        std::time::Duration::from_secs(90),
+        || runner.output(),
+    )
+    .await
+}
+
 /// Runs `tests/py/iceberg.py` (PyIceberg, which scripts/setup.sh installs)
 /// and returns what it printed, as JSON.
 pub fn pyiceberg(args: &[&str]) -> serde_json::Value {

@@ -6,18 +6,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use orca_tests::procs::{bin, outputs, probe_calls as calls, Runner};
+use orca_tests::procs::{bin, orca, outputs, probe_calls as calls, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::Value;
-
-fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(bin("orca"))
-        .args(args)
-        .env("DATABASE_URL", db.url())
-        .output()
-        .expect("run orca")
-}
 
 async fn register_probe(db: &TestDb) {
     let out = orca(db, &["register", bin("probe").to_str().unwrap_or_default()]);

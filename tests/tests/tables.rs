@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use orca_tests::procs::{bin, outputs, Runner};
+use orca_tests::procs::{bin, orca, outputs, register, wait_run, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
@@ -64,34 +64,6 @@ fn current_snapshot(table: &Value) -> Value {
         .find(|s| s["id"] == table["current"])
         .cloned()
         .unwrap_or_default()
-}
-
-fn orca(db: &TestDb, args: &[&str]) -> std::process::Output {
-    Command::new(bin("orca"))
-        .args(args)
-        .env("DATABASE_URL", db.url())
-        .output()
-        .expect("run orca")
-}
-
-fn register(db: &TestDb, binary: &str) {
-    let out = orca(db, &["register", bin(binary).to_str().unwrap_or_default()]);
-    assert!(
-        out.status.success(),
-        "orca register {binary}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-async fn wait_run(db: &TestDb, run: i64, status: &str, runner: &Runner) {
-    wait_for_sql(
-        db,
-        &format!("run {run} to be {status}"),
-        &format!("SELECT status = '{status}' FROM orca.runs WHERE id = {run}"),
-        Duration::from_secs(90),
-        || runner.output(),
-    )
-    .await
 }
 
 #[tokio::test]
