@@ -41,8 +41,10 @@ fn session<'s>(ctx: &'s mut Ctx<'_>) -> Result<&'s SessionContext> {
 }
 
 /// The table pinned for this (run, step, partition), registered in the
-/// step's session under its dataset name.
+/// step's session under its dataset name. A dataset the step does not read
+/// is refused before anything is loaded.
 fn register_pinned(ctx: &mut Ctx<'_>, dataset: &str) -> Result<()> {
+    crate::tables::declared(ctx, dataset, true)?;
     let t = ctx.io.tables.get()?;
     let handle = orca_lake::table::load(t, dataset)?;
     let (fresh, snapshot) = pinned(ctx, &handle)?;
@@ -220,7 +222,6 @@ impl<'c, 'a> Scan<'c, 'a> {
             filter,
             columns,
         } = self;
-        crate::tables::declared(ctx, &dataset, true)?;
         register_pinned(ctx, &dataset)?;
         let (ns, name) = dataset.split_once('.').unwrap_or(("", &dataset));
         let reference = datafusion::common::TableReference::partial(ns, name);
@@ -270,10 +271,7 @@ impl<'a> Ctx<'a> {
             .map_err(|e| format!("step {}: {e}", self.step))?;
         for r in refs {
             match r {
-                Reference::Dataset(d) => {
-                    crate::tables::declared(self, &d, true)?;
-                    register_pinned(self, &d)?;
-                }
+                Reference::Dataset(d) => register_pinned(self, &d)?,
                 Reference::Local(name) => {
                     if !session(self)?.table_exist(name.as_str()).unwrap_or(false) {
                         return Err(format!(

@@ -356,48 +356,13 @@ async fn a_retry_reads_the_pinned_snapshot_after_another_writer_committed() {
     assert_eq!(output, json!(12));
 }
 
-#[tokio::test]
-async fn an_undeclared_dataset_fails_the_attempt_naming_the_step_and_the_dataset() {
-    let db = TestDb::new().await;
-    db.pool.execute("SELECT 1").await.expect("db");
-    register(&db, "probe_tables");
-    let wh = scratch("undeclared-wh");
-    probe_src(&db, &wh, 1).await;
-    let dir = scratch("undeclared");
-    let whs = wh.to_string_lossy().to_string();
-    let runner = Runner::start(
-        &db.url(),
-        "r",
-        1,
-        &dir,
-        &[
-            ("ORCA_WAREHOUSE", whs.as_str()),
-            ("PROBE_TOUCH", "probe.secret"),
-        ],
-    );
-    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-05')")
-        .fetch_one(&db.pool)
-        .await
-        .expect("run");
-    wait_run(&db, run, "failed", &runner).await;
-    let error: String = sqlx::query_scalar(
-        "SELECT error FROM orca.step_states WHERE run_id = $1 AND step = 'read'",
-    )
-    .bind(run)
-    .fetch_one(&db.pool)
-    .await
-    .expect("step error");
-    assert!(
-        error.contains("step read declares neither reads nor writes of dataset probe.secret"),
-        "{error}"
-    );
-}
-
-#[tokio::test]
-async fn an_undeclared_dataset_in_sql_fails_the_attempt_naming_the_step_and_the_dataset() {
+/// A run of probe_tables whose read step also touches probe.secret, which
+/// it does not declare, through `env` (PROBE_TOUCH or PROBE_SQL_TOUCH); the
+/// run fails. Returns the database, the run and the read step's error.
+async fn undeclared_read(env: &str, name: &str) -> (TestDb, i64, String) {
     let db = TestDb::new().await;
     register(&db, "probe_tables");
-    let wh = scratch("undeclared-sql-wh");
+    let wh = scratch(&format!("{name}-wh"));
     probe_src(&db, &wh, 1).await;
     // The table exists: only the step's declaration stands in the way.
     py(&[
@@ -407,17 +372,14 @@ async fn an_undeclared_dataset_in_sql_fails_the_attempt_naming_the_step_and_the_
         "probe.secret",
         &json!([{"n": 1}]).to_string(),
     ]);
-    let dir = scratch("undeclared-sql");
+    let dir = scratch(name);
     let whs = wh.to_string_lossy().to_string();
     let runner = Runner::start(
         &db.url(),
         "r",
         1,
         &dir,
-        &[
-            ("ORCA_WAREHOUSE", whs.as_str()),
-            ("PROBE_SQL_TOUCH", "probe.secret"),
-        ],
+        &[("ORCA_WAREHOUSE", whs.as_str()), (env, "probe.secret")],
     );
     let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_tables', '2024-05')")
         .fetch_one(&db.pool)
@@ -431,6 +393,21 @@ async fn an_undeclared_dataset_in_sql_fails_the_attempt_naming_the_step_and_the_
     .fetch_one(&db.pool)
     .await
     .expect("step error");
+    (db, run, error)
+}
+
+#[tokio::test]
+async fn an_undeclared_dataset_fails_the_attempt_naming_the_step_and_the_dataset() {
+    let (_db, _run, error) = undeclared_read("PROBE_TOUCH", "undeclared").await;
+    assert!(
+        error.contains("step read declares neither reads nor writes of dataset probe.secret"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_undeclared_dataset_in_sql_fails_the_attempt_naming_the_step_and_the_dataset() {
+    let (db, run, error) = undeclared_read("PROBE_SQL_TOUCH", "undeclared-sql").await;
     assert!(
         error.contains("step read does not declare dataset probe.secret in its reads"),
         "{error}"
