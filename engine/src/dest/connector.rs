@@ -11,7 +11,7 @@
 use std::io::{BufReader, BufWriter, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
@@ -23,7 +23,7 @@ use crate::dest::error::DestError;
 use crate::netguard::Guard;
 use crate::source::connector::{
     accept, check_reaches, command, keep_last_words, last_words, private_dir, program, spec,
-    Running, HOST_SOCKET, PROTOCOL, SOCKET_ENV,
+    LastWords, Running, HOST_SOCKET, PROTOCOL, SOCKET_ENV,
 };
 use crate::source::error::ReadError;
 use crate::transport::frame::{read_frame, write_frame, Frame};
@@ -38,7 +38,7 @@ pub struct ConnectorDest {
     streams: Vec<String>,
     reader: BufReader<UnixStream>,
     writer: BufWriter<UnixStream>,
-    words: Arc<Mutex<String>>,
+    words: Arc<LastWords>,
     /// How long an answer may take.
     timeout: Duration,
     /// Killed, and its socket's directory removed, when the attempt drops
@@ -129,7 +129,7 @@ impl ConnectorDest {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| failed(name, format!("cannot start {} write: {e}", path.display())))?;
-        let words = Arc::new(Mutex::new(String::new()));
+        let words = Arc::new(LastWords::default());
         if let Some(err) = child.stderr.take() {
             keep_last_words(name, err, words.clone());
         }

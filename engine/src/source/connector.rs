@@ -468,7 +468,7 @@ pub(crate) fn spawn_connector(
         names,
         senders,
         timeout,
-        words: Arc::new(Mutex::new(String::new())),
+        words: Arc::new(LastWords::default()),
         pending: pending.clone(),
     };
     // The connector is started by this thread, which lives as long as it
@@ -584,22 +584,36 @@ pub(crate) fn private_dir() -> Result<PathBuf, ReadError> {
     Ok(dir)
 }
 
+/// The tail of a connector's stderr, kept by a reader thread per started
+/// process.
+#[derive(Default)]
+pub(crate) struct LastWords {
+    /// The text, and how many readers have not reached the end of theirs.
+    state: Mutex<(String, usize)>,
+    drained: std::sync::Condvar,
+}
+
+/// How long a failure waits for a connector's stderr to be read to its end:
+/// the process can be seen to exit before its last lines are read.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Keeps the last of a connector's stderr, and passes each line on to
 /// ours (the attempt's log).
-pub(crate) fn keep_last_words(
-    name: &str,
-    err: std::process::ChildStderr,
-    words: Arc<Mutex<String>>,
-) {
+pub(crate) fn keep_last_words(name: &str, err: std::process::ChildStderr, words: Arc<LastWords>) {
     let name = name.to_string();
-    let _ = std::thread::Builder::new()
+    if let Ok(mut s) = words.state.lock() {
+        s.1 += 1;
+    }
+    let reader = words.clone();
+    let spawned = std::thread::Builder::new()
         .name(format!("connector-{name}-stderr"))
         .spawn(move || {
             use std::io::BufRead;
             for line in std::io::BufReader::new(err).lines() {
                 let Ok(line) = line else { break };
                 eprintln!("connector {name}: {line}");
-                if let Ok(mut w) = words.lock() {
+                if let Ok(mut s) = reader.state.lock() {
+                    let w = &mut s.0;
                     w.push_str(&line);
                     w.push('\n');
                     let over = w.len().saturating_sub(4 * LAST_WORDS);
@@ -611,11 +625,34 @@ pub(crate) fn keep_last_words(
                     }
                 }
             }
+            reader.ended();
         });
+    if spawned.is_err() {
+        words.ended();
+    }
 }
 
-pub(crate) fn last_words(words: &Mutex<String>) -> String {
-    tail(&words.lock().map(|w| w.clone()).unwrap_or_default())
+impl LastWords {
+    fn ended(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.1 = s.1.saturating_sub(1);
+        }
+        self.drained.notify_all();
+    }
+}
+
+/// The tail of what the connector wrote to stderr, once what it wrote
+/// before exiting has been read (or [`DRAIN_WAIT`] has passed: a process
+/// it started may hold its stderr open).
+pub(crate) fn last_words(words: &LastWords) -> String {
+    let Ok(s) = words.state.lock() else {
+        return tail("");
+    };
+    let text = match words.drained.wait_timeout_while(s, DRAIN_WAIT, |s| s.1 > 0) {
+        Ok((s, _)) => s.0.clone(),
+        Err(poisoned) => poisoned.into_inner().0 .0.clone(),
+    };
+    tail(&text)
 }
 
 /// A started connector: killed, and its socket's directory removed, when
@@ -656,7 +693,7 @@ impl Drop for Running {
 pub(crate) fn accept(
     listener: &UnixListener,
     running: &mut Running,
-    words: &Mutex<String>,
+    words: &LastWords,
 ) -> Result<UnixStream, String> {
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let started = Instant::now();
@@ -690,7 +727,7 @@ struct Relay {
     names: Vec<String>,
     senders: Vec<Sender>,
     timeout: Duration,
-    words: Arc<Mutex<String>>,
+    words: Arc<LastWords>,
     /// The acknowledgements still to come: the connector hears them until
     /// the attempt is done with it.
     pending: Pending,
