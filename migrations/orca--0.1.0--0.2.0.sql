@@ -1091,13 +1091,31 @@ FROM PUBLIC;
 ---------------------------------------------------------------------------
 
 DO $roles$
+DECLARE
+    r text;
+    g text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_attempt') THEN
-        CREATE ROLE orca_attempt NOLOGIN;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_runner', 'orca_attempt', 'MEMBER') THEN
-        GRANT orca_attempt TO orca_runner;
-    END IF;
+    -- Two databases' CREATE EXTENSION at once both find a role missing; the
+    -- one that loses the race finds it made when it commits (a duplicate):
+    -- that is the outcome it wanted.
+    FOREACH r IN ARRAY ARRAY['orca_attempt'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
+    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_attempt', 'orca_runner']] LOOP
+        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
+            BEGIN
+                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $roles$;
 
@@ -2917,13 +2935,31 @@ AS 'MODULE_PATHNAME', 'webhook_disable_after_wrapper';
 -- Relays log in with a role in orca_relay: they deliver every org's
 -- endpoints, and may call nothing else. Group roles are cluster-wide.
 DO $relay$
+DECLARE
+    r text;
+    g text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_relay') THEN
-        CREATE ROLE orca_relay NOLOGIN;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_relay', 'MEMBER') THEN
-        GRANT orca_relay TO orca_admin;
-    END IF;
+    -- Two databases' CREATE EXTENSION at once both find a role missing; the
+    -- one that loses the race finds it made when it commits (a duplicate):
+    -- that is the outcome it wanted.
+    FOREACH r IN ARRAY ARRAY['orca_relay'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
+    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_relay', 'orca_admin']] LOOP
+        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
+            BEGIN
+                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $relay$;
 

@@ -6,34 +6,31 @@
 
 -- Group roles are cluster-wide, so a second CREATE EXTENSION must find them.
 DO $roles$
+DECLARE
+    r text;
+    g text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_viewer') THEN
-        CREATE ROLE orca_viewer NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_operator') THEN
-        CREATE ROLE orca_operator NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_runner') THEN
-        CREATE ROLE orca_runner NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_attempt') THEN
-        CREATE ROLE orca_attempt NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_admin') THEN
-        CREATE ROLE orca_admin NOLOGIN;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_operator', 'orca_viewer', 'MEMBER') THEN
-        GRANT orca_viewer TO orca_operator;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_operator', 'MEMBER') THEN
-        GRANT orca_operator TO orca_admin;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_runner', 'orca_attempt', 'MEMBER') THEN
-        GRANT orca_attempt TO orca_runner;
-    END IF;
-    IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_runner', 'MEMBER') THEN
-        GRANT orca_runner TO orca_admin;
-    END IF;
+    -- Two databases' CREATE EXTENSION at once both find a role missing; the
+    -- one that loses the race finds it made when it commits (a duplicate):
+    -- that is the outcome it wanted.
+    FOREACH r IN ARRAY ARRAY['orca_viewer', 'orca_operator', 'orca_runner', 'orca_attempt', 'orca_admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
+    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_viewer', 'orca_operator'], ['orca_operator', 'orca_admin'], ['orca_attempt', 'orca_runner'], ['orca_runner', 'orca_admin']] LOOP
+        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
+            BEGIN
+                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $roles$;
 
