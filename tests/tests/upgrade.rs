@@ -10,6 +10,9 @@
 //! The first release's library is built from its commit by scripts/setup.sh;
 //! the runner, pipeline and engine binaries are this build's (the SQL API
 //! they call is the same in both releases).
+//!
+//! Also: the databases of a new server install, or update, at the same
+//! moment (the group roles they share are raced for).
 
 use std::path::Path;
 use std::process::Command;
@@ -383,4 +386,116 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     .await;
     assert_eq!(workers, 1, "the background worker runs on the new library");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `sql` in each of `dbs` of `cluster` at once; the errors, by database.
+async fn at_once(cluster: &PrivateCluster, dbs: &[String], sql: &str) -> Vec<String> {
+    let mut conns = Vec::new();
+    for db in dbs {
+        conns.push(
+            PgConnection::connect(&cluster.url(db))
+                .await
+                .unwrap_or_else(|e| panic!("connect {db}: {e}")),
+        );
+    }
+    let mut tasks = Vec::new();
+    for (db, mut c) in dbs.iter().cloned().zip(conns) {
+        let sql = sql.to_string();
+        tasks.push(tokio::spawn(async move {
+            c.execute(sql.as_str())
+                .await
+                .err()
+                .map(|e| format!("{db}: {sql}: {e}"))
+        }));
+    }
+    let mut errors = Vec::new();
+    for t in tasks {
+        if let Some(e) = t.await.expect("join") {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+async fn databases(cluster: &PrivateCluster, prefix: &str, n: usize) -> Vec<String> {
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .expect("connect");
+    let mut dbs = Vec::new();
+    for i in 0..n {
+        let db = format!("{prefix}{i}");
+        admin
+            .execute(format!("CREATE DATABASE {db}").as_str())
+            .await
+            .expect("create database");
+        dbs.push(db);
+    }
+    dbs
+}
+
+/// The group roles are the cluster's, made by the first install: databases
+/// that install (or upgrade) at the same moment on a new server all succeed,
+/// the ones that lose the race for a role finding it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn databases_of_a_new_server_install_and_upgrade_at_once() {
+    const N: usize = 4;
+    let cluster = PrivateCluster::start(&[]);
+    let dbs = databases(&cluster, "fresh", N).await;
+    let errors = at_once(&cluster, &dbs, "CREATE EXTENSION orca").await;
+    assert!(errors.is_empty(), "every install succeeds: {errors:#?}");
+    let mut c = PgConnection::connect(&cluster.url(&dbs[N - 1]))
+        .await
+        .expect("connect");
+    let roles: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_roles WHERE rolname IN \
+         ('orca_viewer', 'orca_operator', 'orca_runner', 'orca_attempt', 'orca_admin', 'orca_relay')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .expect("roles");
+    assert_eq!(roles, 6, "each group role made once");
+    let admin_in: bool = sqlx::query_scalar(
+        "SELECT pg_has_role('orca_admin', 'orca_viewer', 'MEMBER') \
+         AND pg_has_role('orca_admin', 'orca_relay', 'MEMBER') \
+         AND pg_has_role('orca_runner', 'orca_attempt', 'MEMBER')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .expect("memberships");
+    assert!(admin_in, "the memberships are granted");
+    drop(c);
+    drop(cluster);
+
+    // A server whose databases run the first release (its roles made) and
+    // update together: the roles a later release adds are raced for too.
+    let current = current_version();
+    let Some(first) = releases::releases()
+        .into_iter()
+        .find(|r| r.version != current)
+    else {
+        return;
+    };
+    let cluster = PrivateCluster::start(&[]);
+    let dbs = databases(&cluster, "old", N).await;
+    for db in &dbs {
+        let mut c = PgConnection::connect(&cluster.url(db))
+            .await
+            .expect("connect");
+        c.execute(format!("CREATE EXTENSION orca VERSION '{}'", first.version).as_str())
+            .await
+            .unwrap_or_else(|e| panic!("install {} in {db}: {e}", first.version));
+    }
+    let errors = at_once(&cluster, &dbs, "ALTER EXTENSION orca UPDATE").await;
+    assert!(errors.is_empty(), "every upgrade succeeds: {errors:#?}");
+    for db in &dbs {
+        let mut c = PgConnection::connect(&cluster.url(db))
+            .await
+            .expect("connect");
+        let v: String =
+            sqlx::query_scalar("SELECT extversion FROM pg_extension WHERE extname = 'orca'")
+                .fetch_one(&mut c)
+                .await
+                .expect("extversion");
+        assert_eq!(v, current, "{db} upgraded");
+    }
 }
