@@ -55,7 +55,7 @@ cargo test -q --workspace --exclude orca-ext -- --test-threads 4
 
 if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
     say "the quick start (scripts/demo.sh)"
-    ORCA_DEMO_STOP=1 ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=54339 ORCA_SERVE_PORT=54340 \
+    ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=54339 ORCA_SERVE_PORT=54340 \
         "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
         { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
     grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
