@@ -7,6 +7,39 @@
 
 \echo Use "ALTER EXTENSION orca UPDATE TO '0.2.0'" to load this file. \quit
 
+-- Every table is locked before anything changes: the script alters tables it
+-- first only reads or indexes (orca.runs, orca.pipelines...), and a lock
+-- raised mid-way while a runner's transaction holds the same table waiting
+-- for more is a deadlock (seen with runners in flight). All are taken at
+-- once or none (NOWAIT, the failed try releasing what it took), so the
+-- upgrade never waits while holding a table: it tries again until the
+-- transactions in flight let it, for up to a minute (then 55P03: run it again).
+DO $lock$
+DECLARE
+    stmt text := (
+        SELECT 'LOCK TABLE ' || string_agg(c.oid::regclass::text, ', ' ORDER BY c.relname)
+               || ' IN ACCESS EXCLUSIVE MODE NOWAIT'
+        FROM pg_catalog.pg_class c
+        WHERE c.relkind IN ('r', 'p')
+          AND (c.relnamespace = 'orca'::regnamespace
+               OR c.oid IN (to_regclass('public.iceberg_tables'),
+                            to_regclass('public.iceberg_namespace_properties'))));
+    started timestamptz := clock_timestamp();
+BEGIN
+    LOOP
+        BEGIN
+            EXECUTE stmt;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            IF clock_timestamp() - started > interval '1 minute' THEN
+                RAISE;
+            END IF;
+        END;
+        PERFORM pg_sleep(0.02);
+    END LOOP;
+END
+$lock$;
+
 ---------------------------------------------------------------------------
 -- Settings read by the tick: the bounds its LIMITs had built in.
 ---------------------------------------------------------------------------
@@ -1091,31 +1124,23 @@ FROM PUBLIC;
 ---------------------------------------------------------------------------
 
 DO $roles$
-DECLARE
-    r text;
-    g text[];
 BEGIN
-    -- Two databases' CREATE EXTENSION at once both find a role missing; the
-    -- one that loses the race finds it made when it commits (a duplicate):
-    -- that is the outcome it wanted.
-    FOREACH r IN ARRAY ARRAY['orca_attempt'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
-            BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
-    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_attempt', 'orca_runner']] LOOP
-        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
-            BEGIN
-                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
+    -- A database installing at the same moment may make it first: the role
+    -- then exists, which is what this wanted (schema.sql says more).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_attempt') THEN
+        BEGIN
+            CREATE ROLE orca_attempt NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('orca_runner', 'orca_attempt', 'MEMBER') THEN
+        BEGIN
+            GRANT orca_attempt TO orca_runner;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
 END
 $roles$;
 
@@ -2935,31 +2960,23 @@ AS 'MODULE_PATHNAME', 'webhook_disable_after_wrapper';
 -- Relays log in with a role in orca_relay: they deliver every org's
 -- endpoints, and may call nothing else. Group roles are cluster-wide.
 DO $relay$
-DECLARE
-    r text;
-    g text[];
 BEGIN
-    -- Two databases' CREATE EXTENSION at once both find a role missing; the
-    -- one that loses the race finds it made when it commits (a duplicate):
-    -- that is the outcome it wanted.
-    FOREACH r IN ARRAY ARRAY['orca_relay'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
-            BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
-    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_relay', 'orca_admin']] LOOP
-        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
-            BEGIN
-                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
+    -- A database installing at the same moment may make it first: the role
+    -- then exists, which is what this wanted (schema.sql says more).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_relay') THEN
+        BEGIN
+            CREATE ROLE orca_relay NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_relay', 'MEMBER') THEN
+        BEGIN
+            GRANT orca_relay TO orca_admin;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
 END
 $relay$;
 

@@ -10,7 +10,7 @@
 #   scripts/demo.sh          run the demo; the cluster stays up for you to explore
 #   scripts/demo.sh stop     stop the private cluster
 #   ORCA_DEMO_STOP=1 scripts/demo.sh   stop everything at the end (CI)
-#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the tests' debug binaries (CI)
+#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the end-to-end tests' debug binaries (CI)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
@@ -43,26 +43,25 @@ if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$(dirname "$ORCA_PGDI
 fi
 
 "$ORCA_ROOT/scripts/setup.sh"
-# On a terminal cargo draws its own progress bar; in a log, a line per stage.
-quiet=(-q)
-[ -t 2 ] && quiet=()
-t0=$(date +%s)
 if [ "${ORCA_DEMO_BINARIES:-release}" = e2e ]; then
-    # scripts/test.sh: the debug binaries the end-to-end tests built
-    # (tests/src/procs.rs builds these same packages into the same
-    # directory), rather than a second, optimised build of DataFusion.
-    say "building the runner, the orca CLI and the example pipelines (debug, as the tests did)"
-    cargo build "${quiet[@]}" --target-dir "$CARGO_TARGET_DIR/e2e" -p orca-runner -p orca-cli \
-        -p orca-probe -p example-lake -p example-weather -p example-labels -p orca-engine \
-        -p example-onthisday
+    # scripts/test.sh, after the tests: the debug binaries the end-to-end
+    # tests built (tests/src/procs.rs), rather than a second, optimised
+    # build of DataFusion.
     BIN="$CARGO_TARGET_DIR/e2e/debug"
+    for b in orca orca-runner orca-engine lake weather onthisday labels; do
+        [ -x "$BIN/$b" ] || die "$BIN/$b is missing: ORCA_DEMO_BINARIES=e2e takes the binaries the end-to-end tests built"
+    done
 else
     say "building the runner, the orca CLI and the example pipelines (about 35 minutes the first time on 2 cores, DataFusion most of it; seconds after)"
+    # On a terminal cargo draws its own progress bar; in a log, a line per stage.
+    quiet=(-q)
+    [ -t 2 ] && quiet=()
+    t0=$(date +%s)
     cargo build --release "${quiet[@]}" -p orca-runner -p orca-cli -p orca-engine -p example-lake \
         -p example-weather -p example-onthisday -p example-labels
     BIN="$CARGO_TARGET_DIR/release"
+    say "built in $(($(date +%s) - t0)) s"
 fi
-say "built in $(($(date +%s) - t0)) s"
 cluster_start
 
 export DATABASE_URL

@@ -10,31 +10,23 @@
 -- Relays log in with a role in orca_relay: they deliver every org's
 -- endpoints, and may call nothing else. Group roles are cluster-wide.
 DO $relay$
-DECLARE
-    r text;
-    g text[];
 BEGIN
-    -- Two databases' CREATE EXTENSION at once both find a role missing; the
-    -- one that loses the race finds it made when it commits (a duplicate):
-    -- that is the outcome it wanted.
-    FOREACH r IN ARRAY ARRAY['orca_relay'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
-            BEGIN
-                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
-    FOREACH g SLICE 1 IN ARRAY ARRAY[['orca_relay', 'orca_admin']] LOOP
-        IF NOT pg_catalog.pg_has_role(g[2], g[1], 'MEMBER') THEN
-            BEGIN
-                EXECUTE format('GRANT %I TO %I', g[1], g[2]);
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN
-                NULL;
-            END;
-        END IF;
-    END LOOP;
+    -- A database installing at the same moment may make it first: the role
+    -- then exists, which is what this wanted (schema.sql says more).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'orca_relay') THEN
+        BEGIN
+            CREATE ROLE orca_relay NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('orca_admin', 'orca_relay', 'MEMBER') THEN
+        BEGIN
+            GRANT orca_relay TO orca_admin;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
 END
 $relay$;
 

@@ -32,31 +32,7 @@ fn build() {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        // What cargo sets for a test run must not reach this build: ring's
-        // build script reruns when CARGO_MANIFEST_DIR changes, so a build
-        // seeing the tests crate's would redo ring and everything above it
-        // after each `cargo build` from a shell (the quick start's).
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("CARGO_PKG_")
-                || k.starts_with("CARGO_BIN_EXE_")
-                || [
-                    "CARGO_MANIFEST_DIR",
-                    "CARGO_MANIFEST_PATH",
-                    "CARGO_CRATE_NAME",
-                    "CARGO_BIN_NAME",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                    "CARGO_RUSTC_CURRENT_DIR",
-                    "OUT_DIR",
-                ]
-                .contains(&k.as_ref())
-            {
-                cmd.env_remove(k.as_ref());
-            }
-        }
-        let status = cmd
+        let status = Command::new(cargo)
             .args([
                 "build",
                 "-q",
@@ -74,9 +50,8 @@ fn build() {
                 "example-labels",
                 "-p",
                 "orca-engine",
-                // Not run by a test, but by the quick start scripts/test.sh
-                // runs on these binaries: the same package set, so neither
-                // build undoes the other's feature resolution.
+                // Not run by a test: scripts/test.sh runs the quick start
+                // on these binaries.
                 "-p",
                 "example-onthisday",
             ])
