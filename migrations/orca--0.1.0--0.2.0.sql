@@ -361,6 +361,7 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 CREATE OR REPLACE FUNCTION orca.register(manifest jsonb) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('register', 'manifest', octet_length(register.manifest::text), 1048576);
     v_org bigint := orca.current_org_id();
     m     jsonb;
     v_pid bigint;
@@ -732,6 +733,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('advance_head', 'sync', octet_length(advance_head.sync), 1024)
+                         AND orca._bound('advance_head', 'record', octet_length(advance_head.record), 4096);
     v_org bigint := (orca._sync_caller(advance_head.sync, advance_head.lease, 'moving HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, advance_head.sync);
 BEGIN
@@ -778,6 +781,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('rewind_head', 'sync', octet_length(rewind_head.sync), 1024)
+                         AND orca._bound('rewind_head', 'record', octet_length(rewind_head.record), 4096);
     v_org bigint := (orca._sync_caller(rewind_head.sync, rewind_head.lease, 'rewinding HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, rewind_head.sync);
 BEGIN
@@ -838,6 +843,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '')), 16777216);
     v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;
@@ -923,6 +929,9 @@ COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
 ---------------------------------------------------------------------------
 
 DO $catalog$
+DECLARE
+    t text;
+    g text;
 BEGIN
     IF to_regclass('public.iceberg_tables') IS NULL THEN
         CREATE TABLE public.iceberg_tables (
@@ -949,6 +958,17 @@ BEGIN
     ELSE
         ALTER EXTENSION orca ADD TABLE public.iceberg_namespace_properties;
     END IF;
+    -- An adopted table is the extension's from now on: owned by it (the
+    -- client that made it would otherwise bypass row-level security and
+    -- write as it likes) and granted only as grants.sql says.
+    FOREACH t IN ARRAY ARRAY['public.iceberg_tables', 'public.iceberg_namespace_properties'] LOOP
+        EXECUTE format('ALTER TABLE %s OWNER TO %I', t, current_user);
+        FOR g IN SELECT DISTINCT pg_catalog.pg_get_userbyid(a.grantee)
+                 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                 WHERE c.oid = t::regclass AND a.grantee <> 0 AND a.grantee <> c.relowner LOOP
+            EXECUTE format('REVOKE ALL ON %s FROM %I', t, g);
+        END LOOP;
+    END LOOP;
 END
 $catalog$;
 COMMENT ON TABLE public.iceberg_tables IS
@@ -1300,6 +1320,8 @@ CREATE FUNCTION orca.create_runner_token(pool text, name text DEFAULT NULL) RETU
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_runner_token', 'pool', octet_length(create_runner_token.pool), 1024)
+                         AND orca._bound('create_runner_token', 'name', octet_length(create_runner_token.name), 1024);
     v_org   bigint := orca.current_org_id();
     v_token text := orca._new_token();
     v_name  text := create_runner_token.name;
@@ -1341,6 +1363,7 @@ CREATE FUNCTION orca.revoke_runner_token(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('revoke_runner_token', 'name', octet_length(revoke_runner_token.name), 1024);
     v_org bigint := orca.current_org_id();
     t     orca.runner_tokens;
     v_n   integer;
@@ -1370,6 +1393,7 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('rotate_runner_token', 'name', octet_length(rotate_runner_token.name), 1024);
     v_org   bigint := orca.current_org_id();
     v_token text := orca._new_token();
     t       orca.runner_tokens;
@@ -1478,6 +1502,9 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('register_runner', 'name', octet_length(register_runner.name), 1024)
+                         AND orca._bound('register_runner', 'pool', octet_length(register_runner.pool), 1024)
+                         AND orca._bound('register_runner', 'host', octet_length(register_runner.host), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
 BEGIN
@@ -1531,6 +1558,7 @@ CREATE OR REPLACE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAUL
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('finish', 'error', octet_length(finish.error), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -1558,6 +1586,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('finish_many', 'error', octet_length(finish_many.error), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_ids bigint[];
@@ -1702,6 +1731,13 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_step', 'step', octet_length(report_step.step), 1024)
+                         AND orca._bound('report_step', 'partition', octet_length(report_step.partition), 1024)
+                         AND orca._bound('report_step', 'status', octet_length(report_step.status), 1024)
+                         AND orca._bound('report_step', 'error', octet_length(report_step.error), 65536)
+                         AND orca._bound('report_step', 'output', octet_length(report_step.output::text), 1048576)
+                         AND orca._bound('report_step', 'code', octet_length(report_step.code), 1024)
+                         AND orca._bound('report_step', 'input_hash', octet_length(report_step.input_hash), 1024);
     v_org bigint := orca._lease_org(report_step.lease);
     a orca.attempts;
     v_pipeline bigint;
@@ -1755,6 +1791,7 @@ CREATE OR REPLACE FUNCTION orca.attempt_context(lease uuid, build jsonb DEFAULT 
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('attempt_context', 'build', octet_length(attempt_context.build::text), 65536);
     v_org bigint := orca._lease_org(attempt_context.lease);
     a orca.attempts;
     r orca.runs;
@@ -1796,6 +1833,9 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('pin_read', 'step', octet_length(pin_read.step), 1024)
+                         AND orca._bound('pin_read', 'partition', octet_length(pin_read.partition), 1024)
+                         AND orca._bound('pin_read', 'dataset', octet_length(pin_read.dataset), 1024);
     v_org bigint := orca._lease_org(pin_read.lease);
     a orca.attempts;
     v_pinned bigint;
@@ -1834,6 +1874,10 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('record_commit', 'step', octet_length(record_commit.step), 1024)
+                         AND orca._bound('record_commit', 'partition', octet_length(record_commit.partition), 1024)
+                         AND orca._bound('record_commit', 'dataset', octet_length(record_commit.dataset), 1024)
+                         AND orca._bound('record_commit', 'operation', octet_length(record_commit.operation), 1024);
     v_org bigint := orca._lease_org(record_commit.lease);
     a orca.attempts;
     v_new integer;
@@ -1914,6 +1958,7 @@ CREATE OR REPLACE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RE
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_snapshots', 'snapshots', octet_length(report_snapshots.snapshots::text), 1048576);
     v_org bigint := orca._lease_org(report_snapshots.lease);
     ctx jsonb := orca.sense_context(report_snapshots.lease);
     r orca.runs;
@@ -2241,6 +2286,8 @@ CREATE FUNCTION orca.set_secret(name text, value text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('set_secret', 'name', octet_length(set_secret.name), 1024)
+                         AND orca._bound('set_secret', 'value', octet_length(set_secret.value), 65536);
     v_org    bigint := orca.current_org_id();
     v_sealed bytea;
 BEGIN
@@ -2272,6 +2319,7 @@ CREATE FUNCTION orca.drop_secret(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('drop_secret', 'name', octet_length(drop_secret.name), 1024);
     v_org bigint := orca.current_org_id();
 BEGIN
     DELETE FROM orca.secrets s WHERE s.org_id = v_org AND s.name = drop_secret.name;
@@ -2291,6 +2339,7 @@ CREATE FUNCTION orca.attempt_secret(lease uuid, name text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('attempt_secret', 'name', octet_length(attempt_secret.name), 1024);
     v_org    bigint;
     v_sealed bytea;
     v_value  text;
@@ -2465,6 +2514,9 @@ CREATE FUNCTION orca.allow(org text, target text, note text DEFAULT NULL) RETURN
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('allow', 'org', octet_length(allow.org), 1024)
+                         AND orca._bound('allow', 'target', octet_length(allow.target), 4096)
+                         AND orca._bound('allow', 'note', octet_length(allow.note), 4096);
     v_org  bigint := orca._org_named(allow.org);
     v_rule jsonb;
 BEGIN
@@ -2493,6 +2545,8 @@ CREATE FUNCTION orca.disallow(org text, target text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('disallow', 'org', octet_length(disallow.org), 1024)
+                         AND orca._bound('disallow', 'target', octet_length(disallow.target), 4096);
     v_org  bigint := orca._org_named(disallow.org);
     v_rule jsonb;
 BEGIN
@@ -2635,10 +2689,8 @@ FROM orca.allowlist a;
 CREATE OR REPLACE FUNCTION orca._is_admin() RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- A session that presents an API key is what the key says, whatever
-    -- its login may do (orca serve's login takes the caller's key).
     IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
-        RETURN (orca._api_key()).role = 'admin';
+        RETURN false;
     END IF;
     RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
@@ -2698,6 +2750,7 @@ $$;
 CREATE OR REPLACE FUNCTION orca.create_org(name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('create_org', 'name', octet_length(create_org.name), 1024);
     v_id bigint;
 BEGIN
     PERFORM orca._installation_admin();
@@ -2723,6 +2776,8 @@ COMMENT ON FUNCTION orca.create_org(text) IS
 CREATE OR REPLACE FUNCTION orca.add_member(org text, role text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('add_member', 'org', octet_length(add_member.org), 1024)
+                         AND orca._bound('add_member', 'role', octet_length(add_member.role), 1024);
     v_org bigint;
 BEGIN
     PERFORM orca._installation_admin();
@@ -2748,6 +2803,8 @@ COMMENT ON FUNCTION orca.add_member(text, text) IS
 CREATE OR REPLACE FUNCTION orca.remove_member(org text, role text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('remove_member', 'org', octet_length(remove_member.org), 1024)
+                         AND orca._bound('remove_member', 'role', octet_length(remove_member.role), 1024);
     v_org bigint;
 BEGIN
     PERFORM orca._installation_admin();
@@ -2836,6 +2893,8 @@ CREATE FUNCTION orca.create_api_key(name text, role text DEFAULT 'viewer') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_api_key', 'name', octet_length(create_api_key.name), 1024)
+                         AND orca._bound('create_api_key', 'role', octet_length(create_api_key.role), 1024);
     v_org bigint := orca.current_org_id();
     v_key text := 'orca_ak_' || substr(orca._new_token(), 9);
     v_id  bigint;
@@ -2851,7 +2910,7 @@ BEGIN
                         quote_nullable(create_api_key.role)
             USING ERRCODE = 'OR050';
     END IF;
-    IF create_api_key.role = 'admin' AND NOT orca._is_admin() THEN
+    IF create_api_key.role = 'admin' AND NOT orca._is_org_admin() THEN
         RAISE EXCEPTION 'only admins create admin API keys' USING ERRCODE = '42501';
     END IF;
     INSERT INTO orca.api_keys AS k (org_id, name, role, hash)
@@ -2880,6 +2939,7 @@ CREATE FUNCTION orca.revoke_api_key(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('revoke_api_key', 'name', octet_length(revoke_api_key.name), 1024);
     v_org bigint := orca.current_org_id();
     k     orca.api_keys;
 BEGIN
@@ -3088,6 +3148,9 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_webhook', 'url', octet_length(create_webhook.url), 4096)
+                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '')), 65536)
+                         AND orca._bound('create_webhook', 'description', octet_length(create_webhook.description), 4096);
     v_org    bigint := orca.current_org_id();
     v_secret text := orca._new_webhook_secret();
     v_id     bigint;
@@ -3183,6 +3246,10 @@ DECLARE
     v_last  bigint;
     v_skip  bigint;
 BEGIN
+    -- A relay delivers for every org: an org's API key (whatever its role,
+    -- and orca_admin includes orca_relay) never takes another org's
+    -- endpoint and its signing secret.
+    PERFORM orca._installation_admin();
     LOOP
         SELECT * INTO w FROM orca.webhooks x
         WHERE x.enabled AND x.next_attempt_at <= now()
@@ -3226,7 +3293,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION orca.relay_take(integer) IS
-'For relays (orca_relay): takes one due webhook endpoint, locked until the caller''s '
+'For relays (orca_relay logins, never an API key): takes one due webhook endpoint, locked '
+'until the caller''s '
 'transaction ends and skipped by other relays, and returns its URL, opened signing secret, '
 'netguard allowlist and the next events (up to p_max) it wants; NULL when none is due.';
 
@@ -3240,9 +3308,12 @@ CREATE FUNCTION orca.relay_done(p_webhook bigint, p_event bigint, p_delivered bo
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('relay_done', 'p_error', octet_length(relay_done.p_error), 65536)
+                         AND orca._bound('relay_done', 'p_relay', octet_length(relay_done.p_relay), 1024);
     w       orca.webhooks;
     v_delay double precision;
 BEGIN
+    PERFORM orca._installation_admin();
     SELECT * INTO w FROM orca.webhooks WHERE id = p_webhook FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -3389,6 +3460,9 @@ DECLARE
     n_events   integer := 0;
     n_del      integer := 0;
     n_runners  integer := 0;
+    v_org      bigint;
+    v_left     integer;
+    v_n        integer;
     c          record;
 BEGIN
     v_keep := orca._retain_seconds('runs');
@@ -3433,26 +3507,33 @@ BEGIN
             ORDER BY x.committed_at LIMIT v_batch);
     END IF;
 
+    -- Events, org by org: an enabled endpoint's cursor holds back the
+    -- pruning of its own org's events (not delivered yet), never another
+    -- org's. Each org is read from its oldest event (events_org); the
+    -- batch is shared by the orgs of the tick.
     v_keep := orca._retain_seconds('events');
-    IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
-                      < p_now - make_interval(secs => v_keep) THEN
+    IF v_keep > 0 THEN
         v_cut := p_now - make_interval(secs => v_keep);
-        -- Events are read in id order, the oldest first; an enabled
-        -- endpoint's cursor is where the pruning of every org stops, since
-        -- ids are shared.
-        SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w WHERE w.enabled;
-        FOR c IN
+        v_left := v_batch;
+        FOREACH v_org IN ARRAY p_orgs LOOP
+            EXIT WHEN v_left <= 0;
+            CONTINUE WHEN NOT coalesce((SELECT e.at < v_cut FROM orca.events e
+                                        WHERE e.org_id = v_org ORDER BY e.id LIMIT 1), false);
+            SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w
+            WHERE w.org_id = v_org AND w.enabled;
             WITH gone AS (
                 DELETE FROM orca.events d
                 WHERE d.id IN (SELECT e.id FROM orca.events e
-                               WHERE e.id <= coalesce(v_protect, e.id) AND e.org_id = ANY (p_orgs)
-                               ORDER BY e.id LIMIT v_batch)
+                               WHERE e.org_id = v_org AND e.id <= coalesce(v_protect, e.id)
+                               ORDER BY e.id LIMIT v_left)
                   AND d.at < v_cut
-                RETURNING d.org_id)
-            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
-        LOOP
-            PERFORM orca._count(c.org_id, 'pruned_events', c.n);
-            n_events := n_events + c.n;
+                RETURNING 1)
+            SELECT count(*) INTO v_n FROM gone;
+            IF v_n > 0 THEN
+                PERFORM orca._count(v_org, 'pruned_events', v_n);
+                n_events := n_events + v_n;
+                v_left := v_left - v_n;
+            END IF;
         END LOOP;
     END IF;
 
@@ -3732,6 +3813,7 @@ CREATE FUNCTION orca.append_log(lease uuid, first_seq integer, lines text[]) RET
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('append_log', 'lines', octet_length(array_to_string(append_log.lines, '')), 8388608);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -3804,6 +3886,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('record_epoch', 'sync', octet_length(record_epoch.sync), 1024)
+                         AND orca._bound('record_epoch', 'stats', octet_length(record_epoch.stats::text), 1048576);
     v_org   bigint := (orca._sync_caller(record_epoch.sync, record_epoch.lease, 'recording an epoch of')).org_id;
     s       orca.syncs := orca._sync(v_org, record_epoch.sync);
     v_rows  jsonb := coalesce(record_epoch.stats->'rows', '{}');
@@ -3921,6 +4005,7 @@ CREATE FUNCTION orca.drop_sync(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('drop_sync', 'name', octet_length(drop_sync.name), 1024);
     v_org    bigint := orca.current_org_id();
     s        orca.syncs;
     v_pid    bigint;
@@ -4001,6 +4086,7 @@ CREATE FUNCTION orca.pause_sync(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('pause_sync', 'name', octet_length(pause_sync.name), 1024);
     v_org bigint := orca.current_org_id();
     s     orca.syncs;
     r     bigint;
@@ -4030,6 +4116,7 @@ CREATE FUNCTION orca.resume_sync(name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('resume_sync', 'name', octet_length(resume_sync.name), 1024);
     v_org bigint := orca.current_org_id();
     s     orca.syncs;
     v_run bigint;
@@ -4237,6 +4324,8 @@ CREATE FUNCTION orca.discover(name text, source jsonb DEFAULT NULL) RETURNS bigi
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('discover', 'name', octet_length(discover.name), 1024)
+                         AND orca._bound('discover', 'source', octet_length(discover.source::text), 65536);
     v_org bigint := orca.current_org_id();
     v_src jsonb := discover.source;
     p     orca.pipelines;
@@ -4331,6 +4420,7 @@ CREATE FUNCTION orca.store_catalog(lease uuid, catalog jsonb) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('store_catalog', 'catalog', octet_length(store_catalog.catalog::text), 16777216);
     r      orca.runs := orca._discovery_run(store_catalog.lease);
     v_name text := (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id);
     c      orca.catalogs;
@@ -4418,6 +4508,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_drift', 'sync', octet_length(report_drift.sync), 1024)
+                         AND orca._bound('report_drift', 'drift', octet_length(report_drift.drift::text), 1048576);
     a     orca.attempts := orca._sync_caller(report_drift.sync, report_drift.lease, 'reporting drift of');
     v_org bigint := a.org_id;
     s     orca.syncs := orca._sync(v_org, report_drift.sync);
@@ -4686,6 +4778,7 @@ CREATE OR REPLACE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) R
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim_sync', 'sync', octet_length(claim_sync.sync), 1024);
     a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
     v_org bigint := a.org_id;
     s orca.syncs;
@@ -4753,6 +4846,7 @@ CREATE FUNCTION orca.scale_sync(name text, lanes integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('scale_sync', 'name', octet_length(scale_sync.name), 1024);
     v_org  bigint := orca.current_org_id();
     s      orca.syncs;
     v_was  integer;
@@ -4807,6 +4901,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('sync_lanes', 'sync', octet_length(sync_lanes.sync), 1024);
     a     orca.attempts := orca._sync_caller(sync_lanes.sync, sync_lanes.lease, 'scaling');
     s     orca.syncs := orca._sync(a.org_id, sync_lanes.sync);
 BEGIN
@@ -4827,6 +4922,13 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_sync', 'name', octet_length(create_sync.name), 1024)
+                         AND orca._bound('create_sync', 'source', octet_length(create_sync.source::text), 65536)
+                         AND orca._bound('create_sync', 'destination', octet_length(create_sync.destination::text), 65536)
+                         AND orca._bound('create_sync', 'streams', octet_length(create_sync.streams::text), 1048576)
+                         AND orca._bound('create_sync', 'schedule', octet_length(create_sync.schedule), 1024)
+                         AND orca._bound('create_sync', 'delivery', octet_length(create_sync.delivery), 1024)
+                         AND orca._bound('create_sync', 'pool', octet_length(create_sync.pool), 1024);
     v_org bigint := orca.current_org_id();
     d     jsonb;
     v_id  bigint;
@@ -4944,6 +5046,7 @@ CREATE OR REPLACE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RE
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('release', 'reason', octet_length(release.reason), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -5107,11 +5210,12 @@ BEGIN
         RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
-    -- Time is injected by admins only (tests, replays): anyone else's tick
-    -- acts at the transaction's clock, so nobody can fire schedules early or
-    -- expire other runners' leases by naming a later instant.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
-        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+    -- Time is injected by the installation's superuser only (tests,
+    -- replays): anyone else's tick acts at the transaction's clock, so nobody
+    -- can fire schedules early or expire other runners' leases by naming a
+    -- later instant, and no org's admin (an API key) moves any org's time.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_superuser() THEN
+        RAISE EXCEPTION 'only the installation''s superuser moves the clock: orca.tick(now => %) is not the transaction''s time %',
                         v_now, pg_catalog.now()
             USING ERRCODE = 'OR086',
                   HINT = 'call orca.tick() without now';
@@ -5136,7 +5240,8 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
+'runner; an API key''s, whatever its role). Only the installation''s superuser may pass a now '
+'other than the transaction''s time (OR086). Returns counts.';
 
 
 -- Table maintenance: runs of kind 'maintain' that expire a dataset's old
@@ -5334,6 +5439,9 @@ $$;
 
 CREATE FUNCTION orca.maintain(dataset text, options jsonb DEFAULT '{}') RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('maintain', 'dataset', octet_length(maintain.dataset), 1024)
+                         AND orca._bound('maintain', 'options', octet_length(maintain.options::text), 65536);
 BEGIN
     RETURN orca._queue_maintenance(orca.current_org_id(), maintain.dataset,
                                    orca._maintenance_options(maintain.options), 'manual');
@@ -5360,6 +5468,10 @@ CREATE FUNCTION orca.schedule_maintenance(dataset text, cron text, options jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('schedule_maintenance', 'dataset', octet_length(schedule_maintenance.dataset), 1024)
+                         AND orca._bound('schedule_maintenance', 'cron', octet_length(schedule_maintenance.cron), 1024)
+                         AND orca._bound('schedule_maintenance', 'options', octet_length(schedule_maintenance.options::text), 65536)
+                         AND orca._bound('schedule_maintenance', 'tz', octet_length(schedule_maintenance.tz), 1024);
     v_org  bigint := orca.current_org_id();
     v_opts jsonb := orca._maintenance_options(schedule_maintenance.options);
     v_next timestamptz;
@@ -5393,6 +5505,7 @@ COMMENT ON FUNCTION orca.schedule_maintenance(text, text, jsonb, text) IS
 CREATE FUNCTION orca.unschedule_maintenance(dataset text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('unschedule_maintenance', 'dataset', octet_length(unschedule_maintenance.dataset), 1024);
     v_org bigint := orca.current_org_id();
 BEGIN
     DELETE FROM orca.maintenance m
@@ -5503,6 +5616,7 @@ COMMENT ON FUNCTION orca.maintenance_task(uuid) IS
 CREATE FUNCTION orca.report_maintenance(lease uuid, report jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('report_maintenance', 'report', octet_length(report_maintenance.report::text), 1048576);
     r orca.runs := orca._maintenance_run(report_maintenance.lease);
     v_attempt bigint := orca._lease_attempt(report_maintenance.lease);
     v_dataset text := r.request ->> 'dataset';
@@ -5557,6 +5671,9 @@ RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
+                         AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '')), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
@@ -5689,3 +5806,609 @@ GRANT EXECUTE ON FUNCTION orca.maintain(text, jsonb), orca.schedule_maintenance(
     orca.unschedule_maintenance(text) TO orca_operator;
 GRANT EXECUTE ON FUNCTION orca.maintenance_task(uuid), orca.report_maintenance(uuid, jsonb)
     TO orca_attempt;
+
+---------------------------------------------------------------------------
+-- The trust boundary, second pass (docs/security.md): an org's admin (an
+-- API key) is not the installation's; only the superuser moves the clock;
+-- events are pruned org by org.
+---------------------------------------------------------------------------
+CREATE FUNCTION orca._is_superuser() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper);
+END
+$$;
+
+CREATE FUNCTION orca._is_org_admin() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- A session that presents an API key is what the key says, whatever
+    -- its login may do (orca serve's login takes the caller's key).
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN (orca._api_key()).role = 'admin';
+    END IF;
+    RETURN orca._is_admin();
+END
+$$;
+
+REVOKE ALL ON FUNCTION orca._is_superuser(), orca._is_org_admin() FROM PUBLIC;
+-- Each org's events in id order: pruning starts at an org's oldest, and a
+-- webhook reads its org's after its cursor.
+CREATE INDEX events_org ON orca.events (org_id, id);
+CREATE FUNCTION orca._bound(p_fn text, p_arg text, p_size bigint, p_max bigint) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_size > p_max THEN
+        RAISE EXCEPTION 'orca.%: % is % bytes, more than its bound of % bytes', p_fn, p_arg, p_size, p_max
+            USING ERRCODE = 'OR051',
+                  HINT = 'docs/security.md lists the bound of every input';
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.lineage(dataset text)
+RETURNS TABLE (direction text, depth integer, related text, via text, pipeline text, run bigint,
+               read_snapshot bigint, commit_snapshot bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('lineage', 'dataset', octet_length(lineage.dataset), 1024);
+    v_org bigint := orca.current_org_id();
+BEGIN
+    IF lineage.dataset IS NULL OR NOT (lineage.dataset ~ '^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$') THEN
+        RAISE EXCEPTION 'malformed dataset %: write namespace.table', quote_nullable(lineage.dataset)
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE anc (version_id, step, ancestor) AS (
+        -- Each step with itself and every step upstream of it (its after, ...).
+        SELECT s.version_id, s.name, s.name FROM orca.steps s WHERE s.org_id = v_org
+        UNION
+        SELECT a.version_id, a.step, s.after
+        FROM anc a JOIN orca.steps s ON s.version_id = a.version_id AND s.name = a.ancestor
+        WHERE s.after IS NOT NULL
+    ), e AS (
+        -- A commit depends on what its step, and the steps upstream of it in
+        -- the same run, read.
+        SELECT DISTINCT r.run_id, r.dataset AS src, r.snapshot_id AS src_snap,
+               c.dataset AS dst, c.snapshot_id AS dst_snap
+        FROM orca.commits c
+        JOIN orca.runs ru ON ru.id = c.run_id
+        JOIN anc ON anc.version_id = ru.version_id AND anc.step = c.step
+        JOIN orca.reads r ON r.run_id = c.run_id AND r.step = anc.ancestor
+                         AND r.dataset <> c.dataset
+        WHERE c.org_id = v_org
+    ), up (depth, related, via, run_id, read_snap, commit_snap, seen) AS (
+        SELECT 1, e.src, e.dst, e.run_id, e.src_snap, e.dst_snap, ARRAY[lineage.dataset, e.src]
+        FROM e WHERE e.dst = lineage.dataset
+        UNION ALL
+        SELECT u.depth + 1, e.src, e.dst, e.run_id, e.src_snap, e.dst_snap, u.seen || e.src
+        FROM up u JOIN e ON e.dst = u.related
+        WHERE u.depth < 10 AND NOT (e.src = ANY (u.seen))
+    ), down (depth, related, via, run_id, read_snap, commit_snap, seen) AS (
+        SELECT 1, e.dst, e.src, e.run_id, e.src_snap, e.dst_snap, ARRAY[lineage.dataset, e.dst]
+        FROM e WHERE e.src = lineage.dataset
+        UNION ALL
+        SELECT d.depth + 1, e.dst, e.src, e.run_id, e.src_snap, e.dst_snap, d.seen || e.dst
+        FROM down d JOIN e ON e.src = d.related
+        WHERE d.depth < 10 AND NOT (e.dst = ANY (d.seen))
+    ), walked AS (
+        SELECT DISTINCT 'upstream'::text AS dir, u.depth, u.related, u.via, u.run_id, u.read_snap, u.commit_snap FROM up u
+        UNION
+        SELECT DISTINCT 'downstream', d.depth, d.related, d.via, d.run_id, d.read_snap, d.commit_snap FROM down d
+    )
+    SELECT w.dir, w.depth, w.related, w.via, p.name, w.run_id, w.read_snap, w.commit_snap
+    FROM walked w
+    JOIN orca.runs r ON r.id = w.run_id
+    JOIN orca.pipelines p ON p.id = r.pipeline_id
+    ORDER BY 1 DESC, 2, 3, 6, 8;
+END
+$$;
+COMMENT ON FUNCTION orca.lineage(text) IS
+'Upstream and downstream of a dataset, from the recorded reads and commits (a commit depends '
+'on what its step and the steps upstream of it in the same run read): each row is a '
+'related dataset at some depth, the dataset it connects to (via), the pipeline and run that '
+'connected them, the snapshot the run read and the snapshot it committed. '
+'Example: SELECT * FROM orca.lineage(''lake.clean'');';
+
+CREATE OR REPLACE FUNCTION orca.refresh_keys(pipeline text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('refresh_keys', 'pipeline', octet_length(refresh_keys.pipeline), 1024);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, refresh_keys.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) <> 'keyed' THEN
+        RAISE EXCEPTION 'pipeline ''%'' is not keyed: its partitions are months or days', p.name
+            USING ERRCODE = 'OR050';
+    END IF;
+    RETURN orca._keys_task(v_org, p.id, 'refresh', 'manual');
+END
+$$;
+COMMENT ON FUNCTION orca.refresh_keys(text) IS
+'Queues a keys task that reads a keyed pipeline''s keys from the current snapshot of its keys '
+'dataset, and returns its run id; it queues no runs. Registration does this once by itself. '
+'Example: SELECT orca.refresh_keys(''labels'');';
+
+CREATE OR REPLACE FUNCTION orca.key_status(pipeline text)
+RETURNS TABLE (key text, done boolean, active_run bigint, first_seen_at timestamptz,
+               first_snapshot bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('key_status', 'pipeline', octet_length(key_status.pipeline), 1024);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, key_status.pipeline);
+    RETURN QUERY
+    WITH todo AS (SELECT orca._keys_not_done(p.id) AS key)
+    SELECT k.key, NOT EXISTS (SELECT 1 FROM todo t WHERE t.key = k.key),
+           (SELECT max(r.id) FROM orca.runs r
+            WHERE r.pipeline_id = p.id AND r.kind = 'pipeline'
+              AND r.status IN ('queued', 'running') AND k.key = ANY (r.partitions)),
+           k.first_seen_at, k.first_snapshot
+    FROM orca.keys k
+    WHERE k.pipeline_id = p.id AND k.generation = p.keys_generation
+    ORDER BY k.key;
+END
+$$;
+COMMENT ON FUNCTION orca.key_status(text) IS
+'The current keys of a keyed pipeline (from the last snapshot of its keys dataset read), each '
+'with whether it is done (every mapped step succeeded for it under the current registry '
+'hash), the queued or running run that has it, and when it was first seen. '
+'Example: SELECT * FROM orca.key_status(''labels'') WHERE NOT done;';
+
+CREATE OR REPLACE FUNCTION orca.fires(pipeline text, n integer DEFAULT 10, after timestamptz DEFAULT now())
+RETURNS TABLE (fire_at timestamptz, partition text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('fires', 'pipeline', octet_length(fires.pipeline), 1024);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    s orca.schedules;
+BEGIN
+    IF fires.n IS NULL OR fires.n < 0 OR fires.n > 10000 THEN
+        RAISE EXCEPTION 'n must be from 0 to 10000, got %', coalesce(fires.n::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF fires.after IS NULL OR NOT isfinite(fires.after) THEN
+        RAISE EXCEPTION 'after must be a finite timestamp, got %', coalesce(fires.after::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    p := orca._pipeline(v_org, fires.pipeline);
+    SELECT * INTO s FROM orca.schedules sc WHERE sc.pipeline_id = p.id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions pv WHERE pv.id = p.current_version;
+    RETURN QUERY
+    SELECT f, orca._fire_partition_of(v.partition_kind, v.partition_start, s.fills, s.tz, f)
+    FROM unnest(orca._cron_next(s.cron, s.tz, fires.after, fires.n)) AS f;
+END
+$$;
+COMMENT ON FUNCTION orca.fires(text, integer, timestamptz) IS
+'The next n fires of a pipeline''s schedule after a time, each with the partition it fills '
+'(NULL when that partition precedes the pipeline''s first). No rows for a pipeline without '
+'a schedule. Example: SELECT * FROM orca.fires(''lake'', 3);';
+
+CREATE OR REPLACE FUNCTION orca.pause(pipeline text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('pause', 'pipeline', octet_length(pause.pipeline), 1024);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, pause.pipeline);
+    UPDATE orca.pipelines SET paused = true WHERE id = p.id;
+    PERFORM orca._event(v_org, 'pipeline.paused', p.id, NULL, NULL,
+                        jsonb_build_object('by', session_user));
+END
+$$;
+COMMENT ON FUNCTION orca.pause(text) IS
+'Pauses a pipeline: its schedule makes no runs and queued runs wait. Running runs go on.';
+
+CREATE OR REPLACE FUNCTION orca.unpause(pipeline text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('unpause', 'pipeline', octet_length(unpause.pipeline), 1024);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+BEGIN
+    p := orca._pipeline(v_org, unpause.pipeline);
+    UPDATE orca.pipelines SET paused = false WHERE id = p.id;
+    PERFORM orca._event(v_org, 'pipeline.unpaused', p.id, NULL, NULL,
+                        jsonb_build_object('by', session_user));
+    PERFORM orca._start_queued(v_org, p.id);
+END
+$$;
+COMMENT ON FUNCTION orca.unpause(text) IS
+'Unpauses a pipeline; queued runs start within max_runs. Fires that fell while it was paused '
+'are not made up.';
+
+CREATE OR REPLACE FUNCTION orca.run(pipeline text, partitions text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('run', 'pipeline', octet_length(run.pipeline), 1024)
+                         AND orca._bound('run', 'partitions', octet_length(run.partitions), 65536);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v_parts text[];
+    v_id bigint;
+BEGIN
+    p := orca._pipeline(v_org, run.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
+        IF run.partitions IS DISTINCT FROM 'now' THEN
+            RAISE EXCEPTION '''%'' is a sync: it runs from its checkpoint, so the only partition is ''now'', got %',
+                            p.name, quote_nullable(run.partitions)
+                USING ERRCODE = 'OR021',
+                      HINT = format('SELECT orca.run(%L, ''now'')', p.name);
+        END IF;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
+        SELECT v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+               'manual', v.run_retries, 'sync'
+        FROM orca.pipeline_versions v WHERE v.id = p.current_version
+        RETURNING id INTO v_id;
+        PERFORM orca._runs_created(v_org, p.id, ARRAY[v_id]);
+        RETURN v_id;
+    END IF;
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, run.partitions);
+        IF v_parts IS NULL THEN
+            PERFORM orca._check_keys(p, '{}');
+            v_parts := ARRAY(SELECT key FROM orca.keys
+                             WHERE pipeline_id = p.id AND generation = p.keys_generation
+                             ORDER BY key);
+            IF cardinality(v_parts) = 0 THEN
+                RAISE EXCEPTION 'pipeline ''%'' has no keys: its dataset''s snapshot % holds none',
+                                p.name, coalesce(p.keys_snapshot::text, '(none)')
+                    USING ERRCODE = 'OR024';
+            END IF;
+            IF cardinality(v_parts) > orca._max_partitions() THEN
+                RAISE EXCEPTION '''@all'' names % partitions, more than the limit of %',
+                                cardinality(v_parts), orca._max_partitions()
+                    USING ERRCODE = 'OR023',
+                          HINT = 'orca.backfill runs every key in runs of keys_per_run';
+            END IF;
+        END IF;
+    ELSE
+        v_parts := orca._partitions(p, run.partitions);
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+    SELECT v_org, p.id, v.id, v_parts, 'manual', v.run_retries
+    FROM orca.pipeline_versions v WHERE v.id = p.current_version
+    RETURNING id INTO v_id;
+    PERFORM orca._runs_created(v_org, p.id, ARRAY[v_id]);
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION orca.run(text, text) IS
+'Queues one run over the given partitions (a gather step sees all of them) and returns its id. '
+'partitions: ''2024-01'', ''2024-01,2024-03'', ''2024-01..2024-06'' or ''@all''; for a keyed '
+'pipeline, keys ''log-1,log-2'' or ''@all'' (every current key). '
+'A sync (orca.create_sync) takes ''now'': one run that reads from its checkpoint. '
+'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
+'OR022 partition outside the pipeline''s set, OR023 too many partitions, OR024 not a key.';
+
+CREATE OR REPLACE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('backfill', 'pipeline', octet_length(backfill.pipeline), 1024)
+                         AND orca._bound('backfill', 'partitions', octet_length(backfill.partitions), 65536);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v_parts text[];
+    v_ids bigint[];
+    v_active text[];
+    v_sync_run bigint;
+BEGIN
+    p := orca._pipeline(v_org, backfill.pipeline);
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
+        IF backfill.partitions IS DISTINCT FROM '@all' THEN
+            RAISE EXCEPTION '''%'' is a sync: it backfills ''@all'' (every stream read again from its start), got %',
+                            p.name, quote_nullable(backfill.partitions)
+                USING ERRCODE = 'OR021',
+                      HINT = format('SELECT orca.run(%L, ''now'') queues a run from the checkpoint', p.name);
+        END IF;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               kind, request)
+        SELECT v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+               'backfill', v.run_retries, 'sync', '{"mode": "full"}'
+        FROM orca.pipeline_versions v WHERE v.id = p.current_version
+        RETURNING id INTO v_sync_run;
+        PERFORM orca._runs_created(v_org, p.id, ARRAY[v_sync_run]);
+        RETURN NEXT v_sync_run;
+        RETURN;
+    END IF;
+    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+        v_parts := orca._key_names(p, backfill.partitions);
+        IF v_parts IS NULL THEN
+            -- Every key that is not done: which keys there are is for a read
+            -- of the dataset to say, so a keys task queues the runs.
+            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill');
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL));
+        RETURN;
+    END IF;
+    v_parts := orca._partitions(p, backfill.partitions);
+    -- A partition that already has a queued or running run is not queued twice.
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running') AND x = ANY (v_parts);
+    WITH ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+        SELECT v_org, p.id, v.id, ARRAY[x.part], 'backfill', v.run_retries
+        FROM unnest(v_parts) WITH ORDINALITY AS x(part, ord)
+        CROSS JOIN orca.pipeline_versions v
+        WHERE v.id = p.current_version
+          AND NOT (x.part = ANY (coalesce(v_active, '{}')))
+        ORDER BY x.ord
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % partition(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    PERFORM orca._runs_created(v_org, p.id, v_ids);
+    RETURN QUERY SELECT unnest(coalesce(v_ids, '{}'));
+END
+$$;
+COMMENT ON FUNCTION orca.backfill(text, text) IS
+'Queues one run per partition, oldest first, and returns their ids. Partitions that already '
+'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
+'(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
+'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
+'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of keys_per_run, or ''@all'', '
+'which returns the id of a keys task (a run of kind keys): it reads the keys dataset and '
+'queues runs of keys_per_run for every key that is not done (runs.parent_run names it). '
+'A sync (orca.create_sync) takes ''@all'': one run that reads every stream again from its '
+'start (a merge converges, an append with _orca_id skipping adds only what it lacks).';
+
+REVOKE ALL ON FUNCTION orca._bound(text, text, bigint, bigint) FROM PUBLIC;
+
+-- The Iceberg catalog is written through functions only (sql/iceberg.sql):
+-- no role writes its tables directly any more.
+CREATE FUNCTION orca._catalog_writer(p_catalog text, p_lease uuid) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_org  bigint;
+    v_name text;
+BEGIN
+    IF p_lease IS NOT NULL THEN
+        v_org := orca._lease_usable_org(p_lease);
+        IF v_org IS NULL OR v_org IS DISTINCT FROM orca._lease_org(p_lease) THEN
+            PERFORM orca._lease_refused(orca._lease_org(p_lease), p_lease);
+        END IF;
+    ELSE
+        v_org := orca.current_org_id();
+        IF NOT (orca._is_org_admin()
+                OR CASE WHEN nullif(current_setting('orca.api_key', true), '') IS NOT NULL
+                        THEN (orca._api_key()).role = 'operator'
+                        ELSE pg_catalog.pg_has_role(session_user, 'orca_operator', 'MEMBER') END) THEN
+            RAISE EXCEPTION 'writing the Iceberg catalog takes an attempt''s lease or an operator of the org'
+                USING ERRCODE = '42501',
+                      HINT = 'a pipeline binary or an engine passes its lease (ORCA_LEASE)';
+        END IF;
+    END IF;
+    SELECT o.name INTO v_name FROM orca.orgs o WHERE o.id = v_org;
+    IF p_catalog IS DISTINCT FROM v_name THEN
+        RAISE EXCEPTION 'catalog % is not the catalog of org ''%''', quote_nullable(p_catalog), v_name
+            USING ERRCODE = '42501',
+                  HINT = 'each org has one catalog, named as the org; ORCA_ORG names it for a binary';
+    END IF;
+    RETURN v_org;
+END
+$$;
+
+CREATE FUNCTION orca._catalog_names(p_namespace text, p_table text, p_location text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_namespace IS NULL OR length(p_namespace) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'a namespace is 1 to 255 characters, got %',
+                        CASE WHEN length(p_namespace) > 255 THEN length(p_namespace) || ' characters'
+                             ELSE quote_nullable(p_namespace) END
+            USING ERRCODE = 'OR044';
+    END IF;
+    IF p_table IS NOT NULL AND length(p_table) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'a table name is 1 to 255 characters, got %',
+                        CASE WHEN length(p_table) > 255 THEN length(p_table) || ' characters'
+                             ELSE quote_nullable(p_table) END
+            USING ERRCODE = 'OR044';
+    END IF;
+    IF p_location IS NOT NULL AND length(p_location) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'a metadata location is 1 to 1000 characters, got %', length(p_location)
+            USING ERRCODE = 'OR044';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION orca.catalog_create_namespace(catalog text, namespace text,
+                                              properties jsonb DEFAULT '{}', lease uuid DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('catalog_create_namespace', 'catalog', octet_length(catalog_create_namespace.catalog), 1024)
+                         AND orca._bound('catalog_create_namespace', 'namespace', octet_length(catalog_create_namespace.namespace), 1024)
+                         AND orca._bound('catalog_create_namespace', 'properties', octet_length(catalog_create_namespace.properties::text), 65536);
+    v_org bigint;
+    p     record;
+    v_n   integer;
+BEGIN
+    PERFORM orca._catalog_names(catalog_create_namespace.namespace, NULL, NULL);
+    v_org := orca._catalog_writer(catalog_create_namespace.catalog, catalog_create_namespace.lease);
+    IF jsonb_typeof(coalesce(catalog_create_namespace.properties, '{}')) <> 'object' THEN
+        RAISE EXCEPTION 'a namespace''s properties are an object of strings, got %',
+                        catalog_create_namespace.properties
+            USING ERRCODE = 'OR044';
+    END IF;
+    INSERT INTO public.iceberg_namespace_properties AS n
+        (catalog_name, namespace, property_key, property_value)
+    VALUES (catalog_create_namespace.catalog, catalog_create_namespace.namespace, 'exists', 'true')
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n = 0 THEN
+        RETURN false;
+    END IF;
+    FOR p IN SELECT * FROM jsonb_each_text(coalesce(catalog_create_namespace.properties, '{}'))
+             WHERE key <> 'exists' LOOP
+        IF length(p.key) > 255 OR length(p.value) > 1000 THEN
+            RAISE EXCEPTION 'namespace property % is longer than the catalog holds (255, 1000)',
+                            left(p.key, 64)
+                USING ERRCODE = 'OR044';
+        END IF;
+        INSERT INTO public.iceberg_namespace_properties VALUES
+            (catalog_create_namespace.catalog, catalog_create_namespace.namespace, p.key, p.value);
+    END LOOP;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION orca.catalog_create_namespace(text, text, jsonb, uuid) IS
+'Creates a namespace in the caller''s org''s Iceberg catalog (catalog = the org''s name), '
+'with string properties; false when it exists already. Takes the org from the attempt''s lease '
+'(pipeline binaries, engines) or, without one, from the session: operators and admins of the '
+'org. Errors: OR044 bad name or property, OR012/OR014/OR015 the lease, 42501 another org''s '
+'catalog.';
+
+CREATE FUNCTION orca.catalog_create_table(catalog text, namespace text, name text,
+                                          metadata_location text, lease uuid DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('catalog_create_table', 'catalog', octet_length(catalog_create_table.catalog), 1024)
+                         AND orca._bound('catalog_create_table', 'namespace', octet_length(catalog_create_table.namespace), 1024)
+                         AND orca._bound('catalog_create_table', 'name', octet_length(catalog_create_table.name), 1024)
+                         AND orca._bound('catalog_create_table', 'metadata_location', octet_length(catalog_create_table.metadata_location), 4096);
+    v_org bigint;
+BEGIN
+    PERFORM orca._catalog_names(catalog_create_table.namespace, catalog_create_table.name,
+                                catalog_create_table.metadata_location);
+    IF catalog_create_table.metadata_location IS NULL THEN
+        RAISE EXCEPTION 'a table needs its metadata location' USING ERRCODE = 'OR044';
+    END IF;
+    v_org := orca._catalog_writer(catalog_create_table.catalog, catalog_create_table.lease);
+    IF NOT EXISTS (SELECT 1 FROM public.iceberg_namespace_properties n
+                   WHERE n.catalog_name = catalog_create_table.catalog
+                     AND n.namespace = catalog_create_table.namespace)
+       AND NOT EXISTS (SELECT 1 FROM public.iceberg_tables t
+                       WHERE t.catalog_name = catalog_create_table.catalog
+                         AND t.table_namespace = catalog_create_table.namespace) THEN
+        RAISE EXCEPTION 'no namespace % in the catalog of org ''%''',
+                        quote_literal(catalog_create_table.namespace), catalog_create_table.catalog
+            USING ERRCODE = 'OR045',
+                  HINT = 'create it first (orca.catalog_create_namespace)';
+    END IF;
+    INSERT INTO public.iceberg_tables
+        (catalog_name, table_namespace, table_name, metadata_location, iceberg_type)
+    VALUES (catalog_create_table.catalog, catalog_create_table.namespace, catalog_create_table.name,
+            catalog_create_table.metadata_location, 'TABLE')
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table %.% exists already in the catalog of org ''%''',
+                        catalog_create_table.namespace, catalog_create_table.name,
+                        catalog_create_table.catalog
+            USING ERRCODE = 'OR045';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION orca.catalog_create_table(text, text, text, text, uuid) IS
+'Adds a table to a namespace of the caller''s org''s Iceberg catalog, pointing at its first '
+'metadata file (written by the caller). Who may: as orca.catalog_create_namespace. Errors: '
+'OR044 bad name or location, OR045 no such namespace or the table exists.';
+
+CREATE FUNCTION orca.catalog_commit(catalog text, namespace text, name text, expected text,
+                                    metadata_location text, lease uuid DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('catalog_commit', 'catalog', octet_length(catalog_commit.catalog), 1024)
+                         AND orca._bound('catalog_commit', 'namespace', octet_length(catalog_commit.namespace), 1024)
+                         AND orca._bound('catalog_commit', 'name', octet_length(catalog_commit.name), 1024)
+                         AND orca._bound('catalog_commit', 'expected', octet_length(catalog_commit.expected), 4096)
+                         AND orca._bound('catalog_commit', 'metadata_location', octet_length(catalog_commit.metadata_location), 4096);
+    v_org bigint;
+BEGIN
+    PERFORM orca._catalog_names(catalog_commit.namespace, catalog_commit.name,
+                                catalog_commit.metadata_location);
+    PERFORM orca._catalog_names(catalog_commit.namespace, catalog_commit.name, catalog_commit.expected);
+    IF catalog_commit.metadata_location IS NULL OR catalog_commit.expected IS NULL THEN
+        RAISE EXCEPTION 'a commit names the metadata it expects and the one it installs'
+            USING ERRCODE = 'OR044';
+    END IF;
+    v_org := orca._catalog_writer(catalog_commit.catalog, catalog_commit.lease);
+    UPDATE public.iceberg_tables t
+    SET metadata_location = catalog_commit.metadata_location,
+        previous_metadata_location = catalog_commit.expected
+    WHERE t.catalog_name = catalog_commit.catalog AND t.table_namespace = catalog_commit.namespace
+      AND t.table_name = catalog_commit.name AND t.metadata_location = catalog_commit.expected
+      AND (t.iceberg_type = 'TABLE' OR t.iceberg_type IS NULL);
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM public.iceberg_tables t
+                   WHERE t.catalog_name = catalog_commit.catalog
+                     AND t.table_namespace = catalog_commit.namespace
+                     AND t.table_name = catalog_commit.name) THEN
+        RAISE EXCEPTION 'no table %.% in the catalog of org ''%''', catalog_commit.namespace,
+                        catalog_commit.name, catalog_commit.catalog
+            USING ERRCODE = 'OR045';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION orca.catalog_commit(text, text, text, text, text, uuid) IS
+'Commits a table of the caller''s org''s Iceberg catalog: points it at metadata_location if it '
+'still points at expected (a compare-and-swap) and returns whether it did; false means another '
+'commit came first (reload and retry). Who may: as orca.catalog_create_namespace. Errors: '
+'OR044 bad name or location, OR045 no such table.';
+
+CREATE FUNCTION orca.catalog_drop_table(catalog text, namespace text, name text,
+                                        lease uuid DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('catalog_drop_table', 'catalog', octet_length(catalog_drop_table.catalog), 1024)
+                         AND orca._bound('catalog_drop_table', 'namespace', octet_length(catalog_drop_table.namespace), 1024)
+                         AND orca._bound('catalog_drop_table', 'name', octet_length(catalog_drop_table.name), 1024);
+    v_org bigint;
+BEGIN
+    PERFORM orca._catalog_names(catalog_drop_table.namespace, catalog_drop_table.name, NULL);
+    v_org := orca._catalog_writer(catalog_drop_table.catalog, catalog_drop_table.lease);
+    DELETE FROM public.iceberg_tables t
+    WHERE t.catalog_name = catalog_drop_table.catalog
+      AND t.table_namespace = catalog_drop_table.namespace
+      AND t.table_name = catalog_drop_table.name
+      AND (t.iceberg_type = 'TABLE' OR t.iceberg_type IS NULL);
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION orca.catalog_drop_table(text, text, text, uuid) IS
+'Removes a table from the caller''s org''s Iceberg catalog (its files stay: table maintenance '
+'or the org removes them); false when there was none. Who may: as '
+'orca.catalog_create_namespace.';
+
+REVOKE ALL ON FUNCTION orca._catalog_writer(text, uuid), orca._catalog_names(text, text, text),
+    orca.catalog_create_namespace(text, text, jsonb, uuid),
+    orca.catalog_create_table(text, text, text, text, uuid),
+    orca.catalog_commit(text, text, text, text, text, uuid),
+    orca.catalog_drop_table(text, text, text, uuid)
+    FROM PUBLIC;
+REVOKE INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
+    FROM orca_attempt, orca_runner, orca_viewer, orca_operator, orca_admin;
+GRANT EXECUTE ON FUNCTION
+    orca.catalog_create_namespace(text, text, jsonb, uuid),
+    orca.catalog_create_table(text, text, text, text, uuid),
+    orca.catalog_commit(text, text, text, text, text, uuid),
+    orca.catalog_drop_table(text, text, text, uuid)
+    TO orca_attempt, orca_operator;

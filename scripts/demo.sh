@@ -98,9 +98,41 @@ rm -rf "$ORCA_WAREHOUSE"
 export ORCA_STORE
 ORCA_STORE="$(dirname "$ORCA_PGDIR")/store"
 rm -rf "$ORCA_STORE"
-say "starting a runner (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
+# The runner runs as docs/security.md recommends: a login in orca_runner
+# only, with a runner token of the org and pool, and its children (the
+# pipelines and orca-engine) on a login in orca_attempt only. Tables are
+# read back below through a login in orca_viewer, the catalog's read-only
+# role.
+"${PSQL[@]}" -d orca -q <<'SQL'
+SET client_min_messages = warning;
+DO $$
+BEGIN
+    CREATE ROLE demo_runner LOGIN IN ROLE orca_runner;
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+DO $$
+BEGIN
+    CREATE ROLE demo_attempt LOGIN IN ROLE orca_attempt;
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+DO $$
+BEGIN
+    CREATE ROLE demo_reader LOGIN IN ROLE orca_viewer;
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+SELECT orca.add_member('default', 'demo_reader');
+SQL
 mkdir -p "$LOGS" "$ORCA_WAREHOUSE"
+TOKEN_FILE="$LOGS/runner.token"
+(umask 077 && "${PSQL[@]}" -d orca -Atqc \
+    "SELECT orca.create_runner_token('default', 'demo-' || to_char(clock_timestamp(), 'YYYYMMDD-HH24MISS-US'))" \
+    >"$TOKEN_FILE")
+READER_URL="postgres://demo_reader@127.0.0.1:$ORCA_PGPORT/orca"
+say "starting a runner as demo_runner with a runner token (its output: $LOGS/runner.out; tables under $ORCA_WAREHOUSE)"
 "$BIN/orca-runner" --name demo-runner --slots 2 --logs "$LOGS" --grace-seconds 5 \
+    --database-url "postgres://demo_runner@127.0.0.1:$ORCA_PGPORT/orca" \
+    --token-file "$TOKEN_FILE" \
+    --attempt-database-url "postgres://demo_attempt@127.0.0.1:$ORCA_PGPORT/orca" \
     --pipelines "$BIN" \
     >"$LOGS/runner.out" 2>&1 &
 RUNNER_PID=$!
@@ -114,8 +146,8 @@ first=$("${PSQL[@]}" -d orca -Atqc "SELECT min(id) FROM orca.runs WHERE trigger 
 say "orca run $first"
 "$BIN/orca" run "$first" --logs "$LOGS"
 
-say "lake.monthly, read back by PyIceberg through the same catalog"
-"${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}" - "$DATABASE_URL" "$ORCA_WAREHOUSE" <<'PY'
+say "lake.monthly, read back by PyIceberg through the same catalog, as demo_reader (orca_viewer)"
+"${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}" - "$READER_URL" "$ORCA_WAREHOUSE" <<'PY'
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
 url, wh = sys.argv[1].replace("postgres://", "postgresql+psycopg2://"), sys.argv[2]
@@ -140,7 +172,7 @@ say "orca maintain lake.raw (compact small files, expire snapshots, remove orpha
 say "orca backfill labels @all (keyed by the origins in lake.clean)"
 "$BIN/orca" backfill labels @all
 "$BIN/orca" keys labels
-"${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}" - "$DATABASE_URL" "$ORCA_WAREHOUSE" <<'PY'
+"${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}" - "$READER_URL" "$ORCA_WAREHOUSE" <<'PY'
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
 url, wh = sys.argv[1].replace("postgres://", "postgresql+psycopg2://"), sys.argv[2]

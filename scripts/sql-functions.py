@@ -3,6 +3,12 @@
 
     scripts/sql-functions.py new NAME...       CREATE FUNCTION blocks
     scripts/sql-functions.py replace NAME...   CREATE OR REPLACE FUNCTION blocks
+    scripts/sql-functions.py sync SCRIPT NAME...
+                                               rewrites, in place, the last
+                                               definition of each function in
+                                               an unreleased upgrade SCRIPT as
+                                               sql/ defines it now (keeping
+                                               its OR REPLACE)
 
 Each block is the function's text exactly as in sql/*.sql, with the
 COMMENT ON FUNCTION that follows it. An upgrade script must recreate a
@@ -44,11 +50,40 @@ def blocks(root):
     return out
 
 
+def sync(found, script, names):
+    lines = open(script).read().split("\n")
+    for name in names:
+        if name not in found:
+            sys.exit(f"no function orca.{name} in sql/*.sql")
+        head = re.compile(r"^CREATE (OR REPLACE )?FUNCTION orca\." + name + r"\(")
+        starts = [i for i, line in enumerate(lines) if head.match(line)]
+        if not starts:
+            sys.exit(f"{script} does not define orca.{name}: add it by hand (new)")
+        i = starts[-1]
+        replace = lines[i].startswith("CREATE OR REPLACE")
+        j = i
+        while lines[j] != "$$;":
+            j += 1
+        k = j + 1
+        if k < len(lines) and lines[k].startswith(f"COMMENT ON FUNCTION orca.{name}("):
+            while not lines[k].endswith("';"):
+                k += 1
+            j = k
+        text = found[name]
+        if replace:
+            text = text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+        lines[i : j + 1] = text.split("\n")
+    open(script, "w").write("\n".join(lines))
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("new", "replace"):
-        sys.exit(__doc__)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     found = blocks(root)
+    if len(sys.argv) >= 4 and sys.argv[1] == "sync":
+        sync(found, sys.argv[2], sys.argv[3:])
+        return
+    if len(sys.argv) < 3 or sys.argv[1] not in ("new", "replace"):
+        sys.exit(__doc__)
     for name in sys.argv[2:]:
         if name not in found:
             sys.exit(f"no function orca.{name} in sql/*.sql")

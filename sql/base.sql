@@ -36,7 +36,39 @@ $$;
 
 -- PL/pgSQL rather than SQL for the small helpers below: it keeps their plans
 -- across calls, where a non-inlined SQL function is planned on every call.
+--
+-- The installation's admin: a superuser or orca_admin login that presents
+-- no API key. Only it acts across orgs (sees every org's catalog, ticks
+-- every org, runs a runner without a token, drives a sync by hand). An API
+-- key is its org's, whatever its role: an org's admin is not the
+-- installation's (orca._is_org_admin).
 CREATE FUNCTION orca._is_admin() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
+END
+$$;
+
+-- The installation's superuser, presenting no API key: the only one who
+-- may move the clock (orca.tick(now => ...)).
+CREATE FUNCTION orca._is_superuser() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper);
+END
+$$;
+
+-- An admin of the session's org: the installation's admin, or an API key
+-- with the admin role (for its own org only: orca.current_org_id is the
+-- key's).
+CREATE FUNCTION orca._is_org_admin() RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- A session that presents an API key is what the key says, whatever
@@ -44,8 +76,7 @@ BEGIN
     IF nullif(current_setting('orca.api_key', true), '') IS NOT NULL THEN
         RETURN (orca._api_key()).role = 'admin';
     END IF;
-    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
-        OR pg_catalog.pg_has_role(session_user, 'orca_admin', 'MEMBER');
+    RETURN orca._is_admin();
 END
 $$;
 
@@ -60,5 +91,22 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'an API key acts in its own org only, even with the admin role';
     END IF;
+END
+$$;
+
+-- Every text and jsonb a function takes is held to a bound before it is
+-- looked at (docs/security.md, "Limits on what comes in"): what a caller
+-- sends is never stored, echoed or parsed beyond it. p_size is in bytes.
+-- Each function checks its inputs in the first line of its DECLARE
+-- section, before any other initializer reads them.
+CREATE FUNCTION orca._bound(p_fn text, p_arg text, p_size bigint, p_max bigint) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_size > p_max THEN
+        RAISE EXCEPTION 'orca.%: % is % bytes, more than its bound of % bytes', p_fn, p_arg, p_size, p_max
+            USING ERRCODE = 'OR051',
+                  HINT = 'docs/security.md lists the bound of every input';
+    END IF;
+    RETURN true;
 END
 $$;

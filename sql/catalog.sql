@@ -12,6 +12,9 @@
 -- client) is added.
 
 DO $catalog$
+DECLARE
+    t text;
+    g text;
 BEGIN
     IF to_regclass('public.iceberg_tables') IS NULL THEN
         CREATE TABLE public.iceberg_tables (
@@ -38,6 +41,17 @@ BEGIN
     ELSE
         ALTER EXTENSION orca ADD TABLE public.iceberg_namespace_properties;
     END IF;
+    -- An adopted table is the extension's from now on: owned by it (the
+    -- client that made it would otherwise bypass row-level security and
+    -- write as it likes) and granted only as grants.sql says.
+    FOREACH t IN ARRAY ARRAY['public.iceberg_tables', 'public.iceberg_namespace_properties'] LOOP
+        EXECUTE format('ALTER TABLE %s OWNER TO %I', t, current_user);
+        FOR g IN SELECT DISTINCT pg_catalog.pg_get_userbyid(a.grantee)
+                 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+                 WHERE c.oid = t::regclass AND a.grantee <> 0 AND a.grantee <> c.relowner LOOP
+            EXECUTE format('REVOKE ALL ON %s FROM %I', t, g);
+        END LOOP;
+    END LOOP;
 END
 $catalog$;
 COMMENT ON TABLE public.iceberg_tables IS

@@ -61,6 +61,7 @@ CREATE FUNCTION orca.drop_sync(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('drop_sync', 'name', octet_length(drop_sync.name), 1024);
     v_org    bigint := orca.current_org_id();
     s        orca.syncs;
     v_pid    bigint;
@@ -200,6 +201,7 @@ CREATE FUNCTION orca.pause_sync(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('pause_sync', 'name', octet_length(pause_sync.name), 1024);
     v_org bigint := orca.current_org_id();
     s     orca.syncs;
     r     bigint;
@@ -229,6 +231,7 @@ CREATE FUNCTION orca.resume_sync(name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('resume_sync', 'name', octet_length(resume_sync.name), 1024);
     v_org bigint := orca.current_org_id();
     s     orca.syncs;
     v_run bigint;
@@ -256,6 +259,7 @@ CREATE FUNCTION orca.scale_sync(name text, lanes integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('scale_sync', 'name', octet_length(scale_sync.name), 1024);
     v_org  bigint := orca.current_org_id();
     s      orca.syncs;
     v_was  integer;
@@ -310,6 +314,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('sync_lanes', 'sync', octet_length(sync_lanes.sync), 1024);
     a     orca.attempts := orca._sync_caller(sync_lanes.sync, sync_lanes.lease, 'scaling');
     s     orca.syncs := orca._sync(a.org_id, sync_lanes.sync);
 BEGIN

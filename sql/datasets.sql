@@ -37,6 +37,9 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('pin_read', 'step', octet_length(pin_read.step), 1024)
+                         AND orca._bound('pin_read', 'partition', octet_length(pin_read.partition), 1024)
+                         AND orca._bound('pin_read', 'dataset', octet_length(pin_read.dataset), 1024);
     v_org bigint := orca._lease_org(pin_read.lease);
     a orca.attempts;
     v_pinned bigint;
@@ -75,6 +78,10 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('record_commit', 'step', octet_length(record_commit.step), 1024)
+                         AND orca._bound('record_commit', 'partition', octet_length(record_commit.partition), 1024)
+                         AND orca._bound('record_commit', 'dataset', octet_length(record_commit.dataset), 1024)
+                         AND orca._bound('record_commit', 'operation', octet_length(record_commit.operation), 1024);
     v_org bigint := orca._lease_org(record_commit.lease);
     a orca.attempts;
     v_new integer;
@@ -119,6 +126,7 @@ RETURNS TABLE (direction text, depth integer, related text, via text, pipeline t
                read_snapshot bigint, commit_snapshot bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('lineage', 'dataset', octet_length(lineage.dataset), 1024);
     v_org bigint := orca.current_org_id();
 BEGIN
     IF lineage.dataset IS NULL OR NOT (lineage.dataset ~ '^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$') THEN

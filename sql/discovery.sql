@@ -60,6 +60,8 @@ CREATE FUNCTION orca.discover(name text, source jsonb DEFAULT NULL) RETURNS bigi
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('discover', 'name', octet_length(discover.name), 1024)
+                         AND orca._bound('discover', 'source', octet_length(discover.source::text), 65536);
     v_org bigint := orca.current_org_id();
     v_src jsonb := discover.source;
     p     orca.pipelines;
@@ -155,6 +157,7 @@ CREATE FUNCTION orca.store_catalog(lease uuid, catalog jsonb) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('store_catalog', 'catalog', octet_length(store_catalog.catalog::text), 16777216);
     r      orca.runs := orca._discovery_run(store_catalog.lease);
     v_name text := (SELECT p.name FROM orca.pipelines p WHERE p.id = r.pipeline_id);
     c      orca.catalogs;
@@ -245,6 +248,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_drift', 'sync', octet_length(report_drift.sync), 1024)
+                         AND orca._bound('report_drift', 'drift', octet_length(report_drift.drift::text), 1048576);
     a     orca.attempts := orca._sync_caller(report_drift.sync, report_drift.lease, 'reporting drift of');
     v_org bigint := a.org_id;
     s     orca.syncs := orca._sync(v_org, report_drift.sync);

@@ -170,6 +170,9 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('register_runner', 'name', octet_length(register_runner.name), 1024)
+                         AND orca._bound('register_runner', 'pool', octet_length(register_runner.pool), 1024)
+                         AND orca._bound('register_runner', 'host', octet_length(register_runner.host), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
 BEGIN
@@ -200,6 +203,9 @@ RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
+                         AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '')), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
@@ -338,6 +344,7 @@ CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL) RET
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('finish', 'error', octet_length(finish.error), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -365,6 +372,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('finish_many', 'error', octet_length(finish_many.error), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_ids bigint[];
@@ -487,6 +495,7 @@ CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('release', 'reason', octet_length(release.reason), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -524,6 +533,13 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_step', 'step', octet_length(report_step.step), 1024)
+                         AND orca._bound('report_step', 'partition', octet_length(report_step.partition), 1024)
+                         AND orca._bound('report_step', 'status', octet_length(report_step.status), 1024)
+                         AND orca._bound('report_step', 'error', octet_length(report_step.error), 65536)
+                         AND orca._bound('report_step', 'output', octet_length(report_step.output::text), 1048576)
+                         AND orca._bound('report_step', 'code', octet_length(report_step.code), 1024)
+                         AND orca._bound('report_step', 'input_hash', octet_length(report_step.input_hash), 1024);
     v_org bigint := orca._lease_org(report_step.lease);
     a orca.attempts;
     v_pipeline bigint;
@@ -577,6 +593,7 @@ CREATE FUNCTION orca.attempt_context(lease uuid, build jsonb DEFAULT '{}') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('attempt_context', 'build', octet_length(attempt_context.build::text), 65536);
     v_org bigint := orca._lease_org(attempt_context.lease);
     a orca.attempts;
     r orca.runs;

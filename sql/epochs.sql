@@ -31,6 +31,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('record_epoch', 'sync', octet_length(record_epoch.sync), 1024)
+                         AND orca._bound('record_epoch', 'stats', octet_length(record_epoch.stats::text), 1048576);
     v_org   bigint := (orca._sync_caller(record_epoch.sync, record_epoch.lease, 'recording an epoch of')).org_id;
     s       orca.syncs := orca._sync(v_org, record_epoch.sync);
     v_rows  jsonb := coalesce(record_epoch.stats->'rows', '{}');

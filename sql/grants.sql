@@ -129,10 +129,16 @@ COMMENT ON FUNCTION orca.current_org_id() IS
 'The id of the session''s org (SET orca.org; default ''default''). Errors: OR001 unknown org, '
 'OR002 the session''s role is not a member.';
 
--- The Iceberg catalog (catalog.sql): pipeline binaries and engines commit
--- tables with their attempt's login (orca_attempt, which runners have too);
--- everyone who reads runs reads tables.
+-- The Iceberg catalog (catalog.sql): read under row-level security by its
+-- org's members (orca_viewer: PyIceberg, DuckDB, BI tools) and attempts;
+-- written by nobody directly: pipeline binaries and engines commit through
+-- the orca.catalog_* functions (iceberg.sql) with their lease, operators
+-- with their session.
 REVOKE ALL ON public.iceberg_tables, public.iceberg_namespace_properties FROM PUBLIC;
 GRANT SELECT ON public.iceberg_tables, public.iceberg_namespace_properties TO orca_viewer, orca_attempt;
-GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_properties
-    TO orca_attempt;
+GRANT EXECUTE ON FUNCTION
+    orca.catalog_create_namespace(text, text, jsonb, uuid),
+    orca.catalog_create_table(text, text, text, text, uuid),
+    orca.catalog_commit(text, text, text, text, text, uuid),
+    orca.catalog_drop_table(text, text, text, uuid)
+    TO orca_attempt, orca_operator;

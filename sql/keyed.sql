@@ -219,6 +219,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '')), 16777216);
     v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;
@@ -301,6 +302,7 @@ COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
 CREATE FUNCTION orca.refresh_keys(pipeline text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('refresh_keys', 'pipeline', octet_length(refresh_keys.pipeline), 1024);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
 BEGIN
@@ -323,6 +325,7 @@ RETURNS TABLE (key text, done boolean, active_run bigint, first_seen_at timestam
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('key_status', 'pipeline', octet_length(key_status.pipeline), 1024);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
 BEGIN

@@ -193,6 +193,9 @@ $$;
 
 CREATE FUNCTION orca.maintain(dataset text, options jsonb DEFAULT '{}') RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('maintain', 'dataset', octet_length(maintain.dataset), 1024)
+                         AND orca._bound('maintain', 'options', octet_length(maintain.options::text), 65536);
 BEGIN
     RETURN orca._queue_maintenance(orca.current_org_id(), maintain.dataset,
                                    orca._maintenance_options(maintain.options), 'manual');
@@ -219,6 +222,10 @@ CREATE FUNCTION orca.schedule_maintenance(dataset text, cron text, options jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('schedule_maintenance', 'dataset', octet_length(schedule_maintenance.dataset), 1024)
+                         AND orca._bound('schedule_maintenance', 'cron', octet_length(schedule_maintenance.cron), 1024)
+                         AND orca._bound('schedule_maintenance', 'options', octet_length(schedule_maintenance.options::text), 65536)
+                         AND orca._bound('schedule_maintenance', 'tz', octet_length(schedule_maintenance.tz), 1024);
     v_org  bigint := orca.current_org_id();
     v_opts jsonb := orca._maintenance_options(schedule_maintenance.options);
     v_next timestamptz;
@@ -252,6 +259,7 @@ COMMENT ON FUNCTION orca.schedule_maintenance(text, text, jsonb, text) IS
 CREATE FUNCTION orca.unschedule_maintenance(dataset text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('unschedule_maintenance', 'dataset', octet_length(unschedule_maintenance.dataset), 1024);
     v_org bigint := orca.current_org_id();
 BEGIN
     DELETE FROM orca.maintenance m
@@ -362,6 +370,7 @@ COMMENT ON FUNCTION orca.maintenance_task(uuid) IS
 CREATE FUNCTION orca.report_maintenance(lease uuid, report jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('report_maintenance', 'report', octet_length(report_maintenance.report::text), 1048576);
     r orca.runs := orca._maintenance_run(report_maintenance.lease);
     v_attempt bigint := orca._lease_attempt(report_maintenance.lease);
     v_dataset text := r.request ->> 'dataset';

@@ -6,6 +6,7 @@
 CREATE FUNCTION orca.create_org(name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('create_org', 'name', octet_length(create_org.name), 1024);
     v_id bigint;
 BEGIN
     PERFORM orca._installation_admin();
@@ -31,6 +32,8 @@ COMMENT ON FUNCTION orca.create_org(text) IS
 CREATE FUNCTION orca.add_member(org text, role text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('add_member', 'org', octet_length(add_member.org), 1024)
+                         AND orca._bound('add_member', 'role', octet_length(add_member.role), 1024);
     v_org bigint;
 BEGIN
     PERFORM orca._installation_admin();
@@ -56,6 +59,8 @@ COMMENT ON FUNCTION orca.add_member(text, text) IS
 CREATE FUNCTION orca.remove_member(org text, role text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('remove_member', 'org', octet_length(remove_member.org), 1024)
+                         AND orca._bound('remove_member', 'role', octet_length(remove_member.role), 1024);
     v_org bigint;
 BEGIN
     PERFORM orca._installation_admin();

@@ -75,6 +75,7 @@ $$;
 CREATE FUNCTION orca.register(manifest jsonb) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('register', 'manifest', octet_length(register.manifest::text), 1048576);
     v_org bigint := orca.current_org_id();
     m     jsonb;
     v_pid bigint;
@@ -205,6 +206,7 @@ CREATE FUNCTION orca.fires(pipeline text, n integer DEFAULT 10, after timestampt
 RETURNS TABLE (fire_at timestamptz, partition text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('fires', 'pipeline', octet_length(fires.pipeline), 1024);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
     v orca.pipeline_versions;
@@ -237,6 +239,7 @@ COMMENT ON FUNCTION orca.fires(text, integer, timestamptz) IS
 CREATE FUNCTION orca.pause(pipeline text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('pause', 'pipeline', octet_length(pause.pipeline), 1024);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
 BEGIN
@@ -252,6 +255,7 @@ COMMENT ON FUNCTION orca.pause(text) IS
 CREATE FUNCTION orca.unpause(pipeline text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('unpause', 'pipeline', octet_length(unpause.pipeline), 1024);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
 BEGIN

@@ -53,10 +53,15 @@ COMMENT ON FUNCTION orca.retention() IS
 --   runs whose commits a sensor has not looked at yet;
 --   a keyed pipeline's runs under its current registry hash (they say which
 --   keys are done: orca.key_status);
---   events after the cursor of an enabled webhook (not delivered yet);
+--   events after the cursor of an enabled webhook of their org (not
+--   delivered yet);
 --   runners holding a lease.
 -- Each table is read from its oldest rows (an index in age order), so a tick
 -- with nothing to prune reads a page or two.
+-- Each org's events in id order: pruning starts at an org's oldest, and a
+-- webhook reads its org's after its cursor.
+CREATE INDEX events_org ON orca.events (org_id, id);
+
 CREATE FUNCTION orca._tick_prune(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,6 +73,9 @@ DECLARE
     n_events   integer := 0;
     n_del      integer := 0;
     n_runners  integer := 0;
+    v_org      bigint;
+    v_left     integer;
+    v_n        integer;
     c          record;
 BEGIN
     v_keep := orca._retain_seconds('runs');
@@ -112,26 +120,33 @@ BEGIN
             ORDER BY x.committed_at LIMIT v_batch);
     END IF;
 
+    -- Events, org by org: an enabled endpoint's cursor holds back the
+    -- pruning of its own org's events (not delivered yet), never another
+    -- org's. Each org is read from its oldest event (events_org); the
+    -- batch is shared by the orgs of the tick.
     v_keep := orca._retain_seconds('events');
-    IF v_keep > 0 AND (SELECT e.at FROM orca.events e ORDER BY e.id LIMIT 1)
-                      < p_now - make_interval(secs => v_keep) THEN
+    IF v_keep > 0 THEN
         v_cut := p_now - make_interval(secs => v_keep);
-        -- Events are read in id order, the oldest first; an enabled
-        -- endpoint's cursor is where the pruning of every org stops, since
-        -- ids are shared.
-        SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w WHERE w.enabled;
-        FOR c IN
+        v_left := v_batch;
+        FOREACH v_org IN ARRAY p_orgs LOOP
+            EXIT WHEN v_left <= 0;
+            CONTINUE WHEN NOT coalesce((SELECT e.at < v_cut FROM orca.events e
+                                        WHERE e.org_id = v_org ORDER BY e.id LIMIT 1), false);
+            SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w
+            WHERE w.org_id = v_org AND w.enabled;
             WITH gone AS (
                 DELETE FROM orca.events d
                 WHERE d.id IN (SELECT e.id FROM orca.events e
-                               WHERE e.id <= coalesce(v_protect, e.id) AND e.org_id = ANY (p_orgs)
-                               ORDER BY e.id LIMIT v_batch)
+                               WHERE e.org_id = v_org AND e.id <= coalesce(v_protect, e.id)
+                               ORDER BY e.id LIMIT v_left)
                   AND d.at < v_cut
-                RETURNING d.org_id)
-            SELECT org_id, count(*) AS n FROM gone GROUP BY org_id
-        LOOP
-            PERFORM orca._count(c.org_id, 'pruned_events', c.n);
-            n_events := n_events + c.n;
+                RETURNING 1)
+            SELECT count(*) INTO v_n FROM gone;
+            IF v_n > 0 THEN
+                PERFORM orca._count(v_org, 'pruned_events', v_n);
+                n_events := n_events + v_n;
+                v_left := v_left - v_n;
+            END IF;
         END LOOP;
     END IF;
 

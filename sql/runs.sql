@@ -209,6 +209,8 @@ $$;
 CREATE FUNCTION orca.run(pipeline text, partitions text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('run', 'pipeline', octet_length(run.pipeline), 1024)
+                         AND orca._bound('run', 'partitions', octet_length(run.partitions), 65536);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
     v_parts text[];
@@ -271,6 +273,8 @@ COMMENT ON FUNCTION orca.run(text, text) IS
 CREATE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('backfill', 'pipeline', octet_length(backfill.pipeline), 1024)
+                         AND orca._bound('backfill', 'partitions', octet_length(backfill.partitions), 65536);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
     v_parts text[];

@@ -156,6 +156,8 @@ CREATE FUNCTION orca.create_runner_token(pool text, name text DEFAULT NULL) RETU
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_runner_token', 'pool', octet_length(create_runner_token.pool), 1024)
+                         AND orca._bound('create_runner_token', 'name', octet_length(create_runner_token.name), 1024);
     v_org   bigint := orca.current_org_id();
     v_token text := orca._new_token();
     v_name  text := create_runner_token.name;
@@ -197,6 +199,7 @@ CREATE FUNCTION orca.revoke_runner_token(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('revoke_runner_token', 'name', octet_length(revoke_runner_token.name), 1024);
     v_org bigint := orca.current_org_id();
     t     orca.runner_tokens;
     v_n   integer;
@@ -226,6 +229,7 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('rotate_runner_token', 'name', octet_length(rotate_runner_token.name), 1024);
     v_org   bigint := orca.current_org_id();
     v_token text := orca._new_token();
     t       orca.runner_tokens;
@@ -372,6 +376,8 @@ CREATE FUNCTION orca.set_secret(name text, value text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('set_secret', 'name', octet_length(set_secret.name), 1024)
+                         AND orca._bound('set_secret', 'value', octet_length(set_secret.value), 65536);
     v_org    bigint := orca.current_org_id();
     v_sealed bytea;
 BEGIN
@@ -403,6 +409,7 @@ CREATE FUNCTION orca.drop_secret(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('drop_secret', 'name', octet_length(drop_secret.name), 1024);
     v_org bigint := orca.current_org_id();
 BEGIN
     DELETE FROM orca.secrets s WHERE s.org_id = v_org AND s.name = drop_secret.name;
@@ -422,6 +429,7 @@ CREATE FUNCTION orca.attempt_secret(lease uuid, name text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('attempt_secret', 'name', octet_length(attempt_secret.name), 1024);
     v_org    bigint;
     v_sealed bytea;
     v_value  text;
@@ -538,6 +546,9 @@ CREATE FUNCTION orca.allow(org text, target text, note text DEFAULT NULL) RETURN
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('allow', 'org', octet_length(allow.org), 1024)
+                         AND orca._bound('allow', 'target', octet_length(allow.target), 4096)
+                         AND orca._bound('allow', 'note', octet_length(allow.note), 4096);
     v_org  bigint := orca._org_named(allow.org);
     v_rule jsonb;
 BEGIN
@@ -566,6 +577,8 @@ CREATE FUNCTION orca.disallow(org text, target text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('disallow', 'org', octet_length(disallow.org), 1024)
+                         AND orca._bound('disallow', 'target', octet_length(disallow.target), 4096);
     v_org  bigint := orca._org_named(disallow.org);
     v_rule jsonb;
 BEGIN
@@ -644,6 +657,8 @@ CREATE FUNCTION orca.create_api_key(name text, role text DEFAULT 'viewer') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_api_key', 'name', octet_length(create_api_key.name), 1024)
+                         AND orca._bound('create_api_key', 'role', octet_length(create_api_key.role), 1024);
     v_org bigint := orca.current_org_id();
     v_key text := 'orca_ak_' || substr(orca._new_token(), 9);
     v_id  bigint;
@@ -659,7 +674,7 @@ BEGIN
                         quote_nullable(create_api_key.role)
             USING ERRCODE = 'OR050';
     END IF;
-    IF create_api_key.role = 'admin' AND NOT orca._is_admin() THEN
+    IF create_api_key.role = 'admin' AND NOT orca._is_org_admin() THEN
         RAISE EXCEPTION 'only admins create admin API keys' USING ERRCODE = '42501';
     END IF;
     INSERT INTO orca.api_keys AS k (org_id, name, role, hash)
@@ -688,6 +703,7 @@ CREATE FUNCTION orca.revoke_api_key(name text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('revoke_api_key', 'name', octet_length(revoke_api_key.name), 1024);
     v_org bigint := orca.current_org_id();
     k     orca.api_keys;
 BEGIN

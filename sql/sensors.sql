@@ -112,6 +112,7 @@ CREATE FUNCTION orca.report_snapshots(lease uuid, snapshots jsonb) RETURNS integ
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('report_snapshots', 'snapshots', octet_length(report_snapshots.snapshots::text), 1048576);
     v_org bigint := orca._lease_org(report_snapshots.lease);
     ctx jsonb := orca.sense_context(report_snapshots.lease);
     r orca.runs;

@@ -150,6 +150,13 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_sync', 'name', octet_length(create_sync.name), 1024)
+                         AND orca._bound('create_sync', 'source', octet_length(create_sync.source::text), 65536)
+                         AND orca._bound('create_sync', 'destination', octet_length(create_sync.destination::text), 65536)
+                         AND orca._bound('create_sync', 'streams', octet_length(create_sync.streams::text), 1048576)
+                         AND orca._bound('create_sync', 'schedule', octet_length(create_sync.schedule), 1024)
+                         AND orca._bound('create_sync', 'delivery', octet_length(create_sync.delivery), 1024)
+                         AND orca._bound('create_sync', 'pool', octet_length(create_sync.pool), 1024);
     v_org bigint := orca.current_org_id();
     d     jsonb;
     v_id  bigint;
@@ -261,6 +268,7 @@ CREATE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS json
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim_sync', 'sync', octet_length(claim_sync.sync), 1024);
     a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
     v_org bigint := a.org_id;
     s orca.syncs;
@@ -315,6 +323,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('advance_head', 'sync', octet_length(advance_head.sync), 1024)
+                         AND orca._bound('advance_head', 'record', octet_length(advance_head.record), 4096);
     v_org bigint := (orca._sync_caller(advance_head.sync, advance_head.lease, 'moving HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, advance_head.sync);
 BEGIN
@@ -360,6 +370,8 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('rewind_head', 'sync', octet_length(rewind_head.sync), 1024)
+                         AND orca._bound('rewind_head', 'record', octet_length(rewind_head.record), 4096);
     v_org bigint := (orca._sync_caller(rewind_head.sync, rewind_head.lease, 'rewinding HEAD of')).org_id;
     s orca.syncs := orca._sync(v_org, rewind_head.sync);
 BEGIN

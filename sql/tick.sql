@@ -295,11 +295,12 @@ BEGIN
         RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
-    -- Time is injected by admins only (tests, replays): anyone else's tick
-    -- acts at the transaction's clock, so nobody can fire schedules early or
-    -- expire other runners' leases by naming a later instant.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
-        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+    -- Time is injected by the installation's superuser only (tests,
+    -- replays): anyone else's tick acts at the transaction's clock, so nobody
+    -- can fire schedules early or expire other runners' leases by naming a
+    -- later instant, and no org's admin (an API key) moves any org's time.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_superuser() THEN
+        RAISE EXCEPTION 'only the installation''s superuser moves the clock: orca.tick(now => %) is not the transaction''s time %',
                         v_now, pg_catalog.now()
             USING ERRCODE = 'OR086',
                   HINT = 'call orca.tick() without now';
@@ -324,4 +325,5 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
+'runner; an API key''s, whatever its role). Only the installation''s superuser may pass a now '
+'other than the transaction''s time (OR086). Returns counts.';

@@ -138,6 +138,9 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_webhook', 'url', octet_length(create_webhook.url), 4096)
+                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '')), 65536)
+                         AND orca._bound('create_webhook', 'description', octet_length(create_webhook.description), 4096);
     v_org    bigint := orca.current_org_id();
     v_secret text := orca._new_webhook_secret();
     v_id     bigint;
@@ -233,6 +236,10 @@ DECLARE
     v_last  bigint;
     v_skip  bigint;
 BEGIN
+    -- A relay delivers for every org: an org's API key (whatever its role,
+    -- and orca_admin includes orca_relay) never takes another org's
+    -- endpoint and its signing secret.
+    PERFORM orca._installation_admin();
     LOOP
         SELECT * INTO w FROM orca.webhooks x
         WHERE x.enabled AND x.next_attempt_at <= now()
@@ -276,7 +283,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION orca.relay_take(integer) IS
-'For relays (orca_relay): takes one due webhook endpoint, locked until the caller''s '
+'For relays (orca_relay logins, never an API key): takes one due webhook endpoint, locked '
+'until the caller''s '
 'transaction ends and skipped by other relays, and returns its URL, opened signing secret, '
 'netguard allowlist and the next events (up to p_max) it wants; NULL when none is due.';
 
@@ -290,9 +298,12 @@ CREATE FUNCTION orca.relay_done(p_webhook bigint, p_event bigint, p_delivered bo
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_bounded boolean := orca._bound('relay_done', 'p_error', octet_length(relay_done.p_error), 65536)
+                         AND orca._bound('relay_done', 'p_relay', octet_length(relay_done.p_relay), 1024);
     w       orca.webhooks;
     v_delay double precision;
 BEGIN
+    PERFORM orca._installation_admin();
     SELECT * INTO w FROM orca.webhooks WHERE id = p_webhook FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;

@@ -41,11 +41,25 @@ say "writing the raw tables ($COPIES copies of each month, 24 months)"
     | tee "$WORK/raw.json"
 DATABASE_URL="$URL" "$BIN/orca" register "$BIN/bench_lake" >/dev/null
 
+# The runner as docs/security.md recommends: a login in orca_runner only
+# with a runner token, its children on a login in orca_attempt only.
+"${PSQL[@]}" -d "$DB" <<'SQL'
+SET client_min_messages = warning;
+DO $$ BEGIN CREATE ROLE orca_bench_runner LOGIN IN ROLE orca_runner;
+EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+DO $$ BEGIN CREATE ROLE orca_bench_attempt LOGIN IN ROLE orca_attempt;
+EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+SQL
+TOKEN_FILE="$WORK/logs/runner.token"
+(umask 077 && "${PSQL[@]}" -d "$DB" -Atc "SELECT orca.create_runner_token('default', 'bench')" >"$TOKEN_FILE")
+
 # A backfill of the 24 months under BENCH_MODE=$1, by a runner of 2 slots.
 backfill() {
     local mode=$1 logs="$WORK/logs/$1" t0 t1
     mkdir -p "$logs"
-    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-runner" --database-url "$URL" \
+    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-runner" \
+        --database-url "postgres://orca_bench_runner@127.0.0.1:5432/$DB" --token-file "$TOKEN_FILE" \
+        --attempt-database-url "postgres://orca_bench_attempt@127.0.0.1:5432/$DB" \
         --name "bench-$mode" --slots 2 --pipelines "$BIN" --logs "$logs" \
         >"$logs/runner.out" 2>&1 &
     local runner=$!

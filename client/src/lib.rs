@@ -262,6 +262,8 @@ impl Control {
         input_hash: Option<&str>,
     ) -> Result<u32, ClientError> {
         let status = status.name();
+        let error = error.map(|e| api::clip(e, api::ERROR_TEXT_MAX));
+        let error = error.as_deref();
         let n: i32 = self.with_retry("orca.report_step", |c| {
             c.query_one(
                 "SELECT orca.report_step($1, $2, $3, $4, $5, $6, $7, $8)",

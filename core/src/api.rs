@@ -35,6 +35,36 @@ pub fn from_json<T: DeserializeOwned>(document: &'static str, v: Value) -> Resul
     })
 }
 
+/// The bound the control plane holds an error or reason text to
+/// (`orca.finish`, `orca.report_step`, `orca.release`, a delivery's error):
+/// clients cut what they send to it ([`clip`]) rather than be refused.
+pub const ERROR_TEXT_MAX: usize = 65536;
+/// The longest log line the control plane keeps (`orca.append_log`).
+pub const LOG_LINE_MAX: usize = 8192;
+
+/// `text` cut to at most `max` bytes at a character boundary, saying so at
+/// its end.
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let note = format!(" ... [{} bytes cut]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}{note}", &text[..end]))
+}
+
+/// Whether `name` is an org's name as `orca.create_org` takes it:
+/// `[a-z][a-z0-9_-]{0,62}`.
+pub fn valid_org_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 63
+        && chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 macro_rules! id {
     ($(#[$doc:meta])* $name:ident($inner:ty)) => {
         $(#[$doc])*
@@ -445,6 +475,16 @@ pub struct TickReport {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn clipped_text_fits_its_bound_and_says_it_was_cut() {
+        assert_eq!(clip("short", 10), "short");
+        let long = "é".repeat(40_000);
+        let c = clip(&long, ERROR_TEXT_MAX);
+        assert!(c.len() <= ERROR_TEXT_MAX, "{}", c.len());
+        assert!(c.ends_with("[80000 bytes cut]"), "{}", &c[c.len() - 40..]);
+        assert!(clip(&"x".repeat(100), 5).len() <= 100);
+    }
+
     use serde_json::json;
 
     use super::*;

@@ -15,6 +15,13 @@ use crate::partition::{Fills, PartitionKind, PartitionSet};
 pub const NAME_MAX: usize = 63;
 /// A bound on a step's own retries; more than this is a typo, not a policy.
 pub const RETRIES_MAX: i64 = 100;
+/// The longest string a manifest holds anywhere (a path, a URL, a hash, a
+/// field a client adds): a manifest is stored with every version and read
+/// by the org's viewers, so no field is a place for free text.
+pub const STRING_MAX: usize = 4096;
+/// The most fields, items and nesting a manifest holds.
+pub const NODES_MAX: usize = 20_000;
+pub const DEPTH_MAX: usize = 16;
 
 /// A step as the control plane sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -455,6 +462,47 @@ fn password_at(path: &str, v: &Value) -> Option<String> {
     }
 }
 
+/// The first place in `v` over the manifest's bounds, with why.
+fn over_bounds(path: &str, v: &Value, depth: usize, nodes: &mut usize) -> Option<(String, String)> {
+    *nodes += 1;
+    if *nodes > NODES_MAX {
+        return Some((
+            path.to_string(),
+            format!("the manifest holds more than {NODES_MAX} fields and items"),
+        ));
+    }
+    if depth > DEPTH_MAX {
+        return Some((
+            path.to_string(),
+            format!("is nested more than {DEPTH_MAX} levels deep"),
+        ));
+    }
+    let long = |what: &str, s: &str| {
+        (s.len() > STRING_MAX).then(|| {
+            (
+                path.to_string(),
+                format!("{what} is {} bytes, more than {STRING_MAX}", s.len()),
+            )
+        })
+    };
+    match v {
+        Value::String(s) => long("the value", s),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| over_bounds(&format!("{path}[{i}]"), x, depth + 1, nodes)),
+        Value::Object(m) => m.iter().find_map(|(k, x)| {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            long("the key", k).or_else(|| over_bounds(&p, x, depth + 1, nodes))
+        }),
+        _ => None,
+    }
+}
+
 pub fn parse(manifest: &Value) -> Result<Manifest> {
     let obj = manifest.as_object().ok_or_else(|| {
         bad(
@@ -462,6 +510,14 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             format!("must be a JSON object, got {}", show(manifest)),
         )
     })?;
+    if let Some((at, why)) = over_bounds("", manifest, 0, &mut 0) {
+        let at = if at.len() > 200 {
+            format!("{}...", at.chars().take(197).collect::<String>())
+        } else {
+            at
+        };
+        return Err(bad(at, why));
+    }
     if let Some(at) = password_at("", manifest) {
         return Err(bad(
             &at,
@@ -684,6 +740,29 @@ mod tests {
         patch(&mut m);
         let e = parse(&m).expect_err("refused");
         e.to_string()
+    }
+
+    #[test]
+    fn no_field_of_a_manifest_holds_free_text_beyond_its_bound() {
+        let big = "x".repeat(STRING_MAX + 1);
+        let e = refused(|m| m["description"] = json!(big));
+        assert!(e.contains("description") && e.contains("4097 bytes"), "{e}");
+        assert!(!e.contains("xxxx"), "the value is not echoed: {e}");
+        let e = refused(|m| m["steps"][0]["notes"] = json!({"deep": [big.clone()]}));
+        assert!(e.contains("steps[0].notes.deep[0]"), "{e}");
+        let e = refused(|m| m[big.as_str()] = json!(1));
+        assert!(e.contains("the key is 4097 bytes"), "{e}");
+        let mut deep = json!(1);
+        for _ in 0..(DEPTH_MAX + 2) {
+            deep = json!([deep]);
+        }
+        assert!(refused(|m| m["extra"] = deep).contains("nested"));
+        let many: Vec<u32> = (0..(NODES_MAX as u32)).collect();
+        assert!(refused(|m| m["extra"] = json!(many)).contains("more than"));
+        let at_bound = "y".repeat(STRING_MAX);
+        let mut m = lake();
+        m["source"] = json!(at_bound);
+        parse(&m).expect("a string of exactly the bound is taken");
     }
 
     #[test]

@@ -498,13 +498,20 @@ pub fn check_reaches(list: &Allowlist, reaches: &[(&str, Reach<'_>)]) -> Result<
                             .map_err(NetguardError::PathRefused)?;
                         continue;
                     }
-                    let literal = h
-                        .hostaddr
-                        .as_deref()
-                        .or(Some(h.name.as_str()))
-                        .and_then(|a| a.parse::<IpAddr>().ok());
-                    if let Some(addr) = literal {
-                        list.check(&h.name, addr).map_err(NetguardError::Refused)?;
+                    // A pinned address (hostaddr) is where the connection
+                    // goes, whatever the name: it is judged as a host of
+                    // its own, so that an allowed name cannot carry it.
+                    let written = h.hostaddr.as_deref().unwrap_or(h.name.as_str());
+                    let bare = written.trim_start_matches('[').trim_end_matches(']');
+                    match bare.parse::<IpAddr>() {
+                        Ok(addr) => list.check(bare, addr).map_err(NetguardError::Refused)?,
+                        Err(_) if h.hostaddr.is_some() => {
+                            return Err(NetguardError::BadRule(
+                                format!("{at}: {}", crate::conninfo::redact(conn)),
+                                "hostaddr must be a numeric address",
+                            ))
+                        }
+                        Err(_) => {}
                     }
                 }
             }
@@ -780,5 +787,40 @@ mod tests {
         .map(Rule::to_string)
         .collect();
         assert_eq!(entries, ["127.0.0.1/32", "db.internal", "/tmp/out"]);
+    }
+
+    #[test]
+    fn a_pinned_address_is_judged_as_a_host_of_its_own() {
+        // db.internal is allowed whatever it resolves to, but hostaddr is
+        // where the connection goes: it must be allowed itself.
+        let list = list(&["db.internal", "10.1.0.0/16"]);
+        for bad in [
+            "host=db.internal hostaddr=169.254.169.254 dbname=x",
+            "host=db.internal hostaddr=127.0.0.1",
+            "host=db.internal hostaddr=::1",
+            "host=db.internal hostaddr=::ffff:127.0.0.1",
+            "postgres://app@db.internal/shop?hostaddr=10.2.0.9",
+            "host=db.internal,db.internal hostaddr=10.1.0.5,127.0.0.1",
+        ] {
+            let e = check_reaches(&list, &[("source.url", Reach::Postgres(bad))])
+                .expect_err("a pinned address the allowlist does not permit");
+            assert!(matches!(e, NetguardError::Refused(_)), "{bad}: {e}");
+        }
+        for ok in [
+            "host=db.internal hostaddr=10.1.2.3 dbname=x",
+            "host=db.internal dbname=x",
+            "host=other.example hostaddr=10.1.0.7",
+        ] {
+            check_reaches(&list, &[("source.url", Reach::Postgres(ok))]).expect(ok);
+        }
+        let e = check_reaches(
+            &list,
+            &[(
+                "source.url",
+                Reach::Postgres("host=db.internal hostaddr=metadata.internal"),
+            )],
+        )
+        .expect_err("hostaddr must be an address");
+        assert!(e.to_string().contains("numeric"), "{e}");
     }
 }

@@ -62,7 +62,10 @@ sqlstates! {
     DATASET_CYCLE = "OR041": "a registration would close a cycle of datasets across pipelines";
     BAD_MAINTENANCE = "OR042": "malformed dataset or options of table maintenance";
     NO_WRITER = "OR043": "no pipeline of the org reads or writes the dataset, so none can maintain it";
+    BAD_CATALOG_WRITE = "OR044": "a bad name, location or property in a write to the Iceberg catalog (`orca.catalog_*`)";
+    NO_CATALOG_ENTRY = "OR045": "no such namespace or table in the org's Iceberg catalog, or the table exists already";
     INVALID_ARGUMENT = "OR050": "invalid argument";
+    TOO_LARGE = "OR051": "an input over its size bound";
     UNKNOWN_CONNECTOR = "OR060": "unknown sync connector";
     MISSING_OPTION = "OR061": "a sync connector's required option is missing";
     IMPOSSIBLE_DELIVERY = "OR062": "a sync stream cannot reach the required delivery level";
@@ -79,7 +82,7 @@ sqlstates! {
     UNKNOWN_RUNNER_TOKEN = "OR083": "unknown (or revoked) runner token name";
     NOT_SYNC_LEASE = "OR084": "a sync's HEAD call without the live lease of an attempt of its run";
     RECORD_OUTSIDE_SYNC = "OR085": "a checkpoint record outside the sync's own prefix";
-    CLOCK_ADMIN_ONLY = "OR086": "only admins pass orca.tick a time other than the transaction's";
+    CLOCK_ADMIN_ONLY = "OR086": "only the installation's superuser passes orca.tick a time other than the transaction's";
     API_KEY_REFUSED = "OR087": "the API key is unknown or revoked (or none was presented)";
     UNKNOWN_API_KEY = "OR088": "unknown API key name";
     SECRETS_NOT_SET_UP = "OR090": "secrets are not set up: no readable installation key (`orca.secrets_key_file`)";

@@ -239,7 +239,9 @@ impl Guard {
         for (i, h) in hosts.iter().enumerate() {
             let Host::Tcp(name) = h else { continue };
             if let Some(a) = given.get(i) {
-                list.check(name, *a).map_err(NetError::Refused)?;
+                // The pinned address is the connection: judged as a host of
+                // its own, never by the name it comes with.
+                list.check(&a.to_string(), *a).map_err(NetError::Refused)?;
                 continue;
             }
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
@@ -335,15 +337,18 @@ impl Guard {
 
     /// Checks a files source's or Parquet destination's place: a local
     /// path under an allowed root, or an `s3://` prefix outside the
-    /// installation's own and through an endpoint netguard permits.
-    pub fn place(&self, url: &str) -> Result<(), NetError> {
+    /// installation's own and through an endpoint netguard permits. A
+    /// local place comes back with its links resolved, as it was allowed:
+    /// open that, not the place as written, which a link swapped since
+    /// could lead elsewhere.
+    pub fn place(&self, url: &str) -> Result<Option<PathBuf>, NetError> {
         let Some(list) = &self.list else {
-            return Ok(());
+            return Ok(None);
         };
         match place_of(url) {
             Place::Local(_) => {
                 let path = netguard::local_path(url).unwrap_or(url);
-                self.local(list, Path::new(path)).map(|_| ())
+                self.local(list, Path::new(path)).map(Some)
             }
             Place::Bucket { bucket, key } => {
                 for (what, p) in &self.inside {
@@ -359,7 +364,7 @@ impl Guard {
                         }
                     }
                 }
-                self.s3_endpoint(list)
+                self.s3_endpoint(list).map(|()| None)
             }
         }
     }
@@ -475,5 +480,59 @@ mod tests {
         // Another bucket, or a sibling prefix, is not the installation's.
         g.place("s3://lake/warehouse2/x").expect("sibling prefix");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every form a Postgres connection string can name a host in, at
+    /// connection time: each refused before anything is sent when what it
+    /// reaches is not allowed, whatever name an allowed entry covers.
+    #[test]
+    fn every_form_of_a_connection_string_is_judged_when_it_connects() {
+        let g = Guard::new(&scope(
+            &["db.internal", "*.corp.example", "10.1.0.0/16"],
+            "/nonexistent",
+        ))
+        .expect("guard");
+        for conn in [
+            "postgres://app@127.0.0.1:1/shop",
+            "postgresql://app@127.0.0.1/shop",
+            "postgres://app@[::1]:1/shop",
+            "postgres://app@[::ffff:127.0.0.1]:1/shop",
+            "postgres://app@localhost:1/shop",
+            "postgres://app@%31%32%37.0.0.1:1/shop",
+            "postgres://app@10.1.0.1:1,127.0.0.1:1/shop",
+            "postgres://app@db.internal:1/shop?hostaddr=127.0.0.1",
+            "postgres://app@10.1.0.1:1/shop?host=127.0.0.1",
+            "postgres:///shop?host=127.0.0.1&port=1",
+            "postgres://app@/shop?host=/var/run/postgresql",
+            "host=127.0.0.1 port=1 dbname=shop",
+            "host=localhost port=1 dbname=shop",
+            "host=db.internal hostaddr=127.0.0.1 port=1 dbname=shop",
+            "host=db.internal hostaddr=169.254.169.254 port=1 dbname=shop",
+            "host=x.corp.example hostaddr=::1 port=1 dbname=shop",
+            "host=db.internal,db.internal hostaddr=10.1.0.5,127.0.0.1 port=1 dbname=shop",
+            "hostaddr=127.0.0.1 port=1 dbname=shop",
+            "hostaddr=0.0.0.0 port=1 dbname=shop",
+            "host=/var/run/postgresql dbname=shop",
+            "host='/tmp' dbname=shop",
+        ] {
+            let e = g
+                .postgres(conn)
+                .err()
+                .unwrap_or_else(|| panic!("{conn} connected"));
+            assert!(
+                matches!(
+                    e,
+                    NetError::Refused(_) | NetError::PathRefused(_) | NetError::Unpinnable(_)
+                ),
+                "{conn}: {e}"
+            );
+        }
+        // An allowed network's address passes the check (and the connect
+        // then fails: nothing listens there).
+        let e = g
+            .postgres("host=db.internal hostaddr=10.1.0.9 port=1 dbname=shop connect_timeout=1")
+            .err()
+            .expect("nothing listens");
+        assert!(!matches!(e, NetError::Refused(_)), "{e}");
     }
 }

@@ -117,6 +117,11 @@ extension_sql_file!(
     name = "maintenance",
     requires = ["cdc"]
 );
+extension_sql_file!(
+    "../../sql/iceberg.sql",
+    name = "iceberg",
+    requires = ["maintenance"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

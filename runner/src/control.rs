@@ -109,10 +109,16 @@ pub async fn append_log(
     first: i32,
     lines: &[String],
 ) -> Result<(), ControlError> {
+    // The control plane keeps a line's first 8 KiB (the file has it all):
+    // only that much travels.
+    let lines: Vec<String> = lines
+        .iter()
+        .map(|l| orca_core::api::clip(l, orca_core::api::LOG_LINE_MAX).into_owned())
+        .collect();
     sqlx::query("SELECT orca.append_log($1, $2, $3)")
         .bind(lease.0)
         .bind(first)
-        .bind(lines)
+        .bind(&lines)
         .execute(db)
         .await
         .map(|_| ())
@@ -128,7 +134,7 @@ pub async fn finish(
     sqlx::query_scalar("SELECT orca.finish($1, $2, $3)")
         .bind(lease.0)
         .bind(ok)
-        .bind(error)
+        .bind(error.map(|e| orca_core::api::clip(e, orca_core::api::ERROR_TEXT_MAX)))
         .fetch_one(db)
         .await
         .map_err(ControlError::classify)
@@ -137,7 +143,7 @@ pub async fn finish(
 pub async fn release(db: &PgPool, lease: LeaseToken, reason: &str) -> Result<(), ControlError> {
     sqlx::query("SELECT orca.release($1, $2)")
         .bind(lease.0)
-        .bind(reason)
+        .bind(orca_core::api::clip(reason, orca_core::api::ERROR_TEXT_MAX))
         .execute(db)
         .await
         .map_err(ControlError::classify)?;

@@ -170,7 +170,11 @@ async fn record(
         .bind(o.delivered)
         .bind(o.response)
         .bind(o.latency_ms)
-        .bind(&o.error)
+        .bind(
+            o.error
+                .as_deref()
+                .map(|e| orca_core::api::clip(e, orca_core::api::ERROR_TEXT_MAX)),
+        )
         .bind(&opts.name)
         .execute(&mut **tx)
         .await?;

@@ -13,12 +13,14 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod cluster;
 pub mod install;
+pub mod orgs;
 pub mod procs;
 pub mod releases;
 pub mod s3;
 pub mod serve;
 pub mod wait;
 
+pub use orgs::{org_snapshot, populate_org};
 pub use wait::{connect_org, wait_for_sql, wait_until};
 
 pub use sqlx;

@@ -84,8 +84,160 @@ pub struct Runner {
     pub log: PathBuf,
 }
 
+/// The login of the runners tests start: in `orca_runner` only, no org
+/// membership (docs/security.md).
+pub const RUNNER_LOGIN: &str = "orca_t_lp_runner";
+/// The login a runner's children get: in `orca_attempt` only.
+pub const ATTEMPT_LOGIN: &str = "orca_t_lp_attempt";
+
+/// `url` with its user replaced by `user`.
+pub fn url_as(url: &str, user: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://{user}@{host}"),
+            None => format!("{scheme}://{user}@{rest}"),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// The user a postgres URL logs in as.
+fn url_user(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let (userinfo, _) = rest.split_once('@')?;
+    Some(userinfo.split(':').next().unwrap_or(userinfo))
+}
+
+/// Makes the least-privileged logins (once per cluster; tests run at once)
+/// and a runner token of `org` and `pool` named after the runner, through
+/// the superuser's `url`. Returns the token.
+fn least_privilege(url: &str, org: &str, pool: &str, name: &str) -> String {
+    let (url, org, pool, name) = (
+        url.to_string(),
+        org.to_string(),
+        pool.to_string(),
+        name.to_string(),
+    );
+    let made = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            use sqlx::{Connection, Executor};
+            let mut c = sqlx::PgConnection::connect(&url)
+                .await
+                .expect("connect as the superuser");
+            for (login, group) in [
+                (RUNNER_LOGIN, "orca_runner"),
+                (ATTEMPT_LOGIN, "orca_attempt"),
+            ] {
+                let exists: bool =
+                    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+                        .bind(login)
+                        .fetch_one(&mut c)
+                        .await
+                        .expect("role lookup");
+                if !exists {
+                    // Another test may make it at the same moment.
+                    let _ = c
+                        .execute(format!("CREATE ROLE {login} LOGIN IN ROLE {group}").as_str())
+                        .await;
+                }
+            }
+            sqlx::query("SELECT set_config('orca.org', $1, false)")
+                .bind(&org)
+                .execute(&mut c)
+                .await
+                .expect("the runner's org");
+            sqlx::query_scalar::<_, String>("SELECT orca.create_runner_token($1, $2)")
+                .bind(&pool)
+                .bind(format!("{name}-{}", uuid::Uuid::new_v4().simple()))
+                .fetch_one(&mut c)
+                .await
+                .expect("a runner token")
+        })
+    });
+    made.join().expect("least-privilege setup")
+}
+
 impl Runner {
+    /// A runner as docs/security.md recommends, which is how tests run
+    /// them: given the test database's (superuser's) URL, it logs in as
+    /// [`RUNNER_LOGIN`] with a runner token of its org (`ORCA_ORG` in
+    /// `env`, else `default`) and pool (`ORCA_POOL`, else `default`), and
+    /// its children log in as [`ATTEMPT_LOGIN`]. A URL of another login,
+    /// or an `env` that brings its own token, is used as it is.
     pub fn start(
+        url: &str,
+        name: &str,
+        slots: u32,
+        logs: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Runner {
+        let given = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        let own_token =
+            given("ORCA_RUNNER_TOKEN").is_some() || given("ORCA_RUNNER_TOKEN_FILE").is_some();
+        if own_token || url_user(url) != Some("postgres") {
+            return Self::start_as(url, name, slots, logs, env);
+        }
+        let token = least_privilege(
+            url,
+            given("ORCA_ORG").unwrap_or("default"),
+            given("ORCA_POOL").unwrap_or("default"),
+            name,
+        );
+        std::fs::create_dir_all(logs).expect("logs dir");
+        let file = logs.join(format!("{name}.token"));
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&file)
+                .expect("the token file");
+            f.write_all(token.as_bytes()).expect("write the token");
+        }
+        let file_s = file.to_string_lossy().into_owned();
+        let attempt_url = url_as(url, ATTEMPT_LOGIN);
+        let mut all: Vec<(&str, &str)> = env.to_vec();
+        all.push(("ORCA_RUNNER_TOKEN_FILE", &file_s));
+        if given("ORCA_ATTEMPT_DATABASE_URL").is_none() {
+            all.push(("ORCA_ATTEMPT_DATABASE_URL", &attempt_url));
+        }
+        Self::start_as(&url_as(url, RUNNER_LOGIN), name, slots, logs, &all)
+    }
+
+    /// A runner on the superuser's login, without a token: the exception,
+    /// for a test that says why it needs one.
+    pub fn start_superuser(
+        url: &str,
+        name: &str,
+        slots: u32,
+        logs: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Runner {
+        Self::start_as(url, name, slots, logs, env)
+    }
+
+    /// A runner on `url`'s login, with `env` as given.
+    pub fn start_as(
+        url: &str,
+        name: &str,
+        slots: u32,
+        logs: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Runner {
+        Self::start_under(&[], url, name, slots, logs, env)
+    }
+
+    /// A runner started through `prefix` (a command that runs the rest of
+    /// its arguments, such as `unshare`), otherwise as [`Self::start_as`].
+    pub fn start_under(
+        prefix: &[&str],
         url: &str,
         name: &str,
         slots: u32,
@@ -97,7 +249,14 @@ impl Runner {
         std::fs::create_dir_all(logs).expect("logs dir");
         let out = std::fs::File::create(&log).expect("runner log");
         let err = out.try_clone().expect("runner log");
-        let mut cmd = Command::new(bin("orca-runner"));
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin("orca-runner"));
+                c
+            }
+            None => Command::new(bin("orca-runner")),
+        };
         cmd.args([
             "--database-url",
             url,

@@ -25,6 +25,35 @@ impl Drop for Server {
     }
 }
 
+/// Makes `login` a login like orca serve's (NOINHERIT, able to take the
+/// viewer, operator and admin roles, and a relay's), once per cluster:
+/// tests run at once, so another may make it at the same moment.
+pub async fn serve_login(db: &TestDb, login: &str) {
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(login)
+            .fetch_one(&db.pool)
+            .await
+            .expect("role lookup");
+    if !exists {
+        let _ = db
+            .pool
+            .execute(
+                format!(
+                    "CREATE ROLE {login} LOGIN NOINHERIT \
+                     IN ROLE orca_viewer, orca_operator, orca_admin, orca_relay"
+                )
+                .as_str(),
+            )
+            .await;
+    }
+    // A login made before relays had their role gets it now.
+    let _ = db
+        .pool
+        .execute(format!("GRANT orca_relay TO {login}").as_str())
+        .await;
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -38,29 +67,7 @@ pub async fn serve(db: &TestDb) -> Server {
 
 /// `orca serve` with more arguments (`--secure-cookies`, ...).
 pub async fn serve_with(db: &TestDb, args: &[&str]) -> Server {
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
-            .bind(SERVE_LOGIN)
-            .fetch_one(&db.pool)
-            .await
-            .expect("role lookup");
-    if !exists {
-        let _ = db
-            .pool
-            .execute(
-                format!(
-                    "CREATE ROLE {SERVE_LOGIN} LOGIN NOINHERIT \
-                     IN ROLE orca_viewer, orca_operator, orca_admin, orca_relay"
-                )
-                .as_str(),
-            )
-            .await;
-    }
-    // A login made before relays had their role gets it now.
-    let _ = db
-        .pool
-        .execute(format!("GRANT orca_relay TO {SERVE_LOGIN}").as_str())
-        .await;
+    serve_login(db, SERVE_LOGIN).await;
     let port = free_port();
     let url = db
         .url()

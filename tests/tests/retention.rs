@@ -323,3 +323,86 @@ async fn a_tick_prunes_a_bounded_batch() {
     assert!(t.get("pruned").is_none(), "{t}");
     assert_eq!(count(&mut c, "runs").await, PER_ROUND);
 }
+
+/// An org's enabled webhook holds back the pruning of its own org's events
+/// only: another org's old events go on being pruned.
+#[tokio::test]
+async fn a_webhook_holds_back_its_own_orgs_events_only() {
+    let db = TestDb::new().await;
+    for org in ["acme", "globex"] {
+        sqlx::query("SELECT orca.create_org($1)")
+            .bind(org)
+            .execute(&db.pool)
+            .await
+            .expect("org");
+    }
+    // acme's endpoint is enabled and has had nothing yet: it wants every
+    // event of acme's after its cursor.
+    let mut a = connect_org(&db, "postgres", "acme").await;
+    a.execute("SELECT orca.create_webhook('https://hooks.example.com/acme', '{*}')")
+        .await
+        .expect("acme's webhook");
+    let cursor: i64 = sqlx::query_scalar("SELECT cursor FROM orca.webhooks")
+        .fetch_one(&mut a)
+        .await
+        .expect("its cursor");
+    let mut events = std::collections::BTreeMap::new();
+    for org in ["acme", "globex"] {
+        let mut c = connect_org(&db, "postgres", org).await;
+        let mut m = lake_manifest("lake");
+        m["max_runs"] = json!(null);
+        sqlx::query("SELECT orca.register($1)")
+            .bind(&m)
+            .execute(&mut c)
+            .await
+            .expect("register");
+        sqlx::query("SELECT orca.backfill('lake', '2024-01..2024-04')")
+            .execute(&mut c)
+            .await
+            .expect("backfill");
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT e.id FROM orca.events e JOIN orca.orgs o ON o.id = e.org_id \
+             WHERE o.name = $1 AND e.id > $2 ORDER BY e.id",
+        )
+        .bind(org)
+        .bind(cursor)
+        .fetch_all(&db.pool)
+        .await
+        .expect("events");
+        assert!(ids.len() >= 4, "{org}: {ids:?}");
+        events.insert(org, ids);
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The installation's tick (every org), with a one-second window.
+    let mut all = db.connect().await;
+    all.execute("SET orca.retain_events = '1s'")
+        .await
+        .expect("set");
+    for _ in 0..3 {
+        tick(&mut all).await;
+    }
+    let left = |org: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM orca.events e JOIN orca.orgs o ON o.id = e.org_id \
+                 WHERE o.name = $1 AND e.id > $2 AND e.at < now() - interval '1 second'",
+            )
+            .bind(org)
+            .bind(cursor)
+            .fetch_one(&pool)
+            .await
+            .expect("events left")
+        }
+    };
+    assert_eq!(
+        left("acme").await,
+        events["acme"].len() as i64,
+        "acme's undelivered events were pruned"
+    );
+    assert_eq!(
+        left("globex").await,
+        0,
+        "acme's webhook held back globex's pruning"
+    );
+}

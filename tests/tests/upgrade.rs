@@ -175,8 +175,10 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
         // they are registered again.
         ("ORCA_ALLOW_UNPINNED", "true"),
     ];
-    let a = Runner::start(&url, "runner-a", 3, &logs, &env);
-    let b = Runner::start(&url, "runner-b", 3, &logs, &env);
+    // Superuser runners, the exception: they start on 0.1.0, which has no
+    // runner tokens to give a least-privileged login.
+    let a = Runner::start_superuser(&url, "runner-a", 3, &logs, &env);
+    let b = Runner::start_superuser(&url, "runner-b", 3, &logs, &env);
     let pids = (a.pid(), b.pid());
     c.execute(format!("SELECT orca.backfill('probe', '2024-01..2024-0{MONTHS}')").as_str())
         .await

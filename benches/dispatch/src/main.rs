@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
 mod local;
@@ -62,6 +62,33 @@ fn pct(sorted: &[f64], p: usize) -> f64 {
     }
     let rank = (p * sorted.len()).div_ceil(100).max(1) - 1;
     sorted[rank.min(sorted.len() - 1)]
+}
+
+/// The login the workers claim and finish as, as docs/security.md has a
+/// runner: in orca_runner only, presenting a runner token.
+const RUNNER_LOGIN: &str = "orca_bench_runner";
+
+/// The workers' connection: the runner login with a token of the default
+/// org and pool (made here), as a runner's own connections are.
+async fn runner_options(setup: &mut PgConnection, url: &str) -> Result<PgConnectOptions> {
+    let made = setup
+        .execute(format!("CREATE ROLE {RUNNER_LOGIN} LOGIN IN ROLE orca_runner").as_str())
+        .await;
+    if let Err(e) = made {
+        if !e.to_string().contains("already exists") {
+            return Err(e).context("the runner login");
+        }
+    }
+    let token: String = sqlx::query_scalar(
+        "SELECT orca.create_runner_token('default', 'bench-' || md5(clock_timestamp()::text))",
+    )
+    .fetch_one(&mut *setup)
+    .await
+    .context("a runner token")?;
+    let opts: PgConnectOptions = url.parse().context("BENCH_DB_URL")?;
+    Ok(opts
+        .username(RUNNER_LOGIN)
+        .options([("orca.runner_token", token.as_str())]))
 }
 
 async fn unfinished(c: &mut PgConnection) -> Result<i64> {
@@ -149,10 +176,11 @@ async fn main() -> Result<()> {
     }
 
     // 2. Burn-down.
+    let runner = runner_options(&mut setup, &url).await?;
     let pool = PgPoolOptions::new()
         .max_connections(k as u32 + 2)
         .min_connections(k as u32)
-        .connect(&url)
+        .connect_with(runner.clone())
         .await?;
     // A connection per worker, opened before the clock starts; the local
     // mode takes its few connections from the pool itself.
@@ -225,7 +253,7 @@ async fn main() -> Result<()> {
     // 3. add->start latency with an idle, listening worker.
     let mut listener = PgListener::connect(&url).await?;
     listener.listen("orca_work").await?;
-    let mut worker = PgConnection::connect(&url).await?;
+    let mut worker = PgConnection::connect_with(&runner).await?;
     let mut adder = PgConnection::connect(&url).await?;
     adder
         .execute(format!("SET orca.max_partitions = {}", lat_samples + lat_warmup).as_str())

@@ -38,6 +38,8 @@ pub struct Store {
     /// The same store when it is a local directory, for what a file system
     /// does better than objects (publishing by a hard link).
     local: Option<Arc<LocalFileSystem>>,
+    /// The local directory, its links resolved when the store was opened.
+    dir: Option<std::path::PathBuf>,
     prefix: Path,
     url: String,
 }
@@ -63,6 +65,7 @@ impl Store {
             .build()?;
         let place = orca_lake::objstore::place(url).map_err(|e| bad(e.message().to_string()))?;
         let mut local = None;
+        let mut real = None;
         let (os, prefix): (Arc<dyn ObjectStore>, Path) = match place {
             orca_lake::objstore::Place::Bucket { bucket, key } => (
                 orca_lake::objstore::bucket_store(&bucket, &Default::default())
@@ -85,6 +88,7 @@ impl Store {
                     LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?,
                 );
                 local = Some(fs.clone());
+                real = Some(std::fs::canonicalize(dir).map_err(|e| bad(e.to_string()))?);
                 (fs, Path::default())
             }
         };
@@ -92,9 +96,15 @@ impl Store {
             rt,
             os,
             local,
+            dir: real,
             prefix,
             url: url.trim_end_matches('/').to_string(),
         })
+    }
+
+    /// A local store's directory, its links resolved when it was opened.
+    pub fn local_dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref()
     }
 
     fn path(&self, rel: &str) -> Path {

@@ -24,6 +24,17 @@ pub enum FilesError {
     },
     #[error("{file} vanished while the stream was reading it")]
     Vanished { file: String },
+    #[error(
+        "{file}: refused: it resolves to {real}, outside the source's directory {root} \
+         (a files source reads what lies under its directory, links resolved)"
+    )]
+    Outside {
+        file: String,
+        real: String,
+        root: String,
+    },
+    #[error("{file}: {reason}")]
+    Local { file: String, reason: String },
     #[error("resume point {0:?} is not [file, byte offset]")]
     BadPosition(Vec<String>),
     #[error("{file}: the CSV header cannot be read: {reason}")]
@@ -58,6 +69,11 @@ impl Format {
 /// One stream's reader.
 pub struct FileReader {
     store: Store,
+    /// A local store's directory (links resolved): every file is opened
+    /// and then checked to lie under it, on the opened file itself.
+    root: Option<std::path::PathBuf>,
+    /// The local file being read, as opened and checked.
+    opened: Option<(String, std::fs::File)>,
     format: Format,
     /// The stream's files in name order, from the resume point's file on.
     files: Vec<String>,
@@ -125,8 +141,11 @@ impl FileReader {
             .filter(|f| glob.matches_with(f, opts))
             .collect();
         files.sort();
+        let root = store.local_dir().map(std::path::Path::to_path_buf);
         let mut reader = FileReader {
             store,
+            root,
+            opened: None,
             format,
             files: Vec::new(),
             next_file: 0,
@@ -179,13 +198,73 @@ impl FileReader {
         if start >= end {
             return Ok(Bytes::new());
         }
+        if let Some((name, f)) = &self.opened {
+            if name == file {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; end - start];
+                f.read_exact_at(&mut buf, start as u64)
+                    .map_err(|e| FilesError::Local {
+                        file: file.to_string(),
+                        reason: format!("reading bytes {start}..{end}: {e}"),
+                    })?;
+                return Ok(Bytes::from(buf));
+            }
+        }
         Ok(self.store.get_range(file, start as u64, end as u64)?)
     }
 
-    fn open_file(&mut self, file: &str, offset: usize) -> Result<(), FilesError> {
-        let size = self.store.size(file)?.ok_or_else(|| FilesError::Vanished {
+    /// A local file's size, opened and checked to lie under the store's
+    /// directory: the check is made on the opened file (its path as the
+    /// kernel has it), so a link swapped in between a check and the open
+    /// cannot lead the read outside.
+    fn open_local(&mut self, root: &std::path::Path, file: &str) -> Result<usize, FilesError> {
+        use std::os::fd::AsRawFd;
+        let local = |reason: String| FilesError::Local {
             file: file.to_string(),
-        })? as usize;
+            reason,
+        };
+        if file
+            .split('/')
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return Err(local("a file's name may not hold '.', '..' or '//'".into()));
+        }
+        let f = match std::fs::File::open(root.join(file)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(FilesError::Vanished {
+                    file: file.to_string(),
+                })
+            }
+            Err(e) => return Err(local(format!("opening it: {e}"))),
+        };
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+            .map_err(|e| local(format!("resolving the opened file: {e}")))?;
+        if !real.starts_with(root) {
+            return Err(FilesError::Outside {
+                file: file.to_string(),
+                real: real.display().to_string(),
+                root: root.display().to_string(),
+            });
+        }
+        let meta = f
+            .metadata()
+            .map_err(|e| local(format!("reading its size: {e}")))?;
+        if !meta.is_file() {
+            return Err(local("it is not a regular file".into()));
+        }
+        self.opened = Some((file.to_string(), f));
+        Ok(meta.len() as usize)
+    }
+
+    fn open_file(&mut self, file: &str, offset: usize) -> Result<(), FilesError> {
+        self.opened = None;
+        let size = match self.root.clone() {
+            Some(root) => self.open_local(&root, file)?,
+            None => self.store.size(file)?.ok_or_else(|| FilesError::Vanished {
+                file: file.to_string(),
+            })? as usize,
+        };
         let (header, start) = match self.format {
             Format::Jsonl => (Vec::new(), 0),
             Format::Csv => {
@@ -442,6 +521,44 @@ mod tests {
                 Err((raw, why)) => format!("{} ({why})", raw.position),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_file_that_resolves_outside_the_directory_is_refused_when_opened() {
+        let (store, dir) = store_with(&[("in/a.jsonl", "{\"x\":1}\n")]);
+        drop(store);
+        let outside = dir.with_extension("outside");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::write(outside.join("secret.jsonl"), "{\"secret\":1}\n").expect("secret");
+        std::os::unix::fs::symlink(outside.join("secret.jsonl"), dir.join("in/b.jsonl"))
+            .expect("a link out");
+        // A link that stays inside is read.
+        std::os::unix::fs::symlink(dir.join("in/a.jsonl"), dir.join("in/c.jsonl"))
+            .expect("a link in");
+        let store = Store::open_existing(dir.to_str().expect("utf-8")).expect("store");
+        let mut r =
+            FileReader::open(store, Format::Jsonl, "events", "in/*.jsonl", None).expect("open");
+        let c = r.next_chunk(1).expect("a.jsonl").expect("chunk");
+        assert_eq!(positions(&c), ["in/a.jsonl@0"]);
+        let e = r
+            .next_chunk(10)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("in/b.jsonl") && e.contains("outside the source's directory"),
+            "{e}"
+        );
+        // A link that stays inside the directory reads.
+        let store = Store::open_existing(dir.to_str().expect("utf-8")).expect("store");
+        let r = FileReader::open(store, Format::Jsonl, "events", "in/c.jsonl", None)
+            .and_then(|mut r| r.next_chunk(10));
+        assert!(
+            matches!(r, Ok(Some(_))),
+            "a link inside the directory reads"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&outside);
     }
 
     #[test]

@@ -165,7 +165,12 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>
                 .map(|r| (r, None))
         }
         "files" => {
-            guard.place(&url)?;
+            // The directory as netguard allowed it, links resolved: each
+            // file is then read only if it lies under it (FileReader).
+            let url = match guard.place(&url)? {
+                Some(real) => real.display().to_string(),
+                None => url,
+            };
             let format = Format::parse(&str_of(&plan.source, "format")?).ok_or_else(|| {
                 ReadError::Definition(format!(
                     "source.format of {} is not jsonl or csv",

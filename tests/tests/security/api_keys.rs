@@ -10,25 +10,7 @@ use super::*;
 const SERVE_LOGIN: &str = "orca_t_sec_serve";
 
 async fn serve_login(db: &TestDb) {
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
-            .bind(SERVE_LOGIN)
-            .fetch_one(&db.pool)
-            .await
-            .expect("role lookup");
-    if !exists {
-        // Tests run at once: another may have made it since.
-        let _ = db
-            .pool
-            .execute(
-                format!(
-                    "CREATE ROLE {SERVE_LOGIN} LOGIN NOINHERIT \
-                     IN ROLE orca_viewer, orca_operator, orca_admin"
-                )
-                .as_str(),
-            )
-            .await;
-    }
+    orca_tests::serve::serve_login(db, SERVE_LOGIN).await;
 }
 
 /// A session as `orca serve` opens it for a request with `key`: the key
@@ -198,4 +180,89 @@ async fn an_api_key_acts_in_its_org_with_its_role_only() {
         )
         .await;
     assert_eq!(events, 4, "three keys made, one revoked");
+}
+
+/// An org's admin API key, over orca serve's login or over an operator's or
+/// a runner's own login, is its org's admin: it neither reads nor repoints
+/// another org's Iceberg tables, moves nobody's clock, takes no other org's
+/// webhook to relay, and its tick lapses no other org's lease.
+#[tokio::test]
+async fn an_orgs_admin_key_is_not_the_installations_admin() {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    serve_login(&db).await;
+    two_orgs(&db).await;
+    for org in ["acme", "globex"] {
+        sqlx::query(
+            "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
+             metadata_location, iceberg_type) VALUES ($1, 'lake', 'raw', $2, 'TABLE')",
+        )
+        .bind(org)
+        .bind(format!("file:///w/{org}/lake/raw/metadata/1.json"))
+        .execute(&db.pool)
+        .await
+        .expect("a table of each org");
+        let mut c = connect_org(&db, "postgres", org).await;
+        sqlx::query("SELECT orca.create_webhook($1, '{run.*}')")
+            .bind(format!("https://hooks.example.com/{org}"))
+            .execute(&mut c)
+            .await
+            .expect("a webhook of each org");
+    }
+    // globex's runner holds a live lease.
+    let mut g = connect_org(&db, "postgres", "globex").await;
+    let held: Vec<(uuid::Uuid, String)> =
+        sqlx::query_as("SELECT lease, org FROM orca.claim('globex-runner', 'default', 1)")
+            .fetch_all(&mut g)
+            .await
+            .expect("globex claims");
+    assert_eq!(held.len(), 1);
+    let mut admin = connect_org(&db, "postgres", "acme").await;
+    let root = key(&mut admin, "root", "admin").await;
+    let (served, _) = key_session(&db, &root).await;
+    let mut sessions = vec![("orca serve's login", served)];
+    for login in [OPERATOR, RUNNER_LOGIN] {
+        let mut c = db.connect_as(login).await;
+        sqlx::query("SELECT set_config('orca.api_key', $1, false)")
+            .bind(&root)
+            .execute(&mut c)
+            .await
+            .expect("present the key");
+        sessions.push((login, c));
+    }
+    for (who, mut c) in sessions {
+        let cats: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT catalog_name::text FROM public.iceberg_tables")
+                .fetch_all(&mut c)
+                .await
+                .unwrap_or_default();
+        assert!(!cats.contains(&"globex".to_string()), "{who}: {cats:?}");
+        for sql in [
+            "UPDATE public.iceberg_tables SET metadata_location = 'file:///w/acme/evil.json' \
+             WHERE catalog_name = 'globex'",
+            "SELECT orca.catalog_commit('globex', 'lake', 'raw', \
+             'file:///w/globex/lake/raw/metadata/1.json', 'file:///w/acme/evil.json')",
+            "SELECT orca.relay_take(10)",
+        ] {
+            assert_eq!(code_of(&mut c, sql).await, "42501", "{who}: {sql}");
+        }
+        assert_eq!(
+            code_of(&mut c, "SELECT orca.tick(now() + interval '1 day')").await,
+            "OR086",
+            "{who} moved the clock"
+        );
+        // A tick at the current time is its org's, whatever the login.
+        let _ = c.execute("SELECT orca.tick()").await;
+    }
+    let (status, location): (String, String) = sqlx::query_as(
+        "SELECT a.status, (SELECT metadata_location FROM public.iceberg_tables \
+                           WHERE catalog_name = 'globex') \
+         FROM orca.attempts a WHERE a.lease = $1",
+    )
+    .bind(held[0].0)
+    .fetch_one(&db.pool)
+    .await
+    .expect("globex's attempt and table");
+    assert_eq!(status, "leased", "globex's lease lapsed");
+    assert_eq!(location, "file:///w/globex/lake/raw/metadata/1.json");
 }

@@ -7,18 +7,20 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use orca_tests::procs::{bin, outputs, Runner};
+use orca_tests::procs::{bin, outputs, sync_runner_with, Runner};
 use orca_tests::sqlx::{self, Executor, PgConnection};
 use orca_tests::*;
 use serde_json::{json, Value};
 
 mod api_keys;
 mod catalog;
+mod http_sweep;
 mod limits;
 mod maintenance;
 mod netguard;
 mod pinned;
 mod secrets;
+mod sweep;
 mod tls;
 mod tokens;
 

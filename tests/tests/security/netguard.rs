@@ -778,3 +778,284 @@ async fn a_destination_connector_s_servers_are_judged_before_it_writes() {
         .output();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A database with org acme (OPERATOR its member) and a table of orders on
+/// the control plane's own cluster, which acme may not reach.
+async fn acme_with_orders() -> TestDb {
+    let db = TestDb::new().await;
+    roles(&db).await;
+    db.pool
+        .execute(
+            format!(
+                "SELECT orca.create_org('acme');
+                 SELECT orca.add_member('acme', '{OPERATOR}')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("an org");
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
+         INSERT INTO public.orders SELECT g, now(), g FROM generate_series(1, 10) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a table on the control plane's cluster");
+    db
+}
+
+/// An address pinned to an allowed name (`hostaddr`) is judged by itself,
+/// when the definition shows it and again when the engine connects (the
+/// string in a secret, which the definition cannot see): an entry for
+/// `db.internal` does not carry `hostaddr=127.0.0.1` to the control plane's
+/// own database, for a sync or a discovery. And a files source reads
+/// nothing a link leads to outside its directory.
+#[tokio::test]
+async fn a_pinned_address_and_a_link_out_of_a_files_source_are_refused() {
+    let db = acme_with_orders().await;
+    let dir = scratch("pinned");
+    let root = dir.join("in");
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(&root).expect("in");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::fs::write(root.join("a.jsonl"), "{\"id\": 1}\n").expect("a file");
+    std::fs::write(
+        outside.join("secret.jsonl"),
+        "{\"id\": 2, \"what\": \"TOPSECRET\"}\n",
+    )
+    .expect("a file outside");
+    std::os::unix::fs::symlink(outside.join("secret.jsonl"), root.join("b.jsonl"))
+        .expect("a link out of the root");
+    std::os::unix::fs::symlink(&outside, root.join("sub")).expect("a directory link out");
+    let mut admin = db.connect().await;
+    for target in [
+        "db.internal".to_string(),
+        root.to_string_lossy().to_string(),
+        dir.join("out").to_string_lossy().to_string(),
+    ] {
+        sqlx::query("SELECT orca.allow('acme', $1)")
+            .bind(target)
+            .execute(&mut admin)
+            .await
+            .expect("acme's allowlist");
+    }
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    let parquet = json!({"type": "parquet", "url": dir.join("out").to_string_lossy()});
+    let pinned = format!(
+        "host=db.internal hostaddr=127.0.0.1 port=5432 dbname={} user=postgres",
+        db.name
+    );
+
+    // Written in the definition: refused at once, in either form.
+    for url in [
+        pinned.clone(),
+        format!(
+            "postgres://postgres@db.internal:5432/{}?hostaddr=127.0.0.1",
+            db.name
+        ),
+        format!(
+            "host=db.internal hostaddr=169.254.169.254 dbname={}",
+            db.name
+        ),
+    ] {
+        let (code, msg) = refusal(
+            create_sync(
+                &mut op,
+                "shop",
+                &pg_source(&url),
+                &parquet,
+                &orders_stream(),
+            )
+            .await
+            .expect_err("a pinned address the allowlist does not permit"),
+        );
+        assert_eq!(code, "OR094", "{url}: {msg}");
+        assert!(
+            msg.contains("127.0.0.1") || msg.contains("169.254.169.254"),
+            "{msg}"
+        );
+        let e = sqlx::query("SELECT orca.discover('probe', $1)")
+            .bind(pg_source(&url))
+            .execute(&mut op)
+            .await
+            .expect_err("a discovery through the pinned address");
+        assert_eq!(refusal(e).0, "OR094", "{url}");
+    }
+    // In a secret, it is judged when the engine connects.
+    sqlx::query("SELECT orca.set_secret('cp', $1)")
+        .bind(&pinned)
+        .execute(&mut op)
+        .await
+        .expect("a secret");
+    let hidden = json!({"type": "postgres", "url": {"secret": "cp"}, "batch_rows": 1000});
+    create_sync(&mut op, "shop", &hidden, &parquet, &orders_stream())
+        .await
+        .expect("the definition cannot see into a secret");
+    let store = dir.join("store");
+    let runner = sync_runner_with(&db, &store, &dir.join("logs"), &[("ORCA_ORG", "acme")]);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('shop', 'now')")
+        .fetch_one(&mut op)
+        .await
+        .expect("run");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("netguard refused") && error.contains("127.0.0.1"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    let run: i64 = sqlx::query_scalar("SELECT orca.discover('shop')")
+        .fetch_one(&mut op)
+        .await
+        .expect("a discovery of the secret's source");
+    let error = failed(&db, run, &runner).await;
+    assert!(
+        error.contains("netguard refused") && error.contains("127.0.0.1"),
+        "{error}\n{}",
+        outputs(&[&runner])
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.catalogs").await,
+        0,
+        "a catalog of the control plane's database was stored"
+    );
+
+    // A files source: a link in its directory to a file outside it, and a
+    // directory link out of it, fail the stream; nothing is delivered.
+    let files = json!({"type": "files", "url": root.to_string_lossy(), "format": "jsonl"});
+    for (name, pattern) in [("linked_file", "*.jsonl"), ("linked_dir", "sub/*.jsonl")] {
+        create_sync(
+            &mut op,
+            name,
+            &files,
+            &parquet,
+            &json!([{"name": "events", "pattern": pattern}]),
+        )
+        .await
+        .expect("the files source's directory is allowed");
+        let run: i64 = sqlx::query_scalar("SELECT orca.run($1, 'now')")
+            .bind(name)
+            .fetch_one(&mut op)
+            .await
+            .expect("run");
+        let error = failed(&db, run, &runner).await;
+        assert!(
+            error.contains("outside the source's directory") && error.contains("secret.jsonl"),
+            "{name}: {error}\n{}",
+            outputs(&[&runner])
+        );
+    }
+    let leaked = walk(&dir.join("out"))
+        .into_iter()
+        .chain(walk(&store))
+        .filter(|f| std::fs::read(f).is_ok_and(|b| b.windows(9).any(|w| w == b"TOPSECRET")))
+        .collect::<Vec<_>>();
+    assert!(
+        leaked.is_empty(),
+        "the file outside was delivered: {leaked:?}"
+    );
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => todo.push(p),
+                Ok(t) if t.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// A name is judged by what it resolves to where and when the engine
+/// connects, not where the sync was defined: on the runner's host (here a
+/// mount namespace whose /etc/hosts the test writes) `rebind.test`
+/// resolves to the control plane's loopback, which acme's allowlist (a
+/// private network the name was meant to be in) does not permit.
+#[tokio::test]
+async fn a_name_is_judged_by_what_it_resolves_to_when_the_engine_connects() {
+    let db = acme_with_orders().await;
+    let dir = scratch("rebind");
+    let out = dir.join("out");
+    let hosts = dir.join("hosts");
+    let mut text = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    text.push_str("\n127.0.0.1 rebind.test\n");
+    std::fs::write(&hosts, text).expect("the runner host's hosts file");
+    let mut admin = db.connect().await;
+    for target in ["10.9.9.0/24".to_string(), out.to_string_lossy().to_string()] {
+        sqlx::query("SELECT orca.allow('acme', $1)")
+            .bind(target)
+            .execute(&mut admin)
+            .await
+            .expect("acme's allowlist");
+    }
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    let source = pg_source(&format!(
+        "host=rebind.test port=5432 dbname={} user=postgres",
+        db.name
+    ));
+    create_sync(
+        &mut op,
+        "shop",
+        &source,
+        &json!({"type": "parquet", "url": out.to_string_lossy()}),
+        &orders_stream(),
+    )
+    .await
+    .expect("a name passes the definition: it is judged where it is resolved");
+    let token = token(&db, "acme", "default", "rebind-runner").await;
+    let (engine, store_s) = (
+        bin("orca-engine"),
+        dir.join("store").to_string_lossy().to_string(),
+    );
+    let attempt_url = url_as(&db, ATTEMPT_LOGIN);
+    let env = [
+        ("ORCA_STORE", store_s.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("ORCA_RUNNER_TOKEN", token.as_str()),
+        ("ORCA_ATTEMPT_DATABASE_URL", attempt_url.as_str()),
+    ];
+    let mount = format!(
+        "mount --bind '{}' /etc/hosts && exec \"$0\" \"$@\"",
+        hosts.display()
+    );
+    let runner = Runner::start_under(
+        &["unshare", "-m", "sh", "-c", &mount],
+        &url_as(&db, RUNNER_LOGIN),
+        "rebind-runner",
+        1,
+        &dir.join("logs"),
+        &env,
+    );
+    for sql in [
+        "SELECT orca.run('shop', 'now')",
+        "SELECT orca.discover('shop')",
+    ] {
+        let run: i64 = sqlx::query_scalar(sql)
+            .fetch_one(&mut op)
+            .await
+            .expect("a run");
+        let error = failed(&db, run, &runner).await;
+        assert!(
+            error.contains("netguard refused rebind.test at 127.0.0.1")
+                && error.contains("a loopback address"),
+            "{sql}: {error}\n{}",
+            outputs(&[&runner])
+        );
+    }
+    assert!(
+        walk(&out).is_empty(),
+        "the refused sync wrote {:?}",
+        walk(&out)
+    );
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.catalogs").await, 0);
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,17 +3,23 @@
 //!
 //! The catalog is the SQL-catalog layout every Iceberg client reads (tables
 //! `iceberg_tables` and `iceberg_namespace_properties`, created by the orca
-//! extension, `sql/catalog.sql`), with catalog name = the org. Data and
-//! metadata go under the warehouse: dataset `lake.clean` is table `clean` in
-//! namespace `lake` at `<warehouse>/lake/clean`.
+//! extension, `sql/catalog.sql`), with catalog name = the org, read under
+//! row-level security and written through the extension's `orca.catalog_*`
+//! functions ([`sql::OrgCatalog`]). Data and metadata go under the
+//! warehouse: dataset `lake.clean` is table `clean` in namespace `lake` at
+//! `<warehouse>/<org>/lake/clean`.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Once, OnceLock};
+mod sql;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
 
 use futures::TryStreamExt;
-use iceberg::{Catalog, CatalogBuilder, MetadataLocation, NamespaceIdent, TableIdent};
-use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use iceberg::io::FileIOBuilder;
+use iceberg::{Catalog, MetadataLocation, NamespaceIdent, TableIdent};
 use orca_core::api::SnapshotSeen;
+
+pub use sql::OrgCatalog;
 
 use crate::{LakeError, Result};
 
@@ -54,19 +60,26 @@ impl LakeConfig {
     }
 
     /// The catalog URL with the lease as a session setting (`orca.lease`),
-    /// sent in the connection's startup packet.
+    /// sent in the connection's startup packet; without a lease, the org
+    /// (`orca.org`), which the session must be a member of.
     pub fn session_url(&self) -> Option<String> {
         let url = self.catalog_url.clone()?;
-        let Some(lease) = &self.lease else {
-            return Some(url);
-        };
-        // A lease is a UUID: nothing in it needs escaping but the option's
-        // own "-c name=value" syntax.
-        if !lease.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-            return Some(url);
-        }
         let sep = if url.contains('?') { '&' } else { '?' };
-        Some(format!("{url}{sep}options=-c%20orca.lease%3D{lease}"))
+        match self.lease() {
+            // A lease is a UUID: nothing in it needs escaping but the
+            // option's own "-c name=value" syntax.
+            Some(lease) => Some(format!("{url}{sep}options=-c%20orca.lease%3D{lease}")),
+            // Org names are [a-z][a-z0-9_-]*: nothing to escape either.
+            None if orca_core::api::valid_org_name(&self.org) => {
+                Some(format!("{url}{sep}options=-c%20orca.org%3D{}", self.org))
+            }
+            None => Some(url),
+        }
+    }
+
+    /// The lease, when it is one.
+    pub fn lease(&self) -> Option<uuid::Uuid> {
+        self.lease.as_deref().and_then(|l| l.parse().ok())
     }
 }
 
@@ -111,16 +124,13 @@ impl LakeCell {
 /// An open catalog, with the runtime its I/O runs on.
 pub struct Lake {
     pub rt: tokio::runtime::Runtime,
-    pub catalog: SqlCatalog,
-    /// The catalog's database and name, for commits iceberg-rust cannot make.
-    pub url: String,
+    pub catalog: OrgCatalog,
+    /// The catalog's (the org's) name.
     pub name: String,
 }
 
 impl Lake {
     pub fn open(config: &LakeConfig) -> Result<Lake> {
-        static DRIVERS: Once = Once::new();
-        DRIVERS.call_once(sqlx::any::install_default_drivers);
         let url = config.session_url().ok_or_else(|| {
             LakeError::Config("no catalog: set ORCA_CATALOG_URL or DATABASE_URL".into())
         })?;
@@ -135,27 +145,33 @@ impl Lake {
             .enable_all()
             .build()
             .map_err(|e| LakeError::Config(format!("cannot start the I/O runtime: {e}")))?;
-        let catalog = rt
-            .block_on(
-                SqlCatalogBuilder::default()
-                    .uri(url.clone())
-                    .warehouse_location(config.org_warehouse())
-                    .sql_bind_style(SqlBindStyle::DollarNumeric)
-                    .with_storage_factory(Arc::new(crate::objstore::ObjectStoreFactory))
-                    // One process needs few connections; many run at once.
-                    .prop("pool.max-connections", "2")
-                    .load(config.org.clone(), HashMap::new()),
-            )
-            .map_err(|e| {
-                LakeError::Config(format!(
-                    "cannot open the catalog (is the orca extension, which makes its tables, \
-                     installed in that database?): {e}"
-                ))
-            })?;
+        let catalog = rt.block_on(async {
+            // One process needs few connections; many run at once.
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect(&url)
+                .await
+                .map_err(|e| {
+                    LakeError::Config(format!(
+                        "cannot open the catalog ({}): {e}",
+                        orca_core::conninfo::redact(&url)
+                    ))
+                })?;
+            let runtime = iceberg::Runtime::try_current()
+                .map_err(LakeError::iceberg("the catalog's runtime".to_string()))?;
+            let fileio = FileIOBuilder::new(Arc::new(crate::objstore::ObjectStoreFactory)).build();
+            Ok::<_, LakeError>(OrgCatalog::new(
+                config.org.clone(),
+                pool,
+                config.lease(),
+                config.org_warehouse(),
+                fileio,
+                runtime,
+            ))
+        })?;
         Ok(Lake {
             rt,
             catalog,
-            url,
             name: config.org.clone(),
         })
     }
@@ -175,35 +191,23 @@ impl Lake {
     }
 
     /// Points the catalog at the new metadata `next` if nobody else moved it
-    /// since `table` was loaded (a compare-and-swap, as the SQL catalog does
-    /// for its own commits). Returns whether it did.
+    /// since `table` was loaded (a compare-and-swap, as every commit of the
+    /// catalog is). Returns whether it did.
     pub async fn swap(
         &self,
         ident: &TableIdent,
         table: &iceberg::table::Table,
         next: &MetadataLocation,
     ) -> Result<bool> {
-        use sqlx::Connection;
         let old = table
             .metadata_location_result()
             .map_err(LakeError::iceberg(format!("table {ident}")))?;
-        let mut c = sqlx::PgConnection::connect(&self.url)
+        self.catalog
+            .swap(ident, old, &next.to_string())
             .await
-            .map_err(|e| LakeError::Config(format!("connecting to the catalog: {e}")))?;
-        let done = sqlx::query(
-            "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
-             WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
-               AND metadata_location = $2 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
-        )
-        .bind(next.to_string())
-        .bind(old)
-        .bind(&self.name)
-        .bind(ident.namespace().join("."))
-        .bind(ident.name())
-        .execute(&mut c)
-        .await
-        .map_err(|e| LakeError::Table(format!("swapping the metadata pointer of {ident}: {e}")))?;
-        Ok(done.rows_affected() == 1)
+            .map_err(LakeError::iceberg(format!(
+                "swapping the metadata pointer of {ident}"
+            )))
     }
 
     /// The snapshots of a dataset newer than `since_ms`, oldest first, at
