@@ -843,7 +843,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '')), 16777216);
+    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '', '')) + cardinality(report_keys.keys), 16777216);
     v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;
@@ -925,50 +925,68 @@ COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
 
 ---------------------------------------------------------------------------
 -- The Iceberg catalog's tables are the extension's (sql/catalog.sql): made
--- here, or adopted with their rows where clients made them under 0.1.0.
+-- here, with the rows of the tables clients made under 0.1.0.
 ---------------------------------------------------------------------------
 
 DO $catalog$
 DECLARE
-    t text;
-    g text;
+    t        text;
+    v_tables jsonb;
+    v_ns     jsonb;
 BEGIN
-    IF to_regclass('public.iceberg_tables') IS NULL THEN
-        CREATE TABLE public.iceberg_tables (
-            catalog_name               VARCHAR(255) NOT NULL,
-            table_namespace            VARCHAR(255) NOT NULL,
-            table_name                 VARCHAR(255) NOT NULL,
-            metadata_location          VARCHAR(1000),
-            previous_metadata_location VARCHAR(1000),
-            iceberg_type               VARCHAR(5),
-            PRIMARY KEY (catalog_name, table_namespace, table_name)
-        );
-    ELSE
-        ALTER EXTENSION orca ADD TABLE public.iceberg_tables;
-        ALTER TABLE public.iceberg_tables ADD COLUMN IF NOT EXISTS iceberg_type VARCHAR(5);
-    END IF;
-    IF to_regclass('public.iceberg_namespace_properties') IS NULL THEN
-        CREATE TABLE public.iceberg_namespace_properties (
-            catalog_name   VARCHAR(255) NOT NULL,
-            namespace      VARCHAR(255) NOT NULL,
-            property_key   VARCHAR(255),
-            property_value VARCHAR(1000),
-            PRIMARY KEY (catalog_name, namespace, property_key)
-        );
-    ELSE
-        ALTER EXTENSION orca ADD TABLE public.iceberg_namespace_properties;
-    END IF;
-    -- An adopted table is the extension's from now on: owned by it (the
-    -- client that made it would otherwise bypass row-level security and
-    -- write as it likes) and granted only as grants.sql says.
-    FOREACH t IN ARRAY ARRAY['public.iceberg_tables', 'public.iceberg_namespace_properties'] LOOP
-        EXECUTE format('ALTER TABLE %s OWNER TO %I', t, current_user);
-        FOR g IN SELECT DISTINCT pg_catalog.pg_get_userbyid(a.grantee)
-                 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-                 WHERE c.oid = t::regclass AND a.grantee <> 0 AND a.grantee <> c.relowner LOOP
-            EXECUTE format('REVOKE ALL ON %s FROM %I', t, g);
-        END LOOP;
+    -- A database whose clients made the catalog's tables before (Orca 0.1.0
+    -- did, and PyIceberg may) keeps their rows, copied into tables the
+    -- extension makes. The client-made tables are not adopted as they are:
+    -- what their maker left on them (triggers, rules, policies, defaults,
+    -- grants, ownership) would run inside the catalog's functions as the
+    -- extension's owner. Each must be a plain table of the layout.
+    FOREACH t IN ARRAY ARRAY['iceberg_tables', 'iceberg_namespace_properties'] LOOP
+        IF (SELECT c.relkind FROM pg_catalog.pg_class c
+            WHERE c.oid = to_regclass('public.' || t)) <> 'r' THEN
+            RAISE EXCEPTION 'public.% is not a table, so it is not an Iceberg SQL catalog''s', t
+                USING HINT = 'move it out of schema public and create or update the extension again';
+        END IF;
     END LOOP;
+    IF to_regclass('public.iceberg_tables') IS NOT NULL THEN
+        -- PyIceberg's layout has no iceberg_type (NULL: a table, to every
+        -- client).
+        EXECUTE 'SELECT coalesce(jsonb_agg(jsonb_build_array(catalog_name::text, '
+                'table_namespace::text, table_name::text, metadata_location::text, '
+                'previous_metadata_location::text, '
+                || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                     WHERE a.attrelid = 'public.iceberg_tables'::regclass
+                                       AND a.attname = 'iceberg_type' AND NOT a.attisdropped)
+                        THEN 'iceberg_type::text' ELSE 'NULL::text' END
+                || ')), ''[]'') FROM public.iceberg_tables'
+            INTO v_tables;
+        DROP TABLE public.iceberg_tables;
+    END IF;
+    IF to_regclass('public.iceberg_namespace_properties') IS NOT NULL THEN
+        SELECT coalesce(jsonb_agg(jsonb_build_array(catalog_name::text, namespace::text,
+                                                    property_key::text, property_value::text)), '[]')
+        INTO v_ns FROM public.iceberg_namespace_properties;
+        DROP TABLE public.iceberg_namespace_properties;
+    END IF;
+    CREATE TABLE public.iceberg_tables (
+        catalog_name               VARCHAR(255) NOT NULL,
+        table_namespace            VARCHAR(255) NOT NULL,
+        table_name                 VARCHAR(255) NOT NULL,
+        metadata_location          VARCHAR(1000),
+        previous_metadata_location VARCHAR(1000),
+        iceberg_type               VARCHAR(5),
+        PRIMARY KEY (catalog_name, table_namespace, table_name)
+    );
+    CREATE TABLE public.iceberg_namespace_properties (
+        catalog_name   VARCHAR(255) NOT NULL,
+        namespace      VARCHAR(255) NOT NULL,
+        property_key   VARCHAR(255),
+        property_value VARCHAR(1000),
+        PRIMARY KEY (catalog_name, namespace, property_key)
+    );
+    INSERT INTO public.iceberg_tables
+    SELECT r->>0, r->>1, r->>2, r->>3, r->>4, r->>5 FROM jsonb_array_elements(v_tables) r;
+    INSERT INTO public.iceberg_namespace_properties
+    SELECT r->>0, r->>1, r->>2, r->>3 FROM jsonb_array_elements(v_ns) r;
 END
 $catalog$;
 COMMENT ON TABLE public.iceberg_tables IS
@@ -2374,8 +2392,8 @@ END
 $$;
 COMMENT ON FUNCTION orca.attempt_secret(uuid, text) IS
 'A secret''s value, for the attempt whose live lease is given (the engine and runners resolve '
-'{"secret": "name"} options with it at attempt time); admins may pass a NULL lease for their '
-'session''s org. Each read is an event (secret.read). Errors: OR012/OR014/OR015 for the lease, '
+'{"secret": "name"} options with it at attempt time); the installation''s admin (a login, '
+'never an API key) may pass a NULL lease for the session''s org. Each read is an event (secret.read). Errors: OR012/OR014/OR015 for the lease, '
 'OR091 unknown secret, OR090/OR092 keys.';
 
 CREATE FUNCTION orca.rewrap_data_keys() RETURNS integer
@@ -3149,7 +3167,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_bounded boolean := orca._bound('create_webhook', 'url', octet_length(create_webhook.url), 4096)
-                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '')), 65536)
+                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '', '')) + cardinality(create_webhook.events), 65536)
                          AND orca._bound('create_webhook', 'description', octet_length(create_webhook.description), 4096);
     v_org    bigint := orca.current_org_id();
     v_secret text := orca._new_webhook_secret();
@@ -3461,7 +3479,7 @@ DECLARE
     n_del      integer := 0;
     n_runners  integer := 0;
     v_org      bigint;
-    v_left     integer;
+    v_share    integer;
     v_n        integer;
     c          record;
 BEGIN
@@ -3509,14 +3527,14 @@ BEGIN
 
     -- Events, org by org: an enabled endpoint's cursor holds back the
     -- pruning of its own org's events (not delivered yet), never another
-    -- org's. Each org is read from its oldest event (events_org); the
-    -- batch is shared by the orgs of the tick.
+    -- org's. Each org is read from its oldest event (events_org), and each
+    -- gets its share of the batch, so that one org's backlog does not keep
+    -- the others' waiting.
     v_keep := orca._retain_seconds('events');
     IF v_keep > 0 THEN
         v_cut := p_now - make_interval(secs => v_keep);
-        v_left := v_batch;
+        v_share := greatest((v_batch + cardinality(p_orgs) - 1) / greatest(cardinality(p_orgs), 1), 1);
         FOREACH v_org IN ARRAY p_orgs LOOP
-            EXIT WHEN v_left <= 0;
             CONTINUE WHEN NOT coalesce((SELECT e.at < v_cut FROM orca.events e
                                         WHERE e.org_id = v_org ORDER BY e.id LIMIT 1), false);
             SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w
@@ -3525,14 +3543,13 @@ BEGIN
                 DELETE FROM orca.events d
                 WHERE d.id IN (SELECT e.id FROM orca.events e
                                WHERE e.org_id = v_org AND e.id <= coalesce(v_protect, e.id)
-                               ORDER BY e.id LIMIT v_left)
+                               ORDER BY e.id LIMIT v_share)
                   AND d.at < v_cut
                 RETURNING 1)
             SELECT count(*) INTO v_n FROM gone;
             IF v_n > 0 THEN
                 PERFORM orca._count(v_org, 'pruned_events', v_n);
                 n_events := n_events + v_n;
-                v_left := v_left - v_n;
             END IF;
         END LOOP;
     END IF;
@@ -3813,7 +3830,7 @@ CREATE FUNCTION orca.append_log(lease uuid, first_seq integer, lines text[]) RET
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded boolean := orca._bound('append_log', 'lines', octet_length(array_to_string(append_log.lines, '')), 8388608);
+    v_bounded boolean := orca._bound('append_log', 'lines', octet_length(array_to_string(append_log.lines, '', '')) + cardinality(append_log.lines), 8388608);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -5673,7 +5690,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
                          AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
-                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '')), 1024);
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '', '')) + cardinality(claim.commands), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
@@ -6246,8 +6263,13 @@ BEGIN
     PERFORM orca._catalog_names(catalog_create_namespace.namespace, NULL, NULL);
     v_org := orca._catalog_writer(catalog_create_namespace.catalog, catalog_create_namespace.lease);
     IF jsonb_typeof(coalesce(catalog_create_namespace.properties, '{}')) <> 'object' THEN
-        RAISE EXCEPTION 'a namespace''s properties are an object of strings, got %',
-                        catalog_create_namespace.properties
+        RAISE EXCEPTION 'a namespace''s properties are an object of strings, got a JSON %',
+                        jsonb_typeof(catalog_create_namespace.properties)
+            USING ERRCODE = 'OR044';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_each(catalog_create_namespace.properties) p
+               WHERE jsonb_typeof(p.value) <> 'string') THEN
+        RAISE EXCEPTION 'a namespace''s properties are an object of strings'
             USING ERRCODE = 'OR044';
     END IF;
     INSERT INTO public.iceberg_namespace_properties AS n

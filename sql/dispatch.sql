@@ -205,7 +205,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
                          AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
-                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '')), 1024);
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '', '')) + cardinality(claim.commands), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);

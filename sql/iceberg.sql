@@ -82,8 +82,13 @@ BEGIN
     PERFORM orca._catalog_names(catalog_create_namespace.namespace, NULL, NULL);
     v_org := orca._catalog_writer(catalog_create_namespace.catalog, catalog_create_namespace.lease);
     IF jsonb_typeof(coalesce(catalog_create_namespace.properties, '{}')) <> 'object' THEN
-        RAISE EXCEPTION 'a namespace''s properties are an object of strings, got %',
-                        catalog_create_namespace.properties
+        RAISE EXCEPTION 'a namespace''s properties are an object of strings, got a JSON %',
+                        jsonb_typeof(catalog_create_namespace.properties)
+            USING ERRCODE = 'OR044';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_each(catalog_create_namespace.properties) p
+               WHERE jsonb_typeof(p.value) <> 'string') THEN
+        RAISE EXCEPTION 'a namespace''s properties are an object of strings'
             USING ERRCODE = 'OR044';
     END IF;
     INSERT INTO public.iceberg_namespace_properties AS n

@@ -219,7 +219,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '')), 16777216);
+    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '', '')) + cardinality(report_keys.keys), 16777216);
     v_org bigint := orca._lease_org(report_keys.lease);
     a orca.attempts;
     r orca.runs;

@@ -27,7 +27,7 @@ CREATE FUNCTION orca.append_log(lease uuid, first_seq integer, lines text[]) RET
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded boolean := orca._bound('append_log', 'lines', octet_length(array_to_string(append_log.lines, '')), 8388608);
+    v_bounded boolean := orca._bound('append_log', 'lines', octet_length(array_to_string(append_log.lines, '', '')) + cardinality(append_log.lines), 8388608);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;

@@ -74,7 +74,7 @@ DECLARE
     n_del      integer := 0;
     n_runners  integer := 0;
     v_org      bigint;
-    v_left     integer;
+    v_share    integer;
     v_n        integer;
     c          record;
 BEGIN
@@ -122,14 +122,14 @@ BEGIN
 
     -- Events, org by org: an enabled endpoint's cursor holds back the
     -- pruning of its own org's events (not delivered yet), never another
-    -- org's. Each org is read from its oldest event (events_org); the
-    -- batch is shared by the orgs of the tick.
+    -- org's. Each org is read from its oldest event (events_org), and each
+    -- gets its share of the batch, so that one org's backlog does not keep
+    -- the others' waiting.
     v_keep := orca._retain_seconds('events');
     IF v_keep > 0 THEN
         v_cut := p_now - make_interval(secs => v_keep);
-        v_left := v_batch;
+        v_share := greatest((v_batch + cardinality(p_orgs) - 1) / greatest(cardinality(p_orgs), 1), 1);
         FOREACH v_org IN ARRAY p_orgs LOOP
-            EXIT WHEN v_left <= 0;
             CONTINUE WHEN NOT coalesce((SELECT e.at < v_cut FROM orca.events e
                                         WHERE e.org_id = v_org ORDER BY e.id LIMIT 1), false);
             SELECT min(w.cursor) INTO v_protect FROM orca.webhooks w
@@ -138,14 +138,13 @@ BEGIN
                 DELETE FROM orca.events d
                 WHERE d.id IN (SELECT e.id FROM orca.events e
                                WHERE e.org_id = v_org AND e.id <= coalesce(v_protect, e.id)
-                               ORDER BY e.id LIMIT v_left)
+                               ORDER BY e.id LIMIT v_share)
                   AND d.at < v_cut
                 RETURNING 1)
             SELECT count(*) INTO v_n FROM gone;
             IF v_n > 0 THEN
                 PERFORM orca._count(v_org, 'pruned_events', v_n);
                 n_events := n_events + v_n;
-                v_left := v_left - v_n;
             END IF;
         END LOOP;
     END IF;

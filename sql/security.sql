@@ -464,8 +464,8 @@ END
 $$;
 COMMENT ON FUNCTION orca.attempt_secret(uuid, text) IS
 'A secret''s value, for the attempt whose live lease is given (the engine and runners resolve '
-'{"secret": "name"} options with it at attempt time); admins may pass a NULL lease for their '
-'session''s org. Each read is an event (secret.read). Errors: OR012/OR014/OR015 for the lease, '
+'{"secret": "name"} options with it at attempt time); the installation''s admin (a login, '
+'never an API key) may pass a NULL lease for the session''s org. Each read is an event (secret.read). Errors: OR012/OR014/OR015 for the lease, '
 'OR091 unknown secret, OR090/OR092 keys.';
 
 CREATE FUNCTION orca.rewrap_data_keys() RETURNS integer

@@ -139,7 +139,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 #variable_conflict use_column
 DECLARE
     v_bounded boolean := orca._bound('create_webhook', 'url', octet_length(create_webhook.url), 4096)
-                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '')), 65536)
+                         AND orca._bound('create_webhook', 'events', octet_length(array_to_string(create_webhook.events, '', '')) + cardinality(create_webhook.events), 65536)
                          AND orca._bound('create_webhook', 'description', octet_length(create_webhook.description), 4096);
     v_org    bigint := orca.current_org_id();
     v_secret text := orca._new_webhook_secret();

@@ -462,45 +462,76 @@ fn password_at(path: &str, v: &Value) -> Option<String> {
     }
 }
 
-/// The first place in `v` over the manifest's bounds, with why.
-fn over_bounds(path: &str, v: &Value, depth: usize, nodes: &mut usize) -> Option<(String, String)> {
+/// A step into a manifest: a field or an item.
+enum Step<'a> {
+    Field(&'a str),
+    Item(usize),
+}
+
+/// The first place in `v` over the manifest's bounds, with why: the path
+/// comes back innermost step first (built only for the place that fails).
+fn over_bounds<'a>(
+    v: &'a Value,
+    depth: usize,
+    nodes: &mut usize,
+) -> Option<(Vec<Step<'a>>, String)> {
     *nodes += 1;
     if *nodes > NODES_MAX {
         return Some((
-            path.to_string(),
+            Vec::new(),
             format!("the manifest holds more than {NODES_MAX} fields and items"),
         ));
     }
     if depth > DEPTH_MAX {
         return Some((
-            path.to_string(),
+            Vec::new(),
             format!("is nested more than {DEPTH_MAX} levels deep"),
         ));
     }
     let long = |what: &str, s: &str| {
-        (s.len() > STRING_MAX).then(|| {
-            (
-                path.to_string(),
-                format!("{what} is {} bytes, more than {STRING_MAX}", s.len()),
-            )
-        })
+        (s.len() > STRING_MAX)
+            .then(|| format!("{what} is {} bytes, more than {STRING_MAX}", s.len()))
     };
     match v {
-        Value::String(s) => long("the value", s),
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(i, x)| over_bounds(&format!("{path}[{i}]"), x, depth + 1, nodes)),
+        Value::String(s) => long("the value", s).map(|why| (Vec::new(), why)),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, x)| {
+            over_bounds(x, depth + 1, nodes).map(|(mut path, why)| {
+                path.push(Step::Item(i));
+                (path, why)
+            })
+        }),
         Value::Object(m) => m.iter().find_map(|(k, x)| {
-            let p = if path.is_empty() {
-                k.clone()
-            } else {
-                format!("{path}.{k}")
-            };
-            long("the key", k).or_else(|| over_bounds(&p, x, depth + 1, nodes))
+            if let Some(why) = long("the key", k) {
+                return Some((Vec::new(), why));
+            }
+            over_bounds(x, depth + 1, nodes).map(|(mut path, why)| {
+                path.push(Step::Field(k));
+                (path, why)
+            })
         }),
         _ => None,
     }
+}
+
+/// A path as the manifest's errors name fields (`steps[0].reads`), cut to
+/// 200 characters.
+fn path_text(innermost_first: &[Step<'_>]) -> String {
+    let mut out = String::new();
+    for step in innermost_first.iter().rev() {
+        match step {
+            Step::Field(k) if out.is_empty() => out.push_str(k),
+            Step::Field(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            Step::Item(i) => out.push_str(&format!("[{i}]")),
+        }
+        if out.len() > 200 {
+            let cut: String = out.chars().take(197).collect();
+            return format!("{cut}...");
+        }
+    }
+    out
 }
 
 pub fn parse(manifest: &Value) -> Result<Manifest> {
@@ -510,13 +541,8 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             format!("must be a JSON object, got {}", show(manifest)),
         )
     })?;
-    if let Some((at, why)) = over_bounds("", manifest, 0, &mut 0) {
-        let at = if at.len() > 200 {
-            format!("{}...", at.chars().take(197).collect::<String>())
-        } else {
-            at
-        };
-        return Err(bad(at, why));
+    if let Some((path, why)) = over_bounds(manifest, 0, &mut 0) {
+        return Err(bad(path_text(&path), why));
     }
     if let Some(at) = password_at("", manifest) {
         return Err(bad(

@@ -493,14 +493,16 @@ pub fn check_reaches(list: &Allowlist, reaches: &[(&str, Reach<'_>)]) -> Result<
                     )
                 })?;
                 for h in hosts {
-                    if h.name.starts_with('/') {
+                    // A pinned address (hostaddr) is where the connection
+                    // goes, whatever the name beside it, a Unix socket's
+                    // directory included (libpq and the engine connect by
+                    // TCP to a hostaddr): it is judged as a host of its own,
+                    // so that an allowed name or directory cannot carry it.
+                    if h.name.starts_with('/') && h.hostaddr.is_none() {
                         list.check_path(Path::new(&h.name), &roots, &[])
                             .map_err(NetguardError::PathRefused)?;
                         continue;
                     }
-                    // A pinned address (hostaddr) is where the connection
-                    // goes, whatever the name: it is judged as a host of
-                    // its own, so that an allowed name cannot carry it.
                     let written = h.hostaddr.as_deref().unwrap_or(h.name.as_str());
                     let bare = written.trim_start_matches('[').trim_end_matches(']');
                     match bare.parse::<IpAddr>() {
@@ -793,7 +795,7 @@ mod tests {
     fn a_pinned_address_is_judged_as_a_host_of_its_own() {
         // db.internal is allowed whatever it resolves to, but hostaddr is
         // where the connection goes: it must be allowed itself.
-        let list = list(&["db.internal", "10.1.0.0/16"]);
+        let list = list(&["db.internal", "10.1.0.0/16", "/srv/in"]);
         for bad in [
             "host=db.internal hostaddr=169.254.169.254 dbname=x",
             "host=db.internal hostaddr=127.0.0.1",
@@ -801,6 +803,8 @@ mod tests {
             "host=db.internal hostaddr=::ffff:127.0.0.1",
             "postgres://app@db.internal/shop?hostaddr=10.2.0.9",
             "host=db.internal,db.internal hostaddr=10.1.0.5,127.0.0.1",
+            "host=/srv/in hostaddr=169.254.169.254 port=80",
+            "host=/srv/in hostaddr=127.0.0.1",
         ] {
             let e = check_reaches(&list, &[("source.url", Reach::Postgres(bad))])
                 .expect_err("a pinned address the allowlist does not permit");

@@ -212,11 +212,13 @@ impl Guard {
         let hosts = config.get_hosts().to_vec();
         let ports = config.get_ports().to_vec();
         let given = config.get_hostaddrs().to_vec();
+        // A pinned address is the connection, whatever host it comes with
+        // (a Unix socket's directory included: the client connects by TCP
+        // to a hostaddr): each is judged as a host of its own.
+        for a in &given {
+            list.check(&a.to_string(), *a).map_err(NetError::Refused)?;
+        }
         if hosts.is_empty() {
-            // hostaddr only: the addresses are the connection.
-            for a in &given {
-                list.check(&a.to_string(), *a).map_err(NetError::Refused)?;
-            }
             return Ok(());
         }
         let unix = hosts.iter().filter(|h| matches!(h, Host::Unix(_))).count();
@@ -238,10 +240,8 @@ impl Guard {
         let mut pinned = Vec::new();
         for (i, h) in hosts.iter().enumerate() {
             let Host::Tcp(name) = h else { continue };
-            if let Some(a) = given.get(i) {
-                // The pinned address is the connection: judged as a host of
-                // its own, never by the name it comes with.
-                list.check(&a.to_string(), *a).map_err(NetError::Refused)?;
+            if given.get(i).is_some() {
+                // Judged above, by itself.
                 continue;
             }
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
@@ -526,6 +526,24 @@ mod tests {
                 ),
                 "{conn}: {e}"
             );
+        }
+        // A socket directory that is allowed does not carry an address
+        // pinned beside it: the client would connect to the address by TCP.
+        let g2 = Guard::new(&scope(&["/var/run/postgresql"], "/nonexistent")).expect("guard");
+        for conn in [
+            "host=/var/run/postgresql hostaddr=169.254.169.254 port=80 dbname=shop",
+            "host=/var/run/postgresql hostaddr=127.0.0.1 port=1 dbname=shop",
+        ] {
+            let e = g2
+                .postgres(conn)
+                .err()
+                .unwrap_or_else(|| panic!("{conn} connected"));
+            assert!(matches!(e, NetError::Refused(_)), "{conn}: {e}");
+            let e = g2
+                .replication(conn)
+                .err()
+                .unwrap_or_else(|| panic!("{conn} replicated"));
+            assert!(matches!(e, NetError::Refused(_)), "{conn}: {e}");
         }
         // An allowed network's address passes the check (and the connect
         // then fails: nothing listens there).

@@ -232,6 +232,13 @@ async fn an_upgrade_adopts_the_iceberg_catalog_a_client_made_with_its_rows() {
              property_value VARCHAR(1000), PRIMARY KEY (catalog_name, namespace, property_key))",
         "INSERT INTO iceberg_tables VALUES ('default', 'lake', 'raw', 'file:///w/lake/raw/m.json', NULL)",
         "INSERT INTO iceberg_namespace_properties VALUES ('default', 'lake', 'exists', 'true')",
+        // What a client that made the tables could leave on them, which
+        // the catalog's functions would run as the extension's owner.
+        "CREATE FUNCTION public.planted() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'planted'; END $$",
+        "CREATE TRIGGER planted BEFORE INSERT OR UPDATE ON iceberg_tables \
+         FOR EACH ROW EXECUTE FUNCTION public.planted()",
+        "ALTER TABLE iceberg_namespace_properties ALTER COLUMN property_value SET DEFAULT 'x'",
         "ALTER EXTENSION orca UPDATE",
     ] {
         c.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -242,6 +249,14 @@ async fn an_upgrade_adopts_the_iceberg_catalog_a_client_made_with_its_rows() {
             .await
             .expect("catalog rows");
     assert_eq!(kept, [("file:///w/lake/raw/m.json".to_string(), None)]);
+    let planted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger \
+         WHERE tgrelid = 'public.iceberg_tables'::regclass AND NOT tgisinternal",
+    )
+    .fetch_one(&mut c)
+    .await
+    .expect("triggers");
+    assert_eq!(planted, 0, "the client's trigger came along");
     if let Some(diff) = catalog_difference(&expected, &catalog(&mut c).await) {
         panic!("the adopted catalog differs from a fresh install's:\n{diff}");
     }

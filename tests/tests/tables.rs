@@ -178,11 +178,19 @@ async fn the_lake_s_tables_read_back_in_pyiceberg_with_their_orca_properties() {
             "{line}"
         );
     }
-    // PyIceberg and DuckDB, reading the same tables, prune by month too.
+    // PyIceberg and DuckDB, reading the same tables through the catalog's
+    // read-only role (a login in orca_viewer, a member of the org), prune
+    // by month too.
+    ensure_role(&db, "orca_t_tables_reader", &["orca_viewer"]).await;
+    db.pool
+        .execute("SELECT orca.add_member('default', 'orca_t_tables_reader')")
+        .await
+        .expect("a reader of the default org");
+    let reader = orca_tests::procs::url_as(&db.url(), "orca_t_tables_reader");
     for (dataset, rows) in [("lake.raw", 84), ("lake.clean", 84), ("lake.monthly", 1)] {
         let pruned = py(&[
             "prune",
-            &db.url(),
+            &reader,
             wh.to_str().unwrap_or_default(),
             dataset,
             "month",

@@ -25,14 +25,10 @@ pub enum FilesError {
     #[error("{file} vanished while the stream was reading it")]
     Vanished { file: String },
     #[error(
-        "{file}: refused: it resolves to {real}, outside the source's directory {root} \
-         (a files source reads what lies under its directory, links resolved)"
+        "{file}: refused: it resolves outside the source's directory {root} (a files \
+         source reads what lies under its directory, links resolved)"
     )]
-    Outside {
-        file: String,
-        real: String,
-        root: String,
-    },
+    Outside { file: String, root: String },
     #[error("{file}: {reason}")]
     Local { file: String, reason: String },
     #[error("resume point {0:?} is not [file, byte offset]")]
@@ -118,8 +114,25 @@ pub struct FileChunk {
 }
 
 impl FileReader {
+    /// A reader of `store`'s files; a local store's are read only if they
+    /// lie under its directory (links resolved when it was opened).
     pub fn open(
         store: Store,
+        format: Format,
+        stream: &str,
+        pattern: &str,
+        after: Option<&[String]>,
+    ) -> Result<FileReader, FilesError> {
+        let root = store.local_dir().map(std::path::Path::to_path_buf);
+        Self::open_under(store, root, format, stream, pattern, after)
+    }
+
+    /// A reader that reads a local file only if, once opened, it lies under
+    /// `root`: the directory as netguard allowed it, so that a directory
+    /// swapped since cannot move where reads may go.
+    pub fn open_under(
+        store: Store,
+        root: Option<std::path::PathBuf>,
         format: Format,
         stream: &str,
         pattern: &str,
@@ -141,7 +154,6 @@ impl FileReader {
             .filter(|f| glob.matches_with(f, opts))
             .collect();
         files.sort();
-        let root = store.local_dir().map(std::path::Path::to_path_buf);
         let mut reader = FileReader {
             store,
             root,
@@ -229,21 +241,35 @@ impl FileReader {
         {
             return Err(local("a file's name may not hold '.', '..' or '//'".into()));
         }
-        let f = match std::fs::File::open(root.join(file)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(FilesError::Vanished {
-                    file: file.to_string(),
-                })
+        let path = root.join(file);
+        let vanished = || FilesError::Vanished {
+            file: file.to_string(),
+        };
+        // Only regular files are opened, and without blocking: a FIFO or a
+        // device put in the directory is refused, not waited on.
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(local("it is not a regular file".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
+            Err(e) => return Err(local(format!("looking it up: {e}"))),
+        }
+        let f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
+                Err(e) => return Err(local(format!("opening it: {e}"))),
             }
-            Err(e) => return Err(local(format!("opening it: {e}"))),
         };
         let real = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
             .map_err(|e| local(format!("resolving the opened file: {e}")))?;
         if !real.starts_with(root) {
             return Err(FilesError::Outside {
                 file: file.to_string(),
-                real: real.display().to_string(),
                 root: root.display().to_string(),
             });
         }

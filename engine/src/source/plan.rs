@@ -167,7 +167,8 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>
         "files" => {
             // The directory as netguard allowed it, links resolved: each
             // file is then read only if it lies under it (FileReader).
-            let url = match guard.place(&url)? {
+            let root = guard.place(&url)?;
+            let url = match &root {
                 Some(real) => real.display().to_string(),
                 None => url,
             };
@@ -191,6 +192,7 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>
                         })?;
                     spawn_file_reader(
                         url.clone(),
+                        root.clone(),
                         format,
                         s.name.clone(),
                         str_of(def, "pattern")?,

@@ -104,6 +104,7 @@ fn spawn(
 /// Reads a files stream as raw records, from its resume point.
 pub(crate) fn spawn_file_reader(
     url: String,
+    root: Option<std::path::PathBuf>,
     format: Format,
     name: String,
     pattern: String,
@@ -113,7 +114,9 @@ pub(crate) fn spawn_file_reader(
     let stream = name.clone();
     spawn(name, Shape::Inferred(StreamSchema::default()), move |tx| {
         let store = Store::open_existing(&url)?;
-        let mut r = FileReader::open(store, format, &stream, &pattern, after.as_deref())?;
+        let root = root.or_else(|| store.local_dir().map(std::path::Path::to_path_buf));
+        let mut r =
+            FileReader::open_under(store, root, format, &stream, &pattern, after.as_deref())?;
         while let Some(chunk) = r.next_chunk(batch_rows)? {
             if tx.send(Ok(Msg::Raw(chunk))).is_err() {
                 return Ok(());

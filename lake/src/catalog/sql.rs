@@ -43,21 +43,50 @@ pub struct OrgCatalog {
 /// (`iceberg_type = 'VIEW'`) is not a table.
 const IS_TABLE: &str = "(iceberg_type = 'TABLE' OR iceberg_type IS NULL)";
 
+/// An error of the control plane as iceberg-rust's kinds: the catalog
+/// functions' own codes (`OR044` bad input, `OR045` no such namespace or
+/// table, or one that exists) keep their meaning for callers that match on
+/// the kind (a create that lost a race, a commit of a dropped table).
 fn db(what: &str) -> impl FnOnce(sqlx::Error) -> Error + '_ {
     move |e| {
-        let text = match &e {
-            sqlx::Error::Database(d) => match d.code() {
-                Some(code) => format!("{} ({code})", d.message()),
-                None => d.message().to_string(),
-            },
-            other => other.to_string(),
+        let (kind, text) = match &e {
+            sqlx::Error::Database(d) => {
+                let kind = match (d.code().as_deref(), d.message()) {
+                    (Some("OR044"), _) => ErrorKind::DataInvalid,
+                    (Some("OR045"), m) if m.contains("exists already") => {
+                        ErrorKind::TableAlreadyExists
+                    }
+                    (Some("OR045"), m) if m.starts_with("no namespace") => {
+                        ErrorKind::NamespaceNotFound
+                    }
+                    (Some("OR045"), _) => ErrorKind::TableNotFound,
+                    _ => ErrorKind::Unexpected,
+                };
+                let text = match d.code() {
+                    Some(code) => format!("{} ({code})", d.message()),
+                    None => d.message().to_string(),
+                };
+                (kind, text)
+            }
+            other => (ErrorKind::Unexpected, other.to_string()),
         };
-        Error::new(ErrorKind::Unexpected, format!("{what}: {text}"))
+        Error::new(kind, format!("{what}: {text}"))
     }
 }
 
-fn ns_text(ns: &NamespaceIdent) -> String {
-    ns.join(".")
+/// A namespace as the SQL catalog layout keeps it: its levels joined by
+/// '.', so no level may hold one (`a.b` and `a`/`b` would be one namespace).
+fn ns_text(ns: &NamespaceIdent) -> Result<String> {
+    if ns
+        .iter()
+        .any(|level| level.is_empty() || level.contains('.'))
+    {
+        return Err(Error::new(
+            ErrorKind::DataInvalid,
+            format!("namespace {ns:?}: a level is empty or holds a '.'"),
+        ));
+    }
+    Ok(ns.join("."))
 }
 
 fn unsupported(what: &str) -> Error {
@@ -96,7 +125,7 @@ impl OrgCatalog {
     pub async fn swap(&self, ident: &TableIdent, expected: &str, next: &str) -> Result<bool> {
         sqlx::query_scalar::<_, bool>("SELECT orca.catalog_commit($1, $2, $3, $4, $5, $6)")
             .bind(&self.name)
-            .bind(ns_text(ident.namespace()))
+            .bind(ns_text(ident.namespace())?)
             .bind(ident.name())
             .bind(expected)
             .bind(next)
@@ -112,7 +141,7 @@ impl OrgCatalog {
              WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3 AND {IS_TABLE}"
         ))
         .bind(&self.name)
-        .bind(ns_text(ident.namespace()))
+        .bind(ns_text(ident.namespace())?)
         .bind(ident.name())
         .fetch_optional(&self.pool)
         .await
@@ -126,7 +155,7 @@ impl OrgCatalog {
              FROM public.iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2",
         )
         .bind(&self.name)
-        .bind(ns_text(ns))
+        .bind(ns_text(ns)?)
         .fetch_all(&self.pool)
         .await
         .map_err(db("reading the catalog"))?;
@@ -201,7 +230,7 @@ impl Catalog for OrgCatalog {
             .map_err(|e| Error::new(ErrorKind::DataInvalid, e.to_string()))?;
         let made: bool = sqlx::query_scalar("SELECT orca.catalog_create_namespace($1, $2, $3, $4)")
             .bind(&self.name)
-            .bind(ns_text(namespace))
+            .bind(ns_text(namespace)?)
             .bind(props)
             .bind(self.lease)
             .fetch_one(&self.pool)
@@ -239,7 +268,7 @@ impl Catalog for OrgCatalog {
                             WHERE catalog_name = $1 AND table_namespace = $2)",
         )
         .bind(&self.name)
-        .bind(ns_text(namespace))
+        .bind(ns_text(namespace)?)
         .fetch_one(&self.pool)
         .await
         .map_err(db("reading the catalog"))
@@ -263,7 +292,7 @@ impl Catalog for OrgCatalog {
              WHERE catalog_name = $1 AND table_namespace = $2 AND {IS_TABLE} ORDER BY 1"
         ))
         .bind(&self.name)
-        .bind(ns_text(namespace))
+        .bind(ns_text(namespace)?)
         .fetch_all(&self.pool)
         .await
         .map_err(db("reading the catalog"))?;
@@ -306,24 +335,13 @@ impl Catalog for OrgCatalog {
         let at = at.to_string();
         sqlx::query("SELECT orca.catalog_create_table($1, $2, $3, $4, $5)")
             .bind(&self.name)
-            .bind(ns_text(namespace))
+            .bind(ns_text(namespace)?)
             .bind(ident.name())
             .bind(&at)
             .bind(self.lease)
             .execute(&self.pool)
             .await
-            .map_err(|e| match &e {
-                sqlx::Error::Database(d)
-                    if d.code().as_deref() == Some("OR045")
-                        && d.message().contains("exists already") =>
-                {
-                    Error::new(ErrorKind::TableAlreadyExists, d.message().to_string())
-                }
-                sqlx::Error::Database(d) if d.code().as_deref() == Some("OR045") => {
-                    Error::new(ErrorKind::NamespaceNotFound, d.message().to_string())
-                }
-                _ => db("creating a table")(e),
-            })?;
+            .map_err(db("creating a table"))?;
         self.table(ident, at, metadata)
     }
 
@@ -341,7 +359,7 @@ impl Catalog for OrgCatalog {
     async fn drop_table(&self, table: &TableIdent) -> Result<()> {
         let dropped: bool = sqlx::query_scalar("SELECT orca.catalog_drop_table($1, $2, $3, $4)")
             .bind(&self.name)
-            .bind(ns_text(table.namespace()))
+            .bind(ns_text(table.namespace())?)
             .bind(table.name())
             .bind(self.lease)
             .fetch_one(&self.pool)
@@ -375,7 +393,7 @@ impl Catalog for OrgCatalog {
         let metadata = TableMetadata::read_from(&self.fileio, &metadata_location).await?;
         sqlx::query("SELECT orca.catalog_create_table($1, $2, $3, $4, $5)")
             .bind(&self.name)
-            .bind(ns_text(table.namespace()))
+            .bind(ns_text(table.namespace())?)
             .bind(table.name())
             .bind(&metadata_location)
             .bind(self.lease)

@@ -607,7 +607,8 @@ fn sized(ty: &str, n: usize) -> String {
         "text" => format!("repeat('x', {n})"),
         // {"p": "..."} is 9 bytes around the string.
         "jsonb" => format!("jsonb_build_object('p', repeat('x', {}))", n - 9),
-        "text[]" => format!("ARRAY[repeat('x', {n})]"),
+        // An array's size is its elements' bytes and one per element.
+        "text[]" => format!("ARRAY[repeat('x', {})]", n - 1),
         other => panic!("no sized value of {other}"),
     }
 }
