@@ -210,6 +210,7 @@ BEGIN
                     format('lease expired at %s without a heartbeat from runner %s',
                            a.deadline, a.runner));
                 n_lost := n_lost + 1;
+                PERFORM orca._count(l.org_id, 'leases_lapsed');
             END IF;
         END;
     END LOOP;
@@ -257,7 +258,7 @@ BEGIN
         v_cursor := sn.commit_cursor;
         FOR c IN
             SELECT cm.id, cm.dataset, cm.snapshot_id, cm.partition, r.status, r.partitions AS run_partitions,
-                   r.pipeline_id
+                   r.pipeline_id, r.kind
             FROM orca.commits cm JOIN orca.runs r ON r.id = cm.run_id
             WHERE cm.org_id = sn.org_id AND cm.id > sn.commit_cursor
             ORDER BY cm.id
@@ -267,6 +268,8 @@ BEGIN
             EXIT WHEN c.status IN ('queued', 'running');
             v_cursor := c.id;
             CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
+            -- A compaction by table maintenance holds the same rows: nothing new.
+            CONTINUE WHEN c.kind = 'maintain';
             CONTINUE WHEN c.dataset IS DISTINCT FROM coalesce(sn.keys_dataset, c.dataset);
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM orca.step_datasets d
@@ -333,11 +336,12 @@ BEGIN
         RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
-    -- Time is injected by admins only (tests, replays): anyone else's tick
-    -- acts at the transaction's clock, so nobody can fire schedules early or
-    -- expire other runners' leases by naming a later instant.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
-        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
+    -- Time is injected by the installation's superuser only (tests,
+    -- replays): anyone else's tick acts at the transaction's clock, so nobody
+    -- can fire schedules early or expire other runners' leases by naming a
+    -- later instant, and no org's admin (an API key) moves any org's time.
+    IF v_now <> pg_catalog.now() AND NOT orca._is_superuser() THEN
+        RAISE EXCEPTION 'only the installation''s superuser moves the clock: orca.tick(now => %) is not the transaction''s time %',
                         v_now, pg_catalog.now()
             USING ERRCODE = 'OR086',
                   HINT = 'call orca.tick() without now';
@@ -346,17 +350,24 @@ BEGIN
         || orca._tick_fires(v_orgs, v_now)
         || orca._tick_leases(v_orgs, v_now)
         || orca._tick_sensors(v_orgs, v_now)
-        || orca._tick_queued(v_orgs);
+        || orca._tick_continuous(v_orgs, v_now)
+        || orca._tick_maintenance(v_orgs, v_now)
+        || orca._tick_queued(v_orgs)
+        || orca._tick_prune(v_orgs, v_now);
 END
 $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
 'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls. '
+'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
+'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), due '
+'table maintenance schedules queue their runs (orca.schedule_maintenance), and '
+'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
 'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
+'runner; an API key''s, whatever its role). Only the installation''s superuser may pass a now '
+'other than the transaction''s time (OR086). Returns counts.';
 
 CREATE OR REPLACE FUNCTION orca.register(manifest jsonb) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1013,7 +1024,8 @@ GRANT INSERT, UPDATE, DELETE ON public.iceberg_tables, public.iceberg_namespace_
 CREATE FUNCTION orca._command(p_kind text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                       WHEN 'sync' THEN 'sync' ELSE 'attempt' END
+                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover'
+                       WHEN 'maintain' THEN 'maintain' ELSE 'attempt' END
 $$;
 ALTER TABLE orca.queue ADD COLUMN command text NOT NULL DEFAULT 'attempt'
     CHECK (command IN ('attempt', 'sense', 'keys', 'sync'));
@@ -1027,6 +1039,9 @@ RETURNS SETOF orca.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
+                         AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '', '')) + cardinality(claim.commands), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
@@ -1049,10 +1064,11 @@ BEGIN
     END IF;
     IF claim.commands IS NOT NULL AND EXISTS (
            SELECT 1 FROM unnest(claim.commands) AS c
-           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync')) THEN
-        RAISE EXCEPTION 'commands must list attempt, sense, keys or sync, got %',
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync, discover or maintain, got %',
             (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
-             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync') LIMIT 1)
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')
+             LIMIT 1)
             USING ERRCODE = 'OR050';
     END IF;
     -- Keep the runner's row fresh without writing it on every poll. The
@@ -1121,7 +1137,7 @@ BEGIN
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
            orca._command(i.run_kind),
-           CASE WHEN i.run_kind = 'sync' THEN NULL ELSE i.binary_sha256 END
+           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END
     FROM info i
     ORDER BY i.id;
 END
@@ -1130,7 +1146,8 @@ COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
 'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
 'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
 'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
-'the runner can run (attempt, sense, keys, sync; NULL: all), so that a runner not set up for '
+'the runner can run (attempt, sense, keys, sync, discover, maintain; NULL: all), so that a runner '
+'not set up for '
 'syncs leaves them to one that is. '
 'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
 REVOKE ALL ON FUNCTION orca.claim(text, text, integer, text[]) FROM PUBLIC;
@@ -1727,20 +1744,36 @@ CREATE OR REPLACE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RE
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('release', 'reason', octet_length(release.reason), 65536);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
+    v_why text := coalesce(release.reason, 'released by its runner');
+    v_recent integer;
 BEGIN
     PERFORM orca._lease_holder(t, release.lease);
     a := orca._leased_attempt(v_org, release.lease);
-    PERFORM orca._attempt_ended(a.id, 'released',
-                                coalesce(release.reason, 'released by its runner'));
+    -- A run handed back again and again (an engine that asks for a new
+    -- attempt each time it starts, a runner restarting in a loop) would go
+    -- round with no pause and no end: past a bound the attempt fails, and
+    -- the run's retries (and a continuous sync's backoff) take over.
+    SELECT count(*) INTO v_recent FROM orca.attempts x
+    WHERE x.run_id = a.run_id AND x.status = 'released'
+      AND x.finished_at > now() - interval '10 minutes';
+    IF v_recent >= 10 THEN
+        PERFORM orca._attempt_ended(a.id, 'failed',
+            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));
+        RETURN;
+    END IF;
+    PERFORM orca._attempt_ended(a.id, 'released', v_why);
 END
 $$;
 COMMENT ON FUNCTION orca.release(uuid, text) IS
-'Hands a leased attempt back unfinished, for a runner that is shutting down: the run gets a '
-'new pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. '
-'Errors: OR012/OR014/OR015 for the lease.';
+'Hands a leased attempt back unfinished, for a runner that is shutting down or an engine that '
+'asks for a new attempt (a continuous sync meeting a new table shape): the run gets a new '
+'pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. A run '
+'handed back 10 times in 10 minutes is in a loop: the 11th attempt fails instead (its error '
+'says so), and the run''s retries decide. Errors: OR012/OR014/OR015 for the lease.';
 
 CREATE OR REPLACE FUNCTION orca.report_step(lease uuid, step text, partition text, status text,
                                  error text DEFAULT NULL, output jsonb DEFAULT NULL,
@@ -2044,6 +2077,7 @@ CREATE OR REPLACE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) R
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('claim_sync', 'sync', octet_length(claim_sync.sync), 1024);
     a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
     v_org bigint := a.org_id;
     s orca.syncs;
@@ -2073,7 +2107,12 @@ BEGIN
                               'epoch', s.head_epoch, 'record', s.head_record,
                               'definition', s.definition, 'run', r.id,
                               'request', coalesce(r.request, '{}'::jsonb),
-                              'allowlist', to_jsonb(orca._allowlist(v_org)));
+                              'allowlist', to_jsonb(orca._allowlist(v_org)),
+                              'catalog', (SELECT jsonb_build_object('version', c.version,
+                                                                    'streams', c.catalog->'streams')
+                                          FROM orca.catalogs c
+                                          WHERE c.org_id = v_org AND c.name = s.name
+                                            AND c.version = s.catalog_version));
 END
 $$;
 COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
@@ -2082,7 +2121,9 @@ COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
 'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
 'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
 '({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
-'(what its connectors may reach besides public addresses). The lease is required (OR084) '
+'(what its connectors may reach besides public addresses), and the catalog version the streams '
+'were planned from (its streams), which the attempt checks the source against. '
+'The lease is required (OR084) '
 'except for admins, who may drive a sync by hand in their session''s org.';
 
 REVOKE ALL ON orca.runner_tokens FROM PUBLIC;
@@ -2593,10 +2634,20 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded boolean := orca._bound('create_sync', 'name', octet_length(create_sync.name), 1024)
+                         AND orca._bound('create_sync', 'source', octet_length(create_sync.source::text), 65536)
+                         AND orca._bound('create_sync', 'destination', octet_length(create_sync.destination::text), 65536)
+                         AND orca._bound('create_sync', 'streams', octet_length(create_sync.streams::text), 1048576)
+                         AND orca._bound('create_sync', 'schedule', octet_length(create_sync.schedule), 1024)
+                         AND orca._bound('create_sync', 'delivery', octet_length(create_sync.delivery), 1024)
+                         AND orca._bound('create_sync', 'pool', octet_length(create_sync.pool), 1024);
     v_org bigint := orca.current_org_id();
     d     jsonb;
     v_id  bigint;
     v_old jsonb;
+    v_streams jsonb := create_sync.streams;
+    v_cat orca.catalogs;
+    v_catalog_version integer;
 BEGIN
     IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
        OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
@@ -2613,9 +2664,29 @@ BEGIN
                         coalesce(create_sync.run_retries::text, 'NULL')
             USING ERRCODE = 'OR063';
     END IF;
+    -- Streams planned from the sync's catalog (orca.discover).
+    v_cat := orca._catalog(v_org, create_sync.name);
+    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
+        IF v_cat.version IS NULL THEN
+            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
+                USING ERRCODE = 'OR063',
+                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
+                                    create_sync.name);
+        END IF;
+        v_streams := orca._planned_streams(v_cat, v_streams);
+    END IF;
     d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
-                                       create_sync.destination, create_sync.streams,
+                                       create_sync.destination, v_streams,
                                        create_sync.schedule, create_sync.delivery));
+    IF v_cat.version IS NOT NULL
+       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
+        v_catalog_version := v_cat.version;
+    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
+        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
+                        create_sync.name, v_cat.version, create_sync.name
+            USING ERRCODE = 'OR063',
+                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
+    END IF;
     -- Netguard, as far as the definition shows it: hosts written as
     -- addresses, sockets and local paths (names are judged when resolved).
     PERFORM orca._unwrap(orca._netguard_definition(
@@ -2624,12 +2695,15 @@ BEGIN
     WHERE sy.org_id = v_org AND sy.name = create_sync.name;
     -- Defining a sync again replaces its definition; its HEAD and generation
     -- stay. A sync dropped under the name left them on its pipeline.
-    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch)
+    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
+                                 catalog_version)
     SELECT v_org, create_sync.name, d, d->>'delivery',
-           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0)
+           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
     FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
     ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
-                                             delivery = excluded.delivery
+                                             delivery = excluded.delivery,
+                                             catalog_version = excluded.catalog_version,
+                                             drift = NULL, drift_at = NULL
     RETURNING s.id INTO v_id;
     PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
                                 create_sync.pool, create_sync.run_retries);
@@ -2637,9 +2711,10 @@ BEGIN
     WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
     -- A continuous sync is one long-lived run. Redefined while it runs, the
     -- run is cancelled (its attempt stops at its next epoch boundary) and a
-    -- new one reads the new definition from HEAD.
+    -- new one reads the new definition from HEAD. Writer lanes alone are
+    -- followed by the running attempt between epochs (orca.sync_lanes).
     IF (d->'source'->>'continuous')::boolean IS TRUE THEN
-        IF v_old IS DISTINCT FROM d THEN
+        IF (v_old #- '{destination,lanes}') IS DISTINCT FROM (d #- '{destination,lanes}') THEN
             PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
             WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
         END IF;
@@ -2658,6 +2733,10 @@ COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text
 'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
 'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
 'run orca-engine; a failed run is tried again run_retries times. '
+'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
+'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
+'which must have been discovered from this source; each attempt then reports how the source '
+'drifted from that catalog version (orca.report_drift). '
 'Each stream''s delivery level is worked out from the destination''s class, the source''s '
 'replay, the write mode and the primary key, and must reach the required level. Errors: '
 'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
@@ -2668,7 +2747,6 @@ COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text
 'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
 '''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
 '"cursor":"updated_at","primary_key":["id"]}]'');';
-
 
 REVOKE ALL ON orca.allowlist FROM PUBLIC;
 GRANT SELECT ON orca.allowlist TO orca_viewer;
@@ -2843,7 +2921,6 @@ $$;
 COMMENT ON FUNCTION orca.remove_member(text, text) IS
 'Takes a role''s membership of an org away. Admins only.';
 
-
 CREATE FUNCTION orca._installation_admin() RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -2854,7 +2931,6 @@ BEGIN
     END IF;
 END
 $$;
-
 
 -- API keys: how `orca serve` (the HTTP API and the console) acts for a
 -- caller. A key belongs to one org and has one role (viewer, operator,
@@ -2993,7 +3069,6 @@ COMMENT ON FUNCTION orca.api_session() IS
 'The org, role and name of the API key the session presents (SET orca.api_key): what orca '
 'serve asks before it takes the key''s role (SET LOCAL ROLE orca_<role>) for a request. '
 'OR087 for no key, an unknown or a revoked one.';
-
 
 REVOKE ALL ON orca.api_keys FROM PUBLIC;
 REVOKE ALL ON SEQUENCE orca.api_keys_id_seq FROM PUBLIC;
@@ -3448,7 +3523,6 @@ BEGIN
 END
 $$;
 
-
 CREATE INDEX runs_finished ON orca.runs (finished_at) WHERE finished_at IS NOT NULL;
 
 CREATE FUNCTION orca.retention()
@@ -3717,74 +3791,6 @@ COMMENT ON FUNCTION orca.metrics() IS
 'and deliveries, pruned rows, and tick time. orca serve shows them at /metrics in '
 'Prometheus'' text format. Example: SELECT metric, labels, value FROM orca.metrics();';
 
-
-CREATE OR REPLACE FUNCTION orca._tick_leases(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
-LANGUAGE plpgsql AS $$
-DECLARE
-    a      record;
-    n_lost integer := 0;
-BEGIN
-    FOR a IN
-        SELECT l.attempt_id AS id, l.deadline, l.runner FROM orca.leases l
-        WHERE l.deadline < p_now AND l.org_id = ANY (p_orgs)
-        ORDER BY l.attempt_id
-        LIMIT orca._max_lost_per_tick()
-    LOOP
-        DECLARE
-            l orca.attempts := orca._lock_attempt(a.id);
-        BEGIN
-            -- Re-checked under the lock: a heartbeat or finish may have won.
-            IF l.status = 'leased' AND EXISTS (SELECT 1 FROM orca.leases x
-                                               WHERE x.attempt_id = a.id AND x.deadline < p_now) THEN
-                PERFORM orca._attempt_ended(l.id, 'lost',
-                    format('lease expired at %s without a heartbeat from runner %s',
-                           a.deadline, a.runner));
-                n_lost := n_lost + 1;
-                PERFORM orca._count(l.org_id, 'leases_lapsed');
-            END IF;
-        END;
-    END LOOP;
-    RETURN jsonb_build_object('attempts_lost', n_lost);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_now  timestamptz := tick.now;
-    v_orgs bigint[] := orca._tick_orgs();
-BEGIN
-    IF v_now IS NULL OR NOT isfinite(v_now) THEN
-        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
-            USING ERRCODE = 'OR050';
-    END IF;
-    -- Time is injected by admins only (tests, replays): anyone else's tick
-    -- acts at the transaction's clock, so nobody can fire schedules early or
-    -- expire other runners' leases by naming a later instant.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
-        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
-                        v_now, pg_catalog.now()
-            USING ERRCODE = 'OR086',
-                  HINT = 'call orca.tick() without now';
-    END IF;
-    RETURN jsonb_build_object('now', v_now)
-        || orca._tick_fires(v_orgs, v_now)
-        || orca._tick_leases(v_orgs, v_now)
-        || orca._tick_sensors(v_orgs, v_now)
-        || orca._tick_queued(v_orgs)
-        || orca._tick_prune(v_orgs, v_now);
-END
-$$;
-COMMENT ON FUNCTION orca.tick(timestamptz) IS
-'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
-'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls, and '
-'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
-'Idempotent for the same now. The background worker calls it '
-'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
-'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
-
 REVOKE ALL ON orca.counters FROM PUBLIC;
 GRANT SELECT ON orca.counters TO orca_viewer;
 REVOKE ALL ON FUNCTION
@@ -3863,7 +3869,6 @@ COMMENT ON FUNCTION orca.append_log(uuid, integer, text[]) IS
 '(a batch sent again is kept once). Lines past orca.log_lines_max are not kept; each is cut at '
 '8 KiB. Returns the lines kept. Errors: OR050 (first_seq < 1, more than 1000 lines), OR012, '
 'OR014 (the lease is no longer active).';
-
 
 REVOKE ALL ON orca.attempt_logs FROM PUBLIC;
 GRANT SELECT ON orca.attempt_logs TO orca_viewer;
@@ -3947,7 +3952,6 @@ COMMENT ON FUNCTION orca.record_epoch(text, integer, bigint, jsonb, uuid) IS
 '(stats {"rows": {"<stream>": n}, "quarantined": n, "held": n}) in orca.sync_epochs. '
 'Errors: OR050 bad stats, OR070 fenced (not the sync''s generation), OR071 the epoch is not '
 'committed yet, OR084 no lease.';
-
 
 REVOKE ALL ON orca.sync_epochs FROM PUBLIC;
 GRANT SELECT ON orca.sync_epochs TO orca_viewer;
@@ -4217,45 +4221,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_now  timestamptz := tick.now;
-    v_orgs bigint[] := orca._tick_orgs();
-BEGIN
-    IF v_now IS NULL OR NOT isfinite(v_now) THEN
-        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
-            USING ERRCODE = 'OR050';
-    END IF;
-    -- Time is injected by admins only (tests, replays): anyone else's tick
-    -- acts at the transaction's clock, so nobody can fire schedules early or
-    -- expire other runners' leases by naming a later instant.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_admin() THEN
-        RAISE EXCEPTION 'only admins move the clock: orca.tick(now => %) is not the transaction''s time %',
-                        v_now, pg_catalog.now()
-            USING ERRCODE = 'OR086',
-                  HINT = 'call orca.tick() without now';
-    END IF;
-    RETURN jsonb_build_object('now', v_now)
-        || orca._tick_fires(v_orgs, v_now)
-        || orca._tick_leases(v_orgs, v_now)
-        || orca._tick_sensors(v_orgs, v_now)
-        || orca._tick_continuous(v_orgs, v_now)
-        || orca._tick_queued(v_orgs)
-        || orca._tick_prune(v_orgs, v_now);
-END
-$$;
-COMMENT ON FUNCTION orca.tick(timestamptz) IS
-'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
-'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
-'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), and '
-'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
-'Idempotent for the same now. The background worker calls it '
-'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
-'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner). Only admins may pass a now other than the transaction''s time (OR086). Returns counts.';
-
 REVOKE ALL ON FUNCTION orca._tick_continuous(bigint[], timestamptz) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
@@ -4320,7 +4285,6 @@ LANGUAGE sql IMMUTABLE AS $$
                                                 'connector', p_source->'connector',
                                                 'config', p_source->'config'))
 $$;
-
 
 CREATE FUNCTION orca._catalog_shape(p_catalog jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
@@ -4559,291 +4523,6 @@ COMMENT ON FUNCTION orca.report_drift(text, integer, jsonb, uuid) IS
 'last report; an empty list clears it. The stream''s schema policy still decides what the attempt '
 'does. Under the lease of the sync''s run (OR084), from its current generation (OR070).';
 
-CREATE OR REPLACE FUNCTION orca._command(p_kind text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover' ELSE 'attempt' END
-$$;
-
-CREATE OR REPLACE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
-                           commands text[] DEFAULT NULL)
-RETURNS SETOF orca.lease
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    t     orca.runner_tokens := orca._runner_session();
-    v_org bigint := t.org_id;
-    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
-    v_ttl interval := make_interval(secs => orca._lease_seconds());
-    v_ids  bigint[];
-    v_tids tid[];
-BEGIN
-    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
-        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
-            USING ERRCODE = 'OR050';
-    END IF;
-    IF claim.pool IS NULL OR claim.pool = '' THEN
-        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
-            USING ERRCODE = 'OR050';
-    END IF;
-    PERFORM orca._runner_pool(t, claim.pool);
-    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
-            USING ERRCODE = 'OR050';
-    END IF;
-    IF claim.commands IS NOT NULL AND EXISTS (
-           SELECT 1 FROM unnest(claim.commands) AS c
-           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover')) THEN
-        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync or discover, got %',
-            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
-             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover') LIMIT 1)
-            USING ERRCODE = 'OR050';
-    END IF;
-    -- Keep the runner's row fresh without writing it on every poll. The
-    -- read comes first because an upsert locks the row even when its WHERE
-    -- then declines to update, and that lock would last the whole claim.
-    IF NOT EXISTS (SELECT 1 FROM orca.runners rn
-                   WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
-                     AND rn.last_seen >= now() - interval '1 second') THEN
-        INSERT INTO orca.runners AS rn (org_id, name, pool)
-        VALUES (v_org, claim.runner, claim.pool)
-        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
-        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
-    END IF;
-
-    -- The pick is a statement of its own, and every table below is reached
-    -- through = ANY (v_ids): each statement then has one plan that stays on
-    -- primary keys, which PL/pgSQL caches instead of planning the whole
-    -- claim again on every call (a third of a small claim's time).
-    -- The picked rows stay locked to the end of the transaction, so their
-    -- ctids hold and the delete finds them by ctid, not by a filter on the
-    -- queue's key.
-    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
-    INTO v_ids, v_tids
-    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
-          WHERE q.org_id = v_org AND q.pool = claim.pool
-            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
-          ORDER BY q.attempt_id
-          LIMIT claim.max
-          FOR UPDATE SKIP LOCKED) x;
-    IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-
-    RETURN QUERY
-    WITH picked AS (
-        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
-    ), leased AS (
-        -- leased_at is the clock, not the transaction's start: this statement
-        -- may see an attempt that a finish committed after this transaction
-        -- began, and must not look leased before the run ahead of it ended.
-        UPDATE orca.attempts a
-        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
-            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
-        WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
-        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
-    ), live AS (
-        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
-        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
-    ), info AS (
-        -- LATERAL keeps these lookups on primary keys whatever the planner
-        -- guesses about how many rows the UPDATE returns.
-        SELECT l.*, x.*
-        FROM leased l
-        CROSS JOIN LATERAL (
-            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
-            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
-            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
-        ) x
-    ), ev AS (
-        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
-               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
-        FROM info i
-    )
-    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
-           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           orca._command(i.run_kind),
-           CASE WHEN i.run_kind IN ('sync', 'discover') THEN NULL ELSE i.binary_sha256 END
-    FROM info i
-    ORDER BY i.id;
-END
-$$;
-COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
-'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
-'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
-'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
-'the runner can run (attempt, sense, keys, sync, discover; NULL: all), so that a runner not set up for '
-'syncs leaves them to one that is. '
-'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
-
-CREATE OR REPLACE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
-                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
-                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    v_org bigint := orca.current_org_id();
-    d     jsonb;
-    v_id  bigint;
-    v_old jsonb;
-    v_streams jsonb := create_sync.streams;
-    v_cat orca.catalogs;
-    v_catalog_version integer;
-BEGIN
-    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
-       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
-        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
-            USING ERRCODE = 'OR063';
-    END IF;
-    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
-        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
-                        quote_nullable(create_sync.pool)
-            USING ERRCODE = 'OR063';
-    END IF;
-    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
-        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
-                        coalesce(create_sync.run_retries::text, 'NULL')
-            USING ERRCODE = 'OR063';
-    END IF;
-    -- Streams planned from the sync's catalog (orca.discover).
-    v_cat := orca._catalog(v_org, create_sync.name);
-    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
-        IF v_cat.version IS NULL THEN
-            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
-                USING ERRCODE = 'OR063',
-                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
-                                    create_sync.name);
-        END IF;
-        v_streams := orca._planned_streams(v_cat, v_streams);
-    END IF;
-    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
-                                       create_sync.destination, v_streams,
-                                       create_sync.schedule, create_sync.delivery));
-    IF v_cat.version IS NOT NULL
-       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
-        v_catalog_version := v_cat.version;
-    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
-        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
-                        create_sync.name, v_cat.version, create_sync.name
-            USING ERRCODE = 'OR063',
-                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
-    END IF;
-    -- Netguard, as far as the definition shows it: hosts written as
-    -- addresses, sockets and local paths (names are judged when resolved).
-    PERFORM orca._unwrap(orca._netguard_definition(
-        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
-    SELECT sy.definition INTO v_old FROM orca.syncs sy
-    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
-    -- Defining a sync again replaces its definition; its HEAD and generation
-    -- stay. A sync dropped under the name left them on its pipeline.
-    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
-                                 catalog_version)
-    SELECT v_org, create_sync.name, d, d->>'delivery',
-           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
-    FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
-    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
-                                             delivery = excluded.delivery,
-                                             catalog_version = excluded.catalog_version,
-                                             drift = NULL, drift_at = NULL
-    RETURNING s.id INTO v_id;
-    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
-                                create_sync.pool, create_sync.run_retries);
-    UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
-    WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
-    -- A continuous sync is one long-lived run. Redefined while it runs, the
-    -- run is cancelled (its attempt stops at its next epoch boundary) and a
-    -- new one reads the new definition from HEAD.
-    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
-        IF v_old IS DISTINCT FROM d THEN
-            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
-            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
-        END IF;
-        PERFORM orca._keep_running(v_org, create_sync.name);
-    END IF;
-    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
-        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
-                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
-                                       FROM jsonb_array_elements(d->'streams') AS x),
-                           'by', session_user));
-    RETURN v_id;
-END
-$$;
-COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
-'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
-'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
-'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
-'run orca-engine; a failed run is tried again run_retries times. '
-'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
-'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
-'which must have been discovered from this source; each attempt then reports how the source '
-'drifted from that catalog version (orca.report_drift). '
-'Each stream''s delivery level is worked out from the destination''s class, the source''s '
-'replay, the write mode and the primary key, and must reach the required level. Errors: '
-'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
-'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
-'OR094 netguard refuses a host written as an address, a socket or a local path it names '
-'(orca.allowlist). '
-'docs/syncs.md lists the connectors. '
-'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
-'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
-'"cursor":"updated_at","primary_key":["id"]}]'');';
-
-CREATE OR REPLACE FUNCTION orca.claim_sync(sync text, lease uuid DEFAULT NULL) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    v_bounded boolean := orca._bound('claim_sync', 'sync', octet_length(claim_sync.sync), 1024);
-    a     orca.attempts := orca._sync_caller(claim_sync.sync, claim_sync.lease, 'claiming');
-    v_org bigint := a.org_id;
-    s orca.syncs;
-    r orca.runs;
-BEGIN
-    -- A run's attempt says which run it is: its lease must be live and of
-    -- this sync (locks run, then attempt, then the sync, as finish does).
-    IF claim_sync.lease IS NOT NULL THEN
-        a := orca._leased_attempt(v_org, claim_sync.lease);
-        SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
-    END IF;
-    s := orca._sync(v_org, claim_sync.sync);
-    -- A HEAD set under an older rule or by hand: the engine checks it too.
-    PERFORM orca._check_record(s, s.head_record);
-    -- A definition made before passwords were refused still runs, with a
-    -- warning on every claim until it is defined again with a secret.
-    IF cardinality(orca._inline_passwords(s.definition)) > 0 THEN
-        PERFORM orca._event(v_org, 'sync.inline_password', r.pipeline_id, r.id, a.id,
-            jsonb_build_object('sync', s.name, 'at', to_jsonb(orca._inline_passwords(s.definition)),
-                               'hint', 'keep the connection string in a secret (orca.set_secret) '
-                                       'and define the sync again with {"secret": "name"}'));
-    END IF;
-    UPDATE orca.syncs SET generation = generation + 1 WHERE id = s.id RETURNING * INTO s;
-    PERFORM orca._event(v_org, 'sync.claimed', r.pipeline_id, r.id, a.id,
-        jsonb_build_object('sync', s.name, 'generation', s.generation, 'epoch', s.head_epoch));
-    RETURN jsonb_build_object('sync', s.name, 'generation', s.generation,
-                              'epoch', s.head_epoch, 'record', s.head_record,
-                              'definition', s.definition, 'run', r.id,
-                              'request', coalesce(r.request, '{}'::jsonb),
-                              'allowlist', to_jsonb(orca._allowlist(v_org)),
-                              'catalog', (SELECT jsonb_build_object('version', c.version,
-                                                                    'streams', c.catalog->'streams')
-                                          FROM orca.catalogs c
-                                          WHERE c.org_id = v_org AND c.name = s.name
-                                            AND c.version = s.catalog_version));
-END
-$$;
-COMMENT ON FUNCTION orca.claim_sync(text, uuid) IS
-'An attempt claims a sync before it moves data: the sync''s generation goes up by one, which '
-'fences every older attempt (their next orca.advance_head fails with OR070). Returns the new '
-'generation, the HEAD epoch and record to recover from, the definition, and with the lease of '
-'a run''s attempt (which must be live: OR012/OR014/OR015 otherwise) the run and its request '
-'({"mode": "full"} for a backfill: read everything again), and the org''s netguard allowlist '
-'(what its connectors may reach besides public addresses), and the catalog version the streams '
-'were planned from (its streams), which the attempt checks the source against. '
-'The lease is required (OR084) '
-'except for admins, who may drive a sync by hand in their session''s org.';
-
 GRANT SELECT ON orca.catalogs TO orca_viewer;
 REVOKE ALL ON FUNCTION orca._source_check(text, text, jsonb, text[]), orca._catalog_shape(jsonb),
     orca._source_identity(jsonb),
@@ -4932,168 +4611,9 @@ COMMENT ON FUNCTION orca.sync_lanes(text, integer, uuid) IS
 'and follows orca.scale_sync. Errors: OR084 no lease, OR012 a lease not of this org, OR070 '
 'a fenced generation.';
 
-CREATE OR REPLACE FUNCTION orca.create_sync(name text, source jsonb, destination jsonb, streams jsonb,
-                                 schedule text DEFAULT NULL, delivery text DEFAULT 'exactly_once',
-                                 pool text DEFAULT 'default', run_retries integer DEFAULT 2)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    v_bounded boolean := orca._bound('create_sync', 'name', octet_length(create_sync.name), 1024)
-                         AND orca._bound('create_sync', 'source', octet_length(create_sync.source::text), 65536)
-                         AND orca._bound('create_sync', 'destination', octet_length(create_sync.destination::text), 65536)
-                         AND orca._bound('create_sync', 'streams', octet_length(create_sync.streams::text), 1048576)
-                         AND orca._bound('create_sync', 'schedule', octet_length(create_sync.schedule), 1024)
-                         AND orca._bound('create_sync', 'delivery', octet_length(create_sync.delivery), 1024)
-                         AND orca._bound('create_sync', 'pool', octet_length(create_sync.pool), 1024);
-    v_org bigint := orca.current_org_id();
-    d     jsonb;
-    v_id  bigint;
-    v_old jsonb;
-    v_streams jsonb := create_sync.streams;
-    v_cat orca.catalogs;
-    v_catalog_version integer;
-BEGIN
-    IF create_sync.name IS NULL OR create_sync.source IS NULL OR create_sync.destination IS NULL
-       OR create_sync.streams IS NULL OR create_sync.delivery IS NULL THEN
-        RAISE EXCEPTION 'malformed sync: name, source, destination, streams and delivery must not be NULL'
-            USING ERRCODE = 'OR063';
-    END IF;
-    IF create_sync.pool IS NULL OR create_sync.pool = '' OR length(create_sync.pool) > 128 THEN
-        RAISE EXCEPTION 'malformed sync: pool must be a name of 1 to 128 characters, got %',
-                        quote_nullable(create_sync.pool)
-            USING ERRCODE = 'OR063';
-    END IF;
-    IF create_sync.run_retries IS NULL OR create_sync.run_retries NOT BETWEEN 0 AND 100 THEN
-        RAISE EXCEPTION 'malformed sync: run_retries must be from 0 to 100, got %',
-                        coalesce(create_sync.run_retries::text, 'NULL')
-            USING ERRCODE = 'OR063';
-    END IF;
-    -- Streams planned from the sync's catalog (orca.discover).
-    v_cat := orca._catalog(v_org, create_sync.name);
-    IF jsonb_typeof(v_streams) = 'object' AND v_streams ? 'catalog' THEN
-        IF v_cat.version IS NULL THEN
-            RAISE EXCEPTION 'sync ''%'' has no catalog to plan its streams from', create_sync.name
-                USING ERRCODE = 'OR063',
-                      HINT = format('SELECT orca.discover(%L, <source>) first; its run stores the catalog',
-                                    create_sync.name);
-        END IF;
-        v_streams := orca._planned_streams(v_cat, v_streams);
-    END IF;
-    d := orca._unwrap(orca._sync_check(create_sync.name, create_sync.source,
-                                       create_sync.destination, v_streams,
-                                       create_sync.schedule, create_sync.delivery));
-    IF v_cat.version IS NOT NULL
-       AND orca._source_identity(v_cat.source) = orca._source_identity(d->'source') THEN
-        v_catalog_version := v_cat.version;
-    ELSIF jsonb_typeof(create_sync.streams) = 'object' THEN
-        RAISE EXCEPTION 'catalog ''%'' version % was discovered from another source than sync ''%'' reads',
-                        create_sync.name, v_cat.version, create_sync.name
-            USING ERRCODE = 'OR063',
-                  HINT = format('SELECT orca.discover(%L, <this source>) to discover it', create_sync.name);
-    END IF;
-    -- Netguard, as far as the definition shows it: hosts written as
-    -- addresses, sockets and local paths (names are judged when resolved).
-    PERFORM orca._unwrap(orca._netguard_definition(
-        (SELECT o.name FROM orca.orgs o WHERE o.id = v_org), d, orca._allowlist(v_org)));
-    SELECT sy.definition INTO v_old FROM orca.syncs sy
-    WHERE sy.org_id = v_org AND sy.name = create_sync.name;
-    -- Defining a sync again replaces its definition; its HEAD and generation
-    -- stay. A sync dropped under the name left them on its pipeline.
-    INSERT INTO orca.syncs AS s (org_id, name, definition, delivery, generation, head_epoch,
-                                 catalog_version)
-    SELECT v_org, create_sync.name, d, d->>'delivery',
-           coalesce(max(p.sync_generation), 0), coalesce(max(p.sync_epoch), 0), v_catalog_version
-    FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = create_sync.name
-    ON CONFLICT (org_id, name) DO UPDATE SET definition = excluded.definition,
-                                             delivery = excluded.delivery,
-                                             catalog_version = excluded.catalog_version,
-                                             drift = NULL, drift_at = NULL
-    RETURNING s.id INTO v_id;
-    PERFORM orca._sync_pipeline(v_org, create_sync.name, d, create_sync.schedule,
-                                create_sync.pool, create_sync.run_retries);
-    UPDATE orca.pipelines p SET paused = false, sync_generation = NULL, sync_epoch = NULL
-    WHERE p.org_id = v_org AND p.name = create_sync.name AND p.sync_generation IS NOT NULL;
-    -- A continuous sync is one long-lived run. Redefined while it runs, the
-    -- run is cancelled (its attempt stops at its next epoch boundary) and a
-    -- new one reads the new definition from HEAD. Writer lanes alone are
-    -- followed by the running attempt between epochs (orca.sync_lanes).
-    IF (d->'source'->>'continuous')::boolean IS TRUE THEN
-        IF (v_old #- '{destination,lanes}') IS DISTINCT FROM (d #- '{destination,lanes}') THEN
-            PERFORM orca.cancel(x.id) FROM orca.runs x JOIN orca.pipelines p ON p.id = x.pipeline_id
-            WHERE p.org_id = v_org AND p.name = create_sync.name AND x.status IN ('queued', 'running');
-        END IF;
-        PERFORM orca._keep_running(v_org, create_sync.name);
-    END IF;
-    PERFORM orca._event(v_org, 'sync.defined', NULL, NULL, NULL,
-        jsonb_build_object('sync', create_sync.name, 'id', v_id, 'delivery', d->>'delivery',
-                           'streams', (SELECT jsonb_object_agg(x->>'name', x->>'delivery')
-                                       FROM jsonb_array_elements(d->'streams') AS x),
-                           'by', session_user));
-    RETURN v_id;
-END
-$$;
-COMMENT ON FUNCTION orca.create_sync(text, jsonb, jsonb, jsonb, text, text, text, integer) IS
-'Defines (or redefines) a sync from a source to a destination over streams, and returns its id. '
-'A sync is also a pipeline of the same name whose runs are its attempts, one at a time: on its '
-'schedule (cron, UTC), by orca.run(name, ''now''), leased to the runners of its pool, which '
-'run orca-engine; a failed run is tried again run_retries times. '
-'streams may be {"catalog": true} (or a list of tables instead of true, with options such as '
-'"mode" for every stream): the streams the newest catalog of the name (orca.discover) plans, '
-'which must have been discovered from this source; each attempt then reports how the source '
-'drifted from that catalog version (orca.report_drift). '
-'Each stream''s delivery level is worked out from the destination''s class, the source''s '
-'replay, the write mode and the primary key, and must reach the required level. Errors: '
-'OR060 unknown connector, OR061 missing option, OR062 delivery level impossible for a stream, '
-'OR063 malformed definition, OR065 a pipeline has the name, OR030/OR031 bad schedule, '
-'OR094 netguard refuses a host written as an address, a socket or a local path it names '
-'(orca.allowlist). '
-'docs/syncs.md lists the connectors. '
-'Example: SELECT orca.create_sync(''shop'', ''{"type":"postgres","url":"postgres://db/shop"}'', '
-'''{"type":"iceberg","namespace":"raw"}'', ''[{"name":"orders","table":"public.orders",'
-'"cursor":"updated_at","primary_key":["id"]}]'');';
-
-
 REVOKE ALL ON FUNCTION orca.scale_sync(text, integer), orca.sync_lanes(text, integer, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.scale_sync(text, integer) TO orca_operator;
 GRANT EXECUTE ON FUNCTION orca.sync_lanes(text, integer, uuid) TO orca_attempt;
-
--- A run handed back in a loop fails instead of going round.
-CREATE OR REPLACE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    v_bounded boolean := orca._bound('release', 'reason', octet_length(release.reason), 65536);
-    t     orca.runner_tokens := orca._runner_session();
-    v_org bigint := t.org_id;
-    a     orca.attempts;
-    v_why text := coalesce(release.reason, 'released by its runner');
-    v_recent integer;
-BEGIN
-    PERFORM orca._lease_holder(t, release.lease);
-    a := orca._leased_attempt(v_org, release.lease);
-    -- A run handed back again and again (an engine that asks for a new
-    -- attempt each time it starts, a runner restarting in a loop) would go
-    -- round with no pause and no end: past a bound the attempt fails, and
-    -- the run's retries (and a continuous sync's backoff) take over.
-    SELECT count(*) INTO v_recent FROM orca.attempts x
-    WHERE x.run_id = a.run_id AND x.status = 'released'
-      AND x.finished_at > now() - interval '10 minutes';
-    IF v_recent >= 10 THEN
-        PERFORM orca._attempt_ended(a.id, 'failed',
-            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));
-        RETURN;
-    END IF;
-    PERFORM orca._attempt_ended(a.id, 'released', v_why);
-END
-$$;
-COMMENT ON FUNCTION orca.release(uuid, text) IS
-'Hands a leased attempt back unfinished, for a runner that is shutting down or an engine that '
-'asks for a new attempt (a continuous sync meeting a new table shape): the run gets a new '
-'pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. A run '
-'handed back 10 times in 10 minutes is in a loop: the 11th attempt fails instead (its error '
-'says so), and the run''s retries decide. Errors: OR012/OR014/OR015 for the lease.';
-
 
 ---------------------------------------------------------------------------
 -- Table maintenance (sql/maintenance.sql): orca.maintain and
@@ -5115,151 +4635,6 @@ COMMENT ON TABLE orca.runs IS
 ALTER TABLE orca.queue DROP CONSTRAINT queue_command_check;
 ALTER TABLE orca.queue ADD CONSTRAINT queue_command_check
     CHECK (command IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain'));
-
--- What a runner runs for an attempt of a run of this kind: the binary's
--- attempt, sense or keys command, or orca-engine's sync, discover or maintain.
-CREATE OR REPLACE FUNCTION orca._command(p_kind text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_kind WHEN 'sense' THEN 'sense' WHEN 'keys' THEN 'keys'
-                       WHEN 'sync' THEN 'sync' WHEN 'discover' THEN 'discover'
-                       WHEN 'maintain' THEN 'maintain' ELSE 'attempt' END
-$$;
-
-CREATE OR REPLACE FUNCTION orca._tick_sensors(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_poll_before timestamptz := p_now - make_interval(secs => orca._sense_seconds());
-    v_commits_max integer := orca._max_sensor_commits_per_tick();
-    v_due      bigint[];
-    sn         record;
-    c          record;
-    v_cursor   bigint;
-    v_sense_run bigint;
-    n_sensed   integer := 0;
-    n_polls    integer := 0;
-BEGIN
-    SELECT array_agg(DISTINCT d.pipeline_id) INTO v_due
-    FROM (
-        SELECT x.pipeline_id
-        FROM unnest(p_orgs) AS o(id)
-        CROSS JOIN LATERAL (SELECT max(cm.id) AS newest FROM orca.commits cm
-                            WHERE cm.org_id = o.id) nc
-        JOIN orca.sensors x ON x.org_id = o.id AND x.commit_cursor < nc.newest
-        UNION ALL
-        SELECT x.pipeline_id FROM orca.sensors x
-        WHERE (x.last_sense_at IS NULL OR x.last_sense_at <= v_poll_before)
-          AND x.org_id = ANY (p_orgs)
-    ) d;
-    IF v_due IS NULL THEN
-        RETURN jsonb_build_object('sensor_runs', 0, 'sense_polls', 0);
-    END IF;
-    FOR sn IN
-        SELECT x.*, v.id AS version_id, v.keys_dataset
-        FROM orca.sensors x
-        JOIN orca.pipelines p ON p.id = x.pipeline_id
-        JOIN orca.pipeline_versions v ON v.id = p.current_version
-        WHERE x.pipeline_id = ANY (v_due) AND NOT p.paused AND v.sensor
-        ORDER BY x.pipeline_id
-        FOR UPDATE OF x SKIP LOCKED
-    LOOP
-        v_cursor := sn.commit_cursor;
-        FOR c IN
-            SELECT cm.id, cm.dataset, cm.snapshot_id, cm.partition, r.status, r.partitions AS run_partitions,
-                   r.pipeline_id, r.kind
-            FROM orca.commits cm JOIN orca.runs r ON r.id = cm.run_id
-            WHERE cm.org_id = sn.org_id AND cm.id > sn.commit_cursor
-            ORDER BY cm.id
-            LIMIT v_commits_max
-        LOOP
-            -- A commit of a run still going is seen once the run has succeeded.
-            EXIT WHEN c.status IN ('queued', 'running');
-            v_cursor := c.id;
-            CONTINUE WHEN c.status <> 'succeeded' OR c.pipeline_id = sn.pipeline_id;
-            -- A compaction by table maintenance holds the same rows: nothing new.
-            CONTINUE WHEN c.kind = 'maintain';
-            CONTINUE WHEN c.dataset IS DISTINCT FROM coalesce(sn.keys_dataset, c.dataset);
-            CONTINUE WHEN NOT EXISTS (
-                SELECT 1 FROM orca.step_datasets d
-                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'read')
-              OR EXISTS (
-                SELECT 1 FROM orca.step_datasets d
-                WHERE d.version_id = sn.version_id AND d.dataset = c.dataset AND d.mode = 'write');
-            IF orca._sensed(sn.org_id, sn.pipeline_id, c.dataset, c.snapshot_id, 'orca',
-                            CASE WHEN c.partition = '*' THEN c.run_partitions
-                                 ELSE ARRAY[c.partition] END) IS NOT NULL THEN
-                n_sensed := n_sensed + 1;
-            END IF;
-        END LOOP;
-        IF v_cursor <> sn.commit_cursor THEN
-            UPDATE orca.sensors SET commit_cursor = v_cursor WHERE pipeline_id = sn.pipeline_id;
-        END IF;
-        -- The next poll, when one is due and none is waiting or running.
-        IF sn.last_sense_at IS NULL OR sn.last_sense_at <= v_poll_before THEN
-            v_sense_run := sn.sense_run;
-            IF v_sense_run IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM orca.runs WHERE id = v_sense_run AND status = 'running') THEN
-                INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind,
-                                       status, started_at)
-                VALUES (sn.org_id, sn.pipeline_id, sn.version_id, ARRAY['*'], 'sense', 'sense',
-                        'running', now())
-                RETURNING id INTO v_sense_run;
-                UPDATE orca.sensors SET sense_run = v_sense_run WHERE pipeline_id = sn.pipeline_id;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM orca.attempts
-                           WHERE run_id = v_sense_run AND status IN ('pending', 'leased')) THEN
-                PERFORM orca._queue_sense(v_sense_run);
-                UPDATE orca.sensors SET last_sense_at = p_now WHERE pipeline_id = sn.pipeline_id;
-                n_polls := n_polls + 1;
-            END IF;
-        END IF;
-    END LOOP;
-    RETURN jsonb_build_object('sensor_runs', n_sensed, 'sense_polls', n_polls);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_now  timestamptz := tick.now;
-    v_orgs bigint[] := orca._tick_orgs();
-BEGIN
-    IF v_now IS NULL OR NOT isfinite(v_now) THEN
-        RAISE EXCEPTION 'now must be a finite timestamp, got %', coalesce(v_now::text, 'NULL')
-            USING ERRCODE = 'OR050';
-    END IF;
-    -- Time is injected by the installation's superuser only (tests,
-    -- replays): anyone else's tick acts at the transaction's clock, so nobody
-    -- can fire schedules early or expire other runners' leases by naming a
-    -- later instant, and no org's admin (an API key) moves any org's time.
-    IF v_now <> pg_catalog.now() AND NOT orca._is_superuser() THEN
-        RAISE EXCEPTION 'only the installation''s superuser moves the clock: orca.tick(now => %) is not the transaction''s time %',
-                        v_now, pg_catalog.now()
-            USING ERRCODE = 'OR086',
-                  HINT = 'call orca.tick() without now';
-    END IF;
-    RETURN jsonb_build_object('now', v_now)
-        || orca._tick_fires(v_orgs, v_now)
-        || orca._tick_leases(v_orgs, v_now)
-        || orca._tick_sensors(v_orgs, v_now)
-        || orca._tick_continuous(v_orgs, v_now)
-        || orca._tick_maintenance(v_orgs, v_now)
-        || orca._tick_queued(v_orgs)
-        || orca._tick_prune(v_orgs, v_now);
-END
-$$;
-COMMENT ON FUNCTION orca.tick(timestamptz) IS
-'Does all periodic work at instant now: due cron fires become runs (one per fire, whatever '
-'the number of ticks), leases past their deadline are lost and their runs retried, queued '
-'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
-'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), due '
-'table maintenance schedules queue their runs (orca.schedule_maintenance), and '
-'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
-'Idempotent for the same now. The background worker calls it '
-'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '
-'orca.org ticks every org; anyone else ticks the session''s org (a runner token''s, for a '
-'runner; an API key''s, whatever its role). Only the installation''s superuser may pass a now '
-'other than the transaction''s time (OR086). Returns counts.';
-
 
 -- Table maintenance: runs of kind 'maintain' that expire a dataset's old
 -- snapshots, remove its orphan files and compact its small files. The
@@ -5679,126 +5054,6 @@ COMMENT ON FUNCTION orca.report_maintenance(uuid, jsonb) IS
 'bytes_deleted}, "orphans": {files, bytes, young, listed}} (an operation it skipped is absent). '
 'Each becomes an event (dataset.compacted, dataset.expired, dataset.orphans_removed); the '
 'compaction''s read and replace commit are recorded as a step''s are (step maintain).';
-
-
--- Runners claim maintenance runs as command maintain.
-CREATE OR REPLACE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
-                           commands text[] DEFAULT NULL)
-RETURNS SETOF orca.lease
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-    v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
-                         AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
-                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '', '')) + cardinality(claim.commands), 1024);
-    t     orca.runner_tokens := orca._runner_session();
-    v_org bigint := t.org_id;
-    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
-    v_ttl interval := make_interval(secs => orca._lease_seconds());
-    v_ids  bigint[];
-    v_tids tid[];
-BEGIN
-    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
-        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
-            USING ERRCODE = 'OR050';
-    END IF;
-    IF claim.pool IS NULL OR claim.pool = '' THEN
-        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
-            USING ERRCODE = 'OR050';
-    END IF;
-    PERFORM orca._runner_pool(t, claim.pool);
-    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
-            USING ERRCODE = 'OR050';
-    END IF;
-    IF claim.commands IS NOT NULL AND EXISTS (
-           SELECT 1 FROM unnest(claim.commands) AS c
-           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')) THEN
-        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync, discover or maintain, got %',
-            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
-             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')
-             LIMIT 1)
-            USING ERRCODE = 'OR050';
-    END IF;
-    -- Keep the runner's row fresh without writing it on every poll. The
-    -- read comes first because an upsert locks the row even when its WHERE
-    -- then declines to update, and that lock would last the whole claim.
-    IF NOT EXISTS (SELECT 1 FROM orca.runners rn
-                   WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
-                     AND rn.last_seen >= now() - interval '1 second') THEN
-        INSERT INTO orca.runners AS rn (org_id, name, pool)
-        VALUES (v_org, claim.runner, claim.pool)
-        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
-        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
-    END IF;
-
-    -- The pick is a statement of its own, and every table below is reached
-    -- through = ANY (v_ids): each statement then has one plan that stays on
-    -- primary keys, which PL/pgSQL caches instead of planning the whole
-    -- claim again on every call (a third of a small claim's time).
-    -- The picked rows stay locked to the end of the transaction, so their
-    -- ctids hold and the delete finds them by ctid, not by a filter on the
-    -- queue's key.
-    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
-    INTO v_ids, v_tids
-    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
-          WHERE q.org_id = v_org AND q.pool = claim.pool
-            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
-          ORDER BY q.attempt_id
-          LIMIT claim.max
-          FOR UPDATE SKIP LOCKED) x;
-    IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-
-    RETURN QUERY
-    WITH picked AS (
-        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
-    ), leased AS (
-        -- leased_at is the clock, not the transaction's start: this statement
-        -- may see an attempt that a finish committed after this transaction
-        -- began, and must not look leased before the run ahead of it ended.
-        UPDATE orca.attempts a
-        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
-            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
-        WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
-        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
-    ), live AS (
-        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
-        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
-    ), info AS (
-        -- LATERAL keeps these lookups on primary keys whatever the planner
-        -- guesses about how many rows the UPDATE returns.
-        SELECT l.*, x.*
-        FROM leased l
-        CROSS JOIN LATERAL (
-            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
-            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
-            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
-        ) x
-    ), ev AS (
-        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
-        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
-               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
-        FROM info i
-    )
-    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
-           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
-           orca._command(i.run_kind),
-           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END
-    FROM info i
-    ORDER BY i.id;
-END
-$$;
-COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
-'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
-'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
-'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
-'the runner can run (attempt, sense, keys, sync, discover, maintain; NULL: all), so that a runner '
-'not set up for '
-'syncs leaves them to one that is. '
-'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
 
 -- pg_ext/src/helpers.rs: a cron expression checked with its SQLSTATE.
 CREATE  FUNCTION "_cron_check"(

@@ -119,6 +119,118 @@ fn migrations_hold_released_scripts_and_upgrades_only() {
     }
 }
 
+/// The objects a script creates, as "KIND name" (a policy with its table):
+/// every statement that starts a line (or a DO block's line) with CREATE.
+fn created(script: &str) -> Vec<String> {
+    const KINDS: [&str; 10] = [
+        "FUNCTION", "VIEW", "POLICY", "TABLE", "INDEX", "TYPE", "TRIGGER", "SEQUENCE", "ROLE",
+        "SCHEMA",
+    ];
+    let mut out = Vec::new();
+    for line in script.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if indent > 12 || words.first() != Some(&"CREATE") {
+            continue;
+        }
+        let mut w = words[1..]
+            .iter()
+            .copied()
+            .skip_while(|x| ["OR", "REPLACE", "UNIQUE", "MATERIALIZED"].contains(x));
+        let Some(kind) = w.next().filter(|k| KINDS.contains(k)) else {
+            continue;
+        };
+        let mut rest: Vec<&str> = w.collect();
+        if rest.starts_with(&["IF", "NOT", "EXISTS"]) {
+            rest.drain(..3);
+        }
+        let Some(name) = rest.first() else { continue };
+        // pgrx's functions are unqualified and quoted; they land in orca.
+        let name = name.split('(').next().unwrap_or(name).replace('"', "");
+        let name = name.strip_prefix("orca.").unwrap_or(&name).to_string();
+        let on = match (kind, rest.iter().position(|x| *x == "ON")) {
+            ("POLICY", Some(i)) => format!(" ON {}", rest.get(i + 1).unwrap_or(&"")),
+            _ => String::new(),
+        };
+        out.push(format!("{kind} {name}{on}"));
+    }
+    out
+}
+
+fn twice(objects: &[String]) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+    for o in objects {
+        *seen.entry(o.as_str()).or_default() += 1;
+    }
+    seen.into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(o, n)| format!("{o} ({n} times)"))
+        .collect()
+}
+
+#[test]
+fn unreleased_scripts_create_each_object_once() {
+    // What a reader sees first is what runs: the install script's sources
+    // and each upgrade script not yet released define each function,
+    // view, policy, table, index and type once.
+    let current = current_version();
+    let mut sources = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("sql"))
+        .expect("sql/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+        .collect();
+    files.sort();
+    let install: String = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).expect("sql/*.sql"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    sources.push(("sql/*.sql".to_string(), install));
+    for (from, to) in releases::upgrade_scripts() {
+        if to == current {
+            let name = format!("orca--{from}--{to}.sql");
+            let text = std::fs::read_to_string(releases::migrations_dir().join(&name))
+                .expect("an upgrade script");
+            sources.push((format!("migrations/{name}"), text));
+        }
+    }
+    for (name, text) in &sources {
+        let objects = created(text);
+        assert!(
+            objects.len() > 20 || name.starts_with("migrations/"),
+            "{name}: {objects:?}"
+        );
+        let dup = twice(&objects);
+        assert!(
+            dup.is_empty(),
+            "{name} creates these more than once (define each once, in dependency order): {dup:?}"
+        );
+    }
+}
+
+#[test]
+fn the_once_check_can_fail() {
+    let script = "CREATE FUNCTION orca.tick(now timestamptz) RETURNS jsonb\n\
+                  CREATE OR REPLACE FUNCTION orca.tick(now timestamptz) RETURNS jsonb\n\
+                  CREATE  FUNCTION \"_cron_check\"(\n\
+                  CREATE POLICY org_scope ON orca.runs USING (true);\n\
+                  CREATE POLICY org_scope ON orca.pipelines USING (true);\n\
+                      CREATE TABLE public.iceberg_tables (\n";
+    assert_eq!(
+        created(script),
+        [
+            "FUNCTION tick",
+            "FUNCTION tick",
+            "FUNCTION _cron_check",
+            "POLICY org_scope ON orca.runs",
+            "POLICY org_scope ON orca.pipelines",
+            "TABLE public.iceberg_tables"
+        ]
+    );
+    assert_eq!(twice(&created(script)), ["FUNCTION tick (2 times)"]);
+}
+
 /// The statements of a pgrx install script as a set: pgrx does not keep the
 /// order of its blocks stable, and comments carry source line numbers.
 fn blocks(script: &str) -> std::collections::BTreeSet<String> {
