@@ -1,15 +1,17 @@
-//! An upgrade with work in flight, done as docs/operations.md ("Upgrading")
-//! tells an operator to do it: a server runs the first release (its library
-//! preloaded, its background worker ticking); runners hold leases on a
-//! backfill's attempts and a sync is mid-run; this build's files are
-//! installed under the running server, the server restarts, and
-//! `ALTER EXTENSION orca UPDATE` moves the schema. The same runner processes
-//! go on: every run ends succeeded, no attempt is lost or run twice, and the
-//! sync's HEAD moves on from where it was.
+//! An upgrade with work in flight, from each release, done as
+//! docs/operations.md ("Upgrading") tells an operator to do it: a server
+//! runs the release (its library preloaded, its background worker ticking);
+//! runners hold leases on a backfill's attempts and a sync is mid-run (from
+//! 0.2.0 on, a change-data-capture sync's slot also holds changes it has not
+//! read); this build's files are installed under the running server, the
+//! server restarts, and `ALTER EXTENSION orca UPDATE` moves the schema. The
+//! same runner processes go on: every run ends succeeded, no attempt is lost
+//! or run twice, the sync's HEAD moves on from where it was, and the CDC
+//! sync reads the changes its slot kept, once.
 //!
-//! The first release's library is built from its commit by scripts/setup.sh;
+//! Each release's library is built from its commit by scripts/setup.sh;
 //! the runner, pipeline and engine binaries are this build's (the SQL API
-//! they call is the same in both releases).
+//! they call is the same in every release).
 //!
 //! Also: the databases of a new server install, or update, at the same
 //! moment (the group roles they share are raced for).
@@ -26,7 +28,6 @@ use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::*;
 use serde_json::json;
 
-const FROM: &str = "0.1.0";
 const MONTHS: usize = 6;
 const SOURCE_ROWS: i64 = 400_000;
 
@@ -92,17 +93,81 @@ fn attempt_logs(dir: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
-    let library = release_library(FROM).unwrap_or_else(|| {
+    upgrade_in_flight("0.1.0").await;
+}
+
+#[tokio::test]
+async fn release_0_2_0_upgrades_with_a_backfill_a_sync_and_a_cdc_slot_in_flight() {
+    upgrade_in_flight("0.2.0").await;
+}
+
+/// Rows and distinct ids in the Parquet files a CDC sync appended.
+fn cdc_published(out: &Path) -> (usize, usize) {
+    use arrow_array::{Array, Int64Array};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut ids = std::collections::HashSet::new();
+    let mut rows = 0;
+    let files = std::fs::read_dir(out.join("events"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for f in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+    {
+        let file = std::fs::File::open(f).expect("parquet file");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.build())
+            .expect("parquet reader");
+        for b in reader {
+            let b = b.expect("batch");
+            let col = b.column_by_name("id").expect("id column");
+            let col = col
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .expect("bigint ids");
+            rows += col.len();
+            ids.extend(col.iter().flatten());
+        }
+    }
+    (rows, ids.len())
+}
+
+/// Waits for a run to succeed, on a private cluster.
+async fn wait_succeeded(url: &str, run: i64, runners: &[&Runner]) {
+    wait_until(
+        &format!("run {run} to succeed"),
+        Duration::from_secs(180),
+        || async {
+            let mut c = PgConnection::connect(url).await.ok()?;
+            let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+                .bind(run)
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            assert_ne!(status, "failed", "run {run} failed\n{}", outputs(runners));
+            (status == "succeeded").then_some(())
+        },
+        || outputs(runners),
+    )
+    .await;
+}
+
+async fn upgrade_in_flight(from: &str) {
+    let cdc = from != "0.1.0";
+    let library = release_library(from).unwrap_or_else(|| {
         // A clone without the release's commit cannot build its library;
         // the schema upgrade below is then run on this build's library.
         eprintln!(
-            "NOTE: release {FROM}'s library was not built (scripts/setup.sh builds it from \
+            "NOTE: release {from}'s library was not built (scripts/setup.sh builds it from \
              the commit migrations/RELEASES names); starting on this build's library"
         );
         installed_library()
     });
     let install = Installation::copy();
-    install.install_release(FROM, &library);
+    install.install_release(from, &library);
     let cluster = PrivateCluster::start_in(
         &install.bindir,
         &["orca.databases = 'orca'", "orca.tick_ms = 200"],
@@ -124,7 +189,7 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
             .fetch_one(&mut c)
             .await
             .expect("version");
-    assert_eq!(version, FROM);
+    assert_eq!(version, from);
 
     // The sync reads a table of another server (the test cluster), so that
     // the restart below is the control plane's alone.
@@ -142,6 +207,37 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     .expect("source table");
     let dir = scratch("work");
     let (out, store, logs) = (dir.join("out"), dir.join("store"), dir.join("logs"));
+    let out_cdc = dir.join("out-cdc");
+    if from != "0.1.0" {
+        // From 0.2.0 on netguard judges the syncs' hosts and paths: the
+        // source is this machine's test cluster, the destinations scratch.
+        sqlx::query("SELECT orca.allow('default', '127.0.0.1'), orca.allow('default', $1)")
+            .bind(dir.to_string_lossy().to_string())
+            .execute(&mut c)
+            .await
+            .expect("allow the source's host and the scratch directory");
+    }
+    if cdc {
+        // A change stream of another table of the source: its slot lives on
+        // the source's server and holds changes across the upgrade.
+        sqlx::raw_sql(
+            "CREATE TABLE public.events (id bigint PRIMARY KEY, v int);
+             INSERT INTO public.events SELECT g, g FROM generate_series(1, 1000) g;",
+        )
+        .execute(&source.pool)
+        .await
+        .expect("the CDC source table");
+        sqlx::query("SELECT orca.create_sync('changes', $1, $2, $3, NULL, 'at_least_once')")
+            .bind(json!({"type": "postgres_cdc", "url": source.url()}))
+            .bind(json!({"type": "parquet", "url": out_cdc.to_string_lossy()}))
+            .bind(
+                json!([{"name": "events", "table": "public.events", "primary_key": ["id"],
+                          "mode": "append"}]),
+            )
+            .execute(&mut c)
+            .await
+            .expect("create the CDC sync");
+    }
     sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'at_least_once')")
         .bind(json!({"type": "postgres", "url": source.url(), "batch_rows": 1000}))
         .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
@@ -175,11 +271,29 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
         // they are registered again.
         ("ORCA_ALLOW_UNPINNED", "true"),
     ];
-    // Superuser runners, the exception: they start on 0.1.0, which has no
-    // runner tokens to give a least-privileged login.
-    let a = Runner::start_superuser(&url, "runner-a", 3, &logs, &env);
-    let b = Runner::start_superuser(&url, "runner-b", 3, &logs, &env);
+    let (a, b) = if from == "0.1.0" {
+        // Superuser runners, the exception: 0.1.0 has no runner tokens to
+        // give a least-privileged login.
+        (
+            Runner::start_superuser(&url, "runner-a", 3, &logs, &env),
+            Runner::start_superuser(&url, "runner-b", 3, &logs, &env),
+        )
+    } else {
+        (
+            Runner::start(&url, "runner-a", 3, &logs, &env),
+            Runner::start(&url, "runner-b", 3, &logs, &env),
+        )
+    };
     let pids = (a.pid(), b.pid());
+    if cdc {
+        // The CDC sync's first run: its snapshot, and the slot it makes.
+        let run: i64 = sqlx::query_scalar("SELECT orca.run('changes', 'now')")
+            .fetch_one(&mut c)
+            .await
+            .expect("the CDC sync's first run");
+        wait_succeeded(&url, run, &[&a, &b]).await;
+        assert_eq!(cdc_published(&out_cdc), (1000, 1000), "the snapshot");
+    }
     c.execute(format!("SELECT orca.backfill('probe', '2024-01..2024-0{MONTHS}')").as_str())
         .await
         .expect("backfill");
@@ -207,6 +321,13 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
     )
     .await;
     let mut c = c.into_inner();
+    if cdc {
+        // Changes the slot holds, unread, across the upgrade.
+        sqlx::raw_sql("INSERT INTO public.events SELECT g, g FROM generate_series(1001, 1050) g")
+            .execute(&source.pool)
+            .await
+            .expect("changes for the slot to hold");
+    }
 
     // The upgrade, as an operator does it: the new package's files under the
     // running server, a restart, then the schema.
@@ -289,9 +410,23 @@ async fn the_first_release_upgrades_with_a_backfill_and_a_sync_in_flight() {
         pids,
         "the runners are the same processes"
     );
+    if cdc {
+        // The CDC sync's next run reads what its slot kept, once.
+        let run: i64 = sqlx::query_scalar("SELECT orca.run('changes', 'now')")
+            .fetch_one(&mut c)
+            .await
+            .expect("the CDC sync's run after the upgrade");
+        wait_succeeded(&url, run, &[&a, &b]).await;
+        assert_eq!(
+            cdc_published(&out_cdc),
+            (1050, 1050),
+            "the changes the slot held, each once"
+        );
+    }
     let runs: Vec<(i64, String, String, i32)> = sqlx::query_as(
-        "SELECT id, kind, status, attempts FROM orca.runs WHERE kind IN ('pipeline', 'sync')
-         ORDER BY id",
+        "SELECT r.id, r.kind, r.status, r.attempts FROM orca.runs r \
+         JOIN orca.pipelines p ON p.id = r.pipeline_id \
+         WHERE r.kind IN ('pipeline', 'sync') AND p.name <> 'changes' ORDER BY r.id",
     )
     .fetch_all(&mut c)
     .await
