@@ -535,4 +535,37 @@ mod tests {
         }
         assert!(missing.is_empty(), "no help text: {missing:?}");
     }
+
+    #[test]
+    fn every_command_is_in_the_cli_reference() {
+        // docs/cli.md names each command (and each subcommand of a family)
+        // as `orca <command>` or, beside its family, `<subcommand>`.
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"),
+        )
+        .expect("docs/cli.md");
+        let mut missing = Vec::new();
+        for sub in Cli::command().get_subcommands() {
+            let name = sub.get_name();
+            let listed = doc.contains(&format!("`orca {name}"))
+                || doc.contains(&format!("`{name} <"))
+                || doc.contains(&format!("/ `{name}"));
+            if !listed {
+                missing.push(format!("orca {name}"));
+            }
+            for leaf in sub.get_subcommands() {
+                let leaf = leaf.get_name();
+                let row = doc
+                    .lines()
+                    .filter(|l| l.contains(&format!("`orca {name}")))
+                    .any(|l| {
+                        l.contains(&format!("{name} {leaf}")) || l.contains(&format!("`{leaf}"))
+                    });
+                if !row {
+                    missing.push(format!("orca {name} {leaf}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "docs/cli.md does not name: {missing:?}");
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt::Display;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use crate::pipeline::Partitioning;
+use crate::partitioning::Partitioning;
 use crate::store::Store;
 use orca_lake::query::ScanLog;
 use orca_lake::LakeCell;

@@ -31,6 +31,8 @@ mod driver;
 mod error;
 mod keys;
 mod manifest;
+mod partitioning;
+mod pins;
 mod pipeline;
 pub mod query;
 mod step;

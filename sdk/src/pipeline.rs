@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::ctx::Ctx;
 use crate::keys::PartitionKey;
+pub use crate::partitioning::Partitioning;
 use crate::step::{Kind, Step, StepError};
 
 /// Which partition a scheduled fire fills.
@@ -43,23 +44,6 @@ impl Build {
             "image": self.image,
         })
     }
-}
-
-/// How a pipeline is partitioned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Partitioning {
-    /// `Monthly("2024-01")` or `Daily("2024-01-01")`: kind `monthly` or
-    /// `daily`, and the first partition.
-    Dated {
-        kind: &'static str,
-        start: &'static str,
-    },
-    /// `Keyed("lake.raw", "origin")`: the distinct values of a column in a
-    /// dataset's current snapshot.
-    Keyed {
-        dataset: &'static str,
-        column: &'static str,
-    },
 }
 
 /// A pipeline's parameters, as declared next to its steps.

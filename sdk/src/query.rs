@@ -24,7 +24,8 @@ use orca_lake::{Lake, LakeError, ScanStats};
 use crate::ctx::{Ctx, LogSink};
 use crate::error::Result;
 use crate::keys::{Day, Month, Name};
-use crate::tables::{pinned, Table};
+use crate::pins::pinned;
+use orca_lake::Table;
 
 /// Rows per batch a scan or query yields unless told otherwise.
 pub const BATCH_ROWS: usize = 8192;
@@ -44,7 +45,7 @@ fn session<'s>(ctx: &'s mut Ctx<'_>) -> Result<&'s SessionContext> {
 /// step's session under its dataset name. A dataset the step does not read
 /// is refused before anything is loaded.
 fn register_pinned(ctx: &mut Ctx<'_>, dataset: &str) -> Result<()> {
-    crate::tables::declared(ctx, dataset, true)?;
+    crate::pins::declared(ctx, dataset, true)?;
     let t = ctx.io.tables.get()?;
     let handle = orca_lake::table::load(t, dataset)?;
     let (fresh, snapshot) = pinned(ctx, &handle)?;

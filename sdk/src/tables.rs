@@ -29,25 +29,9 @@ pub use orca_lake::Table;
 
 use crate::ctx::Ctx;
 use crate::error::Result;
-use crate::pipeline::Partitioning;
+use crate::partitioning::Partitioning;
+use crate::pins::{declared, pinned};
 use crate::query::{IntoBatches, Scan};
-
-pub(crate) fn declared(ctx: &Ctx<'_>, dataset: &str, reading: bool) -> Result<()> {
-    let (list, what) = if reading {
-        (ctx.io.reads, "reads")
-    } else {
-        (ctx.io.writes, "writes")
-    };
-    if list.contains(&dataset) {
-        Ok(())
-    } else {
-        Err(format!(
-            "step {} does not declare dataset {dataset} in its {what}: add it to #[orca::step(..., {what} = [\"{dataset}\"])]",
-            ctx.step
-        )
-        .into())
-    }
-}
 
 /// Loads a table the step declared it reads or writes.
 pub fn table(ctx: &mut Ctx<'_>, dataset: &str) -> Result<Table> {
@@ -157,33 +141,6 @@ pub fn default_partitioning(p: Option<&Partitioning>, schema: &ArrowSchema) -> T
         Some(Partitioning::Keyed { column, .. }) if has(column) => by(column, Transform::Identity),
         _ => TablePartitioning::Unpartitioned,
     }
-}
-
-/// The table as it is now, and the snapshot pinned for this (run, step,
-/// partition): the current one on the first read, the same one after.
-pub(crate) fn pinned(
-    ctx: &mut Ctx<'_>,
-    table: &Table,
-) -> Result<(orca_lake::iceberg::table::Table, Option<i64>)> {
-    declared(ctx, table.dataset(), true)?;
-    // The table as it is now: a pinned snapshot may be newer than the handle.
-    let fresh = ctx.io.tables.get()?.load(&table.ident)?;
-    let current = fresh.metadata().current_snapshot().map(|s| s.snapshot_id());
-    let pinned = ctx
-        .io
-        .store
-        .pin_read(ctx.step, &ctx.partition, table.dataset(), current)?;
-    ctx.io.read.insert(table.dataset().to_string(), pinned);
-    if let Some(snapshot) = pinned {
-        if fresh.metadata().snapshot_by_id(snapshot).is_none() {
-            return Err(format!(
-                "table {} no longer has snapshot {snapshot}, which this run read first (expired?)",
-                table.dataset()
-            )
-            .into());
-        }
-    }
-    Ok((fresh, pinned))
 }
 
 /// The data files of the snapshot pinned for this (run, step, partition), as
@@ -371,7 +328,13 @@ pub fn commit(
 
 /// A place tests can crash the process at: `ORCA_FAULT=<name>` aborts here,
 /// once per `ORCA_FAULT_MARKER` file (created on the way down), to prove what
-/// a crash at exactly this point leaves behind.
+/// a crash at exactly this point leaves behind. Only in a build with the
+/// `fault-injection` feature (the end-to-end tests'): a shipping binary
+/// ignores the variable.
+#[cfg(not(feature = "fault-injection"))]
+fn fault_point(_name: &str) {}
+
+#[cfg(feature = "fault-injection")]
 fn fault_point(name: &str) {
     if std::env::var("ORCA_FAULT").ok().as_deref() != Some(name) {
         return;
@@ -404,4 +367,17 @@ pub fn append<'a>(ctx: &mut Ctx<'_>, table: &Table, batches: impl IntoBatches<'a
         write_files(ctx, table, batches)?
     };
     commit(ctx, table, files, Vec::new(), "append")
+}
+
+#[cfg(all(test, not(feature = "fault-injection")))]
+mod shipping {
+    /// A build without the `fault-injection` feature (every build but the
+    /// end-to-end tests') never aborts at a fault point: were it to, this
+    /// test's process would die.
+    #[test]
+    fn a_build_without_fault_injection_ignores_orca_fault() {
+        std::env::set_var("ORCA_FAULT", "after-table-commit");
+        std::env::remove_var("ORCA_FAULT_MARKER");
+        super::fault_point("after-table-commit");
+    }
 }

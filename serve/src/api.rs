@@ -77,9 +77,10 @@ where
 pub const PAGE_MAX: i64 = 500;
 pub const PAGE_DEFAULT: i64 = 50;
 
-/// Every endpoint under `/api/v1`, each with its OpenAPI operation: the
-/// document at `/api/v1/openapi.json` is made from these, so it cannot
-/// drift from what is served.
+/// The endpoints under `/api/v1` but the logs' ([`crate::logs::routes`]),
+/// each with its OpenAPI operation: the document at
+/// `/api/v1/openapi.json` is made from these, so it cannot drift from what
+/// is served.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(whoami, login, logout))
@@ -98,8 +99,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(dataset))
         .routes(routes!(lineage_graph))
         .routes(routes!(sensors))
-        .routes(routes!(crate::logs::log))
-        .routes(routes!(crate::logs::log_stream))
         .routes(routes!(webhooks))
         .routes(routes!(sync_epochs))
         .routes(routes!(pause_sync))

@@ -95,10 +95,15 @@ impl utoipa::Modify for BearerKey {
     }
 }
 
+/// Every endpoint under `/api/v1`.
+fn v1() -> OpenApiRouter<AppState> {
+    api::routes().merge(logs::routes())
+}
+
 /// The OpenAPI 3.1 document of everything [`app`] serves.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, spec) = OpenApiRouter::<AppState>::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
-        .nest("/api/v1", api::routes())
+        .nest("/api/v1", v1())
         .split_for_parts();
     spec
 }
@@ -107,7 +112,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// a health check.
 pub fn app(state: AppState) -> Router {
     let (router, spec) = OpenApiRouter::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
-        .nest("/api/v1", api::routes())
+        .nest("/api/v1", v1())
         .split_for_parts();
     let spec = Arc::new(spec);
     router

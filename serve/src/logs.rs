@@ -15,6 +15,8 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::api::{limit, Params, PathOf};
 use crate::error::{ApiError, ErrorBody};
@@ -119,6 +121,13 @@ async fn page(s: &mut Session, run: i64, q: &LogQuery, max: i64) -> Result<LogPa
         status: a.status,
         lines,
     })
+}
+
+/// The log endpoints, under `/api/v1` beside [`crate::api::routes`].
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(log))
+        .routes(routes!(log_stream))
 }
 
 /// A page of an attempt's log.

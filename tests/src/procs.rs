@@ -54,6 +54,11 @@ fn build() {
                 // on these binaries.
                 "-p",
                 "example-onthisday",
+                // The crash points tests aim at (ORCA_FAULT,
+                // ORCA_ENGINE_CRASH_AFTER_HEAD): built into these binaries
+                // only, never into what ships.
+                "--features",
+                "orca-probe/fault-injection,orca-engine/fault-injection",
             ])
             .arg("--target-dir")
             .arg(bin_target())

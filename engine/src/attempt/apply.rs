@@ -19,11 +19,19 @@ use crate::dest::error::DestError;
 
 /// A test hook: the epoch at whose commit point the engine aborts, after
 /// HEAD moved and before lane 0 commits, as a crash would
-/// (`ORCA_ENGINE_CRASH_AFTER_HEAD`).
+/// (`ORCA_ENGINE_CRASH_AFTER_HEAD`). Only in a build with the
+/// `fault-injection` feature (the end-to-end tests'): a shipping engine
+/// ignores the variable.
+#[cfg(feature = "fault-injection")]
 pub(super) fn crash_after_head() -> Option<u64> {
     std::env::var("ORCA_ENGINE_CRASH_AFTER_HEAD")
         .ok()
         .and_then(|v| v.parse().ok())
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub(super) fn crash_after_head() -> Option<u64> {
+    None
 }
 
 impl Attempt {
@@ -217,5 +225,16 @@ impl Attempt {
             json!({"epoch": record.epoch, "streams": streams}),
         );
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(feature = "fault-injection")))]
+mod shipping {
+    /// A build without the `fault-injection` feature (every build but the
+    /// end-to-end tests') never aborts for the variable.
+    #[test]
+    fn a_build_without_fault_injection_ignores_the_crash_variable() {
+        std::env::set_var("ORCA_ENGINE_CRASH_AFTER_HEAD", "1");
+        assert_eq!(super::crash_after_head(), None);
     }
 }

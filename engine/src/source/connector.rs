@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::files::FileChunk;
-use crate::source::plan::Plan;
+use crate::source::read_plan::Plan;
 use crate::source::readers::{fed_readers, Msg, Reader, Sender};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::{raw_records, raw_schema};

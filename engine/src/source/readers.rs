@@ -7,31 +7,15 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-use arrow_array::ArrayRef;
-
 use crate::commit::store::Store;
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
-use crate::source::files::{FileChunk, FileReader, Format};
+use crate::source::files::{FileReader, Format};
+pub(crate) use crate::source::msg::Msg;
 use crate::source::normalize::StreamSchema;
 use crate::source::pg_copy::CopyReader;
 use crate::source::pg_table::PgTable;
 use crate::source::splits;
-
-pub(crate) enum Msg {
-    /// Typed columns from a source that declares its types.
-    Chunk {
-        arrays: Vec<ArrayRef>,
-        ids: ArrayRef,
-        last: Vec<String>,
-        rows: usize,
-    },
-    /// Raw records (or lines that are not records) to normalize.
-    Raw(FileChunk),
-    End {
-        bytes: u64,
-    },
-}
 
 /// What a stream's rows become columns by.
 pub(crate) enum Shape {

@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
+use crate::source::msg::Msg;
 use crate::source::pg_copy::CopyReader;
 use crate::source::pg_table::{qualified, quote_literal, PgTable, Range, SourceError};
-use crate::source::readers::Msg;
 
 /// The first value of a resume point that is a list of splits.
 const TAG: &str = "splits";
