@@ -10,7 +10,7 @@
 #   scripts/demo.sh          run the demo; the cluster stays up for you to explore
 #   scripts/demo.sh stop     stop the private cluster
 #   ORCA_DEMO_STOP=1 scripts/demo.sh   stop everything at the end (CI)
-#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the end-to-end tests' debug binaries (CI)
+#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the binaries the end-to-end tests built, unbuilt (CI)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
@@ -43,23 +43,22 @@ if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$(dirname "$ORCA_PGDI
 fi
 
 "$ORCA_ROOT/scripts/setup.sh"
-if [ "${ORCA_DEMO_BINARIES:-release}" = e2e ]; then
-    # scripts/test.sh, after the tests: the debug binaries the end-to-end
-    # tests built (tests/src/procs.rs), rather than a second, optimised
-    # build of DataFusion.
-    BIN="$CARGO_TARGET_DIR/e2e/debug"
+# The binaries are built with the dev profile into the target directory the
+# test suite builds in: scripts/test.sh after the demo compiles only its
+# test targets (and the crates the tests' fault hooks change), never
+# DataFusion again.
+BIN="$CARGO_TARGET_DIR/debug"
+if [ "${ORCA_DEMO_BINARIES:-build}" = e2e ]; then
+    # scripts/test.sh, after the tests: the binaries the end-to-end tests
+    # built (tests/src/procs.rs) as they are.
     for b in orca orca-runner orca-engine lake weather onthisday labels; do
         [ -x "$BIN/$b" ] || die "$BIN/$b is missing: ORCA_DEMO_BINARIES=e2e takes the binaries the end-to-end tests built"
     done
 else
-    say "building the runner, the orca CLI and the example pipelines (about 35 minutes the first time on 2 cores, DataFusion most of it; seconds after)"
-    # On a terminal cargo draws its own progress bar; in a log, a line per stage.
-    quiet=(-q)
-    [ -t 2 ] && quiet=()
+    say "building the runner, the orca CLI and the example pipelines (the first time on 2 cores: about 12 minutes, DataFusion most of it; cargo prints each crate it compiles)"
     t0=$(date +%s)
-    cargo build --release "${quiet[@]}" -p orca-runner -p orca-cli -p orca-engine -p example-lake \
+    cargo build -p orca-runner -p orca-cli -p orca-engine -p example-lake \
         -p example-weather -p example-onthisday -p example-labels
-    BIN="$CARGO_TARGET_DIR/release"
     say "built in $(($(date +%s) - t0)) s"
 fi
 cluster_start

@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# Installs everything Orca needs on Debian 12 with PostgreSQL 15, builds the
+# Installs what Orca needs to run on Debian 12 with PostgreSQL 15, builds the
 # extension and installs it into the system's PostgreSQL directories.
-# Idempotent: each step is skipped when already done.
+# Idempotent: each step is skipped when already done, and what it will
+# install is said before anything is.
+#
+#   scripts/setup.sh           what running Orca needs (the quick start's)
+#   scripts/setup.sh --tests   and what the test suite needs besides: a
+#                              browser, NATS and Redis, the older releases'
+#                              libraries, the Python clients the tests read
+#                              with, wal_level = logical (scripts/test.sh)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
+tests=0
+for arg in "$@"; do
+    case "$arg" in
+        --tests) tests=1 ;;
+        *) die "usage: scripts/setup.sh [--tests]" ;;
+    esac
+done
+PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
+ST="${ORCA_TEST_SCHEMATHESIS:-/var/tmp/orca-st/bin/schemathesis}"
+PW="${ORCA_TEST_PLAYWRIGHT:-/var/tmp/orca-pw/bin/python}"
+has() { "$PY" -c "$1" 2>/dev/null; }
 
 # 1. Debian packages. The server headers must match the installed server's
 #    version exactly, or apt upgrades the server itself.
@@ -13,11 +31,31 @@ server_version=$(dpkg-query -W -f='${Version}' "postgresql-$PG_MAJOR" 2>/dev/nul
 need=()
 dev_version=$(dpkg-query -W -f='${Version}' "postgresql-server-dev-$PG_MAJOR" 2>/dev/null || true)
 [ "$dev_version" = "$server_version" ] || need+=("postgresql-server-dev-$PG_MAJOR=$server_version")
+packages=(libclang-dev clang)
 # chromium: the console's browser test drives Debian's (headless, through Playwright).
 # nats-server: the NATS JetStream the example external connector reads.
-for p in libclang-dev clang chromium nats-server; do
+[ "$tests" = 1 ] && packages+=(chromium nats-server)
+for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
+
+# What will be installed, said first.
+plan=()
+[ ${#need[@]} -gt 0 ] && plan+=("Debian packages: ${need[*]}")
+[ "$(cargo pgrx --version 2>/dev/null || true)" = "cargo-pgrx $PGRX_VERSION" ] ||
+    plan+=("cargo-pgrx $PGRX_VERSION (compiled: about 5 minutes)")
+has 'import pyiceberg, pyarrow, psycopg2' ||
+    plan+=("PyIceberg into $(dirname "$(dirname "$PY")") (the quick start reads its tables back with it)")
+if [ "$tests" = 1 ]; then
+    has 'import moto.server, boto3, standardwebhooks, prometheus_client, nats, duckdb, redis' ||
+        plan+=("the tests' Python clients (moto, standardwebhooks, prometheus-client, nats-py, DuckDB, redis-py)")
+    "$ST" --version >/dev/null 2>&1 || plan+=("schemathesis into $(dirname "$(dirname "$ST")")")
+    "$PW" -c 'import playwright.sync_api' 2>/dev/null || plan+=("playwright into $(dirname "$(dirname "$PW")")")
+fi
+if [ ${#plan[@]} -gt 0 ]; then
+    say "setup will install:"
+    for item in "${plan[@]}"; do say "  $item"; done
+fi
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -63,7 +101,7 @@ done
 #    which starts a server on the old library and installs this build's
 #    under it. A target directory of its own, so this build's stays as it is.
 releases_dir="${ORCA_RELEASES_DIR:-/var/tmp/orca-releases}"
-while read -r v _sum commit; do
+[ "$tests" = 1 ] && while read -r v _sum commit; do
     case "$v" in '' | \#*) continue ;; esac
     [ "$v" = "$current" ] && continue
     out="$releases_dir/$v"
@@ -87,102 +125,106 @@ while read -r v _sum commit; do
     rm -rf "$src"
 done <migrations/RELEASES
 
-# 5. PyIceberg, the other Iceberg client the tests read Orca's tables with.
-PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
+# 5. PyIceberg, the other Iceberg client the quick start and the tests read
+#    Orca's tables with.
 if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
     say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
     python3 -m venv "$(dirname "$(dirname "$PY")")"
     "$PY" -m pip install -q "pyiceberg[sql-postgres,pyarrow]==0.10.0"
 fi
-# moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
-# reachable from CI).
-if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
-    say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "moto[server]==5.2.5"
+# The clients only the tests use.
+if [ "$tests" = 1 ]; then
+    # moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
+    # reachable from CI).
+    if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
+        say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "moto[server]==5.2.5"
+    fi
+
+    # The Standard Webhooks library, which the webhook test verifies deliveries with.
+    if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
+        say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "standardwebhooks==1.1.0"
+    fi
+    # schemathesis, which fuzzes orca serve from its OpenAPI document, in a
+    # virtualenv of its own (its dependencies and moto's need not agree).
+    if ! "$ST" --version >/dev/null 2>&1; then
+        say "installing schemathesis into $(dirname "$(dirname "$ST")")"
+        python3 -m venv "$(dirname "$(dirname "$ST")")"
+        "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
+    fi
+    # Playwright, which drives chromium through the console in its test (no
+    # browser download: it launches Debian's /usr/bin/chromium).
+    if ! "$PW" -c 'import playwright.sync_api' 2>/dev/null; then
+        say "installing playwright into $(dirname "$(dirname "$PW")")"
+        python3 -m venv "$(dirname "$(dirname "$PW")")"
+        "$PW" -m pip install -q "playwright==1.65.2"
+    fi
+    # Prometheus' own parser of the text format, which the /metrics test reads with.
+    if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
+        say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "prometheus-client==0.26.0"
+    fi
+    # nats-py, which the example NATS JetStream connector (connectors/python)
+    # reads with; pyarrow (above) writes its frames.
+    if ! "$PY" -c 'import nats' 2>/dev/null; then
+        say "installing nats-py into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "nats-py==2.16.0"
+    fi
+    # DuckDB and its Iceberg extension (PyPI packages that ship the extension
+    # files: nothing is downloaded at run time), which the tests read Orca's
+    # partitioned tables with to see them pruned.
+    if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os
+    assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
+        say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
+            "duckdb-ext-avro==1.4.4.20260205"
+    fi
+    # redis-py, which the example Redis destination connector writes with.
+    if ! "$PY" -c 'import redis' 2>/dev/null; then
+        say "installing redis-py into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "redis==8.1.0"
+    fi
 fi
 
-# The Standard Webhooks library, which the webhook test verifies deliveries with.
-if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
-    say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "standardwebhooks==1.1.0"
-fi
-# schemathesis, which fuzzes orca serve from its OpenAPI document, in a
-# virtualenv of its own (its dependencies and moto's need not agree).
-ST="${ORCA_TEST_SCHEMATHESIS:-/var/tmp/orca-st/bin/schemathesis}"
-if ! "$ST" --version >/dev/null 2>&1; then
-    say "installing schemathesis into $(dirname "$(dirname "$ST")")"
-    python3 -m venv "$(dirname "$(dirname "$ST")")"
-    "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
-fi
-# Playwright, which drives chromium through the console in its test (no
-# browser download: it launches Debian's /usr/bin/chromium).
-PW="${ORCA_TEST_PLAYWRIGHT:-/var/tmp/orca-pw/bin/python}"
-if ! "$PW" -c 'import playwright.sync_api' 2>/dev/null; then
-    say "installing playwright into $(dirname "$(dirname "$PW")")"
-    python3 -m venv "$(dirname "$(dirname "$PW")")"
-    "$PW" -m pip install -q "playwright==1.65.2"
-fi
-# Prometheus' own parser of the text format, which the /metrics test reads with.
-if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
-    say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "prometheus-client==0.26.0"
-fi
-# nats-py, which the example NATS JetStream connector (connectors/python)
-# reads with; pyarrow (above) writes its frames.
-if ! "$PY" -c 'import nats' 2>/dev/null; then
-    say "installing nats-py into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "nats-py==2.16.0"
-fi
-# DuckDB and its Iceberg extension (PyPI packages that ship the extension
-# files: nothing is downloaded at run time), which the tests read Orca's
-# partitioned tables with to see them pruned.
-if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os
-assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
-    say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
-        "duckdb-ext-avro==1.4.4.20260205"
-fi
-# redis-py, which the example Redis destination connector writes with.
-if ! "$PY" -c 'import redis' 2>/dev/null; then
-    say "installing redis-py into $(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "redis==8.1.0"
-fi
-
-# 6. The system cluster, which the tests use.
+# 6. The system cluster, which the tests use and the extension is installed for.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     say "starting PostgreSQL $PG_MAJOR"
     as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main start
 fi
-# The postgres_cdc source reads changes by logical replication, which the
-# tests do against this cluster: it needs wal_level = logical (a restart).
-if [ "$(as_postgres psql -Atq -h 127.0.0.1 -U postgres -d postgres -c 'SHOW wal_level')" != logical ]; then
-    say "setting wal_level = logical (logical replication, for the CDC source) and restarting"
-    as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
-        -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
-    as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main restart
-fi
-# NATS with JetStream, which the example external connector reads in the
-# tests (Debian's nats-server; started as the machine's notes start it).
-if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
-    if [ -x /usr/sbin/nats-server ]; then
-        # Debian's package may have started its own service: ours has JetStream.
-        say "starting nats-server (JetStream) on 127.0.0.1:4222"
-        as_root mkdir -p /var/lib/nats-server
-        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
-            -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
-        for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.1; done
-    else
-        say "no nats-server: the external connector test needs NATS JetStream on 127.0.0.1:4222"
+# What the tests need of this machine besides.
+if [ "$tests" = 1 ]; then
+    # The postgres_cdc source reads changes by logical replication, which the
+    # tests do against this cluster: it needs wal_level = logical (a restart).
+    if [ "$(as_postgres psql -Atq -h 127.0.0.1 -U postgres -d postgres -c 'SHOW wal_level')" != logical ]; then
+        say "setting wal_level = logical (logical replication, for the CDC source) and restarting"
+        as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
+            -c "ALTER SYSTEM SET wal_level = logical" >/dev/null
+        as_root pg_ctlcluster --skip-systemctl-redirect "$PG_MAJOR" main restart
     fi
-fi
-# Redis, which the example destination connector writes to in the tests.
-if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
-    if command -v redis-server >/dev/null; then
-        say "starting redis-server on 127.0.0.1:6379"
-        as_root redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save '' >/dev/null
-        for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && break; sleep 0.1; done
-    else
-        say "no redis-server: the destination connector test needs Redis on 127.0.0.1:6379"
+    # NATS with JetStream, which the example external connector reads in the
+    # tests (Debian's nats-server; started as the machine's notes start it).
+    if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+        if [ -x /usr/sbin/nats-server ]; then
+            # Debian's package may have started its own service: ours has JetStream.
+            say "starting nats-server (JetStream) on 127.0.0.1:4222"
+            as_root mkdir -p /var/lib/nats-server
+            as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+                -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+            for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.1; done
+        else
+            say "no nats-server: the external connector test needs NATS JetStream on 127.0.0.1:4222"
+        fi
+    fi
+    # Redis, which the example destination connector writes to in the tests.
+    if ! (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then
+        if command -v redis-server >/dev/null; then
+            say "starting redis-server on 127.0.0.1:6379"
+            as_root redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save '' >/dev/null
+            for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && break; sleep 0.1; done
+        else
+            say "no redis-server: the destination connector test needs Redis on 127.0.0.1:6379"
+        fi
     fi
 fi
 # 7. The installation key for secrets (docs/security.md): 32 random bytes as
@@ -197,4 +239,4 @@ fi
 as_postgres psql -q -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 \
     -c "LOAD 'orca'" -c "ALTER SYSTEM SET orca.secrets_key_file = '$KEY_FILE'" \
     -c "SELECT pg_reload_conf()" >/dev/null
-say "setup done: extension orca $current installed for PostgreSQL $PG_MAJOR"
+say "setup done: extension orca $current installed for PostgreSQL $PG_MAJOR$([ "$tests" = 1 ] && echo ', with what the tests need')"

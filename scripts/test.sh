@@ -21,7 +21,7 @@ for arg in "$@"; do
     esac
 done
 
-"$ORCA_ROOT/scripts/setup.sh"
+"$ORCA_ROOT/scripts/setup.sh" --tests
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

@@ -19,7 +19,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
-"$ORCA_ROOT/scripts/setup.sh" >/dev/null
+"$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null  # DuckDB and PyIceberg
 COPIES="${COPIES:-15}"
 WORK="${BENCH_DIR:-/var/tmp/orca-bench-lake}"
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"

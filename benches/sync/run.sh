@@ -13,7 +13,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
-"$ORCA_ROOT/scripts/setup.sh" >/dev/null
+"$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null  # wal_level = logical for the CDC figures
 
 # The peers in a venv of their own (their dependencies pin versions the
 # test venv does not need).

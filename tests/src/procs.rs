@@ -15,11 +15,13 @@ fn target_root() -> PathBuf {
         .expect("target directory")
 }
 
-/// The binaries are built into a target directory of their own: a build of
-/// a few packages resolves features differently from the workspace's test
-/// build, and sharing one directory makes each rebuild the other's artifacts.
+/// The binaries are built into the target directory the tests were, with
+/// the same profile: the dependencies (DataFusion most of all) are the
+/// tests' own artifacts, so only the workspace's crates are compiled again
+/// (those the fault-injection features change), and the quick start
+/// (scripts/demo.sh) builds into the same place.
 fn bin_target() -> PathBuf {
-    target_root().join("e2e")
+    target_root()
 }
 
 fn bin_dir() -> PathBuf {
@@ -32,7 +34,18 @@ fn build() {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let mut cmd = Command::new(cargo);
+        // What cargo sets for a test run (CARGO_MANIFEST_DIR, CARGO_PKG_*,
+        // OUT_DIR...) would reach the build scripts of this build and differ
+        // from a shell's build of the same packages (ring reruns on
+        // CARGO_MANIFEST_DIR): each would undo the other's artifacts.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "OUT_DIR" {
+                cmd.env_remove(k);
+            }
+        }
+        let status = cmd
             .args([
                 "build",
                 "-q",
