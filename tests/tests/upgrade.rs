@@ -314,7 +314,11 @@ async fn upgrade_in_flight(from: &str) {
                  JOIN orca.runs r ON r.id = a.run_id WHERE r.kind = 'pipeline'",
             )
             .await;
-            let head = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+            let head = scalar_i64(
+                &mut c,
+                "SELECT head_epoch FROM orca.syncs WHERE name = 'shop'",
+            )
+            .await;
             (leased > 0 && head >= 3).then_some(())
         },
         || outputs(&[&a, &b]),
@@ -332,7 +336,11 @@ async fn upgrade_in_flight(from: &str) {
     // The upgrade, as an operator does it: the new package's files under the
     // running server, a restart, then the schema.
     install.install_current();
-    let head_before = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+    let head_before = scalar_i64(
+        &mut c,
+        "SELECT head_epoch FROM orca.syncs WHERE name = 'shop'",
+    )
+    .await;
     let in_flight = scalar_i64(&mut c, "SELECT count(*) FROM orca.leases").await;
     drop(c);
     cluster.restart();
@@ -481,7 +489,11 @@ async fn upgrade_in_flight(from: &str) {
     }
     // HEAD moved on from where the upgrade found it, and every row arrived
     // once: the sync's one attempt read the table once.
-    let head_after = scalar_i64(&mut c, "SELECT head_epoch FROM orca.syncs").await;
+    let head_after = scalar_i64(
+        &mut c,
+        "SELECT head_epoch FROM orca.syncs WHERE name = 'shop'",
+    )
+    .await;
     assert!(
         head_after > head_before,
         "HEAD {head_before} -> {head_after}"
