@@ -55,7 +55,7 @@ if [ "${ORCA_DEMO_BINARIES:-build}" = e2e ]; then
         [ -x "$BIN/$b" ] || die "$BIN/$b is missing: ORCA_DEMO_BINARIES=e2e takes the binaries the end-to-end tests built"
     done
 else
-    say "building the runner, the orca CLI and the example pipelines (the first time on 2 cores: about 12 minutes, DataFusion most of it; cargo prints each crate it compiles)"
+    say "building the runner, the orca CLI and the example pipelines (the first time on 2 cores: about 4 minutes, DataFusion most of it; cargo prints each crate it compiles)"
     t0=$(date +%s)
     cargo build -p orca-runner -p orca-cli -p orca-engine -p example-lake \
         -p example-weather -p example-onthisday -p example-labels
