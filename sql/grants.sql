@@ -19,7 +19,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA orca TO orca_viewer;
 -- attempt, and a runner token's hash is the runner's. Viewers read every
 -- other column.
 REVOKE SELECT ON orca.attempts, orca.leases, orca.runner_tokens, orca.secrets, orca.org_keys,
-                 orca.api_keys, orca.webhooks
+                 orca.api_keys, orca.webhooks, orca.task_batches, orca.task_leases
     FROM orca_viewer;
 GRANT SELECT (org_id, id, url, events, description, cursor, enabled, disabled_reason,
               failing_since, failures, next_attempt_at, created_at, created_by, rotated_at)
@@ -37,6 +37,12 @@ GRANT SELECT (org_id, attempt_id, runner, deadline, heartbeat_at, token_id)
 GRANT SELECT (org_id, id, name, pool, previous_until, created_at, created_by, rotated_at,
               revoked_at)
     ON orca.runner_tokens TO orca_viewer;
+GRANT SELECT (org_id, id, run_id, step, partition, task, version_id, pool, indexes, inputs, try,
+              max_tries, backoff_ms, status, not_before, created_at, runner, leased_at,
+              heartbeat_at, deadline, finished_at, outcomes, outputs, errors, millis, finished_seq)
+    ON orca.task_batches TO orca_viewer;
+GRANT SELECT (org_id, batch_id, runner, deadline, heartbeat_at, token_id)
+    ON orca.task_leases TO orca_viewer;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
 -- Row-level security policies call these as the reading role.
@@ -99,7 +105,9 @@ GRANT EXECUTE ON FUNCTION
     orca.report_drift(text, integer, jsonb, uuid),
     orca.sync_lanes(text, integer, uuid),
     orca.maintenance_task(uuid),
-    orca.report_maintenance(uuid, jsonb)
+    orca.report_maintenance(uuid, jsonb),
+    orca.add_tasks(uuid, text, text, text, integer, jsonb),
+    orca.task_results(uuid, text, text, bigint)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),
@@ -109,6 +117,9 @@ GRANT EXECUTE ON FUNCTION
     orca.release(uuid, text),
     orca.register_runner(text, text, integer, text),
     orca.append_log(uuid, integer, text[]),
+    orca.claim_tasks(text, text, integer),
+    orca.heartbeat_tasks(uuid[]),
+    orca.finish_tasks(uuid, jsonb, text[], integer[]),
     orca.tick(timestamptz)
     TO orca_runner;
 -- Relays deliver webhooks for every org, and do nothing else.

@@ -40,12 +40,14 @@ LANGUAGE sql STABLE AS $$
                 ELSE make_interval(secs => orca._retain_seconds(x.what))::text END
     FROM (VALUES ('runs', 'orca.retain_runs'), ('events', 'orca.retain_events'),
                  ('webhook_deliveries', 'orca.retain_webhook_deliveries'),
-                 ('runners', 'orca.retain_runners')) AS x(what, setting)
+                 ('runners', 'orca.retain_runners'), ('tasks', 'orca.retain_tasks'))
+         AS x(what, setting)
 $$;
 COMMENT ON FUNCTION orca.retention() IS
 'How long orca.tick keeps finished runs (with their attempts, step states, reads and commits), '
-'events, webhook delivery rows and runners not seen since, from the orca.retain_* settings '
-'(0: forever); orca.retention_batch bounds the rows pruned per table per tick. '
+'events, webhook delivery rows, runners not seen since and a finished run''s tasks (then '
+'summarised into orca.task_steps), from the orca.retain_* settings (0: forever; for tasks, as '
+'long as the run); orca.retention_batch bounds the rows pruned per table per tick. '
 'Example: SELECT * FROM orca.retention();';
 
 -- Phase 5: pruning. Kept whatever their age:

@@ -194,6 +194,9 @@ CREATE TABLE orca.runs (
     created_at  timestamptz NOT NULL DEFAULT now(),
     started_at  timestamptz,
     finished_at timestamptz,
+    -- Whether a step of the run added tasks (tasks.sql): only such a run's
+    -- end has tasks to cancel.
+    has_tasks   boolean NOT NULL DEFAULT false,
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, pipeline_id) REFERENCES orca.pipelines (org_id, id),
     FOREIGN KEY (org_id, version_id) REFERENCES orca.pipeline_versions (org_id, id)

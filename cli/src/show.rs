@@ -96,6 +96,65 @@ fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Cell {
     }
 }
 
+/// The tasks a run's steps fanned out: counts by state and durations per
+/// (step, partition, task), then the first failures with their errors.
+fn tasks(c: &mut Client, run: i64) -> anyhow::Result<()> {
+    let rows = c
+        .query(
+            "SELECT step, partition, task, tasks, queued, running, succeeded, failed, cancelled,
+                    retries, p50_millis, p99_millis, max_millis
+             FROM orca.task_overview WHERE run = $1 ORDER BY step, partition, task",
+            &[&run],
+        )
+        .map_err(explain)?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    println!("\ntasks");
+    for t in &rows {
+        let n = |i: usize| t.get::<_, i64>(i);
+        let ms = |i: usize| {
+            t.get::<_, Option<i32>>(i)
+                .map_or_else(|| "-".to_string(), |m| format!("{m} ms"))
+        };
+        println!(
+            "  {:<18} {:<12} {:<14} {} tasks: {} succeeded, {} failed, {} running, {} queued, {} cancelled; {} retries; p50 {} p99 {} max {}",
+            t.get::<_, String>(0),
+            t.get::<_, String>(1),
+            t.get::<_, String>(2),
+            n(3),
+            n(6),
+            n(7),
+            n(5),
+            n(4),
+            n(8),
+            n(9),
+            ms(10),
+            ms(11),
+            ms(12)
+        );
+    }
+    let failed = c
+        .query(
+            "SELECT step, partition, task, index, try, error FROM orca.tasks
+             WHERE run = $1 AND status = 'failed' ORDER BY finished_at, index LIMIT 5",
+            &[&run],
+        )
+        .map_err(explain)?;
+    for f in &failed {
+        println!(
+            "  failed: {} {} {} #{} after {} tries: {}",
+            f.get::<_, String>(0),
+            f.get::<_, String>(1),
+            f.get::<_, String>(2),
+            f.get::<_, i32>(3),
+            f.get::<_, i32>(4),
+            f.get::<_, Option<String>>(5).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
     let r = c
         .query_opt(
@@ -157,6 +216,8 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
                 .unwrap_or_default()
         );
     }
+
+    tasks(c, id)?;
 
     println!("\nattempts");
     let attempts = c

@@ -324,6 +324,70 @@ impl Control {
         )
     }
 
+    /// `orca.add_tasks`: a batch of tasks of a (step, partition), numbered
+    /// from `first_index`; returns how many were new (a resumed driver's
+    /// earlier ones are not).
+    pub fn add_tasks(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        task: &str,
+        first_index: u32,
+        inputs: &Value,
+    ) -> Result<u32, ClientError> {
+        let first = i32::try_from(first_index).unwrap_or(i32::MAX);
+        let n: i32 = self.with_retry("orca.add_tasks", |c| {
+            c.query_one(
+                "SELECT orca.add_tasks($1, $2, $3, $4, $5, $6)",
+                &[&lease.0, &step, &partition, &task, &first, inputs],
+            )?
+            .try_get(0)
+        })?;
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+
+    /// `orca.task_results`: the tasks of a (step, partition) that ended for
+    /// good in batches finished after `after`.
+    pub fn task_results(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        after: i64,
+    ) -> Result<Vec<orca_core::tasks::TaskResult>, ClientError> {
+        let rows = self.with_retry("orca.task_results", |c| {
+            c.query(
+                "SELECT index, ok, output, error, try, seq FROM orca.task_results($1, $2, $3, $4)",
+                &[&lease.0, &step, &partition, &after],
+            )
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let read = |e: postgres::Error| ClientError::Refused {
+                what: "orca.task_results",
+                source: e,
+            };
+            let index: i32 = r.try_get(0).map_err(read)?;
+            let ok: bool = r.try_get(1).map_err(read)?;
+            let output: Option<Value> = r.try_get(2).map_err(read)?;
+            let error: Option<String> = r.try_get(3).map_err(read)?;
+            let tries: i32 = r.try_get(4).map_err(read)?;
+            let seq: i64 = r.try_get(5).map_err(read)?;
+            out.push(orca_core::tasks::TaskResult {
+                index: u32::try_from(index).unwrap_or(0),
+                outcome: if ok {
+                    Ok(output.unwrap_or(Value::Null))
+                } else {
+                    Err(error.unwrap_or_else(|| "the task failed without a message".into()))
+                },
+                tries: u32::try_from(tries).unwrap_or(0),
+                seq,
+            });
+        }
+        Ok(out)
+    }
+
     /// `orca.sense_context`: what a sensor's poll looks at.
     pub fn sense_context(&mut self, lease: LeaseToken) -> Result<SenseContext, ClientError> {
         const WHAT: &str = "orca.sense_context";

@@ -17,6 +17,7 @@ pub mod partition;
 pub mod secret;
 pub mod sqlstate;
 pub mod sync;
+pub mod tasks;
 pub mod webhook;
 
 pub use error::{Error, Result};

@@ -37,6 +37,28 @@ pub struct StepDecl {
     pub writes: Vec<String>,
 }
 
+/// Retries a task gets when its declaration names none: tasks are small and
+/// run on other hosts, where a worker lost to its host is the common failure.
+pub const TASK_RETRIES_DEFAULT: i64 = 3;
+/// The first retry's delay when a task's declaration names none; each later
+/// retry waits twice as long as the one before, up to a minute.
+pub const TASK_BACKOFF_MS_DEFAULT: i64 = 1000;
+
+/// A task the pipeline's steps fan out (`tasks` in the manifest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskDecl {
+    pub name: String,
+    /// How many times a failed task is tried again.
+    pub retries: i64,
+    /// The delay before the first retry, in milliseconds.
+    pub backoff_ms: i64,
+    /// The task's code hash, when the SDK wrote the manifest.
+    pub code: Option<String>,
+    /// The Rust types it takes and returns, as the SDK names them.
+    pub input: Option<String>,
+    pub output: Option<String>,
+}
+
 /// Whether a dataset name is `namespace.table`, each part a name.
 pub fn valid_dataset(d: &str) -> bool {
     let part = |p: &str| {
@@ -127,6 +149,7 @@ impl Partitions {
 pub struct Manifest {
     pub name: String,
     pub steps: Vec<StepDecl>,
+    pub tasks: Vec<TaskDecl>,
     pub partitions: Partitions,
     /// How many keys a run of a keyed pipeline covers.
     pub keys_per_run: Option<i64>,
@@ -329,6 +352,71 @@ fn parse_steps(v: Option<&Value>) -> Result<Vec<StepDecl>> {
         });
     }
     Ok(steps)
+}
+
+/// Re-labels an error of a nested field with the field's full path.
+fn at_field(at: String) -> impl FnOnce(Error) -> Error {
+    move |e| match e {
+        Error::BadManifest { reason, .. } => bad(at, reason),
+        other => other,
+    }
+}
+
+fn parse_tasks(v: Option<&Value>) -> Result<Vec<TaskDecl>> {
+    let arr = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(bad(
+                "tasks",
+                format!("must be an array of tasks, got {}", show(other)),
+            ))
+        }
+    };
+    let mut tasks: Vec<TaskDecl> = Vec::with_capacity(arr.len());
+    for (i, tv) in arr.iter().enumerate() {
+        let at = format!("tasks[{i}]");
+        let obj = tv
+            .as_object()
+            .ok_or_else(|| bad(&at, format!("must be an object, got {}", show(tv))))?;
+        let name = check_name(
+            &format!("{at}.name"),
+            obj.get("name").unwrap_or(&Value::Null),
+        )?;
+        if tasks.iter().any(|t| t.name == name) {
+            return Err(bad(
+                format!("{at}.name"),
+                format!("task name '{name}' is used twice"),
+            ));
+        }
+        let retries = get_int(obj, "retries", 0, RETRIES_MAX)
+            .map_err(at_field(format!("{at}.retries")))?
+            .unwrap_or(TASK_RETRIES_DEFAULT);
+        let backoff_ms = get_int(obj, "backoff_ms", 0, 3_600_000)
+            .map_err(at_field(format!("{at}.backoff_ms")))?
+            .unwrap_or(TASK_BACKOFF_MS_DEFAULT);
+        let code = get_str(obj, "code")
+            .map_err(at_field(format!("{at}.code")))?
+            .map(str::to_string);
+        if code.as_ref().is_some_and(|c| c.len() > 128) {
+            return Err(bad(format!("{at}.code"), "must be at most 128 characters"));
+        }
+        let input = get_str(obj, "input")
+            .map_err(at_field(format!("{at}.input")))?
+            .map(str::to_string);
+        let output = get_str(obj, "output")
+            .map_err(at_field(format!("{at}.output")))?
+            .map(str::to_string);
+        tasks.push(TaskDecl {
+            name,
+            retries,
+            backoff_ms,
+            code,
+            input,
+            output,
+        });
+    }
+    Ok(tasks)
 }
 
 /// A column name as Iceberg schemas spell them.
@@ -557,6 +645,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         Some(v) => check_name("name", v)?,
     };
     let steps = parse_steps(obj.get("steps"))?;
+    let tasks = parse_tasks(obj.get("tasks"))?;
     let partitions = parse_partitions(obj.get("partitions"))?;
 
     let schedule = match obj.get("schedule") {
@@ -698,6 +787,36 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
                 .collect(),
         ),
     );
+    // Only a pipeline that declares tasks gets the field: a manifest without
+    // them stays as it was, so registering it again makes no new version.
+    if tasks.is_empty() {
+        normalized.remove("tasks");
+    } else {
+        normalized.insert(
+            "tasks".into(),
+            Value::Array(
+                tasks
+                    .iter()
+                    .map(|t| {
+                        let mut task = serde_json::json!({
+                            "name": t.name,
+                            "retries": t.retries,
+                            "backoff_ms": t.backoff_ms,
+                        });
+                        if let (Some(o), Some(code)) = (task.as_object_mut(), &t.code) {
+                            o.insert("code".into(), code.clone().into());
+                        }
+                        for (field, ty) in [("input", &t.input), ("output", &t.output)] {
+                            if let (Some(o), Some(ty)) = (task.as_object_mut(), ty) {
+                                o.insert(field.into(), ty.clone().into());
+                            }
+                        }
+                        task
+                    })
+                    .collect(),
+            ),
+        );
+    }
     normalized.insert("partitions".into(), partitions.to_json());
     normalized.insert("keys_per_run".into(), keys_per_run.into());
     normalized.insert(
@@ -724,6 +843,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     Ok(Manifest {
         name,
         steps,
+        tasks,
         partitions,
         keys_per_run,
         schedule,
@@ -922,5 +1042,66 @@ mod tests {
         dated["keys_per_run"] = json!(10);
         let e = parse(&dated).expect_err("dated").to_string();
         assert!(e.contains("only a keyed pipeline"), "{e}");
+    }
+
+    #[test]
+    fn tasks_are_declared_by_name_with_retries_and_backoff() {
+        let mut m = lake();
+        m["tasks"] = json!([
+            {"name": "trips", "input": "Day", "output": "i64"},
+            {"name": "weigh", "retries": 0, "backoff_ms": 50, "code": "abc"}
+        ]);
+        let p = parse(&m).expect("valid");
+        assert_eq!(p.tasks.len(), 2);
+        assert_eq!(p.tasks[0].retries, TASK_RETRIES_DEFAULT);
+        assert_eq!(p.tasks[0].backoff_ms, TASK_BACKOFF_MS_DEFAULT);
+        assert_eq!(p.tasks[1].retries, 0);
+        assert_eq!(
+            p.normalized["tasks"],
+            json!([
+                {"name": "trips", "retries": 3, "backoff_ms": 1000, "input": "Day", "output": "i64"},
+                {"name": "weigh", "retries": 0, "backoff_ms": 50, "code": "abc"}
+            ])
+        );
+        // A pipeline without tasks keeps the manifest it had.
+        let plain = parse(&lake()).expect("valid");
+        assert!(plain.tasks.is_empty());
+        assert!(plain.normalized.get("tasks").is_none());
+        let mut empty = lake();
+        empty["tasks"] = json!([]);
+        assert!(parse(&empty)
+            .expect("valid")
+            .normalized
+            .get("tasks")
+            .is_none());
+    }
+
+    #[test]
+    fn bad_task_declarations_name_the_field() {
+        let with = |tasks: Value| {
+            let mut m = lake();
+            m["tasks"] = tasks;
+            parse(&m).expect_err("refused").to_string()
+        };
+        let e = with(json!({"name": "trips"}));
+        assert!(e.contains("tasks: must be an array"), "{e}");
+        let e = with(json!([{"name": "Trips"}]));
+        assert!(e.contains("tasks[0].name") && e.contains("'Trips'"), "{e}");
+        let e = with(json!([{"name": "a"}, {"name": "a"}]));
+        assert!(
+            e.contains("tasks[1].name: task name 'a' is used twice"),
+            "{e}"
+        );
+        let e = with(json!([{"name": "a", "retries": 101}]));
+        assert!(
+            e.contains("tasks[0].retries") && e.contains("got 101"),
+            "{e}"
+        );
+        let e = with(json!([{"name": "a", "backoff_ms": -1}]));
+        assert!(e.contains("tasks[0].backoff_ms"), "{e}");
+        let e = with(json!([{"name": "a", "input": 3}]));
+        assert!(e.contains("tasks[0].input: must be a string"), "{e}");
+        let e = with(json!(["a"]));
+        assert!(e.contains("tasks[0]: must be an object"), "{e}");
     }
 }

@@ -92,6 +92,8 @@ sqlstates! {
     NETGUARD_REFUSED = "OR094": "netguard refused an address or local path a sync's definition or a webhook names";
     BAD_WEBHOOK = "OR095": "invalid webhook endpoint or event list";
     UNKNOWN_WEBHOOK = "OR096": "unknown webhook";
+    UNDECLARED_TASK = "OR100": "a task the pipeline's version does not declare (`tasks` in its manifest)";
+    TASK_INDEX_GAP = "OR101": "tasks added with a gap in their numbering";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

@@ -69,6 +69,11 @@ pub static RETAIN_RUNS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static RETAIN_EVENTS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
 pub static RETAIN_WEBHOOK_DELIVERIES_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
 pub static RETAIN_RUNNERS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(30 * 86_400);
+/// How long the task rows of a finished run are kept before they are
+/// summarised into their step's record: a step may fan out thousands, and
+/// the summary (counts, durations, the first failures) is what a run's page
+/// shows after a week.
+pub static RETAIN_TASKS_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(7 * 86_400);
 
 /// How many lines of an attempt's log the control plane keeps (the runner's
 /// file has them all): enough for the console's view of a failure, bounded
@@ -215,6 +220,11 @@ pub fn init() {
             c"orca.retain_runners",
             c"How long a runner not seen since is kept (0: forever).",
             &RETAIN_RUNNERS_SECONDS,
+        ),
+        (
+            c"orca.retain_tasks",
+            c"How long a finished run's tasks are kept before they are summarised into their step's record (0: as long as the run).",
+            &RETAIN_TASKS_SECONDS,
         ),
     ] {
         GucRegistry::define_int_guc(

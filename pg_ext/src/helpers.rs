@@ -217,8 +217,9 @@ fn retain_seconds(what: &str) -> i32 {
         "events" => gucs::RETAIN_EVENTS_SECONDS.get(),
         "webhook_deliveries" => gucs::RETAIN_WEBHOOK_DELIVERIES_SECONDS.get(),
         "runners" => gucs::RETAIN_RUNNERS_SECONDS.get(),
+        "tasks" => gucs::RETAIN_TASKS_SECONDS.get(),
         other => pgrx::error!(
-            "no retention setting for '{other}' (runs, events, webhook_deliveries, runners)"
+            "no retention setting for '{other}' (runs, events, webhook_deliveries, runners, tasks)"
         ),
     }
 }

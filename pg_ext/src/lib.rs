@@ -122,6 +122,11 @@ extension_sql_file!(
     name = "iceberg",
     requires = ["maintenance"]
 );
+extension_sql_file!(
+    "../../sql/tasks.sql",
+    name = "tasks",
+    requires = ["iceberg"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

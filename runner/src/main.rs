@@ -9,6 +9,7 @@ mod control;
 mod engine;
 mod log;
 mod pinned;
+mod tasks;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,6 +101,11 @@ struct Args {
     /// DIR/NAME): only the programs its operator installed there.
     #[arg(long, env = "ORCA_CONNECTORS")]
     connectors: Option<PathBuf>,
+    /// Worker processes per pipeline binary for the pool's tasks (steps
+    /// that fan out with ORCA_TASKS=fleet); default: this host's cores.
+    /// 0: run no tasks.
+    #[arg(long, env = "ORCA_TASK_WORKERS")]
+    task_workers: Option<usize>,
 }
 
 /// The runner token from --token or --token-file, if any.
@@ -304,6 +310,26 @@ async fn main() -> anyhow::Result<()> {
         output_line_max: args.output_line_max.max(1024),
     });
     let (release_tx, release_rx) = watch::channel(false);
+    let (stop_tasks, stop_tasks_rx) = watch::channel(false);
+    let task_workers = args
+        .task_workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let task_server = if shared.pins.is_some() && task_workers > 0 {
+        println!("orca-runner {name}: runs the pool's tasks, {task_workers} worker(s) per binary");
+        Some(tokio::spawn(tasks::serve(
+            shared.clone(),
+            tasks::Config {
+                name: name.clone(),
+                pool: args.pool.clone(),
+                workers: task_workers,
+                poll: Duration::from_millis(args.poll_ms.max(10)),
+                grace: Duration::from_secs(args.grace_seconds),
+            },
+            stop_tasks_rx,
+        )))
+    } else {
+        None
+    };
     let mut running: JoinSet<attempt::Outcome> = JoinSet::new();
     let mut poll = tokio::time::interval(Duration::from_millis(args.poll_ms.max(10)));
     let tick_every = Duration::from_millis(if args.tick_ms == 0 {
@@ -367,6 +393,7 @@ async fn main() -> anyhow::Result<()> {
         running.len(),
         args.grace_seconds
     );
+    let _ = stop_tasks.send(true);
     let grace = tokio::time::sleep(Duration::from_secs(args.grace_seconds));
     tokio::pin!(grace);
     let mut released = false;
@@ -382,6 +409,9 @@ async fn main() -> anyhow::Result<()> {
                 let _ = release_tx.send(true);
             }
         }
+    }
+    if let Some(t) = task_server {
+        let _ = t.await;
     }
     let _ = std::fs::remove_dir_all(&sockets);
     println!("orca-runner {name}: stopped");

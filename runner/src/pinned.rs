@@ -84,7 +84,24 @@ impl Pins {
 
     /// The file to run for a lease, or why it may not run.
     pub fn verify(&self, l: &Lease) -> Result<Verified, PinError> {
-        let named = Path::new(&l.binary_path);
+        self.verify_binary(
+            &l.binary_path,
+            l.binary_sha256.as_deref(),
+            l.version.0,
+            &l.pipeline,
+        )
+    }
+
+    /// The file to run for a binary of version `version` of `pipeline`
+    /// (an attempt's, or a task batch's), or why it may not run.
+    pub fn verify_binary(
+        &self,
+        binary_path: &str,
+        binary_sha256: Option<&str>,
+        version: i64,
+        pipeline: &str,
+    ) -> Result<Verified, PinError> {
+        let named = Path::new(binary_path);
         let joined = if named.is_absolute() {
             named.to_path_buf()
         } else {
@@ -101,7 +118,7 @@ impl Pins {
                 root: self.root.display().to_string(),
             });
         }
-        let Some(expected) = l.binary_sha256.as_deref() else {
+        let Some(expected) = binary_sha256 else {
             if self.allow_unpinned {
                 return Ok(Verified {
                     path,
@@ -109,8 +126,8 @@ impl Pins {
                 });
             }
             return Err(PinError::Unpinned {
-                version: l.version.0,
-                pipeline: l.pipeline.clone(),
+                version,
+                pipeline: pipeline.to_string(),
             });
         };
         let found = self.sha256(&path).map_err(io)?;
@@ -119,8 +136,8 @@ impl Pins {
                 path: path.display().to_string(),
                 found,
                 expected: expected.to_string(),
-                version: l.version.0,
-                pipeline: l.pipeline.clone(),
+                version,
+                pipeline: pipeline.to_string(),
             });
         }
         Ok(Verified {

@@ -91,6 +91,18 @@ fn binary_path() -> String {
 
 /// Hands the binary's command line to the SDK; never returns.
 pub fn main<P: Pipeline>() -> ! {
+    // A task worker (a step's local worker, or a runner's) takes no command
+    // line: it serves the tasks it is sent.
+    if std::env::var(orca_core::tasks::ROLE_ENV).as_deref() == Ok("worker") {
+        let code = match crate::tasks::worker::serve(&P::tasks()) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("{} task worker: {e}", P::NAME);
+                EXIT_USAGE
+            }
+        };
+        std::process::exit(code)
+    }
     let cli = Cli::parse();
     let binary = binary_path();
     let code = match run_cli::<P>(cli.cmd, &binary) {
@@ -147,7 +159,7 @@ fn describe<P: Pipeline>(m: &Value) {
     println!(
         "pipeline {} (registry hash {})",
         P::NAME,
-        registry_hash(&steps)
+        registry_hash(&steps, &P::tasks())
     );
     match params.partitions {
         Partitioning::Dated { kind, start } => println!("  partitions  {kind} from {start}"),
@@ -205,6 +217,16 @@ fn describe<P: Pipeline>(m: &Value) {
                 } else {
                     s.writes.join(", ")
                 }
+            );
+        }
+    }
+    let tasks = P::tasks();
+    if !tasks.is_empty() {
+        println!("  tasks");
+        for t in &tasks {
+            println!(
+                "    {:<16} {} -> {}   retries {}  backoff {} ms  code {}",
+                t.name, t.input, t.output, t.retries, t.backoff_ms, t.code
             );
         }
     }
@@ -410,6 +432,8 @@ fn summary(outcome: &Outcome) {
 }
 
 fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32, SdkError> {
+    // Workers first: they start with nothing of this process.
+    crate::tasks::start(P::tasks(), None);
     let partitions = expand_spec::<P>(spec)?;
     let dir = logs.join(P::NAME);
     std::fs::create_dir_all(&dir).map_err(|e| SdkError::Io {
@@ -432,6 +456,7 @@ fn run_in_memory<P: Pipeline>(spec: &str, logs: &std::path::Path) -> Result<i32,
         P::NAME,
         Some(P::params().partitions),
         &steps,
+        &P::tasks(),
         &partitions,
         &mut store,
         &log,
@@ -484,8 +509,15 @@ fn sense<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Result
 }
 
 fn attempt<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Result<i32, SdkError> {
+    // Workers first: they start with nothing of this process, before it
+    // connects anywhere.
+    let tasks = P::tasks();
+    crate::tasks::start(
+        tasks.clone(),
+        Some((url.to_string(), org.map(str::to_string), lease)),
+    );
     let steps = P::steps();
-    let hash = registry_hash(&steps);
+    let hash = registry_hash(&steps, &tasks);
     let params = P::params();
     let mut store = PgStore::connect(url, org, lease, &params.build.to_json(&hash))?;
     let ctx = store.context.clone();
@@ -507,6 +539,7 @@ fn attempt<P: Pipeline>(lease: LeaseToken, url: &str, org: Option<&str>) -> Resu
         P::NAME,
         Some(P::params().partitions),
         &steps,
+        &tasks,
         &ctx.partitions,
         &mut store,
         &log,

@@ -75,6 +75,8 @@ pub struct Ctx<'a> {
     pub run: Option<i64>,
     pub(crate) log: LogSink,
     pub(crate) io: StepIo<'a>,
+    /// Numbers the tasks this call submits.
+    pub(crate) tasks: crate::tasks::Scope,
 }
 
 impl Ctx<'_> {
@@ -82,6 +84,13 @@ impl Ctx<'_> {
     /// and to the attempt's log.
     pub fn log(&self, message: impl Display) {
         self.log.line(&format!("{} {message}", self.tag()));
+    }
+
+    /// The runtime of a set of tasks (`orca::tasks!`): submit them with
+    /// `remote`, gather their outputs with `get`. Refused when the pipeline
+    /// does not declare every task of the set (`tasks = ...`).
+    pub fn runtime<S: crate::tasks::TaskSet>(&self) -> crate::Result<crate::tasks::Runtime<S>> {
+        crate::tasks::runtime::<S>(self.step, &self.partition, self.tasks.clone())
     }
 
     /// What each of its log lines starts with: `[step partition #attempt]`.

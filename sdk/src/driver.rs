@@ -12,6 +12,7 @@ use crate::error::SdkError;
 use crate::pipeline::{registry_hash, Partitioning, StepInfo};
 use crate::step::StepError;
 use crate::store::Store;
+use crate::tasks::TaskInfo;
 use orca_lake::{LakeCell, LakeConfig};
 
 /// The partition a gather step's state is kept under.
@@ -126,7 +127,7 @@ fn inputs(
     })
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
@@ -190,6 +191,7 @@ fn run_pair(
                 session: None,
                 scans: Default::default(),
             },
+            tasks: Default::default(),
         };
         let result = catch_unwind(AssertUnwindSafe(|| (step.run)(&mut ctx, input.clone())))
             .unwrap_or_else(|p| {
@@ -246,27 +248,41 @@ pub fn peak_memory_kib() -> Option<u64> {
 /// Runs every step over `partitions`. A step that fails for some partition
 /// stops the run after the step has been tried for every partition.
 /// `partitioning` is the pipeline's, which tables its steps create follow.
-/// The log's last line says the process's peak memory.
+/// `tasks` are the pipeline's, part of its registry hash. The log's last
+/// line says the process's peak memory.
+#[allow(clippy::too_many_arguments)]
 pub fn execute(
     pipeline: &'static str,
     partitioning: Option<Partitioning>,
     steps: &[StepInfo],
+    tasks: &[TaskInfo],
     partitions: &[String],
     store: &mut dyn Store,
     log: &LogSink,
     run: Option<i64>,
 ) -> Outcome {
-    let outcome = execute_steps(pipeline, partitioning, steps, partitions, store, log, run);
+    let outcome = execute_steps(
+        pipeline,
+        partitioning,
+        steps,
+        tasks,
+        partitions,
+        store,
+        log,
+        run,
+    );
     if let Some(kib) = peak_memory_kib() {
         log.line(&format!("peak memory {} MiB", kib.div_ceil(1024)));
     }
     outcome
 }
 
+#[allow(clippy::too_many_arguments)]
 fn execute_steps(
     pipeline: &'static str,
     partitioning: Option<Partitioning>,
     steps: &[StepInfo],
+    tasks: &[TaskInfo],
     partitions: &[String],
     store: &mut dyn Store,
     log: &LogSink,
@@ -277,7 +293,7 @@ fn execute_steps(
         partitions,
         log,
         run,
-        registry_hash: registry_hash(steps),
+        registry_hash: registry_hash(steps, tasks),
         tables: LakeCell::new(LakeConfig::from_env(None)),
         partitioning,
     };

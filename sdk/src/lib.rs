@@ -38,6 +38,7 @@ pub mod query;
 mod step;
 mod store;
 pub mod tables;
+mod tasks;
 
 pub use cli::main;
 pub use ctx::{Ctx, LogSink};
@@ -45,12 +46,31 @@ pub use driver::{execute, Outcome, StepReport, StepResult};
 pub use error::{Error, Result, SdkError};
 pub use keys::{Day, Month, Name, PartitionKey};
 pub use orca_lake::{TableSpec, Transform};
-pub use orca_macros::{pipeline, step};
+pub use orca_macros::{pipeline, step, task};
 pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, StepInfo};
 pub use query::{Batches, IntoBatches, Query, Scan, SqlParams};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
 pub use store::{MemStore, PgStore, Store, StoredState};
 pub use tables::{append, commit, ensure_table, files, scan, table, write_files, Table};
+pub use tasks::{Has, ObjectRef, Runtime, Task, TaskFailed, TaskInfo, TaskSet};
+
+/// Declares a set of tasks a step may fan out: `orca::tasks!(FanoutTasks =
+/// [Trips, Weigh]);`. A step asks for its runtime with
+/// `ctx.runtime::<FanoutTasks>()`, which submits only these (another is a
+/// compile error), and the pipeline lists the set (`tasks = FanoutTasks`).
+#[macro_export]
+macro_rules! tasks {
+    ($vis:vis $set:ident = [$($task:ty),* $(,)?]) => {
+        $vis struct $set;
+        impl $crate::TaskSet for $set {
+            const NAME: &'static str = ::core::stringify!($set);
+            fn tasks() -> ::std::vec::Vec<$crate::TaskInfo> {
+                ::std::vec![$($crate::TaskInfo::of::<$task>()),*]
+            }
+        }
+        $(impl $crate::Has<$task> for $set {})*
+    };
+}
 
 /// DataFusion, at the version the SDK is built with: its expressions
 /// (`col`, `lit`) filter scans, its DataFrame API goes on from a

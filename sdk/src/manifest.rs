@@ -10,6 +10,7 @@ use crate::pipeline::{registry_hash, Fills, Partitioning, Pipeline};
 pub fn manifest<P: Pipeline>(binary: &str) -> Value {
     let params = P::params();
     let steps = P::steps();
+    let tasks = P::tasks();
     let (partitions, fills) = match params.partitions {
         Partitioning::Dated { kind, start } => (
             json!({ kind: start }),
@@ -43,10 +44,28 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
         "catchup": params.catchup,
         "pool": params.pool,
         "sensor": params.sensor,
-        "registry_hash": registry_hash(&steps),
+        "registry_hash": registry_hash(&steps, &tasks),
         "binary": binary,
     });
     let b = params.build;
+    if let (Some(obj), false) = (m.as_object_mut(), tasks.is_empty()) {
+        obj.insert(
+            "tasks".into(),
+            tasks
+                .iter()
+                .map(|t| {
+                    json!({
+                        "name": t.name,
+                        "retries": t.retries,
+                        "backoff_ms": t.backoff_ms,
+                        "code": t.code,
+                        "input": t.input,
+                        "output": t.output,
+                    })
+                })
+                .collect(),
+        );
+    }
     if let Some(obj) = m.as_object_mut() {
         for (k, v) in [
             ("source", b.source),

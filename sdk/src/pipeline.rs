@@ -8,6 +8,7 @@ use crate::ctx::Ctx;
 use crate::keys::PartitionKey;
 pub use crate::partitioning::Partitioning;
 use crate::step::{Kind, Step, StepError};
+use crate::tasks::TaskInfo;
 
 /// Which partition a scheduled fire fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +71,10 @@ pub trait Pipeline {
     const NAME: &'static str;
     fn params() -> Params;
     fn steps() -> Vec<StepInfo>;
+    /// The tasks its steps may fan out (`tasks = ...`).
+    fn tasks() -> Vec<TaskInfo> {
+        Vec::new()
+    }
 }
 
 /// A step with its types erased, for the driver.
@@ -107,9 +112,11 @@ impl StepInfo {
     }
 }
 
-/// The registry hash: every step's code, kind and edge, in order. Build
-/// metadata (source, commit, dirty, image) is not part of it.
-pub fn registry_hash(steps: &[StepInfo]) -> String {
+/// The registry hash: every step's code, kind and edge, in order, then
+/// every task's name and code. Build metadata (source, commit, dirty,
+/// image) is not part of it; a pipeline without tasks hashes as it did
+/// before tasks existed.
+pub fn registry_hash(steps: &[StepInfo], tasks: &[TaskInfo]) -> String {
     let mut h = Sha256::new();
     for s in steps {
         h.update(s.name.as_bytes());
@@ -119,6 +126,13 @@ pub fn registry_hash(steps: &[StepInfo]) -> String {
         h.update(s.after.unwrap_or("").as_bytes());
         h.update(b"\0");
         h.update(s.code.as_bytes());
+        h.update(b"\n");
+    }
+    for t in tasks {
+        h.update(b"task\0");
+        h.update(t.name.as_bytes());
+        h.update(b"\0");
+        h.update(t.code.as_bytes());
         h.update(b"\n");
     }
     h.finalize()[..16]

@@ -42,7 +42,7 @@ fn runs_in_order_retries_and_resumes_without_redoing_work() {
     let steps = P::steps();
     let log = orca_log();
     let mut store = MemStore::default();
-    let out = execute("p", None, &steps, &parts(), &mut store, &log, None);
+    let out = execute("p", None, &steps, &[], &parts(), &mut store, &log, None);
     assert!(out.ok(), "{:?}", out.error);
     // 31*2 + 29*2, with 2024-02's flaky step succeeding on its third try.
     let total = store.state("sum", "*").and_then(|s| s.output.clone());
@@ -52,7 +52,7 @@ fn runs_in_order_retries_and_resumes_without_redoing_work() {
     assert_eq!(FLAKY.load(Ordering::SeqCst), 4);
 
     // A second execution over the same states runs nothing again.
-    let again = execute("p", None, &steps, &parts(), &mut store, &log, None);
+    let again = execute("p", None, &steps, &[], &parts(), &mut store, &log, None);
     assert!(again.ok());
     assert!(again
         .reports
@@ -68,7 +68,7 @@ fn runs_in_order_retries_and_resumes_without_redoing_work() {
     {
         s.code = Some("older".into());
     }
-    let third = execute("p", None, &steps, &parts(), &mut store, &log, None);
+    let third = execute("p", None, &steps, &[], &parts(), &mut store, &log, None);
     assert!(third.ok());
     let ran: Vec<_> = third
         .reports

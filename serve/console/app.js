@@ -262,6 +262,7 @@ async function run(id) {
   let r = await get(`/runs/${id}`);
   const grid = h("div", { id: "grid" });
   const attempts = h("div", { id: "attempts" });
+  const tasks = h("div", { id: "tasks" });
   const events = h("div", { id: "events" });
   const snapshots = h("div", { id: "snapshots" });
   const head = h("p", { id: "run-head", "aria-live": "polite" });
@@ -311,6 +312,17 @@ async function run(id) {
         parts.map((p) => h("th", { scope: "col" }, p)))),
       h("tbody", {}, steps.map((st) => h("tr", {}, h("td", { class: "step" }, st),
         parts.map((p) => h("td", {}, cell(st, p))))))));
+    const ms = (v) => (v === null ? "-" : `${v} ms`);
+    tasks.replaceChildren(table(["step", "partition", "task", "#tasks", "succeeded", "failed",
+      "running", "queued", "cancelled", "retries", "p50", "p95", "p99", "max"],
+    r.tasks.map((t) => [t.step, t.partition, t.task, String(t.tasks), String(t.succeeded),
+      String(t.failed), String(t.running), String(t.queued), String(t.cancelled),
+      String(t.retries), ms(t.p50_millis), ms(t.p95_millis), ms(t.p99_millis), ms(t.max_millis)]),
+    { label: "tasks", empty: "No tasks: its steps fanned out none." }),
+    ...(r.task_failures.length ? [table(["step", "partition", "task", "#index", "tries", "runner",
+      "error"], r.task_failures.map((f) => [f.step, f.partition, f.task, String(f.index),
+      String(f.tries), f.runner || "-", h("span", { class: "error" }, f.error || "")]),
+    { label: "failed tasks" })] : []));
     attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "leased", "took", "error"],
       r.attempt_list.map((a) => [String(a.number), status(a.status), a.runner || "-", a.pool,
         when(a.leased_at), took(a.leased_at, a.finished_at), a.error || ""]), { label: "attempts" }));
@@ -323,7 +335,7 @@ async function run(id) {
       [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "events" }));
   };
   page(`Run ${id}`, head, buttons, h("h2", {}, "Steps × partitions"), grid,
-    h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log,
+    h("h2", {}, "Tasks"), tasks, h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log,
     h("h2", {}, "Snapshots read, committed and sensed"), snapshots, h("h2", {}, "Events"), events);
   await draw();
   // The log, followed while the attempt runs (server-sent events).

@@ -504,6 +504,40 @@ pub struct StepState {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The tasks a (step, partition) of a run fanned out, one row per task
+/// name: how many, in which state, and how long they took.
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct TaskSummary {
+    pub step: String,
+    pub partition: String,
+    pub task: String,
+    pub tasks: i64,
+    pub queued: i64,
+    pub running: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub cancelled: i64,
+    /// Tries that failed and were tried again.
+    pub retries: i64,
+    pub p50_millis: Option<i32>,
+    pub p95_millis: Option<i32>,
+    pub p99_millis: Option<i32>,
+    pub max_millis: Option<i32>,
+}
+
+/// A task that failed after its last try.
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct TaskFailure {
+    pub step: String,
+    pub partition: String,
+    pub task: String,
+    pub index: i32,
+    pub tries: i32,
+    pub runner: Option<String>,
+    pub error: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
 #[derive(Debug, Serialize, FromRow, ToSchema)]
 pub struct Attempt {
     pub attempt: i64,
@@ -549,6 +583,10 @@ pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
     pub steps: Vec<StepState>,
+    /// The tasks its steps fanned out, per (step, partition, task).
+    pub tasks: Vec<TaskSummary>,
+    /// Its tasks that failed for good (the first 20).
+    pub task_failures: Vec<TaskFailure>,
     pub attempt_list: Vec<Attempt>,
     pub events: Vec<Event>,
     pub snapshots: Vec<RunSnapshot>,
@@ -575,6 +613,22 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     let steps = sqlx::query_as::<_, StepState>(
         "SELECT step, partition, status, attempts, error, updated_at FROM orca.step_states \
          WHERE run_id = $1 ORDER BY step, partition",
+    )
+    .bind(id)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let tasks = sqlx::query_as::<_, TaskSummary>(
+        "SELECT step, partition, task, tasks, queued, running, succeeded, failed, cancelled, \
+                retries, p50_millis, p95_millis, p99_millis, max_millis \
+         FROM orca.task_overview WHERE run = $1 ORDER BY step, partition, task",
+    )
+    .bind(id)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    let task_failures = sqlx::query_as::<_, TaskFailure>(
+        "SELECT step, partition, task, index, try AS tries, runner, error, finished_at \
+         FROM orca.tasks WHERE run = $1 AND status = 'failed' \
+         ORDER BY finished_at, index LIMIT 20",
     )
     .bind(id)
     .fetch_all(&mut *s.tx)
@@ -612,6 +666,8 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     Ok(Json(RunDetail {
         run,
         steps,
+        tasks,
+        task_failures,
         attempt_list,
         events,
         snapshots,

@@ -51,6 +51,7 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
         m["run_retries"] = json!(0);
         m["steps"][0]["reads"] = json!([format!("{name}.raw")]);
         m["steps"][0]["writes"] = json!([format!("{name}.clean")]);
+        m["tasks"] = json!([{"name": "weigh"}]);
         sqlx::query("SELECT orca.register($1)")
             .bind(&m)
             .execute(&mut c)
@@ -150,6 +151,43 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
         .execute(&mut c)
         .await
         .expect("a log line");
+    // Tasks the live attempt fanned out: a batch the org's runner finished
+    // (one task succeeded, one failed and waits for its retry in a batch of
+    // its own), and a batch it holds.
+    for (first, inputs) in [
+        (0, "jsonb_build_array($3 || '-task-1', $3 || '-task-2')"),
+        (2, "jsonb_build_array($3 || '-task-3')"),
+    ] {
+        sqlx::query(&format!(
+            "SELECT orca.add_tasks($1, 'one', $2, 'weigh', {first}, {inputs})"
+        ))
+        .bind(leases[1].lease)
+        .bind(&leases[1].partitions[0])
+        .bind(org)
+        .execute(&mut c)
+        .await
+        .expect("add tasks");
+    }
+    let done: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease FROM orca.claim_tasks($1 || '-runner', 'default', 2)")
+            .bind(org)
+            .fetch_one(&mut c)
+            .await
+            .expect("claim a task batch");
+    sqlx::query(
+        "SELECT orca.finish_tasks($1, jsonb_build_array($2 || '-out-1', NULL), \
+         ARRAY[NULL, 'failed on purpose'], ARRAY[5, 7])",
+    )
+    .bind(done)
+    .bind(org)
+    .execute(&mut c)
+    .await
+    .expect("finish a task batch");
+    sqlx::query("SELECT lease FROM orca.claim_tasks($1 || '-runner', 'default', 1)")
+        .bind(org)
+        .fetch_one(&mut c)
+        .await
+        .expect("hold a task batch");
     // A lease that lapsed (counted in orca.counters), in a pool of its own:
     // claimed with a one-second lease and ticked past it.
     let mut m = lake_manifest(&format!("{org}_lapse"));

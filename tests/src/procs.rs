@@ -62,6 +62,8 @@ fn build() {
                 "-p",
                 "example-labels",
                 "-p",
+                "example-fanout",
+                "-p",
                 "orca-engine",
                 // Not run by a test: scripts/test.sh runs the quick start
                 // on these binaries.

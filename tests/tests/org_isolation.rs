@@ -18,6 +18,7 @@ const BOB: &str = "orca_t_bob"; // member of globex
 /// function fails this test until it is added here and tried across orgs.
 const API: &[&str] = &[
     "add_member",
+    "add_tasks",
     "allow",
     "api_session",
     "advance_head",
@@ -32,6 +33,7 @@ const API: &[&str] = &[
     "catalog_drop_table",
     "claim",
     "claim_sync",
+    "claim_tasks",
     "create_api_key",
     "create_org",
     "create_runner_token",
@@ -46,8 +48,10 @@ const API: &[&str] = &[
     "drop_webhook",
     "finish",
     "finish_many",
+    "finish_tasks",
     "fires",
     "heartbeat",
+    "heartbeat_tasks",
     "key_status",
     "keys_context",
     "lineage",
@@ -88,6 +92,7 @@ const API: &[&str] = &[
     "store_catalog",
     "set_webhook_enabled",
     "sync_lanes",
+    "task_results",
     "tick",
     "unpause",
     "unschedule_maintenance",
@@ -295,7 +300,7 @@ async fn no_table_view_or_function_crosses_orgs() {
         .fetch_one(&mut a)
         .await
         .expect("retention settings");
-    assert_eq!(kept, 4);
+    assert_eq!(kept, 5);
     // A sync's HEAD moves only under its run's lease: without one, alice is
     // refused whatever the sync; with globex's, the lease is not her org's.
     for sql in [
@@ -366,9 +371,40 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.append_log('{g_lease}', 100, ARRAY['planted'])"),
         format!("SELECT orca.maintenance_task('{g_lease}')"),
         format!("SELECT orca.report_maintenance('{g_lease}', '{{}}')"),
+        format!("SELECT orca.add_tasks('{g_lease}', 'one', '2024-02', 'weigh', 3, '[1]')"),
+        format!("SELECT * FROM orca.task_results('{g_lease}', 'one', '2024-02')"),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
+    // globex's task batch, leased to its runner: alice's runner can neither
+    // finish it nor learn more than that it is unknown.
+    let g_task: uuid::Uuid = sqlx::query_scalar(
+        "SELECT lease FROM orca.task_batches WHERE org_id = $1 AND status = 'leased'",
+    )
+    .bind(globex)
+    .fetch_one(&db.pool)
+    .await
+    .expect("globex's task lease");
+    assert_eq!(
+        code_of(
+            &mut a,
+            &format!("SELECT orca.finish_tasks('{g_task}', '[1]')")
+        )
+        .await,
+        "OR012"
+    );
+    let beat: Vec<(uuid::Uuid, String)> = sqlx::query_as("SELECT * FROM orca.heartbeat_tasks($1)")
+        .bind(vec![g_task])
+        .fetch_all(&mut a)
+        .await
+        .expect("heartbeat_tasks");
+    assert_eq!(beat, vec![(g_task, "unknown".to_string())]);
+    let claimed: Vec<String> =
+        sqlx::query_scalar("SELECT org FROM orca.claim_tasks('alice-runner', 'default', 10000)")
+            .fetch_all(&mut a)
+            .await
+            .expect("alice claims tasks");
+    assert!(claimed.iter().all(|o| o == "acme"), "{claimed:?}");
     // globex's datasets are not acme's to maintain, nor its schedules to drop.
     for sql in [
         "SELECT orca.maintain('globex_only.clean')",

@@ -152,6 +152,7 @@ async fn history_stops_growing_and_what_is_live_stays() {
         "orca.retain_events",
         "orca.retain_webhook_deliveries",
         "orca.retain_runners",
+        "orca.retain_tasks",
     ] {
         c.execute(format!("SET {setting} = '3s'").as_str())
             .await

@@ -6,6 +6,7 @@ use proc_macro::TokenStream;
 
 mod pipeline;
 mod step;
+mod task;
 
 /// Declares a step: `#[orca::step(mapped)]`, `#[orca::step(gather, after = measure, retries = 2)]`.
 ///
@@ -15,6 +16,21 @@ mod step;
 #[proc_macro_attribute]
 pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     step::expand(attr.into(), item.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
+}
+
+/// Declares a task: `#[orca::task(Trips)]`, `#[orca::task(Trips, retries = 2, backoff_ms = 500)]`.
+///
+/// The function (`fn(Input) -> Result<Output>`) keeps its name; the macro
+/// adds the type named first, which implements `orca::Task`: what a step's
+/// runtime submits (`rt.remote::<Trips>(input)`) and a task set lists
+/// (`orca::tasks!(FanoutTasks = [Trips])`). A failed task is tried again
+/// `retries` times (default 3), the first retry after `backoff_ms` (default
+/// 1000), each later one after twice the wait before it.
+#[proc_macro_attribute]
+pub fn task(attr: TokenStream, item: TokenStream) -> TokenStream {
+    task::expand(attr.into(), item.into())
         .unwrap_or_else(syn::Error::into_compile_error)
         .into()
 }
@@ -29,6 +45,7 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///     fills = Previous,
 ///     max_runs = 2,
 ///     run_retries = 3,
+///     tasks = FanoutTasks,
 /// }
 /// ```
 #[proc_macro]

@@ -125,6 +125,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let mut pool = quote!("default");
     let mut sensor = quote!(false);
     let mut keys_per_run = quote!(::core::option::Option::None);
+    let mut tasks = quote!(::std::vec::Vec::new());
     let mut keyed = false;
     let mut dated_only: Vec<&Ident> = Vec::new();
     for (key, value) in &params {
@@ -185,6 +186,23 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
             "catchup" => catchup = quote!(#value),
             "sensor" => sensor = quote!(#value),
             "keys_per_run" => keys_per_run = quote!(::core::option::Option::Some(#value)),
+            // A task set (`tasks = FanoutTasks`) or a list of tasks
+            // (`tasks = [Trips, Weigh]`).
+            "tasks" => {
+                tasks = match value {
+                    Expr::Array(list) => {
+                        let items = list.elems.iter();
+                        quote!(::std::vec![#(::orca::TaskInfo::of::<#items>()),*])
+                    }
+                    Expr::Path(set) => quote!(<#set as ::orca::TaskSet>::tasks()),
+                    _ => {
+                        return Err(syn::Error::new_spanned(
+                            value,
+                            "tasks is a task set (tasks = FanoutTasks, from orca::tasks!) or a list of tasks (tasks = [Trips, Weigh])",
+                        ))
+                    }
+                };
+            }
             "pool" => {
                 let s = lit_str(value, "pool")?;
                 pool = quote!(#s);
@@ -193,7 +211,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 return Err(syn::Error::new_spanned(
                     key,
                     format!(
-                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor or keys_per_run"
+                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor, keys_per_run or tasks"
                     ),
                 ))
             }
@@ -289,6 +307,9 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
             }
             fn steps() -> ::std::vec::Vec<::orca::StepInfo> {
                 ::std::vec![#(#infos),*]
+            }
+            fn tasks() -> ::std::vec::Vec<::orca::TaskInfo> {
+                #tasks
             }
         }
 

@@ -88,12 +88,13 @@ fn parse_args(attr: TokenStream) -> syn::Result<StepArgs> {
     Ok(args)
 }
 
-/// `Result<T>` / `orca::Result<T>` / `Result<T, E>`: the `T`.
-fn output_type(ret: &ReturnType) -> syn::Result<Type> {
+/// `Result<T>` / `orca::Result<T>` / `Result<T, E>`: the `T`. `what` is
+/// "a step" or "a task", for the error.
+pub(crate) fn output_type(ret: &ReturnType, what: &str) -> syn::Result<Type> {
     let err = || {
         syn::Error::new_spanned(
             ret,
-            "a step returns `orca::Result<Output>` (or any `Result<Output, E>`)",
+            format!("{what} returns `orca::Result<Output>` (or any `Result<Output, E>`)"),
         )
     };
     let ReturnType::Type(_, ty) = ret else {
@@ -141,7 +142,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             ))
         }
     };
-    let output_ty = output_type(&func.sig.output)?;
+    let output_ty = output_type(&func.sig.output, "a step")?;
     let vis = &func.vis;
     let ty = step_type_ident(name);
     let kind_ty = if kind == "mapped" {

@@ -38,7 +38,22 @@ fn markers(b_lease: &uuid::Uuid) -> Vec<String> {
         "globex/globex_sync/_checkpoints".to_string(),
         "hooks.example.com/globex".to_string(),
         "pw@db/globex".to_string(),
+        "globex-task-".to_string(),
+        "globex-out-".to_string(),
     ]
+}
+
+/// A lease with the same id half as `real` and another random half: what
+/// someone who knows only the id can make.
+fn forge(real: &uuid::Uuid) -> String {
+    let real = real.to_string();
+    let (_, tail) = real.split_at(8);
+    let head = if real.starts_with("00000000") {
+        "11111111"
+    } else {
+        "00000000"
+    };
+    format!("{head}{tail}")
 }
 
 /// How a function's answer is judged beyond "nothing of globex's".
@@ -174,6 +189,19 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.maintenance_task(uuid)", NoLeak, vec!["SELECT orca.maintenance_task('{B_LEASE}')"]),
         ("orca.report_maintenance(uuid,jsonb)", NoLeak,
          vec!["SELECT orca.report_maintenance('{B_LEASE}', '{}')"]),
+        ("orca.add_tasks(uuid,text,text,text,integer,jsonb)", NoLeak,
+         vec!["SELECT orca.add_tasks('{B_LEASE}', 'one', '2024-02', 'weigh', 0, '[\"planted\"]')",
+              "SELECT orca.add_tasks('{B_LEASE}', 'one', '2024-02', 'weigh', 3, '[\"planted\"]')"]),
+        ("orca.task_results(uuid,text,text,bigint)", NoLeak,
+         vec!["SELECT * FROM orca.task_results('{B_LEASE}', 'one', '2024-02')",
+              "SELECT * FROM orca.task_results('{B_LEASE}', 'one', '2024-01')"]),
+        ("orca.claim_tasks(text,text,integer)", NoLeak,
+         vec!["SELECT * FROM orca.claim_tasks('globex-runner', 'default', 10000)"]),
+        ("orca.heartbeat_tasks(uuid[])", NoLeak,
+         vec!["SELECT * FROM orca.heartbeat_tasks(ARRAY['{B_TASK_LEASE}'::uuid])"]),
+        ("orca.finish_tasks(uuid,jsonb,text[],integer[])", NoLeak,
+         vec!["SELECT orca.finish_tasks('{B_TASK_LEASE}', '[\"planted\"]')",
+              "SELECT orca.finish_tasks('{B_TASK_LEASE}', '[null]', ARRAY['planted'])"]),
         ("orca.claim(text,text,integer,text[])", NoLeak,
          vec!["SELECT * FROM orca.claim('globex-runner', 'default', 100)"]),
         ("orca.heartbeat(uuid)", NoLeak, vec!["SELECT orca.heartbeat('{B_LEASE}')"]),
@@ -353,23 +381,25 @@ async fn no_object_an_org_can_reach_returns_or_changes_another_orgs() {
         keys.push((role.to_string(), k));
     }
     let before = org_snapshot(&db, globex).await;
-    let marks = markers(&b_lease);
+    let mut marks = markers(&b_lease);
     // globex's lease is its attempt's capability, which no principal of
     // acme can read: holding it is being that attempt. What acme can know
     // is the attempt's id, which a lease ends with; the calls take a lease
     // forged around it.
-    let forged = {
-        let real = b_lease.to_string();
-        let (_, tail) = real.split_at(8);
-        let head = if real.starts_with("00000000") {
-            "11111111"
-        } else {
-            "00000000"
-        };
-        format!("{head}{tail}")
-    };
+    let forged = forge(&b_lease);
+    // The same for the task batch globex's runner holds.
+    let b_task_lease: uuid::Uuid = sqlx::query_scalar(
+        "SELECT lease FROM orca.task_batches WHERE org_id = $1 AND status = 'leased'",
+    )
+    .bind(globex)
+    .fetch_one(&db.pool)
+    .await
+    .expect("globex's leased task batch");
+    marks.push(b_task_lease.to_string());
+    let forged_task = forge(&b_task_lease);
     let fill = |sql: &str| {
         sql.replace("{B_LEASE}", &forged)
+            .replace("{B_TASK_LEASE}", &forged_task)
             .replace("{A_LEASE}", &a_lease.to_string())
             .replace("{B_RUN}", &b_runs[0].to_string())
             .replace("{B_FAILED}", &b_failed.to_string())
