@@ -466,8 +466,11 @@ DECLARE
     v_org bigint := t.org_id;
     v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
     v_ttl interval := make_interval(secs => orca._lease_seconds());
-    v_ids  bigint[];
-    v_tids tid[];
+    v_ids   bigint[] := '{}';
+    v_tids  tid[] := '{}';
+    v_tid   tid;
+    v_total bigint := 0;
+    c       record;
 BEGIN
     IF claim_tasks.runner IS NULL OR length(claim_tasks.runner) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %',
@@ -483,20 +486,27 @@ BEGIN
             USING ERRCODE = 'OR050';
     END IF;
     -- Whole batches, oldest first, as many as fit in max tasks (always one,
-    -- however big). Batches picked beyond that stay queued (their locks end
-    -- with the transaction).
-    SELECT array_agg(x.batch_id ORDER BY x.batch_id), array_agg(x.ctid ORDER BY x.batch_id)
-    INTO v_ids, v_tids
-    FROM (SELECT p.batch_id, p.ctid,
-                 sum(p.size) OVER (ORDER BY p.batch_id) AS upto,
-                 row_number() OVER (ORDER BY p.batch_id) AS nth
-          FROM (SELECT q.batch_id, q.size, q.ctid FROM orca.task_queue q
-                WHERE q.org_id = v_org AND q.pool = claim_tasks.pool AND q.not_before <= now()
-                ORDER BY q.batch_id
-                LIMIT claim_tasks.max
-                FOR UPDATE SKIP LOCKED) p) x
-    WHERE x.upto <= claim_tasks.max OR x.nth = 1;
-    IF v_ids IS NULL THEN
+    -- however big). Each is locked (SKIP LOCKED) only once it is taken:
+    -- locking every candidate up front would hold batches this claim does
+    -- not take away from the other runners until it commits.
+    FOR c IN
+        SELECT q.batch_id, q.size FROM orca.task_queue q
+        WHERE q.org_id = v_org AND q.pool = claim_tasks.pool AND q.not_before <= now()
+        ORDER BY q.batch_id
+        LIMIT 200
+    LOOP
+        EXIT WHEN v_total > 0 AND v_total + c.size > claim_tasks.max;
+        SELECT q.ctid INTO v_tid FROM orca.task_queue q
+        WHERE q.org_id = v_org AND q.pool = claim_tasks.pool AND q.batch_id = c.batch_id
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            v_ids := v_ids || c.batch_id;
+            v_tids := v_tids || v_tid;
+            v_total := v_total + c.size;
+        END IF;
+        EXIT WHEN v_total >= claim_tasks.max;
+    END LOOP;
+    IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
     RETURN QUERY

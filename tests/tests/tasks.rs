@@ -711,3 +711,46 @@ async fn retention_summarises_a_finished_runs_tasks_into_its_step_and_prunes_the
         .await;
     assert_eq!(retention, ["orca.retain_tasks=604800"]);
 }
+
+#[tokio::test]
+async fn concurrent_runners_share_out_every_batch_exactly_once() {
+    let db = TestDb::new().await;
+    let (lease, run, part) = driver(&db, 0, 0).await;
+    let mut d = db.connect().await;
+    for b in 0..60 {
+        add(&mut d, lease, &part, b * 5, json!([1, 2, 3, 4, 5])).await;
+    }
+    let mut claimers = Vec::new();
+    for w in 0..8 {
+        let mut c = db.connect().await;
+        claimers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                // Up to two batches a claim: whole batches only.
+                let got = claim_tasks(&mut c, &format!("w{w}"), 10).await;
+                if got.is_empty() {
+                    return mine;
+                }
+                assert!(got.len() <= 2, "{got:?}");
+                for b in &got {
+                    finish(&mut c, b, &[]).await;
+                    mine.extend(b.indexes.iter().copied());
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for c in claimers {
+        all.extend(c.await.expect("claimer"));
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..300).collect::<Vec<i32>>(), "each task once");
+    let (got, _) = results(&mut d, lease, &part, 0).await;
+    assert_eq!(got.len(), 300);
+    let runners = db
+        .scalar_i64(&format!(
+            "SELECT count(DISTINCT runner) FROM orca.tasks WHERE run = {run}"
+        ))
+        .await;
+    assert!(runners > 1, "the batches were shared: {runners} runner(s)");
+}
