@@ -34,19 +34,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use orca_bench_common::{env_num, pct, runner_options};
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
 mod local;
-
-fn env_num(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) if !v.is_empty() => v
-            .parse()
-            .with_context(|| format!("{name}={v} is not a number")),
-        _ => Ok(default),
-    }
-}
 
 /// The daily partition `i` days after the pipeline's first, 1000-01-01.
 fn day(i: usize) -> String {
@@ -54,41 +46,6 @@ fn day(i: usize) -> String {
     (first + chrono::Days::new(i as u64))
         .format("%Y-%m-%d")
         .to_string()
-}
-
-fn pct(sorted: &[f64], p: usize) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p * sorted.len()).div_ceil(100).max(1) - 1;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-/// The login the workers claim and finish as, as docs/security.md has a
-/// runner: in orca_runner only, presenting a runner token.
-const RUNNER_LOGIN: &str = "orca_bench_runner";
-
-/// The workers' connection: the runner login with a token of the default
-/// org and pool (made here), as a runner's own connections are.
-async fn runner_options(setup: &mut PgConnection, url: &str) -> Result<PgConnectOptions> {
-    let made = setup
-        .execute(format!("CREATE ROLE {RUNNER_LOGIN} LOGIN IN ROLE orca_runner").as_str())
-        .await;
-    if let Err(e) = made {
-        if !e.to_string().contains("already exists") {
-            return Err(e).context("the runner login");
-        }
-    }
-    let token: String = sqlx::query_scalar(
-        "SELECT orca.create_runner_token('default', 'bench-' || md5(clock_timestamp()::text))",
-    )
-    .fetch_one(&mut *setup)
-    .await
-    .context("a runner token")?;
-    let opts: PgConnectOptions = url.parse().context("BENCH_DB_URL")?;
-    Ok(opts
-        .username(RUNNER_LOGIN)
-        .options([("orca.runner_token", token.as_str())]))
 }
 
 async fn unfinished(c: &mut PgConnection) -> Result<i64> {

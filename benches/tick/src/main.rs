@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use orca_bench_common::env_num;
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Untimed ticks before the idle ones are timed.
@@ -39,15 +40,6 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .split_whitespace()
         .map(str::to_string)
         .collect()
-}
-
-fn env_num(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) if !v.is_empty() => v
-            .parse()
-            .with_context(|| format!("{name}={v} is not a number")),
-        _ => Ok(default),
-    }
 }
 
 /// (median, min, max) in milliseconds.
