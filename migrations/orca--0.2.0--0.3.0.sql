@@ -823,6 +823,276 @@ COMMENT ON VIEW orca.task_overview IS
 'failed or cancelled, how many retries they took, and duration percentiles in milliseconds. '
 'summarised: the task rows were pruned (orca.retain_tasks) and this is what was kept of them.';
 
+-- A tick makes the runs of the schedules that have one fire due in
+-- statements over a thousand schedules at a time.
+CREATE OR REPLACE FUNCTION orca._record_runs(p_runs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO orca.step_states (org_id, run_id, step, partition)
+    SELECT r.org_id, r.id, s.name, part
+    FROM orca.runs r
+    JOIN orca.steps s ON s.version_id = r.version_id
+    CROSS JOIN LATERAL unnest(CASE WHEN s.kind = 'mapped' THEN r.partitions
+                                   ELSE ARRAY['*'] END) AS part
+    WHERE r.id = ANY (p_runs)
+    ON CONFLICT DO NOTHING;
+    INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, data)
+    SELECT r.org_id, 'run.queued', r.pipeline_id, r.id,
+           jsonb_build_object('partitions', r.partitions, 'trigger', r.trigger,
+                              'version_id', r.version_id, 'by', session_user)
+    FROM orca.runs r WHERE r.id = ANY (p_runs)
+    ORDER BY r.id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._runs_created(p_org bigint, p_pipeline bigint, p_runs bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max    integer;
+    v_paused boolean;
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM orca._record_runs(p_runs);
+    SELECT max_runs, paused INTO v_max, v_paused FROM orca.pipelines WHERE id = p_pipeline;
+    IF v_max IS NULL AND NOT v_paused THEN
+        PERFORM orca._start_runs(p_runs);
+    ELSE
+        PERFORM orca._start_queued(p_org, p_pipeline);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._runs_created_many(p_runs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_running bigint[];
+    p         record;
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM orca._record_runs(p_runs);
+    SELECT array_agg(r.id ORDER BY r.id) INTO v_running
+    FROM orca.runs r WHERE r.id = ANY (p_runs) AND r.status = 'running';
+    IF v_running IS NOT NULL THEN
+        -- The run's pipeline by primary key, a row at a time (as
+        -- orca._start_runs does, for the same reason).
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT a.org_id, 'run.started',
+               (SELECT x.pipeline_id FROM orca.runs x WHERE x.id = a.run_id), a.run_id, a.id,
+               jsonb_build_object('attempt', a.number, 'pool', a.pool)
+        FROM orca._enqueue_attempts(v_running) a
+        ORDER BY a.id;
+    END IF;
+    FOR p IN
+        SELECT DISTINCT r.org_id, r.pipeline_id
+        FROM orca.runs r
+        WHERE r.id = ANY (p_runs) AND r.status = 'queued'
+        ORDER BY r.pipeline_id
+    LOOP
+        PERFORM orca._start_queued(p.org_id, p.pipeline_id);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._tick_fires(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max     integer := orca._max_fires_per_tick();
+    s         record;
+    v_from    timestamptz;
+    v_until   timestamptz;
+    v_fires   timestamptz[];
+    v_fire    timestamptz;
+    v_part    text;
+    v_id      bigint;
+    v_ids     bigint[];
+    v_missed  integer;
+    n_fires   integer := 0;
+    n_runs    integer := 0;
+    n_skipped integer := 0;
+    n_missed  integer := 0;
+    v_got     integer;
+    v_capped  bigint[] := '{}';
+    v_later   bigint[] := '{}';
+    v_made    bigint[];
+    v_paused  integer;
+    v_fired   integer;
+BEGIN
+    -- The common case first, set-based, a thousand schedules a statement:
+    -- a schedule whose clock has started and that has exactly one fire due,
+    -- whose partition exists. Its run is made, its schedule moved on and
+    -- its run started (or queued) in statements over the whole batch, where
+    -- a schedule at a time cost about a millisecond a fire. What is not
+    -- this case (a first tick, several fires, a fire before the first
+    -- partition) stays locked by this transaction and is left to the loop
+    -- after, which does it as before.
+    LOOP
+        WITH due AS MATERIALIZED (
+            SELECT sc.pipeline_id, sc.org_id, sc.cron, sc.tz, sc.fills, sc.fired_until,
+                   sc.next_fire_at, x.paused, x.max_runs, x.version_id, x.partition_kind,
+                   x.partition_start, x.run_retries
+            FROM orca.schedules sc
+            CROSS JOIN LATERAL (
+                SELECT p.paused, p.max_runs, v.id AS version_id, v.partition_kind,
+                       v.partition_start, v.run_retries
+                FROM orca.pipelines p JOIN orca.pipeline_versions v ON v.id = p.current_version
+                WHERE p.id = sc.pipeline_id
+            ) x
+            WHERE sc.next_fire_at <= p_now AND sc.org_id = ANY (p_orgs)
+              AND NOT (sc.pipeline_id = ANY (v_later))
+            ORDER BY sc.next_fire_at
+            LIMIT 1000
+            FOR UPDATE OF sc SKIP LOCKED
+        ), fired AS MATERIALIZED (
+            -- next_fire_at is the first fire after fired_until: it is the only
+            -- one due when the fire after it is later than now, and that one
+            -- is the schedule's next.
+            SELECT d.*, f.after,
+                   CASE WHEN f.started AND (f.after IS NULL OR f.after > p_now)
+                        THEN orca._fire_partition_of(d.partition_kind, d.partition_start, d.fills,
+                                                     d.tz, d.next_fire_at) END AS part
+            FROM due d
+            CROSS JOIN LATERAL (
+                SELECT d.fired_until IS NOT NULL AND isfinite(d.next_fire_at)
+                           AND d.next_fire_at > d.fired_until AS started
+            ) g
+            CROSS JOIN LATERAL (
+                SELECT g.started,
+                       CASE WHEN g.started THEN orca._next_fire(d.cron, d.tz, d.next_fire_at) END AS after
+            ) f
+        ), simple AS (
+            SELECT * FROM fired WHERE part IS NOT NULL
+        ), made AS (
+            -- A pipeline without a cap starts its run at once: made running,
+            -- it is not written twice (orca._runs_created_many gives it its
+            -- attempt).
+            INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, fire_at,
+                                   run_retries, kind, status, started_at, attempts)
+            SELECT y.org_id, y.pipeline_id, y.version_id, ARRAY[y.part], 'schedule', y.next_fire_at,
+                   y.run_retries,
+                   CASE WHEN y.partition_kind = 'sync' THEN 'sync' ELSE 'pipeline' END,
+                   CASE WHEN y.max_runs IS NULL THEN 'running' ELSE 'queued' END,
+                   CASE WHEN y.max_runs IS NULL THEN now() END,
+                   CASE WHEN y.max_runs IS NULL THEN 1 ELSE 0 END
+            FROM simple y WHERE NOT y.paused
+            ORDER BY y.next_fire_at, y.pipeline_id
+            ON CONFLICT (pipeline_id, fire_at) WHERE fire_at IS NOT NULL DO NOTHING
+            RETURNING id
+        ), moved AS (
+            UPDATE orca.schedules sc
+            SET fired_until = p_now, last_fire_at = y.next_fire_at, next_fire_at = y.after
+            FROM simple y WHERE sc.pipeline_id = y.pipeline_id
+        )
+        SELECT (SELECT count(*) FROM due),
+               (SELECT array_agg(id ORDER BY id) FROM made),
+               (SELECT count(*) FROM simple WHERE paused),
+               v_later || coalesce((SELECT array_agg(pipeline_id) FROM fired
+                                    WHERE part IS NULL), '{}'),
+               (SELECT count(*) FROM simple WHERE NOT paused)
+        INTO v_got, v_made, v_paused, v_later, v_fired;
+        n_fires := n_fires + v_fired;
+        n_runs := n_runs + coalesce(cardinality(v_made), 0);
+        PERFORM orca._runs_created_many(v_made);
+        EXIT WHEN v_got < 1000;
+    END LOOP;
+
+    -- The due schedules, a batch of 100 at a time in next-fire order: ORDER BY
+    -- and LIMIT keep the read on schedules_due whatever the statistics say of
+    -- next_fire_at (they go stale as time passes the values they saw, and
+    -- then a plain filter reads every schedule), and each one's pipeline and
+    -- version are found by primary key. A schedule whose catch-up was capped
+    -- is still due after its turn; v_capped keeps it to one turn a tick.
+    LOOP
+    v_got := 0;
+    FOR s IN
+        SELECT sc.*, x.paused, x.version_id, x.partition_kind, x.partition_start, x.run_retries
+        FROM orca.schedules sc
+        CROSS JOIN LATERAL (
+            SELECT p.paused, v.id AS version_id, v.partition_kind, v.partition_start,
+                   v.run_retries
+            FROM orca.pipelines p JOIN orca.pipeline_versions v ON v.id = p.current_version
+            WHERE p.id = sc.pipeline_id
+        ) x
+        WHERE sc.next_fire_at <= p_now AND sc.org_id = ANY (p_orgs)
+          AND NOT (sc.pipeline_id = ANY (v_capped))
+        ORDER BY sc.next_fire_at
+        LIMIT 100
+        FOR UPDATE OF sc SKIP LOCKED
+    LOOP
+        v_got := v_got + 1;
+        v_from := coalesce(s.fired_until, least(s.registered_at, p_now));
+        IF p_now <= v_from THEN
+            -- The schedule's first tick: its clock starts here.
+            UPDATE orca.schedules
+            SET fired_until = v_from, next_fire_at = orca._next_fire(s.cron, s.tz, v_from)
+            WHERE pipeline_id = s.pipeline_id;
+            CONTINUE;
+        END IF;
+        v_until := p_now;
+        v_fires := orca._cron_fires(s.cron, s.tz, v_from, p_now, v_max + 1);
+        IF NOT s.catchup THEN
+            -- Only the latest of the fires missed while nothing ticked.
+            v_missed := least(cardinality(v_fires), v_max) - 1;
+            v_fires := coalesce(ARRAY[orca._cron_last(s.cron, s.tz, v_from, p_now)], '{}');
+            v_fires := array_remove(v_fires, NULL);
+            IF v_missed > 0 THEN
+                n_missed := n_missed + v_missed;
+                PERFORM orca._event(s.org_id, 'schedule.missed', s.pipeline_id, NULL, NULL,
+                    jsonb_build_object('missed', v_missed, 'capped_at', v_max, 'from', v_from,
+                                       'until', p_now, 'kept', v_fires[1]));
+            END IF;
+        ELSIF cardinality(v_fires) > v_max THEN
+            -- More than one tick may make: the rest waits for the next tick.
+            v_fires := v_fires[1:v_max];
+            v_until := v_fires[v_max];
+            v_capped := v_capped || s.pipeline_id;
+        END IF;
+        v_ids := '{}';
+        IF NOT s.paused THEN
+            FOREACH v_fire IN ARRAY coalesce(v_fires, '{}') LOOP
+                n_fires := n_fires + 1;
+                v_part := orca._fire_partition_of(s.partition_kind, s.partition_start, s.fills,
+                                                  s.tz, v_fire);
+                IF v_part IS NULL THEN
+                    n_skipped := n_skipped + 1;
+                    PERFORM orca._event(s.org_id, 'fire.skipped', s.pipeline_id, NULL, NULL,
+                        jsonb_build_object('fire_at', v_fire,
+                                           'reason', 'its partition precedes the pipeline''s first, '
+                                                     || s.partition_start));
+                    CONTINUE;
+                END IF;
+                v_id := NULL;
+                INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger,
+                                       fire_at, run_retries, kind)
+                VALUES (s.org_id, s.pipeline_id, s.version_id, ARRAY[v_part], 'schedule',
+                        v_fire, s.run_retries,
+                        CASE WHEN s.partition_kind = 'sync' THEN 'sync' ELSE 'pipeline' END)
+                ON CONFLICT (pipeline_id, fire_at) WHERE fire_at IS NOT NULL DO NOTHING
+                RETURNING id INTO v_id;
+                IF v_id IS NOT NULL THEN
+                    v_ids := v_ids || v_id;
+                END IF;
+            END LOOP;
+        END IF;
+        UPDATE orca.schedules
+        SET fired_until = v_until,
+            last_fire_at = coalesce(v_fires[cardinality(v_fires)], last_fire_at),
+            next_fire_at = orca._next_fire(s.cron, s.tz, v_until)
+        WHERE pipeline_id = s.pipeline_id;
+        n_runs := n_runs + cardinality(v_ids);
+        PERFORM orca._runs_created(s.org_id, s.pipeline_id, v_ids);
+    END LOOP;
+    EXIT WHEN v_got < 100;
+    END LOOP;
+    RETURN jsonb_build_object('fires', n_fires, 'runs_created', n_runs,
+                              'fires_skipped', n_skipped, 'fires_missed', n_missed);
+END
+$$;
+
 -- orca.tick hands on the tasks of lapsed task leases and prunes task rows
 -- (orca._tick_tasks); orca.retention() lists orca.retain_tasks.
 CREATE OR REPLACE FUNCTION orca.tick(now timestamptz DEFAULT now()) RETURNS jsonb

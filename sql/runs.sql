@@ -142,18 +142,11 @@ BEGIN
 END
 $$;
 
--- Completes the creation of new runs: their (step, partition) states, their
--- run.queued events, and a start for those that fit.
-CREATE FUNCTION orca._runs_created(p_org bigint, p_pipeline bigint, p_runs bigint[])
-RETURNS void
+-- New runs' (step, partition) states and their run.queued events, in run
+-- order.
+CREATE FUNCTION orca._record_runs(p_runs bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_max    integer;
-    v_paused boolean;
 BEGIN
-    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
-        RETURN;
-    END IF;
     INSERT INTO orca.step_states (org_id, run_id, step, partition)
     SELECT r.org_id, r.id, s.name, part
     FROM orca.runs r
@@ -166,13 +159,68 @@ BEGIN
     SELECT r.org_id, 'run.queued', r.pipeline_id, r.id,
            jsonb_build_object('partitions', r.partitions, 'trigger', r.trigger,
                               'version_id', r.version_id, 'by', session_user)
-    FROM orca.runs r WHERE r.id = ANY (p_runs);
+    FROM orca.runs r WHERE r.id = ANY (p_runs)
+    ORDER BY r.id;
+END
+$$;
+
+-- Completes the creation of new runs: their (step, partition) states, their
+-- run.queued events, and a start for those that fit.
+CREATE FUNCTION orca._runs_created(p_org bigint, p_pipeline bigint, p_runs bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max    integer;
+    v_paused boolean;
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM orca._record_runs(p_runs);
     SELECT max_runs, paused INTO v_max, v_paused FROM orca.pipelines WHERE id = p_pipeline;
     IF v_max IS NULL AND NOT v_paused THEN
         PERFORM orca._start_runs(p_runs);
     ELSE
         PERFORM orca._start_queued(p_org, p_pipeline);
     END IF;
+END
+$$;
+
+-- What _runs_created does, for runs of any number of pipelines at once
+-- (a tick's fires): their step states and run.queued events; then the runs
+-- made running (those of pipelines without a cap) get their attempts and
+-- run.started events together, and each capped pipeline starts what its
+-- cap allows. Runs are never made for a paused pipeline by a tick.
+CREATE FUNCTION orca._runs_created_many(p_runs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_running bigint[];
+    p         record;
+BEGIN
+    IF p_runs IS NULL OR cardinality(p_runs) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM orca._record_runs(p_runs);
+    SELECT array_agg(r.id ORDER BY r.id) INTO v_running
+    FROM orca.runs r WHERE r.id = ANY (p_runs) AND r.status = 'running';
+    IF v_running IS NOT NULL THEN
+        -- The run's pipeline by primary key, a row at a time (as
+        -- orca._start_runs does, for the same reason).
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT a.org_id, 'run.started',
+               (SELECT x.pipeline_id FROM orca.runs x WHERE x.id = a.run_id), a.run_id, a.id,
+               jsonb_build_object('attempt', a.number, 'pool', a.pool)
+        FROM orca._enqueue_attempts(v_running) a
+        ORDER BY a.id;
+    END IF;
+    FOR p IN
+        SELECT DISTINCT r.org_id, r.pipeline_id
+        FROM orca.runs r
+        WHERE r.id = ANY (p_runs) AND r.status = 'queued'
+        ORDER BY r.pipeline_id
+    LOOP
+        PERFORM orca._start_queued(p.org_id, p.pipeline_id);
+    END LOOP;
 END
 $$;
 

@@ -45,11 +45,35 @@ fn envelope(r: orca_core::Result<Value>) -> JsonB {
     })
 }
 
+/// How many parsed schedules a backend keeps (a few hundred bytes each).
+const SCHEDULES_KEPT: usize = 4096;
+
+thread_local! {
+    /// Stored schedules parsed so far in this backend, by time zone and
+    /// expression: a tick reads the same few expressions for every due
+    /// schedule, and parsing one (with the search that proves it can fire)
+    /// cost more than the fire's own maths.
+    static SCHEDULES: std::cell::RefCell<std::collections::HashMap<String, Schedule>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 /// A stored schedule; the manifest check validated it, so failure here means
 /// the row was edited by hand.
 fn stored_schedule(cron: &str, tz: &str) -> Schedule {
-    Schedule::parse(cron, tz)
-        .unwrap_or_else(|e| error!("stored schedule '{cron}' in {tz} is invalid: {e}"))
+    let key = format!("{tz}\u{0}{cron}");
+    if let Some(s) = SCHEDULES.with(|m| m.borrow().get(&key).cloned()) {
+        return s;
+    }
+    let parsed = Schedule::parse(cron, tz)
+        .unwrap_or_else(|e| error!("stored schedule '{cron}' in {tz} is invalid: {e}"));
+    SCHEDULES.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= SCHEDULES_KEPT {
+            m.clear();
+        }
+        m.insert(key, parsed.clone());
+    });
+    parsed
 }
 
 fn partition_kind(kind: &str) -> PartitionKind {

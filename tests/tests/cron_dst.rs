@@ -208,3 +208,97 @@ async fn a_long_backlog_catches_up_over_several_ticks() {
     assert_eq!(made, 150);
     assert_eq!(fired(&db, "minutely").await.len(), 150);
 }
+
+/// A tick at a boundary where more schedules fire than one statement takes
+/// (a thousand): every one makes its run, started at once unless its
+/// pipeline is capped, none for a paused one, and a fire before the first
+/// partition is skipped as ever.
+#[tokio::test]
+async fn a_tick_where_thousands_fire_makes_each_run_once_and_starts_it() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute(
+            "SELECT count(orca.register(jsonb_build_object(
+                 'name', 'p' || i,
+                 'steps', jsonb_build_array(jsonb_build_object('name', 'load', 'kind', 'mapped')),
+                 'partitions', jsonb_build_object('daily', '2019-01-01'),
+                 'schedule', jsonb_build_object('cron', '* * * * *', 'tz', 'UTC'),
+                 'fills', 'previous', 'registry_hash', 'h', 'binary', '/bin/true')))
+             FROM generate_series(1, 1500) AS i",
+        )
+        .await
+        .expect("register 1500");
+    let mut capped = daily_manifest("capped", "* * * * *", "UTC");
+    capped["max_runs"] = json!(1);
+    capped["partitions"] = json!({"daily": "2019-01-01"});
+    db.register(&capped).await;
+    let mut early = daily_manifest("early", "* * * * *", "UTC");
+    early["partitions"] = json!({"daily": "2030-01-01"});
+    db.register(&early).await;
+    db.pool
+        .execute("SELECT orca.pause('p7')")
+        .await
+        .expect("pause");
+    db.tick("2020-01-01 00:00:30Z").await;
+    for (i, at) in ["2020-01-01 00:01:00Z", "2020-01-01 00:02:00Z"]
+        .iter()
+        .enumerate()
+    {
+        let t = db.tick(at).await;
+        // 1500 - 1 paused + capped; early's fire falls before its first partition.
+        assert_eq!(t["runs_created"], 1500, "{t}");
+        assert_eq!(t["fires"], 1501, "{t}");
+        assert_eq!(t["fires_skipped"], 1, "{t}");
+        let runs = db
+            .scalar_i64("SELECT count(*) FROM orca.runs WHERE trigger = 'schedule'")
+            .await;
+        assert_eq!(runs, 1500 * (i as i64 + 1));
+    }
+    let repeat = db.tick("2020-01-01 00:02:00Z").await;
+    assert_eq!(repeat["runs_created"], 0, "idempotent: {repeat}");
+    // Uncapped runs run, each with its pending attempt in the queue and its
+    // events in order; the capped pipeline's second run waits.
+    let by_status = db
+        .strings(
+            "SELECT p.name || ':' || r.status FROM orca.runs r \
+             JOIN orca.pipelines p ON p.id = r.pipeline_id \
+             WHERE p.name IN ('capped', 'p1', 'p7', 'early') ORDER BY r.id",
+        )
+        .await;
+    assert_eq!(
+        by_status,
+        [
+            "p1:running",
+            "capped:running",
+            "p1:running",
+            "capped:queued"
+        ]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.queue").await,
+        2999,
+        "an attempt queued for every running run"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM orca.runs r WHERE r.status = 'running' AND \
+             (r.attempts <> 1 OR r.started_at IS NULL OR NOT EXISTS \
+              (SELECT 1 FROM orca.step_states s WHERE s.run_id = r.id AND s.status = 'pending'))"
+        )
+        .await,
+        0
+    );
+    let order = db
+        .strings(
+            "SELECT string_agg(e.kind, ',' ORDER BY e.id) FROM orca.events e \
+             JOIN orca.pipelines p ON p.id = e.pipeline_id WHERE p.name = 'p1' \
+             AND e.kind LIKE 'run.%' GROUP BY e.run_id ORDER BY e.run_id",
+        )
+        .await;
+    assert_eq!(order, ["run.queued,run.started", "run.queued,run.started"]);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.events WHERE kind = 'fire.skipped'")
+            .await,
+        2
+    );
+}

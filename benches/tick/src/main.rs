@@ -16,6 +16,10 @@
 //!    00:02:00, ...: 1/60 of the schedules fire, and their runs are created
 //!    and started.
 //!
+//! With `EVERY_MINUTE=1` every pipeline's cron is `* * * * *` instead, so
+//! that every schedule fires at each boundary: what a tick makes of
+//! fires at scale (fires/s is its fires over the boundary tick's median).
+//!
 //! Prints a line per (version, size) with median, minimum and maximum, then
 //! the growth from each size to the next and the ratio to the peer version.
 //! Env: `BENCH_DB_URL` (a maintenance database; default the local cluster),
@@ -81,6 +85,7 @@ async fn measure(
     size: usize,
     ticks: usize,
     boundaries: usize,
+    every_minute: bool,
 ) -> Result<Measured> {
     let name = format!("orca_bench_tick_{}_{size}", version.replace('.', "_"));
     let mut admin = PgConnection::connect(base)
@@ -105,13 +110,15 @@ async fn measure(
                      'name', 'p' || i,
                      'steps', jsonb_build_array(jsonb_build_object('name', 'load', 'kind', 'mapped')),
                      'partitions', jsonb_build_object('daily', '2019-01-01'),
-                     'schedule', jsonb_build_object('cron', (i % 60) || ' * * * *', 'tz', 'UTC'),
+                     'schedule', jsonb_build_object('cron', CASE WHEN $3 THEN '*' ELSE (i % 60)::text END
+                                                            || ' * * * *', 'tz', 'UTC'),
                      'fills', 'previous', 'catchup', false,
                      'registry_hash', 'h', 'binary', '/bin/true')))
                  FROM generate_series($1::int, $2::int - 1) AS i",
             )
             .bind(i32::try_from(start)?)
             .bind(i32::try_from(end)?)
+            .bind(every_minute)
             .execute(&mut c)
             .await
             .context("register")?;
@@ -170,6 +177,7 @@ async fn main() -> Result<()> {
     let ticks = env_num("TICKS", 20)?.max(1);
     let peer_ticks = env_num("PEER_TICKS", 3)?.max(1);
     let boundaries = env_num("BOUNDARIES", 3)?.max(1);
+    let every_minute = env_num("EVERY_MINUTE", 0)? == 1;
     let mut results: BTreeMap<(String, usize), Measured> = BTreeMap::new();
     for version in &versions {
         let n = if *version == current {
@@ -178,11 +186,19 @@ async fn main() -> Result<()> {
             peer_ticks
         };
         for &size in &sizes {
-            let m = measure(&base, version, size, n, boundaries).await?;
+            let m = measure(&base, version, size, n, boundaries, every_minute).await?;
             println!(
                 "tick {version} schedules={size}: idle p50 {:.2} ms (min {:.2}, max {:.2}, {n} ticks); \
-                 minute boundary ({} fire) p50 {:.1} ms (min {:.1}, max {:.1}, {boundaries} ticks)",
-                m.idle.0, m.idle.1, m.idle.2, m.fired, m.boundary.0, m.boundary.1, m.boundary.2
+                 minute boundary ({} fire) p50 {:.1} ms (min {:.1}, max {:.1}, {boundaries} ticks), \
+                 {:.0} fires/s",
+                m.idle.0,
+                m.idle.1,
+                m.idle.2,
+                m.fired,
+                m.boundary.0,
+                m.boundary.1,
+                m.boundary.2,
+                m.fired as f64 / (m.boundary.0 / 1000.0)
             );
             results.insert((version.clone(), size), m);
         }
