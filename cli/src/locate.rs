@@ -1,6 +1,7 @@
-//! `orca locate <binary> --root .`: where each step function and the
-//! pipeline declaration are in the source tree, written beside the binary as
-//! `<binary>.source.json` for `orca register` to record.
+//! `orca locate <binary> --root .`: where each step function, each task
+//! function and the pipeline declaration are in the source tree, written
+//! beside the binary as `<binary>.source.json` for `orca register` to
+//! record.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,12 +29,13 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// (file, line) of `fn <name>` that follows an `#[orca::step` attribute.
-fn find_step(files: &[(PathBuf, String)], name: &str) -> Option<(PathBuf, usize)> {
+/// (file, line) of `fn <name>` that follows an attribute starting with
+/// `attribute` (`#[orca::step`, `#[orca::task`).
+fn find_fn(files: &[(PathBuf, String)], attribute: &str, name: &str) -> Option<(PathBuf, usize)> {
     for (path, text) in files {
         let lines: Vec<&str> = text.lines().collect();
         for (i, l) in lines.iter().enumerate() {
-            if !l.trim_start().starts_with("#[orca::step") {
+            if !l.trim_start().starts_with(attribute) {
                 continue;
             }
             for (j, next) in lines.iter().enumerate().skip(i + 1).take(8) {
@@ -98,17 +100,31 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
     let mut missing = Vec::new();
     for s in &manifest.steps {
         let name = s.name.as_str();
-        match find_step(&files, name) {
+        match find_fn(&files, "#[orca::step", name) {
             Some((p, line)) => {
                 steps.insert(name.into(), json!({"file": rel(&p), "line": line}));
             }
-            None => missing.push(name.to_string()),
+            None => missing.push(format!("step {name}")),
+        }
+    }
+    let mut tasks = Map::new();
+    for t in &manifest.tasks {
+        let name = t.name.as_str();
+        match find_fn(&files, "#[orca::task", name) {
+            Some((p, line)) => {
+                tasks.insert(name.into(), json!({"file": rel(&p), "line": line}));
+            }
+            None => missing.push(format!("task {name}")),
         }
     }
     let pname = manifest.name.as_str();
     let pipeline =
         find_pipeline(&files, pname).map(|(p, line)| json!({"file": rel(&p), "line": line}));
-    let located = json!({"root": root.display().to_string(), "pipeline": pipeline, "steps": steps});
+    let mut located =
+        json!({"root": root.display().to_string(), "pipeline": pipeline, "steps": steps});
+    if let (false, Some(o)) = (tasks.is_empty(), located.as_object_mut()) {
+        o.insert("tasks".into(), Value::Object(tasks.clone()));
+    }
     let target = binary.with_file_name(format!(
         "{}.source.json",
         binary
@@ -118,7 +134,7 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
     ));
     std::fs::write(&target, serde_json::to_string_pretty(&located)?)
         .with_context(|| format!("cannot write {}", target.display()))?;
-    for (name, at) in &steps {
+    for (name, at) in steps.iter().chain(&tasks) {
         println!(
             "{name:<18} {}:{}",
             at["file"].as_str().unwrap_or_default(),
@@ -140,7 +156,7 @@ pub fn run(binary: &Path, root: &Path) -> anyhow::Result<i32> {
             root.display(),
             missing
                 .iter()
-                .map(|s| format!("step {s}"))
+                .cloned()
                 .chain(pipeline.is_none().then(|| format!("pipeline {pname}")))
                 .collect::<Vec<_>>()
                 .join(", ")

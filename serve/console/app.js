@@ -165,9 +165,10 @@ function treeLink(v) {
     v.commit.slice(0, 12) + (v.dirty ? " (dirty)" : ""));
 }
 
-// Each step linked to its line at the version's commit (from orca locate).
-function stepLinks(v) {
-  const steps = (v.locations && v.locations.steps) || {};
+// Each step (or task: what = "tasks") linked to its line at the version's
+// commit (from orca locate).
+function stepLinks(v, what) {
+  const steps = (v.locations && v.locations[what || "steps"]) || {};
   const names = Object.keys(steps).sort();
   if (names.length === 0) return "-";
   const repo = v.source && v.commit && /^https?:\/\//.test(v.source)
@@ -233,7 +234,9 @@ async function pipeline(name) {
   drawTimeline(runs.items);
   const versions = table(["#version", "registry hash", "source", "commit", "steps", "image",
     "registered", "runs"], p.versions.map((v) => [String(v.version), v.registry_hash.slice(0, 16),
-    v.source || "-", treeLink(v), stepLinks(v), v.image || "-", when(v.registered_at),
+    v.source || "-", treeLink(v),
+    h("span", {}, stepLinks(v), v.locations && v.locations.tasks ? [" · tasks: ", stepLinks(v, "tasks")] : []),
+    v.image || "-", when(v.registered_at),
     h("span", {}, Object.entries(v.runs).map(([st, n]) => [status(st), ` ${n} `]),
       v.last_run ? h("a", { href: `#/runs/${v.last_run}` }, `last: ${v.last_run}`) : "none")]),
   { label: "versions" });

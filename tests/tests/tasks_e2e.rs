@@ -347,3 +347,59 @@ async fn the_fanout_example_counts_a_month_in_memory_on_local_workers() {
     assert_eq!(m["tasks"][0]["name"], "day_flights");
     assert_eq!(m["tasks"][0]["retries"], 2);
 }
+
+#[tokio::test]
+async fn locate_finds_each_task_and_register_records_it() {
+    let db = TestDb::new().await;
+    let dir = scratch("locate-tasks");
+    let copy = dir.join("fanout");
+    std::fs::copy(bin("fanout"), &copy).expect("copy the binary");
+    let root = repo_root().join("examples/fanout");
+    let out = orca_tests::procs::orca(
+        &db,
+        &[
+            "locate",
+            copy.to_str().unwrap_or_default(),
+            "--root",
+            root.to_str().unwrap_or_default(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let source = std::fs::read_to_string(root.join("src/main.rs")).expect("source");
+    let line_of = |needle: &str| {
+        source
+            .lines()
+            .position(|l| l.starts_with(needle))
+            .map(|i| i + 1)
+            .unwrap_or_else(|| panic!("{needle} not in the example"))
+    };
+    let located: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("fanout.source.json")).expect("sidecar"),
+    )
+    .expect("sidecar JSON");
+    assert_eq!(located["tasks"]["day_flights"]["file"], "src/main.rs");
+    assert_eq!(
+        located["tasks"]["day_flights"]["line"],
+        line_of("fn day_flights(")
+    );
+    assert_eq!(
+        located["steps"]["month_flights"]["line"],
+        line_of("fn month_flights(")
+    );
+    let out = orca_tests::procs::orca(&db, &["register", copy.to_str().unwrap_or_default()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored: serde_json::Value =
+        sqlx::query_scalar("SELECT manifest->'locations'->'tasks' FROM orca.pipeline_versions")
+            .fetch_one(&db.pool)
+            .await
+            .expect("manifest");
+    assert_eq!(stored["day_flights"]["line"], line_of("fn day_flights("));
+}
