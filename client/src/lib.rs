@@ -55,6 +55,9 @@ pub enum ClientError {
     /// The connection string's TLS settings cannot be honoured.
     #[error(transparent)]
     Tls(tls::TlsError),
+    /// Not a channel name of the control plane's.
+    #[error("{0:?} is not a notification channel (lowercase letters and '_')")]
+    BadChannel(&'static str),
 }
 
 /// A server error as its message and SQLSTATE (the driver's own text is
@@ -121,6 +124,9 @@ pub struct Control {
     org: Option<String>,
     client: Option<Client>,
     retry_for: Duration,
+    /// Channels this connection LISTENs on, listened to again after a
+    /// reconnect.
+    listening: Vec<&'static str>,
 }
 
 impl Control {
@@ -134,6 +140,7 @@ impl Control {
             org: org.map(str::to_string),
             client: None,
             retry_for: RETRY_FOR_DEFAULT,
+            listening: Vec::new(),
         };
         c.with_retry("connecting to the control plane", |_| Ok(()))?;
         Ok(c)
@@ -149,6 +156,9 @@ impl Control {
         let mut client = self.config.connect(self.tls.clone())?;
         if let Some(org) = &self.org {
             client.execute("SELECT set_config('orca.org', $1, false)", &[org])?;
+        }
+        for channel in &self.listening {
+            client.batch_execute(&format!("LISTEN {channel}"))?;
         }
         Ok(client)
     }
@@ -200,6 +210,46 @@ impl Control {
                 }
                 Err(source) => return Err(ClientError::Refused { what, source }),
             }
+        }
+    }
+
+    /// Waits up to `timeout` for a notification on `channel` (one of the
+    /// control plane's, such as `orca_task_results`), LISTENing on it from
+    /// the first call; whether one came. A connection lost while waiting is
+    /// not an error: the next call reconnects and listens again.
+    pub fn wait_for(
+        &mut self,
+        channel: &'static str,
+        timeout: Duration,
+    ) -> Result<bool, ClientError> {
+        if !channel.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(ClientError::BadChannel(channel));
+        }
+        if !self.listening.contains(&channel) {
+            let sql = format!("LISTEN {channel}");
+            self.with_retry("LISTEN", |c| c.batch_execute(&sql))?;
+            self.listening.push(channel);
+        }
+        let Some(c) = self.client.as_mut() else {
+            std::thread::sleep(timeout);
+            return Ok(false);
+        };
+        use postgres::fallible_iterator::FallibleIterator;
+        let got = {
+            let mut notes = c.notifications();
+            let mut waiting = notes.timeout_iter(timeout);
+            waiting.next().map(|n| n.is_some())
+        };
+        match got {
+            Ok(came) => Ok(came),
+            Err(e) if is_transient(&e) => {
+                self.client = None;
+                Ok(false)
+            }
+            Err(source) => Err(ClientError::Refused {
+                what: "waiting for a notification",
+                source,
+            }),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Fleet mode: tasks become rows of the control plane, added in batches
 //! under the attempt's lease (`orca.add_tasks`) and claimed by the runners
-//! of the pipeline's pool; the driver polls their results
-//! (`orca.task_results`).
+//! of the pipeline's pool; the driver reads their results
+//! (`orca.task_results`) when `NOTIFY orca_task_results` says a batch
+//! finished, and polls as a fallback.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,8 +16,8 @@ use crate::error::{Error, SdkError};
 /// Tasks are sent in batches of at most this many: one row, one event and
 /// one call each.
 const BATCH_MAX: usize = 500;
-/// How often the driver asks for results while it waits: from the first
-/// wait up to the last, doubling.
+/// How long the driver waits for a notification before it asks for results
+/// anyway: from the first wait up to the last, doubling.
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(250);
 
@@ -114,8 +115,15 @@ impl Fleet {
                 .task_results(self.lease, &self.step, &self.partition, self.seq)
                 .map_err(SdkError::from)?;
             if got.is_empty() {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(POLL_MAX);
+                // A finished batch of this run (or another) notifies; the
+                // wait is also the fallback poll's pause.
+                if !self
+                    .control
+                    .wait_for("orca_task_results", pause)
+                    .map_err(SdkError::from)?
+                {
+                    pause = (pause * 2).min(POLL_MAX);
+                }
                 continue;
             }
             pause = POLL_FIRST;
