@@ -106,6 +106,10 @@ struct Args {
     /// 0: run no tasks.
     #[arg(long, env = "ORCA_TASK_WORKERS")]
     task_workers: Option<usize>,
+    /// How long a pipeline binary's task workers may sit idle before they
+    /// are stopped (the next batch of that binary starts them again).
+    #[arg(long, env = "ORCA_TASK_IDLE_SECONDS", default_value_t = 60)]
+    task_idle_seconds: u64,
 }
 
 /// The runner token from --token or --token-file, if any.
@@ -324,6 +328,7 @@ async fn main() -> anyhow::Result<()> {
                 workers: task_workers,
                 poll: Duration::from_millis(args.poll_ms.max(10)),
                 grace: Duration::from_secs(args.grace_seconds),
+                idle: Duration::from_secs(args.task_idle_seconds.max(1)),
             },
             stop_tasks_rx,
         )))

@@ -50,6 +50,9 @@ pub struct Config {
     /// After the runner is told to stop, how long batches in flight may
     /// finish before their leases are left to lapse.
     pub grace: Duration,
+    /// How long a binary's workers may sit idle before they are stopped
+    /// (the next batch of that binary starts them again).
+    pub idle: Duration,
 }
 
 /// A batch this runner holds.
@@ -84,21 +87,32 @@ struct Group {
     broken: Option<String>,
     org: String,
     generation: u32,
+    /// Since when nothing of this binary waits or runs.
+    idle_since: Option<Instant>,
+    /// Which group of this binary it is: a worker of a group stopped for
+    /// being idle may still report, and is not taken for this one's.
+    id: u64,
 }
+
+/// Numbers the groups this runner starts.
+static GROUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 enum Event {
     Started {
         binary: PathBuf,
+        group: u64,
         k: usize,
         writer: OwnedWriteHalf,
     },
     Answer {
         binary: PathBuf,
+        group: u64,
         k: usize,
         resp: TaskResponse,
     },
     Died {
         binary: PathBuf,
+        group: u64,
         k: usize,
         why: String,
     },
@@ -162,7 +176,10 @@ pub async fn serve(shared: Arc<Shared>, cfg: Config, mut stop: watch::Receiver<b
                 }
             }
             _ = poll.tick() => want_claim = true,
-            _ = beat.tick() => heartbeat(&shared.db, &mut batches, &mut groups).await,
+            _ = beat.tick() => {
+                heartbeat(&shared.db, &mut batches, &mut groups).await;
+                reap_idle(&cfg, &batches, &mut groups);
+            }
             r = stop.changed(), if stopping.is_none() => {
                 if r.is_err() || *stop.borrow() {
                     stopping = Some(Instant::now());
@@ -308,11 +325,21 @@ async fn take(
         broken: None,
         org: c.org.clone(),
         generation: 0,
+        idle_since: None,
+        id: GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     });
     if group.generation == 0 {
         group.generation = 1;
         for k in 0..group.workers.len() {
-            start_worker(shared, tx, &binary, k, group.generation, &group.org);
+            start_worker(
+                shared,
+                tx,
+                &binary,
+                group.id,
+                k,
+                group.generation,
+                &group.org,
+            );
         }
     }
     for pos in 0..n {
@@ -338,6 +365,37 @@ async fn take(
         fail_queued(&shared.db, batches, group, &why);
     } else {
         dispatch(batches, group).await;
+    }
+}
+
+/// Stops the workers of binaries with nothing to do for `cfg.idle`: a
+/// version that is not run again does not keep its processes for the
+/// runner's life. Dropping a group hangs up on its workers, which exit.
+fn reap_idle(cfg: &Config, batches: &HashMap<i64, Batch>, groups: &mut HashMap<PathBuf, Group>) {
+    let now = Instant::now();
+    let mut gone = Vec::new();
+    for (binary, g) in groups.iter_mut() {
+        let busy = !g.queue.is_empty()
+            || g.workers.iter().any(|w| w.running.is_some())
+            || batches.values().any(|b| &b.binary == binary);
+        if busy {
+            g.idle_since = None;
+            continue;
+        }
+        let since = *g.idle_since.get_or_insert(now);
+        if now.duration_since(since) >= cfg.idle {
+            gone.push(binary.clone());
+        }
+    }
+    for binary in gone {
+        if let Some(g) = groups.remove(&binary) {
+            println!(
+                "stopping the {} idle task worker(s) of {} (idle for {:?})",
+                g.workers.iter().filter(|w| w.writer.is_some()).count(),
+                binary.display(),
+                cfg.idle
+            );
+        }
     }
 }
 
@@ -388,15 +446,25 @@ async fn handle(
     ev: Event,
 ) -> bool {
     match ev {
-        Event::Started { binary, k, writer } => {
-            if let Some(g) = groups.get_mut(&binary) {
+        Event::Started {
+            binary,
+            group,
+            k,
+            writer,
+        } => {
+            if let Some(g) = groups.get_mut(&binary).filter(|g| g.id == group) {
                 g.workers[k].writer = Some(writer);
                 dispatch(batches, g).await;
             }
             false
         }
-        Event::Answer { binary, k, resp } => {
-            let Some(g) = groups.get_mut(&binary) else {
+        Event::Answer {
+            binary,
+            group,
+            k,
+            resp,
+        } => {
+            let Some(g) = groups.get_mut(&binary).filter(|g| g.id == group) else {
                 return false;
             };
             g.deaths = 0;
@@ -412,8 +480,13 @@ async fn handle(
             dispatch(batches, g).await;
             true
         }
-        Event::Died { binary, k, why } => {
-            let Some(g) = groups.get_mut(&binary) else {
+        Event::Died {
+            binary,
+            group,
+            k,
+            why,
+        } => {
+            let Some(g) = groups.get_mut(&binary).filter(|g| g.id == group) else {
                 return false;
             };
             g.workers[k].writer = None;
@@ -432,7 +505,7 @@ async fn handle(
                 fail_queued(&shared.db, batches, g, &why);
             } else {
                 g.generation += 1;
-                start_worker(shared, tx, &binary, k, g.generation, &g.org);
+                start_worker(shared, tx, &binary, g.id, k, g.generation, &g.org);
             }
             true
         }
@@ -592,10 +665,12 @@ async fn heartbeat(
 
 /// Starts worker `k` of a binary in the background: it reports when it is
 /// connected, each answer, and its death.
+#[allow(clippy::too_many_arguments)]
 fn start_worker(
     shared: &Arc<Shared>,
     tx: &mpsc::UnboundedSender<Event>,
     binary: &Path,
+    group: u64,
     k: usize,
     generation: u32,
     org: &str,
@@ -612,7 +687,12 @@ fn start_worker(
         let (mut child, reader, writer) = match connect(&shared, &binary, &socket, &org).await {
             Ok(c) => c,
             Err(why) => {
-                let _ = tx.send(Event::Died { binary, k, why });
+                let _ = tx.send(Event::Died {
+                    binary,
+                    group,
+                    k,
+                    why,
+                });
                 return;
             }
         };
@@ -620,6 +700,7 @@ fn start_worker(
         if tx
             .send(Event::Started {
                 binary: binary.clone(),
+                group,
                 k,
                 writer,
             })
@@ -632,6 +713,7 @@ fn start_worker(
             if tx
                 .send(Event::Answer {
                     binary: binary.clone(),
+                    group,
                     k,
                     resp,
                 })
@@ -652,7 +734,12 @@ fn start_worker(
             "task worker {pid} of {} died while running a task ({status})",
             binary.display()
         );
-        let _ = tx.send(Event::Died { binary, k, why });
+        let _ = tx.send(Event::Died {
+            binary,
+            group,
+            k,
+            why,
+        });
     });
 }
 

@@ -403,3 +403,48 @@ async fn locate_finds_each_task_and_register_records_it() {
             .expect("manifest");
     assert_eq!(stored["day_flights"]["line"], line_of("fn day_flights("));
 }
+
+#[tokio::test]
+async fn a_binarys_idle_workers_are_stopped_and_started_again_for_its_next_batch() {
+    let (db, logs, r) = setup(
+        "tasks-idle",
+        "host",
+        &[
+            ("PROBE_TASKS", "6"),
+            ("ORCA_TASKS", "fleet"),
+            ("ORCA_TASK_WORKERS", "2"),
+            ("ORCA_TASK_IDLE_SECONDS", "1"),
+        ],
+    )
+    .await;
+    let run = run_month(&db).await;
+    wait_run(&db, run, "succeeded", &r).await;
+    let (_, first) = executions(&logs);
+    let workers: std::collections::BTreeSet<u32> = first.values().copied().collect();
+    wait_until(
+        "the idle workers to be stopped",
+        Duration::from_secs(30),
+        || async {
+            let alive = workers
+                .iter()
+                .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+                .count();
+            (alive == 0 && r.output().contains("idle task worker(s)")).then_some(())
+        },
+        || r.output(),
+    )
+    .await;
+    // The next run's batch starts new ones.
+    std::fs::remove_file(logs.join("tasks.log")).expect("clear the log");
+    let again: i64 = sqlx::query_scalar("SELECT orca.run('probe_tasks', '2024-02')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_run(&db, again, "succeeded", &r).await;
+    assert_eq!(output(&db, again).await, squares(6));
+    let (_, second) = executions(&logs);
+    assert!(
+        second.values().all(|p| !workers.contains(p)),
+        "new worker processes: {second:?} after {workers:?}"
+    );
+}
