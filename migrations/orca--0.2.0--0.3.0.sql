@@ -260,54 +260,57 @@ CREATE FUNCTION orca._tasks_ended(b orca.task_batches, p_outputs jsonb, p_errors
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_deadline timestamptz;
-    v_beat     timestamptz;
-    v_outcomes text[];
-    v_retry    integer[];
-    v_inputs   jsonb;
-    v_pipeline bigint;
-    v_new      bigint;
+    v_deadline  timestamptz;
+    v_beat      timestamptz;
+    v_outcomes  text[];
+    v_outputs   jsonb;
+    v_retry     integer[];
+    v_inputs    jsonb;
+    v_succeeded integer;
+    v_failed    integer;
+    v_after     timestamptz;
+    v_pipeline  bigint;
+    v_new       bigint;
 BEGIN
     DELETE FROM orca.task_leases WHERE batch_id = b.id
     RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
-    SELECT array_agg(CASE WHEN p_errors[t.ord] IS NULL THEN 'succeeded'
-                          WHEN b.try < b.max_tries THEN 'retried'
-                          ELSE 'failed' END ORDER BY t.ord),
-           array_agg(t.idx ORDER BY t.ord) FILTER (WHERE p_errors[t.ord] IS NOT NULL
-                                                     AND b.try < b.max_tries),
-           jsonb_agg(b.inputs->(t.ord::int - 1) ORDER BY t.ord)
-               FILTER (WHERE p_errors[t.ord] IS NOT NULL AND b.try < b.max_tries)
-    INTO v_outcomes, v_retry, v_inputs
-    FROM unnest(b.indexes) WITH ORDINALITY AS t(idx, ord);
+    -- Each task's outcome and output, and what is tried again, in one pass.
+    SELECT array_agg(o.outcome ORDER BY o.ord),
+           jsonb_agg(CASE WHEN o.outcome = 'succeeded'
+                          THEN coalesce(p_outputs->(o.ord::int - 1), 'null')
+                          ELSE 'null' END ORDER BY o.ord),
+           array_agg(o.idx ORDER BY o.ord) FILTER (WHERE o.outcome = 'retried'),
+           jsonb_agg(b.inputs->(o.ord::int - 1) ORDER BY o.ord) FILTER (WHERE o.outcome = 'retried'),
+           count(*) FILTER (WHERE o.outcome = 'succeeded'),
+           count(*) FILTER (WHERE o.outcome = 'failed')
+    INTO v_outcomes, v_outputs, v_retry, v_inputs, v_succeeded, v_failed
+    FROM (SELECT t.idx, t.ord,
+                 CASE WHEN p_errors[t.ord] IS NULL THEN 'succeeded'
+                      WHEN b.try < b.max_tries THEN 'retried'
+                      ELSE 'failed' END AS outcome
+          FROM unnest(b.indexes) WITH ORDINALITY AS t(idx, ord)) o;
     UPDATE orca.task_batches x
-    SET status = 'finished', finished_at = now(), outcomes = v_outcomes,
-        outputs = (SELECT jsonb_agg(CASE WHEN p_errors[t.ord] IS NULL
-                                         THEN coalesce(p_outputs->(t.ord::int - 1), 'null')
-                                         ELSE 'null' END ORDER BY t.ord)
-                   FROM unnest(b.indexes) WITH ORDINALITY AS t(idx, ord)),
+    SET status = 'finished', finished_at = now(), outcomes = v_outcomes, outputs = v_outputs,
         errors = p_errors, millis = p_millis,
         deadline = coalesce(v_deadline, x.deadline), heartbeat_at = coalesce(v_beat, x.heartbeat_at),
         finished_seq = nextval('orca.task_finished_seq')
     WHERE x.id = b.id;
     IF v_retry IS NOT NULL THEN
+        v_after := now() + least(make_interval(secs => 60),
+                                 make_interval(secs => b.backoff_ms * power(2, b.try - 1) / 1000.0));
         INSERT INTO orca.task_batches (org_id, run_id, step, partition, task, version_id, pool,
                                        indexes, inputs, try, max_tries, backoff_ms, not_before)
         VALUES (b.org_id, b.run_id, b.step, b.partition, b.task, b.version_id, b.pool,
-                v_retry, v_inputs, b.try + 1, b.max_tries, b.backoff_ms,
-                now() + least(make_interval(secs => 60),
-                              make_interval(secs => b.backoff_ms * power(2, b.try - 1) / 1000.0)))
+                v_retry, v_inputs, b.try + 1, b.max_tries, b.backoff_ms, v_after)
         RETURNING id INTO v_new;
         INSERT INTO orca.task_queue (org_id, pool, batch_id, size, not_before)
-        SELECT b.org_id, b.pool, v_new, cardinality(v_retry), x.not_before
-        FROM orca.task_batches x WHERE x.id = v_new;
+        VALUES (b.org_id, b.pool, v_new, cardinality(v_retry), v_after);
     END IF;
     SELECT r.pipeline_id INTO v_pipeline FROM orca.runs r WHERE r.id = b.run_id;
     PERFORM orca._event(b.org_id, 'tasks.finished', v_pipeline, b.run_id, NULL,
         jsonb_strip_nulls(jsonb_build_object(
             'batch', b.id, 'step', b.step, 'partition', b.partition, 'task', b.task,
-            'try', b.try, 'runner', b.runner,
-            'succeeded', (SELECT count(*) FROM unnest(v_outcomes) o WHERE o = 'succeeded'),
-            'failed', (SELECT count(*) FROM unnest(v_outcomes) o WHERE o = 'failed'),
+            'try', b.try, 'runner', b.runner, 'succeeded', v_succeeded, 'failed', v_failed,
             'retried', cardinality(v_retry), 'retry_batch', v_new)));
     -- The driver waiting for results listens here (payload: the run).
     PERFORM pg_notify('orca_task_results', b.run_id::text);
@@ -919,7 +922,6 @@ DECLARE
     v_capped  bigint[] := '{}';
     v_later   bigint[] := '{}';
     v_made    bigint[];
-    v_paused  integer;
     v_fired   integer;
 BEGIN
     -- The common case first, set-based, a thousand schedules a statement:
@@ -989,11 +991,10 @@ BEGIN
         )
         SELECT (SELECT count(*) FROM due),
                (SELECT array_agg(id ORDER BY id) FROM made),
-               (SELECT count(*) FROM simple WHERE paused),
                v_later || coalesce((SELECT array_agg(pipeline_id) FROM fired
                                     WHERE part IS NULL), '{}'),
                (SELECT count(*) FROM simple WHERE NOT paused)
-        INTO v_got, v_made, v_paused, v_later, v_fired;
+        INTO v_got, v_made, v_later, v_fired;
         n_fires := n_fires + v_fired;
         n_runs := n_runs + coalesce(cardinality(v_made), 0);
         PERFORM orca._runs_created_many(v_made);

@@ -46,7 +46,6 @@ DECLARE
     v_capped  bigint[] := '{}';
     v_later   bigint[] := '{}';
     v_made    bigint[];
-    v_paused  integer;
     v_fired   integer;
 BEGIN
     -- The common case first, set-based, a thousand schedules a statement:
@@ -116,11 +115,10 @@ BEGIN
         )
         SELECT (SELECT count(*) FROM due),
                (SELECT array_agg(id ORDER BY id) FROM made),
-               (SELECT count(*) FROM simple WHERE paused),
                v_later || coalesce((SELECT array_agg(pipeline_id) FROM fired
                                     WHERE part IS NULL), '{}'),
                (SELECT count(*) FROM simple WHERE NOT paused)
-        INTO v_got, v_made, v_paused, v_later, v_fired;
+        INTO v_got, v_made, v_later, v_fired;
         n_fires := n_fires + v_fired;
         n_runs := n_runs + coalesce(cardinality(v_made), 0);
         PERFORM orca._runs_created_many(v_made);

@@ -60,8 +60,8 @@ pub struct TaskResult {
     pub seq: i64,
 }
 
-/// Writes one frame.
-pub fn write_frame(w: &mut impl Write, message: &impl Serialize) -> io::Result<()> {
+/// One frame's bytes: its length, then its JSON.
+pub fn encode_frame(message: &impl Serialize) -> io::Result<Vec<u8>> {
     let body = serde_json::to_vec(message).map_err(io::Error::other)?;
     if body.len() > FRAME_MAX {
         return Err(io::Error::new(
@@ -73,8 +73,32 @@ pub fn write_frame(w: &mut impl Write, message: &impl Serialize) -> io::Result<(
         ));
     }
     let len = u32::try_from(body.len()).map_err(io::Error::other)?;
-    w.write_all(&len.to_le_bytes())?;
-    w.write_all(&body)?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// The length a frame's header announces, refused past [`FRAME_MAX`].
+pub fn frame_len(header: [u8; 4]) -> io::Result<usize> {
+    let len = u32::from_le_bytes(header) as usize;
+    if len > FRAME_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a task frame of {len} bytes is more than {FRAME_MAX}"),
+        ));
+    }
+    Ok(len)
+}
+
+/// A frame's body as the message it holds.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    serde_json::from_slice(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, message: &impl Serialize) -> io::Result<()> {
+    w.write_all(&encode_frame(message)?)?;
     w.flush()
 }
 
@@ -87,18 +111,9 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > FRAME_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a task frame of {len} bytes is more than {FRAME_MAX}"),
-        ));
-    }
-    let mut body = vec![0u8; len];
+    let mut body = vec![0u8; frame_len(len)?];
     r.read_exact(&mut body)?;
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    decode_body(&body).map(Some)
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
 /// How long a result is retried while the control plane is unreachable (a
 /// server restart): about a lease's length, after which the lease has lapsed
 /// and the attempt is another's anyway.
-const REPORT_FOR: Duration = Duration::from_secs(25);
+pub(crate) const REPORT_FOR: Duration = Duration::from_secs(25);
 const REPORT_BACKOFF_FIRST: Duration = Duration::from_millis(200);
 const REPORT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long an engine asked to stop may take to finish its epoch in flight
@@ -176,6 +176,19 @@ fn program(shared: &Shared, l: &Lease) -> Result<PathBuf, String> {
     }
 }
 
+/// What every child of the runner gets (a pipeline binary, an engine, a task
+/// worker): the attempt login, its org and the warehouse; never the runner's
+/// token, which stays with the runner.
+pub(crate) fn child_env(cmd: &mut Command, shared: &Shared, org: &str) {
+    cmd.env_remove("ORCA_RUNNER_TOKEN")
+        .env_remove("ORCA_RUNNER_TOKEN_FILE")
+        .env("DATABASE_URL", &shared.database_url)
+        .env("ORCA_ORG", org);
+    if let Some(warehouse) = &shared.warehouse {
+        cmd.env("ORCA_WAREHOUSE", warehouse);
+    }
+}
+
 fn spawn_child(
     shared: &Shared,
     l: &Lease,
@@ -193,13 +206,9 @@ fn spawn_child(
         cmd.arg("--edge").arg(e);
     }
     // The lease goes in the environment, which only this user can read, not
-    // on the command line, which `ps` shows everyone. The runner's token
-    // stays with the runner.
-    cmd.env_remove("ORCA_RUNNER_TOKEN")
-        .env_remove("ORCA_RUNNER_TOKEN_FILE")
-        .env("DATABASE_URL", &shared.database_url)
-        .env("ORCA_ORG", &l.org)
-        .env("ORCA_LEASE", l.lease.to_string())
+    // on the command line, which `ps` shows everyone.
+    child_env(&mut cmd, shared, &l.org);
+    cmd.env("ORCA_LEASE", l.lease.to_string())
         .env("ORCA_RUN", l.run.to_string())
         .env("ORCA_ATTEMPT", l.attempt_number.to_string())
         .env("ORCA_PIPELINE", &l.pipeline)
@@ -207,9 +216,6 @@ fn spawn_child(
         .env("ORCA_LOG_FILE", log);
     if let Some(store) = &shared.store {
         cmd.env("ORCA_STORE", store);
-    }
-    if let Some(warehouse) = &shared.warehouse {
-        cmd.env("ORCA_WAREHOUSE", warehouse);
     }
     if let Some(dir) = &shared.connectors {
         cmd.env(orca_engine::source::connector::CONNECTORS_ENV, dir);

@@ -17,7 +17,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orca_core::tasks::{TaskRequest, TaskResponse, FRAME_MAX, ROLE_ENV, SOCKET_ENV};
+use orca_core::tasks::{
+    decode_body, encode_frame, frame_len, TaskRequest, TaskResponse, ROLE_ENV, SOCKET_ENV,
+};
 use serde_json::Value;
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row};
@@ -27,7 +29,7 @@ use tokio::net::UnixListener;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 
-use crate::attempt::Shared;
+use crate::attempt::{child_env, Shared, REPORT_FOR};
 
 /// How long a new worker may take to connect.
 const CONNECT_WITHIN: Duration = Duration::from_secs(30);
@@ -37,9 +39,6 @@ const DEATHS_MAX: u32 = 5;
 /// Leases are heartbeaten at least this often, whatever their length: a
 /// heartbeat is also how a runner learns that a batch's run ended.
 const BEAT_MAX: Duration = Duration::from_secs(1);
-/// How long a batch's result is retried while the control plane is
-/// unreachable: about a lease, after which the batch is another's anyway.
-const FINISH_FOR: Duration = Duration::from_secs(25);
 
 pub struct Config {
     pub name: String,
@@ -580,10 +579,11 @@ fn finish(
             })
             .collect();
         let all_ok = errors.iter().all(Option::is_none);
+        let outputs = Value::Array(outputs);
         loop {
             let r = sqlx::query("SELECT orca.finish_tasks($1, $2, $3, $4)")
                 .bind(lease)
-                .bind(Value::Array(outputs.clone()))
+                .bind(&outputs)
                 .bind(if all_ok { None } else { Some(&errors) })
                 .bind(&millis)
                 .execute(&db)
@@ -595,7 +595,7 @@ fn finish(
                     eprintln!("orca-runner: finishing task batch {batch}: {}", d.message());
                     return;
                 }
-                Err(e) if t0.elapsed() < FINISH_FOR => {
+                Err(e) if t0.elapsed() < REPORT_FOR => {
                     eprintln!("orca-runner: finishing task batch {batch} failed, retrying: {e}");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
@@ -753,19 +753,14 @@ async fn connect(
     let listener = UnixListener::bind(socket)
         .map_err(|e| format!("listening on {}: {e}", socket.display()))?;
     let mut cmd = Command::new(binary);
-    // A worker gets no lease and never the runner's token: the tasks it runs
-    // are its binary's code and their inputs.
-    cmd.env_remove("ORCA_RUNNER_TOKEN")
-        .env_remove("ORCA_RUNNER_TOKEN_FILE")
-        .env_remove("ORCA_LEASE")
-        .env("DATABASE_URL", &shared.database_url)
-        .env("ORCA_ORG", org)
+    // A worker gets no lease: the tasks it runs are its binary's code and
+    // their inputs.
+    child_env(&mut cmd, shared, org);
+    cmd.env_remove("ORCA_LEASE")
         .env(ROLE_ENV, "worker")
-        .env(SOCKET_ENV, socket);
-    if let Some(warehouse) = &shared.warehouse {
-        cmd.env("ORCA_WAREHOUSE", warehouse);
-    }
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
+        .env(SOCKET_ENV, socket)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("starting task worker {}: {e}", binary.display()))?;
@@ -788,10 +783,7 @@ async fn connect(
 }
 
 async fn write_frame(w: &mut OwnedWriteHalf, msg: &TaskRequest) -> std::io::Result<()> {
-    let body = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
-    let len = u32::try_from(body.len()).map_err(std::io::Error::other)?;
-    w.write_all(&len.to_le_bytes()).await?;
-    w.write_all(&body).await
+    w.write_all(&encode_frame(msg)?).await
 }
 
 async fn read_frame(r: &mut OwnedReadHalf) -> std::io::Result<Option<TaskResponse>> {
@@ -801,16 +793,7 @@ async fn read_frame(r: &mut OwnedReadHalf) -> std::io::Result<Option<TaskRespons
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > FRAME_MAX {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a task frame of {len} bytes is more than {FRAME_MAX}"),
-        ));
-    }
-    let mut body = vec![0u8; len];
+    let mut body = vec![0u8; frame_len(len)?];
     r.read_exact(&mut body).await?;
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    decode_body(&body).map(Some)
 }

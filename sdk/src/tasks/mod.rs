@@ -221,8 +221,6 @@ impl Scope {
 /// with [`Runtime::get`]. `S` is the set of tasks it may run.
 pub struct Runtime<S: TaskSet> {
     backend: Backend,
-    step: &'static str,
-    partition: String,
     scope: Scope,
     _set: PhantomData<fn() -> S>,
 }
@@ -288,8 +286,6 @@ pub(crate) fn runtime<S: TaskSet>(
     };
     Ok(Runtime {
         backend,
-        step,
-        partition: partition.to_string(),
         scope,
         _set: PhantomData,
     })
@@ -393,10 +389,5 @@ impl<S: TaskSet> Runtime<S> {
                 })),
             })
             .collect()
-    }
-
-    /// The step and partition whose tasks these are.
-    pub fn scope(&self) -> (&'static str, &str) {
-        (self.step, &self.partition)
     }
 }
