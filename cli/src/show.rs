@@ -149,7 +149,10 @@ fn tasks(c: &mut Client, run: i64) -> anyhow::Result<()> {
             f.get::<_, String>(2),
             f.get::<_, i32>(3),
             f.get::<_, i32>(4),
-            f.get::<_, Option<String>>(5).unwrap_or_default()
+            // Its log lines, when it has them, under it.
+            f.get::<_, Option<String>>(5)
+                .unwrap_or_default()
+                .replace('\n', "\n    ")
         );
     }
     Ok(())

@@ -23,7 +23,7 @@ use orca_core::tasks::{
 use serde_json::Value;
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixListener;
 use tokio::process::{Child, Command};
@@ -39,6 +39,13 @@ const DEATHS_MAX: u32 = 5;
 /// Leases are heartbeaten at least this often, whatever their length: a
 /// heartbeat is also how a runner learns that a batch's run ended.
 const BEAT_MAX: Duration = Duration::from_secs(1);
+/// A failed task's error carries the last lines its worker wrote to stderr
+/// while it ran: this many, each cut to `LOG_LINE_MAX` bytes.
+const LOG_LINES: usize = 20;
+const LOG_LINE_MAX: usize = 300;
+/// How long a failure waits for stderr lines still in the pipe: a worker
+/// writes them before its answer, but they come by another pipe.
+const LOG_DRAIN: Duration = Duration::from_millis(50);
 
 pub struct Config {
     pub name: String,
@@ -115,6 +122,75 @@ enum Event {
         k: usize,
         why: String,
     },
+}
+
+/// The stderr lines a worker wrote since it last answered: what its
+/// current task logged.
+#[derive(Default)]
+struct LogTail {
+    lines: VecDeque<String>,
+    /// Lines dropped from the front, told in the error.
+    dropped: usize,
+}
+
+impl LogTail {
+    fn push(&mut self, mut line: String) {
+        if line.len() > LOG_LINE_MAX {
+            let mut cut = LOG_LINE_MAX;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push('…');
+        }
+        if self.lines.len() == LOG_LINES {
+            self.lines.pop_front();
+            self.dropped += 1;
+        }
+        self.lines.push_back(line);
+    }
+
+    /// The error with the lines appended (and the tail emptied).
+    fn attach(&mut self, error: String) -> String {
+        if self.lines.is_empty() {
+            return error;
+        }
+        let mut out = error;
+        out.push_str("\n--- the task's last log lines");
+        if self.dropped > 0 {
+            out.push_str(&format!(" ({} earlier ones left out)", self.dropped));
+        }
+        out.push_str(" ---");
+        for l in self.lines.drain(..) {
+            out.push('\n');
+            out.push_str(&l);
+        }
+        self.dropped = 0;
+        out
+    }
+
+    fn clear(&mut self) {
+        self.lines.clear();
+        self.dropped = 0;
+    }
+}
+
+/// Reads a worker's stderr lines into `tail`, copying each to the runner's
+/// own stderr (prefixed with the worker's pid) as before.
+fn tail_stderr(
+    stderr: tokio::process::ChildStderr,
+    pid: u32,
+    tail: Arc<std::sync::Mutex<LogTail>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("[task worker {pid}] {line}");
+            if let Ok(mut t) = tail.lock() {
+                t.push(line);
+            }
+        }
+    })
 }
 
 /// Serves tasks until `stop` turns true and the batches in flight are
@@ -533,7 +609,8 @@ fn done(
     batch.millis[pos] = millis;
     batch.left = batch.left.saturating_sub(1);
     if batch.left == 0 {
-        if let Some(batch) = batches.remove(&b) {
+        if let Some(mut batch) = batches.remove(&b) {
+            fit_errors(&mut batch.errors);
             let failed = batch.errors.iter().filter(|e| e.is_some()).count();
             println!(
                 "task batch {b} of run {} ended: {} succeeded, {failed} failed",
@@ -548,6 +625,25 @@ fn done(
                 batch.errors,
                 batch.millis,
             );
+        }
+    }
+}
+
+/// What a batch's errors may take together, below `orca.finish_tasks`'
+/// 16 MiB bound on them.
+const ERRORS_MAX: usize = 12 << 20;
+
+/// Keeps a batch's errors within `ERRORS_MAX`: past it, errors lose their
+/// log lines (each keeps its first line), so that the batch can finish.
+fn fit_errors(errors: &mut [Option<String>]) {
+    let total: usize = errors.iter().flatten().map(String::len).sum();
+    if total <= ERRORS_MAX {
+        return;
+    }
+    for e in errors.iter_mut().flatten() {
+        if let Some(at) = e.find("\n--- the task's last log lines") {
+            e.truncate(at);
+            e.push_str(" (its log lines left out: the batch's errors were over 12 MiB)");
         }
     }
 }
@@ -697,6 +793,11 @@ fn start_worker(
             }
         };
         let pid = child.id().unwrap_or(0);
+        let tail = Arc::new(std::sync::Mutex::new(LogTail::default()));
+        let stderr_done = child
+            .stderr
+            .take()
+            .map(|e| tail_stderr(e, pid, Arc::clone(&tail)));
         if tx
             .send(Event::Started {
                 binary: binary.clone(),
@@ -709,7 +810,16 @@ fn start_worker(
             return;
         }
         let mut reader = reader;
-        while let Ok(Some(resp)) = read_frame(&mut reader).await {
+        while let Ok(Some(mut resp)) = read_frame(&mut reader).await {
+            if let Some(e) = resp.error.take() {
+                tokio::time::sleep(LOG_DRAIN).await;
+                resp.error = Some(match tail.lock() {
+                    Ok(mut t) => t.attach(e),
+                    Err(_) => e,
+                });
+            } else if let Ok(mut t) = tail.lock() {
+                t.clear();
+            }
             if tx
                 .send(Event::Answer {
                     binary: binary.clone(),
@@ -730,10 +840,18 @@ fn start_worker(
                 "it hung up and was killed".to_string()
             }
         };
+        // Its last lines (a panic's message, say) are read to the end.
+        if let Some(done) = stderr_done {
+            let _ = tokio::time::timeout(Duration::from_secs(1), done).await;
+        }
         let why = format!(
             "task worker {pid} of {} died while running a task ({status})",
             binary.display()
         );
+        let why = match tail.lock() {
+            Ok(mut t) => t.attach(why),
+            Err(_) => why,
+        };
         let _ = tx.send(Event::Died {
             binary,
             group,
@@ -760,6 +878,7 @@ async fn connect(
         .env(ROLE_ENV, "worker")
         .env(SOCKET_ENV, socket)
         .stdin(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = cmd
         .spawn()
@@ -796,4 +915,55 @@ async fn read_frame(r: &mut OwnedReadHalf) -> std::io::Result<Option<TaskRespons
     let mut body = vec![0u8; frame_len(len)?];
     r.read_exact(&mut body).await?;
     decode_body(&body).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_carries_the_last_lines_of_its_task_only() {
+        let mut t = LogTail::default();
+        t.push("of the task before".into());
+        t.clear();
+        for i in 0..(LOG_LINES + 3) {
+            t.push(format!("line {i}"));
+        }
+        let e = t.attach("boom".into());
+        assert!(e.starts_with(
+            "boom\n--- the task's last log lines (3 earlier ones left out) ---\nline 3\n"
+        ));
+        assert!(e.ends_with(&format!("line {}", LOG_LINES + 2)));
+        assert!(!e.contains("of the task before"));
+        // Taken once: the next failure starts empty.
+        assert_eq!(t.attach("again".into()), "again");
+    }
+
+    #[test]
+    fn a_long_line_is_cut_on_a_character_boundary() {
+        let mut t = LogTail::default();
+        t.push("é".repeat(LOG_LINE_MAX));
+        let e = t.attach("x".into());
+        let line = e.lines().last().unwrap_or_default();
+        assert!(line.ends_with('…'));
+        assert!(line.len() <= LOG_LINE_MAX + '…'.len_utf8());
+    }
+
+    #[test]
+    fn errors_over_the_bound_lose_their_log_lines_not_their_message() {
+        let log = "y".repeat(LOG_LINE_MAX);
+        let one = format!("failed\n--- the task's last log lines ---\n{log}");
+        let mut errors = vec![Some(one.clone()); (ERRORS_MAX / one.len()) + 10];
+        errors.push(None);
+        fit_errors(&mut errors);
+        let total: usize = errors.iter().flatten().map(String::len).sum();
+        assert!(total < ERRORS_MAX);
+        assert!(errors[0]
+            .as_deref()
+            .is_some_and(|e| e.starts_with("failed (its log lines left out")));
+        assert!(errors.last().is_some_and(Option::is_none));
+        let mut few = vec![Some(one.clone())];
+        fit_errors(&mut few);
+        assert_eq!(few[0].as_deref(), Some(one.as_str()));
+    }
 }

@@ -324,7 +324,7 @@ async function run(id) {
     { label: "tasks", empty: "No tasks: its steps fanned out none." }),
     ...(r.task_failures.length ? [table(["step", "partition", "task", "#index", "tries", "runner",
       "error"], r.task_failures.map((f) => [f.step, f.partition, f.task, String(f.index),
-      String(f.tries), f.runner || "-", h("span", { class: "error" }, f.error || "")]),
+      String(f.tries), f.runner || "-", h("span", { class: "error lines" }, f.error || "")]),
     { label: "failed tasks" })] : []));
     attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "leased", "took", "error"],
       r.attempt_list.map((a) => [String(a.number), status(a.status), a.runner || "-", a.pool,

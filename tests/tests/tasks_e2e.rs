@@ -255,6 +255,25 @@ async fn a_task_that_always_fails_fails_its_step_with_its_error_after_its_retrie
         error[0].contains("task square #7 failed after 3 tries: task 7 fails on purpose"),
         "{error:?}"
     );
+    // Each try's error carries what the task wrote to stderr before it
+    // failed, and only that try's lines (the pid is its worker's).
+    let tries = db
+        .strings(&format!(
+            "SELECT error FROM orca.tasks WHERE run = {run} AND index = 7 AND error IS NOT NULL"
+        ))
+        .await;
+    assert!(!tries.is_empty());
+    for e in &tries {
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.first(), Some(&"task 7 fails on purpose"), "{e}");
+        assert_eq!(
+            lines.get(1),
+            Some(&"--- the task's last log lines ---"),
+            "{e}"
+        );
+        assert_eq!(lines.len(), 3, "{e}");
+        assert!(lines[2].starts_with("square 7: about to fail (pid "), "{e}");
+    }
     let (count, _) = executions(&logs);
     // Each of the run's three attempts reads the task's result; it ran
     // three times (its retries), not nine.

@@ -36,7 +36,10 @@ pub async fn runner_options(setup: &mut PgConnection, url: &str) -> Result<PgCon
         .execute(format!("CREATE ROLE {RUNNER_LOGIN} LOGIN IN ROLE orca_runner").as_str())
         .await;
     if let Err(e) = made {
-        if !e.to_string().contains("already exists") {
+        // Replicas starting together race to make it: the loser sees the
+        // catalog's unique index instead of "already exists".
+        let msg = e.to_string();
+        if !msg.contains("already exists") && !msg.contains("pg_authid_rolname_index") {
             return Err(e).context("the runner login");
         }
     }

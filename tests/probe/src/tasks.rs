@@ -34,6 +34,8 @@ fn square(i: u64) -> Result<u64> {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     if std::env::var("PROBE_TASK_FAIL").ok() == Some(i.to_string()) {
+        // What a user's task logs before it fails reaches the error.
+        eprintln!("square {i}: about to fail (pid {})", std::process::id());
         return Err(format!("task {i} fails on purpose").into());
     }
     Ok(i * i)
