@@ -64,12 +64,12 @@ orca.databases = 'orca_bench'
 orca.tick_ms = 1000
 CONF
 fi
+# Commands for drive.py's shell: as the postgres OS user when we are root.
 PGCTL="$(printf '%q' "$PGBIN/pg_ctl") -D $(printf '%q' "$WORK/data")"
-pg_start="runuser -u postgres -- $PGCTL -w -l $WORK/server.log start >/dev/null"
-pg_stop_now="runuser -u postgres -- $PGCTL -m immediate -w stop >/dev/null"
-pg_stop_fast="runuser -u postgres -- $PGCTL -m fast -w stop >/dev/null"
-[ "$(id -u)" = 0 ] || { pg_start="${pg_start#runuser -u postgres -- }";
-    pg_stop_now="${pg_stop_now#runuser -u postgres -- }"; pg_stop_fast="${pg_stop_fast#runuser -u postgres -- }"; }
+[ "$(id -u)" = 0 ] && PGCTL="runuser -u postgres -- $PGCTL"
+pg_start="$PGCTL -w -l $WORK/server.log start >/dev/null"
+pg_stop_now="$PGCTL -m immediate -w stop >/dev/null"
+pg_stop_fast="$PGCTL -m fast -w stop >/dev/null"
 as_postgres "$PGBIN/pg_ctl" -D "$WORK/data" status >/dev/null 2>&1 && eval "$pg_stop_fast"
 eval "$pg_start"
 trap 'eval "$pg_stop_fast" || true' EXIT

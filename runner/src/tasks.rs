@@ -46,6 +46,8 @@ const LOG_LINE_MAX: usize = 300;
 /// How long a failure waits for stderr lines still in the pipe: a worker
 /// writes them before its answer, but they come by another pipe.
 const LOG_DRAIN: Duration = Duration::from_millis(50);
+/// Where an error's log lines begin.
+const LOG_MARK: &str = "\n--- the task's last log lines";
 
 pub struct Config {
     pub name: String,
@@ -156,7 +158,7 @@ impl LogTail {
             return error;
         }
         let mut out = error;
-        out.push_str("\n--- the task's last log lines");
+        out.push_str(LOG_MARK);
         if self.dropped > 0 {
             out.push_str(&format!(" ({} earlier ones left out)", self.dropped));
         }
@@ -641,7 +643,7 @@ fn fit_errors(errors: &mut [Option<String>]) {
         return;
     }
     for e in errors.iter_mut().flatten() {
-        if let Some(at) = e.find("\n--- the task's last log lines") {
+        if let Some(at) = e.find(LOG_MARK) {
             e.truncate(at);
             e.push_str(" (its log lines left out: the batch's errors were over 12 MiB)");
         }

@@ -64,16 +64,13 @@ pub struct Driver {
     pub next: i64,
 }
 
-/// Queues a run of the pipeline and claims its attempt, as a runner would,
-/// with a lease of `lease_s` seconds.
-pub async fn acquire(pool: &PgPool, lease_s: usize) -> Result<Driver> {
-    let mut c = pool.acquire().await.context("a connection")?;
-    c.execute(format!("SET orca.lease_seconds = {lease_s}").as_str())
-        .await?;
+/// Queues a run of the pipeline and claims its attempt, as a runner would
+/// (the lease lasts the pool's `orca.lease_seconds`).
+pub async fn acquire(pool: &PgPool) -> Result<Driver> {
     let run: i64 = sqlx::query_scalar("SELECT orca.run($1, $2)")
         .bind(PIPELINE)
         .bind(PARTITION)
-        .fetch_one(&mut *c)
+        .fetch_one(pool)
         .await
         .context("orca.run")?;
     // Claiming takes the oldest queued attempt, perhaps another replica's:
@@ -81,26 +78,22 @@ pub async fn acquire(pool: &PgPool, lease_s: usize) -> Result<Driver> {
     let lease: Option<uuid::Uuid> =
         sqlx::query_scalar("SELECT lease FROM orca.claim($1, 'default', 1)")
             .bind(format!("jobqueue-driver-{}", std::process::id()))
-            .fetch_optional(&mut *c)
+            .fetch_optional(pool)
             .await
             .context("orca.claim")?;
-    c.execute("RESET orca.lease_seconds").await?;
     let lease = lease.with_context(|| format!("run {run} queued, but nothing was claimed"))?;
     eprintln!("orca-adapter: producing as lease {lease} (run {run} queued)");
     Ok(Driver { lease, next: 0 })
 }
 
 /// Extends the driver's lease; an error means it is gone.
-pub async fn heartbeat(pool: &PgPool, d: &Driver, lease_s: usize) -> Result<()> {
-    let mut c = pool.acquire().await?;
-    c.execute(format!("SET orca.lease_seconds = {lease_s}").as_str())
-        .await?;
-    let r = sqlx::query("SELECT orca.heartbeat($1)")
+pub async fn heartbeat(pool: &PgPool, d: &Driver) -> Result<()> {
+    sqlx::query("SELECT orca.heartbeat($1)")
         .bind(d.lease)
-        .execute(&mut *c)
-        .await;
-    c.execute("RESET orca.lease_seconds").await?;
-    r.map(|_| ()).context("orca.heartbeat")
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .context("orca.heartbeat")
 }
 
 /// Whether an error means the lease is no longer the driver's (the attempt

@@ -72,11 +72,14 @@ async fn main() -> Result<()> {
         .max_connections(cfg.workers as u32 + 2)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(runner);
+    // The producer's connections: its attempt's lease is claimed and
+    // extended for ORCA_DRIVER_LEASE_S (a superuser setting).
+    let lease_s = cfg.driver_lease_s.to_string();
+    let admin_opts: sqlx::postgres::PgConnectOptions = cfg.url.parse().context("DATABASE_URL")?;
     let admin = PgPoolOptions::new()
         .max_connections(3)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy(&cfg.url)
-        .context("DATABASE_URL")?;
+        .connect_lazy_with(admin_opts.options([("orca.lease_seconds", lease_s.as_str())]));
 
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));

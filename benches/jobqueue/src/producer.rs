@@ -83,7 +83,7 @@ pub async fn run(cfg: Config, admin: PgPool, stats: Arc<Stats>, stop: Arc<Atomic
     let mut errors = 0u32;
     while !stop.load(Ordering::SeqCst) {
         let Some(d) = driver.as_mut() else {
-            match driver::acquire(&admin, cfg.driver_lease_s).await {
+            match driver::acquire(&admin).await {
                 Ok(d) => {
                     driver = Some(d);
                     heartbeat_at = Instant::now();
@@ -96,7 +96,7 @@ pub async fn run(cfg: Config, admin: PgPool, stats: Arc<Stats>, stop: Arc<Atomic
             continue;
         };
         if heartbeat_at.elapsed().as_secs() as usize * 5 >= cfg.driver_lease_s {
-            match driver::heartbeat(&admin, d, cfg.driver_lease_s).await {
+            match driver::heartbeat(&admin, d).await {
                 Ok(()) => heartbeat_at = Instant::now(),
                 Err(e) if driver::lease_lost(&e) => {
                     eprintln!("orca-adapter: the driver's lease is gone ({e:#}); a new one");

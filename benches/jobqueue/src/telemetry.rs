@@ -40,8 +40,9 @@ impl Stats {
     /// Records a job's pickup latency: from just before it was added to
     /// when a worker started it.
     pub fn claimed(&self, added_micros: i64) {
-        let us = (now_micros() - added_micros).max(1) as u64;
-        let sec = (now_micros() / 1_000_000) as u64;
+        let now = now_micros();
+        let us = (now - added_micros).max(1) as u64;
+        let sec = (now / 1_000_000) as u64;
         let Ok(mut w) = self.latency.lock() else {
             return;
         };
