@@ -1180,3 +1180,237 @@ GRANT EXECUTE ON FUNCTION
     orca.heartbeat_tasks(uuid[]),
     orca.finish_tasks(uuid, jsonb, text[], integer[])
     TO orca_runner;
+
+-- sql/scaling.sql: the autoscaling signal.
+-- The autoscaling signal: the work each pool of the session's org has,
+-- waiting and running, counted from the tables orca.claim and
+-- orca.claim_tasks take work from. KEDA's postgresql scaler reads
+-- orca.pool_backlog; its prometheus scaler reads the orca_pool_* series of
+-- orca.metrics() (docs/deploy.md).
+
+CREATE FUNCTION orca.pool_load()
+RETURNS TABLE (pool text, queued_attempts bigint, running_attempts bigint,
+               queued_tasks bigint, running_tasks bigint, runners bigint, slots bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH o AS (SELECT orca.current_org_id() AS id),
+    qa AS (SELECT q.pool, count(*) AS n
+           FROM orca.queue q, o WHERE q.org_id = o.id GROUP BY q.pool),
+    ra AS (SELECT a.pool, count(*) AS n
+           FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id, o
+           WHERE l.org_id = o.id GROUP BY a.pool),
+    qt AS (SELECT t.pool, sum(t.size) AS n
+           FROM orca.task_queue t, o WHERE t.org_id = o.id GROUP BY t.pool),
+    rt AS (SELECT b.pool, sum(cardinality(b.indexes)) AS n
+           FROM orca.task_leases l JOIN orca.task_batches b ON b.id = l.batch_id, o
+           WHERE l.org_id = o.id GROUP BY b.pool),
+    ru AS (SELECT x.pool, count(*) AS n, sum(x.slots) AS slots
+           FROM orca.runners x, o
+           WHERE x.org_id = o.id AND x.last_seen > now() - interval '5 minutes'
+           GROUP BY x.pool),
+    -- Every pool the org uses shows, with zeros when it is idle: a scaler
+    -- scales an idle pool to zero instead of failing on a missing row.
+    pools AS (
+        SELECT qa.pool FROM qa UNION SELECT ra.pool FROM ra
+        UNION SELECT qt.pool FROM qt UNION SELECT rt.pool FROM rt
+        UNION SELECT ru.pool FROM ru
+        UNION SELECT t.pool FROM orca.runner_tokens t, o
+              WHERE t.org_id = o.id AND t.revoked_at IS NULL
+        UNION SELECT v.pool FROM orca.pipeline_versions v, o WHERE v.org_id = o.id
+    )
+    SELECT p.pool, coalesce(qa.n, 0), coalesce(ra.n, 0), coalesce(qt.n, 0)::bigint,
+           coalesce(rt.n, 0)::bigint, coalesce(ru.n, 0), coalesce(ru.slots, 0)::bigint
+    FROM pools p
+    LEFT JOIN qa ON qa.pool = p.pool LEFT JOIN ra ON ra.pool = p.pool
+    LEFT JOIN qt ON qt.pool = p.pool LEFT JOIN rt ON rt.pool = p.pool
+    LEFT JOIN ru ON ru.pool = p.pool
+    ORDER BY p.pool
+$$;
+COMMENT ON FUNCTION orca.pool_load() IS
+'Per pool of the session''s org: attempts queued (orca.queue) and running (leased), tasks '
+'queued (in batches waiting for a runner, retries waiting for their backoff included) and '
+'running (in leased batches), and the runners seen in the last five minutes with their slots. '
+'Every pool a pipeline version, a live runner token or a runner names shows, idle ones with '
+'zeros. Example: SELECT * FROM orca.pool_load();';
+
+CREATE FUNCTION orca.pool_backlog(pool text DEFAULT 'default', kind text DEFAULT 'attempts')
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('pool_backlog', 'pool', octet_length(pool_backlog.pool), 1024)
+                         AND orca._bound('pool_backlog', 'kind', octet_length(pool_backlog.kind), 1024);
+    v_row record;
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('attempts', 'tasks') THEN
+        RAISE EXCEPTION 'unknown backlog kind %: expected ''attempts'' (queued and running '
+                        'attempts, one slot each) or ''tasks'' (queued and running tasks, one '
+                        'task worker each)', coalesce(quote_literal(kind), 'NULL')
+            USING ERRCODE = 'OR103';
+    END IF;
+    SELECT * INTO v_row FROM orca.pool_load() l WHERE l.pool = pool_backlog.pool;
+    IF NOT FOUND THEN
+        -- A scaler that names a pool nothing uses (a typo) would keep it at
+        -- zero runners for ever: say so instead.
+        RAISE EXCEPTION 'unknown pool % in org %: no pipeline version, runner token or runner names it',
+                        coalesce(quote_literal(pool), 'NULL'),
+                        quote_literal((SELECT o.name FROM orca.orgs o WHERE o.id = orca.current_org_id()))
+            USING ERRCODE = 'OR102';
+    END IF;
+    IF kind = 'tasks' THEN
+        RETURN v_row.queued_tasks + v_row.running_tasks;
+    END IF;
+    RETURN v_row.queued_attempts + v_row.running_attempts;
+END
+$$;
+COMMENT ON FUNCTION orca.pool_backlog(text, text) IS
+'The work a pool of the session''s org wants capacity for: queued plus running attempts (kind '
+'''attempts'', one runner slot each) or tasks (kind ''tasks'', one task worker each). The '
+'query of KEDA''s postgresql scaler, with targetQueryValue the slots (or task workers) of one '
+'runner. Example: SELECT orca.pool_backlog(''default'');';
+
+-- orca.metrics() gains the orca_pool_* series (sql/retention.sql).
+CREATE OR REPLACE FUNCTION orca.metrics()
+RETURNS TABLE (metric text, kind text, help text, labels jsonb, value double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org bigint := orca.current_org_id();
+BEGIN
+    RETURN QUERY
+    SELECT 'orca_runs', 'gauge', 'Runs kept (see orca.retention()) by pipeline, kind and status.',
+           jsonb_build_object('pipeline', p.name, 'kind', r.kind, 'status', r.status),
+           count(*)::double precision
+    FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+    WHERE r.org_id = v_org
+    GROUP BY p.name, r.kind, r.status;
+
+    RETURN QUERY
+    WITH pools AS (
+        SELECT q.pool, count(*) AS n, min(q.attempt_id) AS oldest
+        FROM orca.queue q WHERE q.org_id = v_org GROUP BY q.pool
+    ), m AS (
+        SELECT 'orca_queue_depth' AS metric, 'Attempts waiting for a runner, by pool.' AS help,
+               pools.pool, pools.n::double precision AS value
+        FROM pools
+        UNION ALL
+        SELECT 'orca_queue_oldest_seconds', 'Age of the oldest attempt waiting for a runner, by pool.',
+               pools.pool,
+               greatest(0, extract(epoch FROM now() - a.created_at))::double precision
+        FROM pools JOIN orca.attempts a ON a.id = pools.oldest
+    )
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('pool', m.pool), m.value FROM m;
+
+    RETURN QUERY
+    SELECT 'orca_leases', 'gauge', 'Attempts leased to runners now, by pool.',
+           jsonb_build_object('pool', a.pool), count(*)::double precision
+    FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
+    WHERE l.org_id = v_org
+    GROUP BY a.pool;
+
+    RETURN QUERY
+    SELECT 'orca_queued_runs', 'gauge', 'Runs waiting to start (within max_runs), by pipeline.',
+           jsonb_build_object('pipeline', p.name), count(*)::double precision
+    FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+    WHERE r.org_id = v_org AND r.status = 'queued'
+    GROUP BY p.name;
+
+    RETURN QUERY
+    SELECT 'orca_' || c.name || '_total', 'counter',
+           CASE c.name
+               WHEN 'leases_lapsed' THEN 'Leases that passed their deadline without a heartbeat.'
+               ELSE 'Rows orca.tick pruned (' || replace(c.name, 'pruned_', '') || ').'
+           END,
+           '{}'::jsonb, c.value::double precision
+    FROM orca.counters c WHERE c.org_id = v_org;
+
+    -- The autoscaling signal (orca.pool_load): every pool the org uses,
+    -- idle ones at zero, so a prometheus scaler's query always has a value.
+    RETURN QUERY
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('pool', l.pool, 'state', m.state), m.value
+    FROM orca.pool_load() l
+    CROSS JOIN LATERAL (VALUES
+        ('orca_pool_attempts', 'Attempts by pool and state: queued (waiting for a runner) or running (leased).',
+         'queued', l.queued_attempts::double precision),
+        ('orca_pool_attempts', 'Attempts by pool and state: queued (waiting for a runner) or running (leased).',
+         'running', l.running_attempts::double precision),
+        ('orca_pool_tasks', 'Tasks by pool and state: queued (in batches waiting for a runner) or running (in leased batches).',
+         'queued', l.queued_tasks::double precision),
+        ('orca_pool_tasks', 'Tasks by pool and state: queued (in batches waiting for a runner) or running (in leased batches).',
+         'running', l.running_tasks::double precision)
+    ) AS m(metric, help, state, value);
+
+    RETURN QUERY
+    SELECT 'orca_runners', 'gauge', 'Runners seen in the last five minutes, by pool.',
+           jsonb_build_object('pool', x.pool), count(*)::double precision
+    FROM orca.runners x
+    WHERE x.org_id = v_org AND x.last_seen > now() - interval '5 minutes'
+    GROUP BY x.pool;
+
+    RETURN QUERY
+    SELECT 'orca_runner_slots', 'gauge', 'Slots of the runners seen in the last five minutes, by pool.',
+           jsonb_build_object('pool', x.pool), coalesce(sum(x.slots), 0)::double precision
+    FROM orca.runners x
+    WHERE x.org_id = v_org AND x.last_seen > now() - interval '5 minutes'
+    GROUP BY x.pool;
+
+    RETURN QUERY
+    SELECT 'orca_runner_last_seen_seconds', 'gauge', 'Seconds since each runner last claimed or heartbeat.',
+           jsonb_build_object('runner', x.name, 'pool', x.pool),
+           greatest(0, extract(epoch FROM now() - x.last_seen))::double precision
+    FROM orca.runners x WHERE x.org_id = v_org;
+
+    RETURN QUERY
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('sync', s.name), m.value
+    FROM orca.syncs s
+    CROSS JOIN LATERAL (VALUES
+        ('orca_sync_head_epoch', 'The last epoch the sync committed (its HEAD).',
+         s.head_epoch::double precision),
+        ('orca_sync_head_age_seconds', 'Seconds since the sync''s HEAD last moved.',
+         CASE WHEN s.head_at IS NULL THEN NULL
+              ELSE greatest(0, extract(epoch FROM now() - s.head_at))::double precision END)
+    ) AS m(metric, help, value)
+    WHERE s.org_id = v_org AND m.value IS NOT NULL;
+
+    RETURN QUERY
+    SELECT 'orca_webhook_backlog', 'gauge',
+           'Events after an enabled webhook endpoint''s cursor (counted up to 100000).',
+           jsonb_build_object('webhook', w.id::text),
+           (SELECT count(*) FROM (SELECT 1 FROM orca.events e
+                                  WHERE e.org_id = w.org_id AND e.id > w.cursor
+                                  LIMIT 100000) b)::double precision
+    FROM orca.webhooks w WHERE w.org_id = v_org AND w.enabled;
+
+    RETURN QUERY
+    SELECT 'orca_webhook_deliveries', 'gauge',
+           'Delivery tries kept (orca.retain_webhook_deliveries), by endpoint and status.',
+           jsonb_build_object('webhook', d.webhook_id::text, 'status', d.status),
+           count(*)::double precision
+    FROM orca.webhook_deliveries d WHERE d.org_id = v_org
+    GROUP BY d.webhook_id, d.status;
+
+    RETURN QUERY
+    SELECT 'orca_webhooks_disabled', 'gauge', 'Webhook endpoints that are disabled.',
+           '{}'::jsonb, count(*)::double precision
+    FROM orca.webhooks w WHERE w.org_id = v_org AND NOT w.enabled;
+
+    -- The scheduler's ticks, from PostgreSQL's function statistics: the
+    -- background worker tracks its own calls (track_functions), one figure
+    -- for the whole installation.
+    RETURN QUERY
+    SELECT m.metric, 'counter', m.help, '{}'::jsonb, m.value
+    FROM pg_catalog.pg_stat_user_functions f
+    CROSS JOIN LATERAL (VALUES
+        ('orca_tick_seconds_total', 'Time spent in orca.tick (the whole installation).',
+         f.total_time / 1000.0),
+        ('orca_ticks_total', 'Calls of orca.tick (the whole installation).', f.calls::double precision)
+    ) AS m(metric, help, value)
+    WHERE f.schemaname = 'orca' AND f.funcname = 'tick';
+END
+$$;
+COMMENT ON FUNCTION orca.metrics() IS
+'The session''s org''s metrics, one row per series: runs by status, queue depth and oldest '
+'queued age per pool, attempts and tasks queued and running per pool, leases, lapsed leases, runners and slots, sync HEADs, webhook backlog '
+'and deliveries, pruned rows, and tick time. orca serve shows them at /metrics in '
+'Prometheus'' text format. Example: SELECT metric, labels, value FROM orca.metrics();';
+
+REVOKE ALL ON FUNCTION orca.pool_load(), orca.pool_backlog(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.pool_load(), orca.pool_backlog(text, text) TO orca_viewer;

@@ -34,7 +34,10 @@ dev_version=$(dpkg-query -W -f='${Version}' "postgresql-server-dev-$PG_MAJOR" 2>
 packages=(libclang-dev clang)
 # chromium: the console's browser test drives Debian's (headless, through Playwright).
 # nats-server: the NATS JetStream the example external connector reads.
-[ "$tests" = 1 ] && packages+=(chromium nats-server)
+# dpkg-dev: dpkg-shlibdeps, for the packages test (scripts/package.sh).
+# buildah, skopeo, umoci, docker-registry: images built, pushed to a real
+# registry, read back and unpacked, without a Docker engine (scripts/image.sh).
+[ "$tests" = 1 ] && packages+=(chromium nats-server dpkg-dev buildah skopeo umoci docker-registry)
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done

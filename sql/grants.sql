@@ -50,7 +50,8 @@ GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
     orca._catalog_visible(text)
     TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
-    orca.key_status(text), orca.api_session(), orca.metrics(), orca.retention()
+    orca.key_status(text), orca.api_session(), orca.metrics(), orca.retention(),
+    orca.pool_load(), orca.pool_backlog(text, text)
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),

@@ -244,6 +244,22 @@ BEGIN
            '{}'::jsonb, c.value::double precision
     FROM orca.counters c WHERE c.org_id = v_org;
 
+    -- The autoscaling signal (orca.pool_load): every pool the org uses,
+    -- idle ones at zero, so a prometheus scaler's query always has a value.
+    RETURN QUERY
+    SELECT m.metric, 'gauge', m.help, jsonb_build_object('pool', l.pool, 'state', m.state), m.value
+    FROM orca.pool_load() l
+    CROSS JOIN LATERAL (VALUES
+        ('orca_pool_attempts', 'Attempts by pool and state: queued (waiting for a runner) or running (leased).',
+         'queued', l.queued_attempts::double precision),
+        ('orca_pool_attempts', 'Attempts by pool and state: queued (waiting for a runner) or running (leased).',
+         'running', l.running_attempts::double precision),
+        ('orca_pool_tasks', 'Tasks by pool and state: queued (in batches waiting for a runner) or running (in leased batches).',
+         'queued', l.queued_tasks::double precision),
+        ('orca_pool_tasks', 'Tasks by pool and state: queued (in batches waiting for a runner) or running (in leased batches).',
+         'running', l.running_tasks::double precision)
+    ) AS m(metric, help, state, value);
+
     RETURN QUERY
     SELECT 'orca_runners', 'gauge', 'Runners seen in the last five minutes, by pool.',
            jsonb_build_object('pool', x.pool), count(*)::double precision
@@ -314,6 +330,6 @@ END
 $$;
 COMMENT ON FUNCTION orca.metrics() IS
 'The session''s org''s metrics, one row per series: runs by status, queue depth and oldest '
-'queued age per pool, leases, lapsed leases, runners and slots, sync HEADs, webhook backlog '
+'queued age per pool, attempts and tasks queued and running per pool, leases, lapsed leases, runners and slots, sync HEADs, webhook backlog '
 'and deliveries, pruned rows, and tick time. orca serve shows them at /metrics in '
 'Prometheus'' text format. Example: SELECT metric, labels, value FROM orca.metrics();';

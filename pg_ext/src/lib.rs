@@ -127,6 +127,11 @@ extension_sql_file!(
     name = "tasks",
     requires = ["iceberg"]
 );
+extension_sql_file!(
+    "../../sql/scaling.sql",
+    name = "scaling",
+    requires = ["tasks"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

@@ -61,6 +61,8 @@ const API: &[&str] = &[
     "pause",
     "pause_sync",
     "pin_read",
+    "pool_backlog",
+    "pool_load",
     "register",
     "rewind_head",
     "record_commit",
@@ -296,6 +298,46 @@ async fn no_table_view_or_function_crosses_orgs() {
         Some(1.0),
         "acme's own lapsed lease, not globex's too"
     );
+    // The autoscaling signal: acme's attempts only, though both orgs queue
+    // on a pool named default.
+    let count = |sql: String| {
+        let pool = &db.pool;
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        }
+    };
+    let of = |org: &str| {
+        format!(
+            "SELECT (SELECT count(*) FROM orca.queue WHERE pool = 'default' AND org_id IN ({org})) + \
+             (SELECT count(*) FROM orca.leases l JOIN orca.attempts t ON t.id = l.attempt_id \
+              WHERE t.pool = 'default' AND l.org_id IN ({org}))"
+        )
+    };
+    let acme_backlog = count(of(&acme.to_string())).await;
+    let both = count(of(&format!("{acme}, {globex}"))).await;
+    assert!(
+        both > acme_backlog,
+        "globex has work on its default pool too"
+    );
+    let alice_backlog: i64 = sqlx::query_scalar("SELECT orca.pool_backlog('default')")
+        .fetch_one(&mut a)
+        .await
+        .expect("alice's backlog");
+    assert_eq!(alice_backlog, acme_backlog);
+    let alice_pools: Vec<String> = sqlx::query_scalar("SELECT pool FROM orca.pool_load()")
+        .fetch_all(&mut a)
+        .await
+        .expect("alice's pools");
+    let acme_pools = db
+        .strings(&format!(
+            "SELECT pool FROM orca.pipeline_versions WHERE org_id = {acme} \
+             UNION SELECT pool FROM orca.runner_tokens WHERE org_id = {acme} ORDER BY 1"
+        ))
+        .await;
+    assert_eq!(alice_pools, acme_pools);
     let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.retention()")
         .fetch_one(&mut a)
         .await

@@ -88,6 +88,9 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.api_session()", NoLeak, vec!["SELECT orca.api_session()"]),
         ("orca.metrics()", NoLeak, vec!["SELECT * FROM orca.metrics()"]),
         ("orca.retention()", NoLeak, vec!["SELECT * FROM orca.retention()"]),
+        ("orca.pool_load()", NoLeak, vec!["SELECT * FROM orca.pool_load()"]),
+        ("orca.pool_backlog(text,text)", NoLeak, vec!["SELECT orca.pool_backlog('default')",
+                                                     "SELECT orca.pool_backlog('default', 'tasks')"]),
         ("orca.register(jsonb)", NoLeak, vec!["SELECT orca.register('{\"name\": \"globex_only\", \
             \"steps\": [{\"name\": \"one\", \"kind\": \"mapped\"}], \"partitions\": {\"monthly\": \"2024-01\"}, \
             \"registry_hash\": \"sweep\", \"binary\": \"/opt/orca/pipelines/x\"}')"]),

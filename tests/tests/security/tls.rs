@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use orca_tests::cluster::PrivateCluster;
+use orca_tests::cluster::{is_root, PrivateCluster};
 use orca_tests::sqlx::Connection;
 
 use super::*;
@@ -105,14 +105,6 @@ fn certificates(dir: &Path) {
         .map(|s| s.success())
         .unwrap_or(false);
     assert!(ok, "chmod server.key");
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 /// A server that takes TLS connections only.
