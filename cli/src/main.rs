@@ -9,6 +9,7 @@ mod discover;
 mod listing;
 mod locate;
 mod maintain;
+mod push;
 mod register;
 mod secrets;
 mod show;
@@ -47,6 +48,39 @@ enum Cmd {
     Register {
         /// The pipeline binary (built on the Orca SDK).
         binary: PathBuf,
+        /// The image the binary runs from (REGISTRY/NAME@sha256:...): recorded
+        /// on the version, whose binary is then at --image-dir/<file name>.
+        #[arg(long)]
+        image: Option<String>,
+        /// Where pipeline binaries are in that image.
+        #[arg(long, default_value = push::PIPELINES_DIR, requires = "image")]
+        image_dir: String,
+    },
+    /// Build the project's image FROM the runner image, with these pipeline
+    /// binaries at /opt/orca/pipelines/<name>, their `orca locate` output and
+    /// the source and commit as labels, and push it (buildah, no Docker engine).
+    Push {
+        /// Where to push it: REGISTRY/NAME:TAG.
+        #[arg(long)]
+        image: String,
+        /// The image to build on: an orca-runner image (scripts/image.sh runner).
+        #[arg(long, env = "ORCA_RUNNER_IMAGE")]
+        from: String,
+        /// The source tree the binaries were built from (for orca locate and
+        /// the source and commit labels).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// The registry speaks plain HTTP or has a certificate not to verify
+        /// (a registry on loopback).
+        #[arg(long)]
+        insecure_registry: bool,
+        /// Also register each binary, recording the pushed image's digest on
+        /// its version (needs DATABASE_URL).
+        #[arg(long)]
+        register: bool,
+        /// The pipeline binaries.
+        #[arg(required = true)]
+        binaries: Vec<PathBuf>,
     },
     /// Queue one run per partition and follow them until they finish.
     Backfill {
@@ -383,6 +417,34 @@ fn main() {
     let json = cli.json;
     let result = match cli.cmd {
         Cmd::Locate { binary, root } => locate::run(&binary, &root),
+        Cmd::Push {
+            image,
+            from,
+            root,
+            insecure_registry,
+            register,
+            binaries,
+        } => push::run(&push::Push {
+            image: &image,
+            from: &from,
+            root: &root,
+            binaries: &binaries,
+            insecure_registry,
+        })
+        .and_then(|pushed| {
+            if !register {
+                return Ok(0);
+            }
+            let mut c = db::connect(&cli.database_url, cli.org.as_deref())?;
+            let at = register::InImage {
+                reference: &pushed.reference,
+                dir: push::PIPELINES_DIR,
+            };
+            for b in &pushed.binaries {
+                register::run(&mut c, b, Some(&at))?;
+            }
+            Ok(0)
+        }),
         Cmd::Discover { source } => discover::run(&source, json),
         Cmd::Serve {
             listen,
@@ -409,7 +471,21 @@ fn main() {
                 .map(|()| 0)
         }
         cmd => db::connect(&cli.database_url, cli.org.as_deref()).and_then(|mut c| match cmd {
-            Cmd::Register { binary } => register::run(&mut c, &binary),
+            Cmd::Register {
+                binary,
+                image,
+                image_dir,
+            } => register::run(
+                &mut c,
+                &binary,
+                image
+                    .as_deref()
+                    .map(|reference| register::InImage {
+                        reference,
+                        dir: &image_dir,
+                    })
+                    .as_ref(),
+            ),
             Cmd::Backfill {
                 pipeline,
                 partitions,
@@ -493,9 +569,11 @@ fn main() {
                 } => tokens::rotate(&mut c, &name, grace_seconds, out.as_deref()),
                 TokensCmd::Revoke { name } => tokens::revoke(&mut c, &name),
             },
-            Cmd::Locate { .. } | Cmd::Serve { .. } | Cmd::Relay { .. } | Cmd::Discover { .. } => {
-                Ok(0)
-            }
+            Cmd::Locate { .. }
+            | Cmd::Push { .. }
+            | Cmd::Serve { .. }
+            | Cmd::Relay { .. }
+            | Cmd::Discover { .. } => Ok(0),
         }),
     };
     match result {

@@ -9,7 +9,14 @@ use serde_json::Value;
 
 use crate::db::explain;
 
-pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
+/// Where a registered binary runs: in this image, at `dir/<file name>`
+/// (what `orca push` put there), rather than at its path here.
+pub struct InImage<'a> {
+    pub reference: &'a str,
+    pub dir: &'a str,
+}
+
+pub fn run(c: &mut Client, binary: &Path, image: Option<&InImage>) -> anyhow::Result<i32> {
     let binary = binary
         .canonicalize()
         .with_context(|| format!("no pipeline binary at {}", binary.display()))?;
@@ -46,6 +53,18 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
     if let Some(m) = manifest.as_object_mut() {
         m.insert("binary_sha256".into(), Value::String(sha));
     }
+    if let (Some(img), Some(m)) = (image, manifest.as_object_mut()) {
+        crate::push::check_reference(img.reference)?;
+        let file = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        m.insert("image".into(), Value::String(img.reference.to_string()));
+        m.insert(
+            "binary".into(),
+            Value::String(format!("{}/{file}", img.dir.trim_end_matches('/'))),
+        );
+    }
     // Checked here too, so that a bad manifest names its field before
     // anything is sent.
     let name = orca_core::manifest::parse(&manifest)
@@ -63,14 +82,21 @@ pub fn run(c: &mut Client, binary: &Path) -> anyhow::Result<i32> {
         .map_err(explain)?;
     let version: i32 = row.get(0);
     let hash: String = row.get(1);
-    println!(
-        "registered {name} version {version} (registry hash {hash}) from {}",
-        binary.display()
-    );
+    match image {
+        Some(img) => println!(
+            "registered {name} version {version} (registry hash {hash}) from {}, to run from image {}",
+            binary.display(),
+            img.reference
+        ),
+        None => println!(
+            "registered {name} version {version} (registry hash {hash}) from {}",
+            binary.display()
+        ),
+    }
     Ok(0)
 }
 
-fn sha256_of(path: &Path) -> anyhow::Result<String> {
+pub fn sha256_of(path: &Path) -> anyhow::Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
     let mut file =

@@ -13,6 +13,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod cluster;
 pub mod install;
+pub mod oci;
 pub mod orgs;
 pub mod procs;
 pub mod releases;

@@ -131,7 +131,7 @@ fn url_user(url: &str) -> Option<&str> {
 /// Makes the least-privileged logins (once per cluster; tests run at once)
 /// and a runner token of `org` and `pool` named after the runner, through
 /// the superuser's `url`. Returns the token.
-fn least_privilege(url: &str, org: &str, pool: &str, name: &str) -> String {
+pub fn least_privilege(url: &str, org: &str, pool: &str, name: &str) -> String {
     let (url, org, pool, name) = (
         url.to_string(),
         org.to_string(),

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use orca_tests::cluster::{is_root, PrivateCluster};
+use orca_tests::oci::have;
 use orca_tests::procs::{bin, text};
 use orca_tests::sqlx::{self, Connection, Executor, PgConnection};
 use orca_tests::{repo_root, scratch};
@@ -34,14 +35,6 @@ fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?}: {}", text(&out));
     out
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
 }
 
 /// The machine as the test found it: the files the packages overwrite,
