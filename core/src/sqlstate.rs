@@ -94,6 +94,8 @@ sqlstates! {
     UNKNOWN_WEBHOOK = "OR096": "unknown webhook";
     UNDECLARED_TASK = "OR100": "a task the pipeline's version does not declare (`tasks` in its manifest)";
     TASK_INDEX_GAP = "OR101": "tasks added with a gap in their numbering";
+    UNKNOWN_POOL = "OR102": "`orca.pool_backlog` of a pool nothing in the org names";
+    UNKNOWN_BACKLOG_KIND = "OR103": "`orca.pool_backlog` of a kind other than attempts or tasks";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,
