@@ -1414,3 +1414,304 @@ COMMENT ON FUNCTION orca.metrics() IS
 
 REVOKE ALL ON FUNCTION orca.pool_load(), orca.pool_backlog(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.pool_load(), orca.pool_backlog(text, text) TO orca_viewer;
+
+-- Sizing: the size each attempt gets and why it died (killed for memory),
+-- grown on the next attempt (sql/runs.sql, sql/dispatch.sql).
+ALTER TABLE orca.attempts
+    ADD COLUMN resources jsonb,
+    ADD COLUMN killed_for text CHECK (killed_for IN ('memory'));
+ALTER TYPE orca.lease ADD ATTRIBUTE resources jsonb;
+DROP FUNCTION orca.finish(uuid, boolean, text);
+CREATE FUNCTION orca._attempt_size(p_res jsonb, p_run bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'cpu_millis', p_res->'cpu_millis',
+        'memory_bytes', CASE
+            WHEN NOT p_res ? 'memory_bytes' THEN NULL
+            WHEN last.resources IS NULL THEN (p_res->>'memory_bytes')::bigint
+            WHEN last.killed_for = 'memory' THEN
+                least(ceil((last.resources->>'memory_bytes')::numeric
+                           * (p_res->>'memory_growth')::numeric)::bigint,
+                      (p_res->>'max_memory_bytes')::bigint)
+            ELSE greatest((p_res->>'memory_bytes')::bigint,
+                          least((last.resources->>'memory_bytes')::bigint,
+                                (p_res->>'max_memory_bytes')::bigint))
+        END))
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (
+        SELECT a.killed_for, a.resources FROM orca.attempts a
+        WHERE a.run_id = p_run AND a.resources ? 'memory_bytes'
+        ORDER BY a.number DESC LIMIT 1
+    ) last ON true
+$$;
+
+CREATE OR REPLACE FUNCTION orca._enqueue_attempts(p_runs bigint[], p_version bigint DEFAULT NULL)
+RETURNS SETOF orca.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_made orca.attempts[];
+BEGIN
+    WITH att AS (
+        INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool, resources)
+        SELECT r.org_id, r.id, r.attempts, v.id, v.pool,
+               CASE WHEN v.manifest ? 'resources'
+                    THEN orca._attempt_size(v.manifest->'resources', r.id) END
+        FROM orca.runs r JOIN orca.pipeline_versions v ON v.id = coalesce(p_version, r.version_id)
+        WHERE r.id = ANY (p_runs)
+        -- Attempts are claimed oldest first: the oldest run's comes first.
+        ORDER BY r.id
+        RETURNING *
+    ), q AS (
+        -- The run's kind by primary key, a row at a time (a subquery in the
+        -- select list, which the planner cannot turn into a join): a join
+        -- let it hash the whole runs table, whose size is the history.
+        INSERT INTO orca.queue (org_id, pool, attempt_id, command)
+        SELECT a.org_id, a.pool, a.id,
+               orca._command((SELECT x.kind FROM orca.runs x WHERE x.id = a.run_id))
+        FROM att a
+    )
+    SELECT array_agg(a ORDER BY a.id) INTO v_made FROM att a;
+    PERFORM pg_notify('orca_work', p)
+    FROM (SELECT DISTINCT x.pool AS p FROM unnest(v_made) x) pools;
+    RETURN QUERY SELECT * FROM unnest(v_made);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca._attempt_ended(p_attempt bigint, p_outcome text, p_error text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a orca.attempts;
+    r orca.runs;
+    v_lost_max integer;
+    v_deadline timestamptz;
+    v_beat     timestamptz;
+BEGIN
+    DELETE FROM orca.leases WHERE attempt_id = p_attempt
+    RETURNING deadline, heartbeat_at INTO v_deadline, v_beat;
+    UPDATE orca.attempts
+    SET status = p_outcome, finished_at = now(), error = p_error,
+        deadline = coalesce(v_deadline, deadline), heartbeat_at = coalesce(v_beat, heartbeat_at)
+    WHERE id = p_attempt
+    RETURNING * INTO a;
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    PERFORM orca._event(a.org_id, 'attempt.' || p_outcome, r.pipeline_id, r.id, a.id,
+                        jsonb_strip_nulls(jsonb_build_object('attempt', a.number,
+                                                             'runner', a.runner,
+                                                             'error', p_error)));
+    IF r.status <> 'running' OR r.kind = 'sense' THEN
+        -- A sensor's polls come and go; its sense run stays as it is.
+        RETURN r.status;
+    END IF;
+    IF p_outcome = 'released' THEN
+        -- Handing work back is not the run's fault: its budgets stay as they are.
+        PERFORM orca._next_attempt(r.id, 'released');
+        RETURN 'running';
+    END IF;
+    IF p_outcome = 'failed' AND a.killed_for = 'memory'
+       AND (a.resources->>'memory_bytes')::bigint
+           < (SELECT (v.manifest->'resources'->>'max_memory_bytes')::bigint
+              FROM orca.pipeline_versions v WHERE v.id = a.version_id) THEN
+        -- Killed for memory below its cap: the next attempt gets more
+        -- (orca._attempt_size), and the run's retries stay as they are.
+        PERFORM orca._next_attempt(r.id, 'killed for memory');
+        RETURN 'running';
+    END IF;
+    IF p_outcome = 'succeeded' THEN
+        UPDATE orca.runs SET status = 'succeeded', finished_at = now(), error = NULL
+        WHERE id = r.id;
+        PERFORM orca._event(r.org_id, 'run.succeeded', r.pipeline_id, r.id, a.id,
+                            jsonb_build_object('attempts', r.attempts));
+        PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
+        RETURN 'succeeded';
+    END IF;
+    IF p_outcome = 'failed' AND r.failures < r.run_retries THEN
+        UPDATE orca.runs SET failures = failures + 1 WHERE id = r.id;
+        PERFORM orca._next_attempt(r.id, 'failed');
+        RETURN 'running';
+    END IF;
+    v_lost_max := orca._lost_attempts_max();
+    IF p_outcome = 'lost' AND r.losses < v_lost_max THEN
+        UPDATE orca.runs SET losses = losses + 1 WHERE id = r.id;
+        PERFORM orca._next_attempt(r.id, 'lost');
+        RETURN 'running';
+    END IF;
+    UPDATE orca.runs
+    SET status = 'failed', finished_at = now(),
+        failures = failures + (p_outcome = 'failed')::int,
+        losses = losses + (p_outcome = 'lost')::int,
+        error = CASE WHEN p_outcome = 'lost'
+                     THEN format('attempt %s was lost (%s) and the run had no lost attempts left (orca.lost_attempts_max = %s)',
+                                 a.number, p_error, v_lost_max)
+                     ELSE p_error END
+    WHERE id = r.id;
+    PERFORM orca._event(r.org_id, 'run.failed', r.pipeline_id, r.id, a.id,
+                        jsonb_build_object('attempts', r.attempts, 'error', p_error));
+    PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
+    RETURN 'failed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.claim(runner text, pool text DEFAULT 'default', max integer DEFAULT 1,
+                           commands text[] DEFAULT NULL)
+RETURNS SETOF orca.lease
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('claim', 'runner', octet_length(claim.runner), 1024)
+                         AND orca._bound('claim', 'pool', octet_length(claim.pool), 1024)
+                         AND orca._bound('claim', 'commands', octet_length(array_to_string(claim.commands, '', '')) + cardinality(claim.commands), 1024);
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    v_org_name text := (SELECT o.name FROM orca.orgs o WHERE o.id = v_org);
+    v_ttl interval := make_interval(secs => orca._lease_seconds());
+    v_ids  bigint[];
+    v_tids tid[];
+BEGIN
+    IF claim.runner IS NULL OR length(claim.runner) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'runner name must be 1 to 128 characters, got %', quote_nullable(claim.runner)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.pool IS NULL OR claim.pool = '' THEN
+        RAISE EXCEPTION 'pool must be a non-empty name, got %', quote_nullable(claim.pool)
+            USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._runner_pool(t, claim.pool);
+    IF claim.max IS NULL OR claim.max NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max must be from 1 to 1000, got %', coalesce(claim.max::text, 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF claim.commands IS NOT NULL AND EXISTS (
+           SELECT 1 FROM unnest(claim.commands) AS c
+           WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')) THEN
+        RAISE EXCEPTION 'commands must list attempt, sense, keys, sync, discover or maintain, got %',
+            (SELECT quote_nullable(c) FROM unnest(claim.commands) AS c
+             WHERE c IS NULL OR c NOT IN ('attempt', 'sense', 'keys', 'sync', 'discover', 'maintain')
+             LIMIT 1)
+            USING ERRCODE = 'OR050';
+    END IF;
+    -- Keep the runner's row fresh without writing it on every poll. The
+    -- read comes first because an upsert locks the row even when its WHERE
+    -- then declines to update, and that lock would last the whole claim.
+    IF NOT EXISTS (SELECT 1 FROM orca.runners rn
+                   WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
+                     AND rn.last_seen >= now() - interval '1 second') THEN
+        INSERT INTO orca.runners AS rn (org_id, name, pool)
+        VALUES (v_org, claim.runner, claim.pool)
+        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
+        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+    END IF;
+
+    -- The pick is a statement of its own, and every table below is reached
+    -- through = ANY (v_ids): each statement then has one plan that stays on
+    -- primary keys, which PL/pgSQL caches instead of planning the whole
+    -- claim again on every call (a third of a small claim's time).
+    -- The picked rows stay locked to the end of the transaction, so their
+    -- ctids hold and the delete finds them by ctid, not by a filter on the
+    -- queue's key.
+    SELECT array_agg(x.attempt_id ORDER BY x.attempt_id), array_agg(x.ctid)
+    INTO v_ids, v_tids
+    FROM (SELECT q.attempt_id, q.ctid FROM orca.queue q
+          WHERE q.org_id = v_org AND q.pool = claim.pool
+            AND (claim.commands IS NULL OR q.command = ANY (claim.commands))
+          ORDER BY q.attempt_id
+          LIMIT claim.max
+          FOR UPDATE SKIP LOCKED) x;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        DELETE FROM orca.queue q WHERE q.ctid = ANY (v_tids)
+    ), leased AS (
+        -- leased_at is the clock, not the transaction's start: this statement
+        -- may see an attempt that a finish committed after this transaction
+        -- began, and must not look leased before the run ahead of it ended.
+        UPDATE orca.attempts a
+        SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
+            leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
+        WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
+        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool, a.resources
+    ), live AS (
+        INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
+        SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
+    ), info AS (
+        -- LATERAL keeps these lookups on primary keys whatever the planner
+        -- guesses about how many rows the UPDATE returns.
+        SELECT l.*, x.*
+        FROM leased l
+        CROSS JOIN LATERAL (
+            SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
+            FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
+            WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
+        ) x
+    ), ev AS (
+        INSERT INTO orca.events (org_id, kind, pipeline_id, run_id, attempt_id, data)
+        SELECT v_org, 'attempt.leased', i.pipeline_id, i.run_id, i.id,
+               jsonb_build_object('attempt', i.number, 'runner', claim.runner)
+        FROM info i
+    )
+    SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
+           i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
+           orca._command(i.run_kind),
+           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END,
+           i.resources
+    FROM info i
+    ORDER BY i.id;
+END
+$$;
+COMMENT ON FUNCTION orca.claim(text, text, integer, text[]) IS
+'Leases up to max pending attempts of a pool to a runner, oldest first, with FOR UPDATE SKIP '
+'LOCKED so that concurrent runners never get the same attempt. Each lease lasts '
+'orca.lease_seconds; keep it with orca.heartbeat and end it with orca.finish. commands: what '
+'the runner can run (attempt, sense, keys, sync, discover, maintain; NULL: all), so that a runner '
+'not set up for '
+'syncs leaves them to one that is. '
+'Example: SELECT * FROM orca.claim(''runner-1'', max => 4);';
+
+
+CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL,
+                            killed_for text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('finish', 'error', octet_length(finish.error), 65536)
+                         AND orca._bound('finish', 'killed_for', octet_length(finish.killed_for), 1024);
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    a     orca.attempts;
+BEGIN
+    IF finish.ok IS NULL THEN
+        RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
+    END IF;
+    IF finish.killed_for IS NOT NULL AND (finish.ok OR finish.killed_for <> 'memory') THEN
+        RAISE EXCEPTION 'killed_for must be NULL or, for a failed attempt, ''memory'', got %',
+                        quote_literal(finish.killed_for)
+            USING ERRCODE = 'OR050';
+    END IF;
+    PERFORM orca._lease_holder(t, finish.lease);
+    a := orca._leased_attempt(v_org, finish.lease);
+    IF finish.killed_for IS NOT NULL THEN
+        UPDATE orca.attempts SET killed_for = finish.killed_for WHERE id = a.id;
+    END IF;
+    RETURN orca._attempt_ended(
+        a.id,
+        CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
+        CASE WHEN finish.ok THEN NULL
+             ELSE coalesce(finish.error, 'the attempt failed without a message') END);
+END
+$$;
+COMMENT ON FUNCTION orca.finish(uuid, boolean, text, text) IS
+'Ends a leased attempt: ok => true marks the run succeeded; ok => false records the error and '
+'retries the run while its run_retries last, else fails it. killed_for => ''memory'' (the '
+'attempt was killed for memory: OOMKilled, or its runner''s memory limit) retries it with more '
+'memory (its version''s memory_growth, up to max_memory) without spending run_retries; at the '
+'cap it is an ordinary failure. Returns the run''s status afterwards (succeeded, running when '
+'retried, failed). A stale or foreign lease gets OR012, OR014 or OR015 and changes nothing.';
+
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA orca FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.finish(uuid, boolean, text, text) TO orca_runner;
+GRANT SELECT (resources, killed_for) ON orca.attempts TO orca_viewer;

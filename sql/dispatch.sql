@@ -66,6 +66,15 @@ BEGIN
         PERFORM orca._next_attempt(r.id, 'released');
         RETURN 'running';
     END IF;
+    IF p_outcome = 'failed' AND a.killed_for = 'memory'
+       AND (a.resources->>'memory_bytes')::bigint
+           < (SELECT (v.manifest->'resources'->>'max_memory_bytes')::bigint
+              FROM orca.pipeline_versions v WHERE v.id = a.version_id) THEN
+        -- Killed for memory below its cap: the next attempt gets more
+        -- (orca._attempt_size), and the run's retries stay as they are.
+        PERFORM orca._next_attempt(r.id, 'killed for memory');
+        RETURN 'running';
+    END IF;
     IF p_outcome = 'succeeded' THEN
         UPDATE orca.runs SET status = 'succeeded', finished_at = now(), error = NULL
         WHERE id = r.id;
@@ -277,7 +286,7 @@ BEGIN
         SET status = 'leased', runner = claim.runner, lease = orca._new_lease(a.id),
             leased_at = clock_timestamp(), heartbeat_at = now(), deadline = now() + v_ttl
         WHERE a.id = ANY (v_ids) AND a.status = 'pending' AND a.org_id = v_org
-        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool
+        RETURNING a.id, a.run_id, a.lease, a.version_id, a.number, a.deadline, a.pool, a.resources
     ), live AS (
         INSERT INTO orca.leases (org_id, attempt_id, lease, runner, deadline, token_id)
         SELECT v_org, l.id, l.lease, claim.runner, l.deadline, t.id FROM leased l
@@ -301,7 +310,8 @@ BEGIN
     SELECT i.id, i.run_id, i.lease, i.pipeline_name, i.version_id, i.binary_path, i.partitions,
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
            orca._command(i.run_kind),
-           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END
+           CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END,
+           i.resources
     FROM info i
     ORDER BY i.id;
 END
@@ -340,11 +350,13 @@ COMMENT ON FUNCTION orca.heartbeat(uuid) IS
 'lease, OR014 lease no longer active (lost or finished: stop the attempt), OR015 run cancelled '
 '(stop the attempt).';
 
-CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL) RETURNS text
+CREATE FUNCTION orca.finish(lease uuid, ok boolean, error text DEFAULT NULL,
+                            killed_for text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded boolean := orca._bound('finish', 'error', octet_length(finish.error), 65536);
+    v_bounded boolean := orca._bound('finish', 'error', octet_length(finish.error), 65536)
+                         AND orca._bound('finish', 'killed_for', octet_length(finish.killed_for), 1024);
     t     orca.runner_tokens := orca._runner_session();
     v_org bigint := t.org_id;
     a     orca.attempts;
@@ -352,8 +364,16 @@ BEGIN
     IF finish.ok IS NULL THEN
         RAISE EXCEPTION 'ok must be true or false, got NULL' USING ERRCODE = 'OR050';
     END IF;
+    IF finish.killed_for IS NOT NULL AND (finish.ok OR finish.killed_for <> 'memory') THEN
+        RAISE EXCEPTION 'killed_for must be NULL or, for a failed attempt, ''memory'', got %',
+                        quote_literal(finish.killed_for)
+            USING ERRCODE = 'OR050';
+    END IF;
     PERFORM orca._lease_holder(t, finish.lease);
     a := orca._leased_attempt(v_org, finish.lease);
+    IF finish.killed_for IS NOT NULL THEN
+        UPDATE orca.attempts SET killed_for = finish.killed_for WHERE id = a.id;
+    END IF;
     RETURN orca._attempt_ended(
         a.id,
         CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
@@ -361,11 +381,13 @@ BEGIN
              ELSE coalesce(finish.error, 'the attempt failed without a message') END);
 END
 $$;
-COMMENT ON FUNCTION orca.finish(uuid, boolean, text) IS
+COMMENT ON FUNCTION orca.finish(uuid, boolean, text, text) IS
 'Ends a leased attempt: ok => true marks the run succeeded; ok => false records the error and '
-'retries the run while its run_retries last, else fails it. Returns the run''s status '
-'afterwards (succeeded, running when retried, failed). A stale or foreign lease gets OR012, '
-'OR014 or OR015 and changes nothing.';
+'retries the run while its run_retries last, else fails it. killed_for => ''memory'' (the '
+'attempt was killed for memory: OOMKilled, or its runner''s memory limit) retries it with more '
+'memory (its version''s memory_growth, up to max_memory) without spending run_retries; at the '
+'cap it is an ordinary failure. Returns the run''s status afterwards (succeeded, running when '
+'retried, failed). A stale or foreign lease gets OR012, OR014 or OR015 and changes nothing.';
 
 CREATE FUNCTION orca.finish_many(leases uuid[], ok boolean DEFAULT true, error text DEFAULT NULL)
 RETURNS integer

@@ -30,7 +30,8 @@ GRANT SELECT (org_id, name, created_at, created_by, updated_at, updated_by)
     ON orca.secrets TO orca_viewer;
 GRANT SELECT (org_id, created_at, rewrapped_at) ON orca.org_keys TO orca_viewer;
 GRANT SELECT (org_id, id, run_id, version_id, number, status, runner, pool, created_at,
-              leased_at, heartbeat_at, deadline, finished_at, error, build)
+              leased_at, heartbeat_at, deadline, finished_at, error, build, resources,
+              killed_for)
     ON orca.attempts TO orca_viewer;
 GRANT SELECT (org_id, attempt_id, runner, deadline, heartbeat_at, token_id)
     ON orca.leases TO orca_viewer;
@@ -113,7 +114,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),
     orca.heartbeat(uuid),
-    orca.finish(uuid, boolean, text),
+    orca.finish(uuid, boolean, text, text),
     orca.finish_many(uuid[], boolean, text),
     orca.release(uuid, text),
     orca.register_runner(text, text, integer, text),

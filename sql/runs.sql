@@ -27,6 +27,33 @@ LANGUAGE sql IMMUTABLE AS $$
                        WHEN 'maintain' THEN 'maintain' ELSE 'attempt' END
 $$;
 
+-- The size of a run's next attempt, from its version's resources (the
+-- manifest's, normalised by orca_core::resources): the declared CPU, and
+-- memory never below what the run's last attempt had; after a kill for
+-- memory, that times memory_growth, up to max_memory_bytes.
+CREATE FUNCTION orca._attempt_size(p_res jsonb, p_run bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'cpu_millis', p_res->'cpu_millis',
+        'memory_bytes', CASE
+            WHEN NOT p_res ? 'memory_bytes' THEN NULL
+            WHEN last.resources IS NULL THEN (p_res->>'memory_bytes')::bigint
+            WHEN last.killed_for = 'memory' THEN
+                least(ceil((last.resources->>'memory_bytes')::numeric
+                           * (p_res->>'memory_growth')::numeric)::bigint,
+                      (p_res->>'max_memory_bytes')::bigint)
+            ELSE greatest((p_res->>'memory_bytes')::bigint,
+                          least((last.resources->>'memory_bytes')::bigint,
+                                (p_res->>'max_memory_bytes')::bigint))
+        END))
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (
+        SELECT a.killed_for, a.resources FROM orca.attempts a
+        WHERE a.run_id = p_run AND a.resources ? 'memory_bytes'
+        ORDER BY a.number DESC LIMIT 1
+    ) last ON true
+$$;
+
 -- Each run's next attempt, pending in its pool: the attempt (numbered by the
 -- run's attempts, which the caller has just counted up) and its queue row,
 -- and a NOTIFY that wakes the pool's idle runners (sent at commit, once per
@@ -39,8 +66,10 @@ DECLARE
     v_made orca.attempts[];
 BEGIN
     WITH att AS (
-        INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool)
-        SELECT r.org_id, r.id, r.attempts, v.id, v.pool
+        INSERT INTO orca.attempts (org_id, run_id, number, version_id, pool, resources)
+        SELECT r.org_id, r.id, r.attempts, v.id, v.pool,
+               CASE WHEN v.manifest ? 'resources'
+                    THEN orca._attempt_size(v.manifest->'resources', r.id) END
         FROM orca.runs r JOIN orca.pipeline_versions v ON v.id = coalesce(p_version, r.version_id)
         WHERE r.id = ANY (p_runs)
         -- Attempts are claimed oldest first: the oldest run's comes first.

@@ -261,6 +261,11 @@ CREATE TABLE orca.attempts (
     -- What the pipeline binary said of itself when it took the attempt:
     -- registry hash, source, commit, dirty, image.
     build        jsonb,
+    -- The size the attempt got (cpu_millis, memory_bytes; orca._attempt_size)
+    -- when its version declares resources, and 'memory' when it was killed
+    -- for memory (orca.finish's killed_for).
+    resources    jsonb,
+    killed_for   text CHECK (killed_for IN ('memory')),
     UNIQUE (run_id, number),
     UNIQUE (org_id, id),
     FOREIGN KEY (org_id, run_id) REFERENCES orca.runs (org_id, id) ON DELETE CASCADE,
@@ -516,7 +521,10 @@ CREATE TYPE orca.lease AS (
     command         text,
     -- The sha256 of the binary registered with the version: a runner runs
     -- only a file with this hash (NULL for syncs and unpinned versions).
-    binary_sha256   text
+    binary_sha256   text,
+    -- The attempt's size (cpu_millis, memory_bytes), NULL when the version
+    -- declares none: the runner holds the child to it.
+    resources       jsonb
 );
 
 INSERT INTO orca.orgs (name) VALUES ('default');

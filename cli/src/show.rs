@@ -226,7 +226,8 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
     let attempts = c
         .query(
             "SELECT a.number, a.status, a.runner, a.leased_at, a.finished_at, a.error,
-                    x.build->>'commit'
+                    x.build->>'commit', (x.resources->>'memory_bytes')::bigint,
+                    (x.resources->>'cpu_millis')::bigint, x.killed_for
              FROM orca.attempt_overview a JOIN orca.attempts x ON x.id = a.attempt
              WHERE a.run = $1 ORDER BY a.number",
             &[&id],
@@ -236,12 +237,30 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
     for a in &attempts {
         let n: i32 = a.get(0);
         last = Some(n);
+        // The size it got, when its version declares one, and why it died
+        // when it was killed for memory.
+        let size = [
+            a.get::<_, Option<i64>>(7)
+                .map(|b| format!("memory {}", orca_core::resources::show_bytes(b))),
+            a.get::<_, Option<i64>>(8).map(|m| format!("cpu {m}m")),
+            a.get::<_, Option<String>>(9)
+                .map(|k| format!("killed for {k}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ");
         println!(
-            "  #{n} {:<10} runner {:<20} leased {}  took {}{}{}",
+            "  #{n} {:<10} runner {:<20} leased {}  took {}{}{}{}",
             a.get::<_, String>(1),
             a.get::<_, Option<String>>(2).unwrap_or_else(|| "-".into()),
             time(a.get(3)),
             secs(a.get(3), a.get(4)),
+            if size.is_empty() {
+                String::new()
+            } else {
+                format!("  [{size}]")
+            },
             a.get::<_, Option<String>>(6)
                 .map(|c| format!("  commit {c}"))
                 .unwrap_or_default(),

@@ -210,7 +210,25 @@ pub struct Lease {
     /// registered without one, and for syncs).
     #[serde(default)]
     pub binary_sha256: Option<String>,
+    /// The attempt's size, when its version declares one (absent from a
+    /// control plane before 0.3.0).
+    #[serde(default)]
+    pub resources: Option<AttemptSize>,
 }
+
+/// The size an attempt got (`orca.attempts.resources`): what its runner
+/// holds the child to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AttemptSize {
+    #[serde(default)]
+    pub cpu_millis: Option<i64>,
+    #[serde(default)]
+    pub memory_bytes: Option<i64>,
+}
+
+/// Why an attempt died, when the runner knows (`orca.finish`'s
+/// `killed_for`): killed for memory is retried with more.
+pub const KILLED_FOR_MEMORY: &str = "memory";
 
 /// The state of one (step, partition) of a run (`orca.step_states.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,6 +14,7 @@ pub mod keyed;
 pub mod manifest;
 pub mod netguard;
 pub mod partition;
+pub mod resources;
 pub mod secret;
 pub mod sqlstate;
 pub mod sync;

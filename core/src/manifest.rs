@@ -163,6 +163,9 @@ pub struct Manifest {
     pub pool: String,
     /// Runs when a dataset it reads and does not write gets a new snapshot.
     pub sensor: bool,
+    /// What each attempt gets: the pipeline's `resources` and its steps'
+    /// together (the larger of each).
+    pub resources: Option<crate::resources::Resources>,
     pub normalized: Value,
 }
 
@@ -762,19 +765,40 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     }
     get_bool(obj, "dirty")?;
 
+    let mut resources = crate::resources::parse(obj.get("resources"), "resources")?;
+    let mut step_resources = Vec::new();
+    if let Some(raw) = obj.get("steps").and_then(Value::as_array) {
+        for (i, s) in raw.iter().enumerate() {
+            let declared =
+                crate::resources::parse(s.get("resources"), &format!("steps[{i}].resources"))?;
+            if let Some(r) = declared {
+                resources = Some(match resources {
+                    Some(p) => p.max(r),
+                    None => r,
+                });
+            }
+            step_resources.push(declared);
+        }
+    }
+
     let mut normalized = obj.clone();
     normalized.insert(
         "steps".into(),
         Value::Array(
             steps
                 .iter()
-                .map(|s| {
+                .enumerate()
+                .map(|(i, s)| {
                     let mut step = serde_json::json!({
                         "name": s.name,
                         "kind": s.kind.name(),
                         "after": s.after,
                         "retries": s.retries,
                     });
+                    if let (Some(o), Some(Some(r))) = (step.as_object_mut(), step_resources.get(i))
+                    {
+                        o.insert("resources".into(), r.to_json());
+                    }
                     if let Some(o) = step.as_object_mut() {
                         if let Some(code) = &s.code {
                             o.insert("code".into(), code.clone().into());
@@ -839,6 +863,11 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     normalized.insert("catchup".into(), catchup.into());
     normalized.insert("pool".into(), pool.clone().into());
     normalized.insert("sensor".into(), sensor.into());
+    // Only a pipeline that declares a size gets the field (as tasks).
+    match &resources {
+        Some(r) => normalized.insert("resources".into(), r.to_json()),
+        None => normalized.remove("resources"),
+    };
 
     Ok(Manifest {
         name,
@@ -855,6 +884,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         binary,
         pool,
         sensor,
+        resources,
         normalized: Value::Object(normalized),
     })
 }

@@ -133,7 +133,11 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
             let _ = log.line(&line).await;
             if !line.trim().is_empty() {
                 if let Ok(mut l) = last.lock() {
-                    *l = Some(line);
+                    // A failed allocation is why the child dies: the
+                    // backtrace it may print after it is not.
+                    if !l.as_deref().is_some_and(crate::sizing::is_alloc_failure) {
+                        *l = Some(line);
+                    }
                 }
             }
         }
@@ -220,6 +224,9 @@ fn spawn_child(
     if let Some(dir) = &shared.connectors {
         cmd.env(orca_engine::source::connector::CONNECTORS_ENV, dir);
     }
+    if let Some(bytes) = l.resources.and_then(|r| r.memory_bytes) {
+        crate::sizing::limit_memory(&mut cmd, bytes);
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -228,10 +235,21 @@ fn spawn_child(
 }
 
 async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
+    report_why(shared, l, ok, error, None).await
+}
+
+/// [`report`], saying why the attempt died when the runner knows.
+async fn report_why(
+    shared: &Shared,
+    l: &Lease,
+    ok: bool,
+    error: Option<String>,
+    killed_for: Option<&str>,
+) -> Outcome {
     let t0 = std::time::Instant::now();
     let mut wait = REPORT_BACKOFF_FIRST;
     loop {
-        match control::finish(&shared.db, l.lease, ok, error.as_deref()).await {
+        match control::finish(&shared.db, l.lease, ok, error.as_deref(), killed_for).await {
             Ok(status) => return Outcome::Finished(status),
             Err(ControlError::Fenced { message, .. }) => return Outcome::Fenced(message),
             Err(e) if t0.elapsed() < REPORT_FOR => {
@@ -501,6 +519,18 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         }
         Ok(s) => {
             let last = last.lock().ok().and_then(|g| g.clone());
+            let limit = l.resources.and_then(|r| r.memory_bytes);
+            if let Some(why) = crate::sizing::killed_for_memory(&s, last.as_deref(), limit) {
+                println!("{prefix} {why}");
+                return report_why(
+                    &shared,
+                    &l,
+                    false,
+                    Some(why),
+                    Some(orca_core::api::KILLED_FOR_MEMORY),
+                )
+                .await;
+            }
             let msg = match (s.code(), last) {
                 (Some(c), Some(line)) => format!("exit code {c}: {line}"),
                 (Some(c), None) => format!("exit code {c}"),

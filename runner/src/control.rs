@@ -125,19 +125,35 @@ pub async fn append_log(
         .map_err(ControlError::classify)
 }
 
+/// Reports an attempt's end; `killed_for` says why it died when the runner
+/// knows (a control plane before 0.3.0 takes the call without it).
 pub async fn finish(
     db: &PgPool,
     lease: LeaseToken,
     ok: bool,
     error: Option<&str>,
+    killed_for: Option<&str>,
 ) -> Result<String, ControlError> {
-    sqlx::query_scalar("SELECT orca.finish($1, $2, $3)")
+    let error = error.map(|e| orca_core::api::clip(e, orca_core::api::ERROR_TEXT_MAX));
+    let with_cause = sqlx::query_scalar("SELECT orca.finish($1, $2, $3, $4)")
         .bind(lease.0)
         .bind(ok)
-        .bind(error.map(|e| orca_core::api::clip(e, orca_core::api::ERROR_TEXT_MAX)))
+        .bind(error.as_deref())
+        .bind(killed_for)
         .fetch_one(db)
-        .await
-        .map_err(ControlError::classify)
+        .await;
+    match with_cause {
+        Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some(UNDEFINED_FUNCTION) => {
+            sqlx::query_scalar("SELECT orca.finish($1, $2, $3)")
+                .bind(lease.0)
+                .bind(ok)
+                .bind(error.as_deref())
+                .fetch_one(db)
+                .await
+                .map_err(ControlError::classify)
+        }
+        other => other.map_err(ControlError::classify),
+    }
 }
 
 pub async fn release(db: &PgPool, lease: LeaseToken, reason: &str) -> Result<(), ControlError> {

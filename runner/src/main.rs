@@ -9,6 +9,7 @@ mod control;
 mod engine;
 mod log;
 mod pinned;
+mod sizing;
 mod tasks;
 
 use std::path::PathBuf;

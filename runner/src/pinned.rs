@@ -213,6 +213,7 @@ mod tests {
             org: "default".into(),
             command: Command::Attempt,
             binary_sha256: sha.map(str::to_string),
+            resources: None,
         }
     }
 

@@ -47,7 +47,7 @@ pub use error::{Error, Result, SdkError};
 pub use keys::{Day, Month, Name, PartitionKey};
 pub use orca_lake::{TableSpec, Transform};
 pub use orca_macros::{pipeline, step, task};
-pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, StepInfo};
+pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, Resources, StepInfo};
 pub use query::{Batches, IntoBatches, Query, Scan, SqlParams};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
 pub use store::{MemStore, PgStore, Store, StoredState};

@@ -47,6 +47,29 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
         "registry_hash": registry_hash(&steps, &tasks),
         "binary": binary,
     });
+    let r = params.resources;
+    if let (Some(obj), true) = (
+        m.as_object_mut(),
+        r.cpu.is_some()
+            || r.memory.is_some()
+            || r.max_memory.is_some()
+            || r.memory_growth.is_some(),
+    ) {
+        let mut res = serde_json::Map::new();
+        for (k, v) in [
+            ("cpu", r.cpu),
+            ("memory", r.memory),
+            ("max_memory", r.max_memory),
+        ] {
+            if let Some(v) = v {
+                res.insert(k.into(), v.into());
+            }
+        }
+        if let Some(g) = r.memory_growth {
+            res.insert("memory_growth".into(), json!(g));
+        }
+        obj.insert("resources".into(), Value::Object(res));
+    }
     let b = params.build;
     if let (Some(obj), false) = (m.as_object_mut(), tasks.is_empty()) {
         obj.insert(

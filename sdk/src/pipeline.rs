@@ -62,7 +62,18 @@ pub struct Params {
     pub pool: &'static str,
     /// Runs when a dataset it reads, and does not write, gets a new snapshot.
     pub sensor: bool,
+    pub resources: Resources,
     pub build: Build,
+}
+
+/// The size of each attempt (`memory = "2Gi"`, `cpu = "1"`, `max_memory`,
+/// `memory_growth` in `orca::pipeline!`), as Kubernetes writes quantities.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resources {
+    pub cpu: Option<&'static str>,
+    pub memory: Option<&'static str>,
+    pub max_memory: Option<&'static str>,
+    pub memory_growth: Option<f64>,
 }
 
 /// A pipeline, as `orca::pipeline!` declares it.

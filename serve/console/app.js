@@ -65,6 +65,23 @@ function when(t) {
   return d.toISOString().replace("T", " ").slice(0, 19);
 }
 
+// The size an attempt got (its version's resources, grown after a kill for
+// memory), and the kill itself.
+function size(a) {
+  const parts = [];
+  if (a.memory_bytes != null) parts.push(bytes(a.memory_bytes));
+  if (a.cpu_millis != null) parts.push(`${a.cpu_millis}m CPU`);
+  if (a.killed_for) parts.push(`killed for ${a.killed_for}`);
+  return parts.join(", ") || "-";
+}
+
+function bytes(b) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+  return `${Number.isInteger(b) ? b : b.toFixed(1)} ${units[i]}`;
+}
+
 function took(a, b) {
   if (!a || !b) return "-";
   return ((new Date(b) - new Date(a)) / 1000).toFixed(1) + "s";
@@ -326,9 +343,9 @@ async function run(id) {
       "error"], r.task_failures.map((f) => [f.step, f.partition, f.task, String(f.index),
       String(f.tries), f.runner || "-", h("span", { class: "error lines" }, f.error || "")]),
     { label: "failed tasks" })] : []));
-    attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "leased", "took", "error"],
+    attempts.replaceChildren(table(["#attempt", "status", "runner", "pool", "size", "leased", "took", "error"],
       r.attempt_list.map((a) => [String(a.number), status(a.status), a.runner || "-", a.pool,
-        when(a.leased_at), took(a.leased_at, a.finished_at), a.error || ""]), { label: "attempts" }));
+        size(a), when(a.leased_at), took(a.leased_at, a.finished_at), a.error || ""]), { label: "attempts" }));
     snapshots.replaceChildren(table(["role", "dataset", "#snapshot", "step", "partition", "at"],
       r.snapshots.map((x) => [x.role.replace("_", " "),
         h("a", { href: `#/datasets/${encodeURIComponent(x.dataset)}` }, x.dataset),

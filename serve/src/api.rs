@@ -551,6 +551,12 @@ pub struct Attempt {
     pub deadline: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     pub error: Option<String>,
+    /// The memory the attempt got, when its version declares resources.
+    pub memory_bytes: Option<i64>,
+    /// The CPU it got, in millicores.
+    pub cpu_millis: Option<i64>,
+    /// `memory` when it was killed for memory (and retried with more).
+    pub killed_for: Option<String>,
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
@@ -634,9 +640,12 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     .fetch_all(&mut *s.tx)
     .await?;
     let attempt_list = sqlx::query_as::<_, Attempt>(
-        "SELECT attempt, number, status, pool, runner, created_at, leased_at, heartbeat_at, \
-                deadline, finished_at, error \
-         FROM orca.attempt_overview WHERE run = $1 ORDER BY number",
+        "SELECT o.attempt, o.number, o.status, o.pool, o.runner, o.created_at, o.leased_at, \
+                o.heartbeat_at, o.deadline, o.finished_at, o.error, \
+                (x.resources->>'memory_bytes')::bigint AS memory_bytes, \
+                (x.resources->>'cpu_millis')::bigint AS cpu_millis, x.killed_for \
+         FROM orca.attempt_overview o JOIN orca.attempts x ON x.id = o.attempt \
+         WHERE o.run = $1 ORDER BY o.number",
     )
     .bind(id)
     .fetch_all(&mut *s.tx)

@@ -123,6 +123,10 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let mut run_retries = quote!(0);
     let mut catchup = quote!(true);
     let mut pool = quote!("default");
+    let mut cpu = quote!(::core::option::Option::None);
+    let mut memory = quote!(::core::option::Option::None);
+    let mut max_memory = quote!(::core::option::Option::None);
+    let mut memory_growth = quote!(::core::option::Option::None);
     let mut sensor = quote!(false);
     let mut keys_per_run = quote!(::core::option::Option::None);
     let mut tasks = quote!(::std::vec::Vec::new());
@@ -207,11 +211,24 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 let s = lit_str(value, "pool")?;
                 pool = quote!(#s);
             }
+            "cpu" => {
+                let s = lit_str(value, "cpu")?;
+                cpu = quote!(::core::option::Option::Some(#s));
+            }
+            "memory" => {
+                let s = lit_str(value, "memory")?;
+                memory = quote!(::core::option::Option::Some(#s));
+            }
+            "max_memory" => {
+                let s = lit_str(value, "max_memory")?;
+                max_memory = quote!(::core::option::Option::Some(#s));
+            }
+            "memory_growth" => memory_growth = quote!(::core::option::Option::Some(#value)),
             other => {
                 return Err(syn::Error::new_spanned(
                     key,
                     format!(
-                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor, keys_per_run or tasks"
+                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor, keys_per_run, tasks, cpu, memory, max_memory or memory_growth"
                     ),
                 ))
             }
@@ -297,6 +314,12 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                     pool: #pool,
                     sensor: #sensor,
                     keys_per_run: #keys_per_run,
+                    resources: ::orca::Resources {
+                        cpu: #cpu,
+                        memory: #memory,
+                        max_memory: #max_memory,
+                        memory_growth: #memory_growth,
+                    },
                     build: ::orca::Build {
                         source: ::core::option_env!("ORCA_SOURCE"),
                         commit: ::core::option_env!("ORCA_COMMIT"),

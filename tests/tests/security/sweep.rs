@@ -208,7 +208,7 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.claim(text,text,integer,text[])", NoLeak,
          vec!["SELECT * FROM orca.claim('globex-runner', 'default', 100)"]),
         ("orca.heartbeat(uuid)", NoLeak, vec!["SELECT orca.heartbeat('{B_LEASE}')"]),
-        ("orca.finish(uuid,boolean,text)", NoLeak,
+        ("orca.finish(uuid,boolean,text,text)", NoLeak,
          vec!["SELECT orca.finish('{B_LEASE}', true)", "SELECT orca.finish('{B_LEASE}', false, 'x')"]),
         ("orca.finish_many(uuid[],boolean,text)", NoLeak,
          vec!["SELECT orca.finish_many(ARRAY['{B_LEASE}'::uuid])"]),
