@@ -1421,6 +1421,7 @@ ALTER TABLE orca.attempts
     ADD COLUMN resources jsonb,
     ADD COLUMN killed_for text CHECK (killed_for IN ('memory'));
 ALTER TYPE orca.lease ADD ATTRIBUTE resources jsonb;
+ALTER TYPE orca.lease ADD ATTRIBUTE image text;
 DROP FUNCTION orca.finish(uuid, boolean, text);
 CREATE FUNCTION orca._attempt_size(p_res jsonb, p_run bigint) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
@@ -1643,7 +1644,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256, v.image
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -1657,7 +1658,7 @@ BEGIN
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
            orca._command(i.run_kind),
            CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END,
-           i.resources
+           i.resources, i.image
     FROM info i
     ORDER BY i.id;
 END

@@ -297,7 +297,7 @@ BEGIN
         FROM leased l
         CROSS JOIN LATERAL (
             SELECT r.pipeline_id, p.name AS pipeline_name, r.partitions, v.binary_path,
-                   v.registry_hash, r.kind AS run_kind, v.binary_sha256
+                   v.registry_hash, r.kind AS run_kind, v.binary_sha256, v.image
             FROM orca.runs r, orca.pipelines p, orca.pipeline_versions v
             WHERE r.id = l.run_id AND p.id = r.pipeline_id AND v.id = l.version_id
         ) x
@@ -311,7 +311,7 @@ BEGIN
            i.number, i.deadline, i.registry_hash, i.pool, v_org_name,
            orca._command(i.run_kind),
            CASE WHEN i.run_kind IN ('sync', 'discover', 'maintain') THEN NULL ELSE i.binary_sha256 END,
-           i.resources
+           i.resources, i.image
     FROM info i
     ORDER BY i.id;
 END

@@ -524,7 +524,10 @@ CREATE TYPE orca.lease AS (
     binary_sha256   text,
     -- The attempt's size (cpu_millis, memory_bytes), NULL when the version
     -- declares none: the runner holds the child to it.
-    resources       jsonb
+    resources       jsonb,
+    -- The image the version runs from (orca push --register, orca register
+    -- --image): what a pod launcher starts the attempt in.
+    image           text
 );
 
 INSERT INTO orca.orgs (name) VALUES ('default');

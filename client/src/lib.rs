@@ -116,6 +116,16 @@ pub fn is_transient(e: &postgres::Error) -> bool {
     std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
 }
 
+/// Whether the server rolled the call back for a conflict with another
+/// transaction (a deadlock, a serialization failure): nothing of it was
+/// done, and the same call may be made again. An upgrade of the extension
+/// (ALTER EXTENSION orca UPDATE, which alters tables) with work in flight
+/// can cause one.
+pub fn is_conflict(e: &postgres::Error) -> bool {
+    e.code()
+        .is_some_and(|c| matches!(c.code(), "40P01" | "40001"))
+}
+
 /// One connection to the control plane, in one org.
 pub struct Control {
     /// The connection string read once: its config and TLS connector.
@@ -205,6 +215,11 @@ impl Control {
                             last: e,
                         });
                     }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(BACKOFF_MAX);
+                }
+                Err(e) if is_conflict(&e) && t0.elapsed() < self.retry_for => {
+                    eprintln!("orca: {what}: rolled back by the server ({e}); trying it again");
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(BACKOFF_MAX);
                 }

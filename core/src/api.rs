@@ -214,6 +214,10 @@ pub struct Lease {
     /// control plane before 0.3.0).
     #[serde(default)]
     pub resources: Option<AttemptSize>,
+    /// The image the version runs from, when it was registered with one:
+    /// what a pod launcher starts the attempt in.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 /// The size an attempt got (`orca.attempts.resources`): what its runner

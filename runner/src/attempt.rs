@@ -58,6 +58,8 @@ pub enum Outcome {
     Released,
     /// The result could not be reported; the lease will lapse and tick retries it.
     Unreported(String),
+    /// Its pod's runner reported it (a pod launcher's attempt).
+    InPod(String),
 }
 
 impl std::fmt::Display for Outcome {
@@ -67,12 +69,13 @@ impl std::fmt::Display for Outcome {
             Outcome::Fenced(why) => write!(f, "stopped by the control plane: {why}"),
             Outcome::Released => write!(f, "handed back to the control plane"),
             Outcome::Unreported(why) => write!(f, "not reported ({why}); its lease will lapse"),
+            Outcome::InPod(how) => write!(f, "ended in its pod: {how}"),
         }
     }
 }
 
 /// Never heartbeat more often than this, whatever the lease length.
-const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
+pub(crate) const HEARTBEAT_MIN: Duration = Duration::from_millis(200);
 /// How long a result is retried while the control plane is unreachable (a
 /// server restart): about a lease's length, after which the lease has lapsed
 /// and the attempt is another's anyway.
@@ -88,7 +91,7 @@ const EDGE_CONNECT_WAIT: Duration = Duration::from_secs(60);
 /// last word.
 const PUMP_LAST_WORD: Duration = Duration::from_secs(2);
 
-fn log_path(root: &Path, l: &Lease) -> PathBuf {
+pub(crate) fn log_path(root: &Path, l: &Lease) -> PathBuf {
     root.join(&l.org)
         .join(&l.pipeline)
         .join(format!("run-{}", l.run))
@@ -234,12 +237,12 @@ fn spawn_child(
         .spawn()
 }
 
-async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
+pub(crate) async fn report(shared: &Shared, l: &Lease, ok: bool, error: Option<String>) -> Outcome {
     report_why(shared, l, ok, error, None).await
 }
 
 /// [`report`], saying why the attempt died when the runner knows.
-async fn report_why(
+pub(crate) async fn report_why(
     shared: &Shared,
     l: &Lease,
     ok: bool,
@@ -381,6 +384,7 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
+    let oom_before = crate::sizing::oom_kills();
     let mut child = match spawn_child(&shared, &l, &program, &log, socket, edge.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -520,7 +524,9 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         Ok(s) => {
             let last = last.lock().ok().and_then(|g| g.clone());
             let limit = l.resources.and_then(|r| r.memory_bytes);
-            if let Some(why) = crate::sizing::killed_for_memory(&s, last.as_deref(), limit) {
+            if let Some(why) =
+                crate::sizing::killed_for_memory(&s, last.as_deref(), limit, oom_before)
+            {
                 println!("{prefix} {why}");
                 return report_why(
                     &shared,

@@ -9,6 +9,7 @@ mod control;
 mod engine;
 mod log;
 mod pinned;
+mod pods;
 mod sizing;
 mod tasks;
 
@@ -111,6 +112,23 @@ struct Args {
     /// are stopped (the next batch of that binary starts them again).
     #[arg(long, env = "ORCA_TASK_IDLE_SECONDS", default_value_t = 60)]
     task_idle_seconds: u64,
+    /// Run the one attempt whose lease (a row of orca.claim, as JSON) is in
+    /// ORCA_ONE_ATTEMPT, then exit: what a pod the launcher made runs.
+    #[arg(long)]
+    one_attempt: bool,
+    /// Where attempts run: `process` (a child of this runner) or
+    /// `kubernetes` (a pod per attempt, made through the Kubernetes API
+    /// this runner's kubeconfig or service account reaches).
+    #[arg(long, env = "ORCA_LAUNCHER", default_value = "process")]
+    launcher: Launcher,
+    #[command(flatten)]
+    pods: pods::PodOptions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Launcher {
+    Process,
+    Kubernetes,
 }
 
 /// The runner token from --token or --token-file, if any.
@@ -266,6 +284,16 @@ async fn main() -> anyhow::Result<()> {
         args.store.as_deref(),
         &engine,
     );
+    let (can, cannot) = if args.launcher == Launcher::Kubernetes && !args.one_attempt {
+        // Pods run pipeline binaries from their images; syncs, discovery
+        // and maintenance need this host's engine and store.
+        (
+            vec!["attempt", "sense", "keys"],
+            vec!["not running syncs, discovery or maintenance: it launches pods".to_string()],
+        )
+    } else {
+        (can, cannot)
+    };
     let mut listener = PgListener::connect_with(&db)
         .await
         .context("LISTEN connection")?;
@@ -315,11 +343,29 @@ async fn main() -> anyhow::Result<()> {
         output_line_max: args.output_line_max.max(1024),
     });
     let (release_tx, release_rx) = watch::channel(false);
+    if args.one_attempt {
+        let grace = Duration::from_secs(args.grace_seconds);
+        return one_attempt(shared, release_tx, release_rx, &sockets, grace).await;
+    }
+    let launcher = match args.launcher {
+        Launcher::Process => None,
+        Launcher::Kubernetes => Some(Arc::new(
+            pods::Launcher::new(&args.pods, &name, args.grace_seconds)
+                .await
+                .context("the Kubernetes API")?,
+        )),
+    };
+    if let Some(l) = &launcher {
+        println!(
+            "orca-runner {name}: launches a pod per attempt in namespace {}",
+            l.namespace()
+        );
+    }
     let (stop_tasks, stop_tasks_rx) = watch::channel(false);
     let task_workers = args
         .task_workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let task_server = if shared.pins.is_some() && task_workers > 0 {
+    let task_server = if shared.pins.is_some() && task_workers > 0 && launcher.is_none() {
         println!("orca-runner {name}: runs the pool's tasks, {task_workers} worker(s) per binary");
         Some(tokio::spawn(tasks::serve(
             shared.clone(),
@@ -361,7 +407,17 @@ async fn main() -> anyhow::Result<()> {
                             l.pipeline,
                             l.partitions.join(",")
                         );
-                        running.spawn(attempt::run(shared.clone(), l, release_rx.clone()));
+                        match &launcher {
+                            Some(k) => running.spawn(pods::run(
+                                shared.clone(),
+                                k.clone(),
+                                l,
+                                release_rx.clone(),
+                            )),
+                            None => {
+                                running.spawn(attempt::run(shared.clone(), l, release_rx.clone()))
+                            }
+                        };
                     }
                 }
                 Err(e) => eprintln!("orca-runner: claim failed: {e}"),
@@ -422,4 +478,53 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&sockets);
     println!("orca-runner {name}: stopped");
     Ok(())
+}
+
+/// `--one-attempt`: the attempt in ORCA_ONE_ATTEMPT, run as any claimed
+/// attempt is (the binary pinned, the lease kept, the result reported), then
+/// exit. SIGTERM (its pod deleted) lets it go on for the grace period and
+/// then hands it back, as a runner stopping does.
+async fn one_attempt(
+    shared: Arc<attempt::Shared>,
+    release_tx: watch::Sender<bool>,
+    release_rx: watch::Receiver<bool>,
+    sockets: &std::path::Path,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let raw = std::env::var("ORCA_ONE_ATTEMPT")
+        .context("--one-attempt takes the lease from ORCA_ONE_ATTEMPT")?;
+    let value: serde_json::Value =
+        serde_json::from_str(&raw).context("ORCA_ONE_ATTEMPT is not JSON")?;
+    let lease: control::Lease = orca_core::api::from_json("ORCA_ONE_ATTEMPT", value)?;
+    println!(
+        "orca-runner: running attempt {} of run {} ({} {})",
+        lease.attempt_number,
+        lease.run,
+        lease.pipeline,
+        lease.partitions.join(",")
+    );
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let work = tokio::spawn(attempt::run(shared, lease, release_rx));
+    tokio::pin!(work);
+    let outcome = tokio::select! {
+        done = &mut work => done,
+        _ = term.recv() => {
+            println!("orca-runner: stopping; the attempt may go on for {} s", grace.as_secs());
+            tokio::select! {
+                done = &mut work => done,
+                _ = tokio::time::sleep(grace) => {
+                    let _ = release_tx.send(true);
+                    work.await
+                }
+            }
+        }
+    };
+    let _ = std::fs::remove_dir_all(sockets);
+    match outcome.context("the attempt's task")? {
+        attempt::Outcome::Unreported(why) => anyhow::bail!("attempt not reported: {why}"),
+        done => {
+            println!("attempt ended: {done}");
+            Ok(())
+        }
+    }
 }

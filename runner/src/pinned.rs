@@ -214,6 +214,7 @@ mod tests {
             command: Command::Attempt,
             binary_sha256: sha.map(str::to_string),
             resources: None,
+            image: None,
         }
     }
 

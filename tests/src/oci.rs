@@ -191,6 +191,17 @@ pub fn files(root: &Path) -> Vec<String> {
 /// config.json, `env` added as a pod spec's env would be. Output goes to
 /// `log`.
 pub fn run(bundle: &Bundle, env: &[(&str, &str)], log: &Path) -> Container {
+    run_as(bundle, None, env, log)
+}
+
+/// [`run`], with the program and its arguments a pod's container gives
+/// (its command and args) instead of the image's.
+pub fn run_as(
+    bundle: &Bundle,
+    argv: Option<&[String]>,
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Container {
     let process = &bundle.config["process"];
     let dev = bundle.rootfs.join("dev");
     std::fs::create_dir_all(&dev).expect("rootfs/dev");
@@ -208,12 +219,15 @@ pub fn run(bundle: &Bundle, env: &[(&str, &str)], log: &Path) -> Container {
             assert!(ok, "mknod {}", node.display());
         }
     }
-    let args: Vec<String> = process["args"]
-        .as_array()
-        .expect("process.args")
-        .iter()
-        .filter_map(|a| a.as_str().map(String::from))
-        .collect();
+    let args: Vec<String> = match argv {
+        Some(a) => a.to_vec(),
+        None => process["args"]
+            .as_array()
+            .expect("process.args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect(),
+    };
     assert!(!args.is_empty(), "the image has no entrypoint");
     let uid = process["user"]["uid"].as_u64().unwrap_or(0).to_string();
     let gid = process["user"]["gid"].as_u64().unwrap_or(0).to_string();
@@ -273,6 +287,15 @@ impl Container {
         if let Some(pid) = self.init() {
             let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
         }
+    }
+
+    /// Waits for the program to exit by itself.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child
+            .take()
+            .expect("a running container")
+            .wait()
+            .expect("the container's exit")
     }
 
     /// Stops it as a runtime does: SIGTERM to the program (unshare itself
