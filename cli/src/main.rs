@@ -6,6 +6,7 @@ mod api_keys;
 mod backfill;
 mod db;
 mod discover;
+mod image_ref;
 mod listing;
 mod locate;
 mod maintain;

@@ -54,7 +54,7 @@ pub fn run(c: &mut Client, binary: &Path, image: Option<&InImage>) -> anyhow::Re
         m.insert("binary_sha256".into(), Value::String(sha));
     }
     if let (Some(img), Some(m)) = (image, manifest.as_object_mut()) {
-        crate::push::check_reference(img.reference)?;
+        crate::image_ref::check_reference(img.reference)?;
         let file = binary
             .file_name()
             .and_then(|n| n.to_str())
