@@ -22,6 +22,7 @@ use postgres::types::ToSql;
 use postgres::{Client, Row};
 use serde_json::Value;
 
+pub mod aws_sm;
 pub mod discover;
 pub mod tls;
 
@@ -154,6 +155,11 @@ impl Control {
         };
         c.with_retry("connecting to the control plane", |_| Ok(()))?;
         Ok(c)
+    }
+
+    /// The org this connection acts in.
+    pub fn org(&self) -> &str {
+        self.org.as_deref().unwrap_or("default")
     }
 
     /// How long calls keep trying while the server is unreachable.
@@ -681,8 +687,9 @@ impl Control {
 }
 
 /// Resolves the secrets a definition references: Orca's own through
-/// `orca.attempt_secret` under the attempt's lease; the cloud providers'
-/// clients are not built.
+/// `orca.attempt_secret` under the attempt's lease; AWS Secrets Manager's
+/// with the runner's identity, under the org's prefix (`aws_sm`); GCP's
+/// and Azure's clients are not built.
 pub struct Secrets<'a> {
     control: &'a mut Control,
     lease: Option<LeaseToken>,
@@ -707,6 +714,14 @@ impl orca_core::secret::Resolver for Secrets<'_> {
                     name: name.clone(),
                     reason: e.to_string(),
                 }),
+            orca_core::secret::Provider::AwsSecretsManager { id } => {
+                aws_sm::read(id, self.control.org()).map_err(|reason| {
+                    orca_core::secret::SecretError::Resolve {
+                        name: format!("aws-sm://{id}"),
+                        reason,
+                    }
+                })
+            }
             other => Err(orca_core::secret::not_built(other)),
         }
     }

@@ -455,3 +455,119 @@ async fn the_cli_sets_secrets_from_standard_input_and_never_shows_them() {
     assert!(dropped.status.success());
     assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.secrets").await, 0);
 }
+
+/// `aws-sm://` secrets: read by the engine from AWS Secrets Manager (moto's,
+/// for real over its HTTP API: no AWS is reachable from CI) with the
+/// runner's own credentials, one key of a JSON secret; an org names only
+/// secrets under its prefix, so another org's are refused before any
+/// request.
+#[tokio::test]
+async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
+         INSERT INTO public.orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', g
+         FROM generate_series(1, 2000) g;
+         CREATE SCHEMA raw_shop; CREATE SCHEMA raw_stolen; CREATE SCHEMA raw_missing;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+    let aws = orca_tests::s3::S3Server::start("unused");
+    let made = Command::new(orca_tests::s3::python())
+        .args([
+            "-c",
+            &format!(
+                "import boto3, json\n\
+                 c = boto3.client('secretsmanager', endpoint_url='{}', aws_access_key_id='orca-test', \
+                 aws_secret_access_key='orca-test-secret', region_name='us-east-1')\n\
+                 for name in ['default/shop', 'globex/shop']:\n    \
+                 c.create_secret(Name=name, SecretString=json.dumps({{'url': '{url}', 'user': 'app'}}))\n",
+                aws.endpoint
+            ),
+        ])
+        .output()
+        .expect("boto3");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    for (name, secret) in [
+        ("shop", "aws-sm://default/shop#url"),
+        ("stolen", "aws-sm://globex/shop#url"),
+        ("missing", "aws-sm://default/nothing#url"),
+    ] {
+        sqlx::query(&format!(
+            "SELECT orca.create_sync('{name}', '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"batch_rows\": 1000}}', \
+             '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"aws-sm://default/shop#url\"}}, \"schema\": \"raw_{name}\"}}', \
+             '[{{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}}]', run_retries => 0)"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("sync {name}: {e}"));
+    }
+    let logs = scratch("aws-sm");
+    let store = logs.join("store").to_string_lossy().to_string();
+    let engine = bin("orca-engine");
+    let endpoint = aws.endpoint.clone();
+    let env = [
+        ("ORCA_STORE", store.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        ("AWS_ACCESS_KEY_ID", "orca-test"),
+        ("AWS_SECRET_ACCESS_KEY", "orca-test-secret"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL_SECRETS_MANAGER", endpoint.as_str()),
+    ];
+    let runner = Runner::start(&db.url(), "r1", 1, &logs, &env);
+    let mut runs = Vec::new();
+    for name in ["shop", "stolen", "missing"] {
+        let run: i64 = sqlx::query_scalar(&format!("SELECT orca.run('{name}', 'now')"))
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+        runs.push(run);
+    }
+    for (run, status) in runs.iter().zip(["succeeded", "failed", "failed"]) {
+        wait_for_sql(
+            &db,
+            &format!("run {run} to be {status}"),
+            &format!("SELECT status = '{status}' FROM orca.runs WHERE id = {run}"),
+            Duration::from_secs(120),
+            || outputs(&[&runner]),
+        )
+        .await;
+    }
+    let copied = db.scalar_i64("SELECT count(*) FROM raw_shop.orders").await;
+    assert_eq!(copied, 2000);
+    let error = |run: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT error FROM orca.runs WHERE id = $1")
+                .bind(run)
+                .fetch_one(&pool)
+                .await
+                .expect("error")
+        }
+    };
+    let stolen = error(runs[1]).await;
+    assert!(
+        stolen.contains("outside org default's secrets") && stolen.contains("globex/shop"),
+        "{stolen}\n{}",
+        runner.output()
+    );
+    let missing = error(runs[2]).await;
+    assert!(missing.contains("ResourceNotFoundException"), "{missing}");
+    // The value is nowhere but where it was used.
+    let leaked = db
+        .scalar_i64(
+            "SELECT (SELECT count(*) FROM orca.events WHERE data::text LIKE '%hunter2%') \
+                  + (SELECT count(*) FROM orca.runs WHERE coalesce(error, '') LIKE '%hunter2%')",
+        )
+        .await;
+    assert_eq!(leaked, 0);
+    assert!(!runner.output().contains("hunter2"));
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&logs);
+}
