@@ -363,7 +363,7 @@ pub async fn run(
                     Ok(p) => p,
                     Err(kube::Error::Api(e)) if e.code == 404 => {
                         let why = format!("pod {name} was deleted by someone else");
-                        return end(&shared, &l, reported, false, Some(why), None, &prefix).await;
+                        return end(&shared, &l, reported, Some(why), None, &prefix).await;
                     }
                     Err(e) => {
                         eprintln!("{prefix} reading pod {name}: {e}");
@@ -393,14 +393,14 @@ pub async fn run(
                             format!("pod {name}: its container exited with {code} ({reason}) {message}").trim_end().to_string()
                         };
                         let killed = memory.then_some(orca_core::api::KILLED_FOR_MEMORY);
-                        return end(&shared, &l, reported, false, Some(why), killed, &prefix).await;
+                        return end(&shared, &l, reported, Some(why), killed, &prefix).await;
                     }
                     PodState::Broken(why) => {
                         if !k.options.keep_failed_pods {
                             delete(&k, &name, &prefix).await;
                         }
                         let why = format!("pod {name} cannot start: {why}");
-                        return end(&shared, &l, reported, false, Some(why), None, &prefix).await;
+                        return end(&shared, &l, reported, Some(why), None, &prefix).await;
                     }
                     PodState::Evicted(why) => {
                         delete(&k, &name, &prefix).await;
@@ -435,13 +435,12 @@ async fn delete(k: &Launcher, name: &str, prefix: &str) {
     }
 }
 
-/// The end of a pod: nothing to report when its runner reported; else what
-/// the pod's state says.
+/// The end of a pod: nothing to report when its runner reported; else the
+/// failure its state says.
 async fn end(
     shared: &Shared,
     l: &Lease,
     reported: Option<String>,
-    ok: bool,
     why: Option<String>,
     killed_for: Option<&str>,
     prefix: &str,
@@ -452,7 +451,7 @@ async fn end(
     if let Some(w) = &why {
         println!("{prefix} {w}");
     }
-    attempt::report_why(shared, l, ok, why, killed_for).await
+    attempt::report_why(shared, l, false, why, killed_for).await
 }
 
 #[cfg(test)]
