@@ -201,7 +201,6 @@ pub fn run(p: &Push) -> anyhow::Result<Pushed> {
         .trim()
         .to_string();
     let reference = format!("{}@{digest}", repository(p.image));
-    check_reference(&reference)?;
     println!(
         "pushed {} ({reference}): {}",
         p.image,

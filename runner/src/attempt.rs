@@ -384,7 +384,11 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             return report(&shared, &l, false, Some(msg)).await;
         }
     };
-    let oom_before = crate::sizing::oom_kills();
+    // Read only for a sized attempt: only a sized one can die for memory.
+    let oom_before = l
+        .resources
+        .and_then(|r| r.memory_bytes)
+        .and_then(|_| crate::sizing::oom_kills());
     let mut child = match spawn_child(&shared, &l, &program, &log, socket, edge.as_deref()) {
         Ok(c) => c,
         Err(e) => {

@@ -294,13 +294,6 @@ async fn main() -> anyhow::Result<()> {
     } else {
         (can, cannot)
     };
-    let mut listener = PgListener::connect_with(&db)
-        .await
-        .context("LISTEN connection")?;
-    listener
-        .listen("orca_work")
-        .await
-        .context("LISTEN orca_work")?;
     println!(
         "orca-runner {name}: pool {}, {slots} slots, logs in {}; runs {}",
         args.pool,
@@ -347,6 +340,14 @@ async fn main() -> anyhow::Result<()> {
         let grace = Duration::from_secs(args.grace_seconds);
         return one_attempt(shared, release_tx, release_rx, &sockets, grace).await;
     }
+    // A pod's one attempt listens for no work: only a runner that claims does.
+    let mut listener = PgListener::connect_with(&db)
+        .await
+        .context("LISTEN connection")?;
+    listener
+        .listen("orca_work")
+        .await
+        .context("LISTEN orca_work")?;
     let launcher = match args.launcher {
         Launcher::Process => None,
         Launcher::Kubernetes => Some(Arc::new(

@@ -30,6 +30,51 @@ pub fn missing_tools() -> Vec<&'static str> {
         .collect()
 }
 
+/// Whether the image tests cannot run here: without root they are skipped,
+/// saying so; a missing tool fails them, named.
+pub fn unavailable() -> bool {
+    if !crate::cluster::is_root() {
+        eprintln!("SKIPPED: buildah, umoci and the namespaces need root (CI runs as root)");
+        return true;
+    }
+    let missing = missing_tools();
+    assert!(
+        missing.is_empty(),
+        "{missing:?} missing: scripts/setup.sh --tests installs them"
+    );
+    false
+}
+
+/// Builds the runner image (scripts/image.sh) from the binaries the tests
+/// built and pushes it to `<registry>/orca-runner:<tag>`. Returns what the
+/// script printed: the local name, then the pushed reference.
+pub fn push_runner_image(registry: &str, tag: &str, env: &[(String, String)]) -> String {
+    let orca = crate::procs::bin("orca");
+    let bins = orca.parent().expect("bin dir");
+    let out = Command::new(crate::repo_root().join("scripts/image.sh"))
+        .args([
+            "runner",
+            "--tag",
+            &format!("localhost/orca-runner:{tag}"),
+            "--bins",
+        ])
+        .arg(bins)
+        .args([
+            "--push",
+            &format!("{registry}/orca-runner:{tag}"),
+            "--insecure-registry",
+        ])
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("run scripts/image.sh");
+    assert!(
+        out.status.success(),
+        "scripts/image.sh runner: {}",
+        crate::procs::text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 /// A registry on loopback, storing under the test's directory, stopped
 /// when dropped.
 pub struct Registry {
@@ -302,11 +347,7 @@ impl Container {
     /// ignores it), then waits for it to exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         self.signal_init("-TERM");
-        self.child
-            .take()
-            .expect("a running container")
-            .wait()
-            .expect("the container's exit")
+        self.wait()
     }
 }
 

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use orca_tests::cluster::is_root;
 use orca_tests::oci::{self, Registry};
 use orca_tests::procs::{bin, least_privilege, text, url_as, ATTEMPT_LOGIN, RUNNER_LOGIN};
 use orca_tests::sqlx::{self, Executor};
@@ -36,44 +35,18 @@ fn last_line(s: &str) -> String {
     s.lines().last().unwrap_or_default().trim().to_string()
 }
 
-fn skip() -> bool {
-    if !is_root() {
-        eprintln!("SKIPPED: buildah, umoci and the namespaces need root (CI runs as root)");
-        return true;
-    }
-    let missing = oci::missing_tools();
-    assert!(
-        missing.is_empty(),
-        "{missing:?} missing: scripts/setup.sh --tests installs them"
-    );
-    false
-}
-
 #[tokio::test]
 async fn a_pushed_pipeline_image_runs_an_attempt_of_the_control_plane() {
-    if skip() {
+    if oci::unavailable() {
         return;
     }
     let dir = scratch("images");
     let registry = Registry::start(&dir.join("registry"));
     let env = oci::buildah_env(&dir.join("storage"));
     let r = &registry.addr;
-    let bins = bin("orca");
-    let bins = bins.parent().expect("bin dir");
 
     // The runner image, pushed.
-    let script = repo_root().join("scripts/image.sh");
-    let out = ok(
-        Command::new(&script)
-            .args(["runner", "--tag", "localhost/orca-runner:test", "--bins"])
-            .arg(bins)
-            .args([
-                "--push",
-                &format!("{r}/orca-runner:test"),
-                "--insecure-registry",
-            ]),
-        &env,
-    );
+    let out = oci::push_runner_image(r, "test", &env);
     let runner_ref = last_line(&out);
     assert!(
         runner_ref.starts_with(&format!("{r}/orca-runner@sha256:")),
@@ -216,7 +189,7 @@ async fn a_pushed_pipeline_image_runs_an_attempt_of_the_control_plane() {
 
 #[tokio::test]
 async fn the_extension_image_holds_the_library_and_every_script_in_cloudnativepg_s_layout() {
-    if skip() {
+    if oci::unavailable() {
         return;
     }
     let dir = scratch("ext-image");
@@ -262,7 +235,7 @@ async fn the_extension_image_holds_the_library_and_every_script_in_cloudnativepg
 
 #[tokio::test]
 async fn push_and_register_refuse_a_bad_image_reference_and_push_nothing() {
-    if skip() {
+    if oci::unavailable() {
         return;
     }
     let dir = scratch("bad-ref");

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use orca_tests::cluster::is_root;
 use orca_tests::oci::{self, Bundle, Registry};
 use orca_tests::procs::{bin, least_privilege, text, url_as, Runner, ATTEMPT_LOGIN, RUNNER_LOGIN};
 use orca_tests::sqlx;
@@ -171,36 +170,17 @@ fn run_pod(
 
 #[tokio::test]
 async fn pods_are_launched_sized_and_a_pod_killed_for_memory_comes_back_bigger() {
-    if !is_root() {
-        eprintln!("SKIPPED: buildah, umoci and the namespaces need root (CI runs as root)");
+    if oci::unavailable() {
         return;
     }
-    let missing = oci::missing_tools();
-    assert!(
-        missing.is_empty(),
-        "{missing:?} missing: scripts/setup.sh --tests installs them"
-    );
     let dir = scratch("pods");
     let registry = Registry::start(&dir.join("registry"));
     let env = oci::buildah_env(&dir.join("storage"));
     let r = registry.addr.clone();
-    let bins = bin("orca");
-    let bins = bins.parent().expect("bin dir");
 
     // The runner image and a project's image with probe_memory, registered
     // with its digest.
-    let out = Command::new(repo_root().join("scripts/image.sh"))
-        .args(["runner", "--tag", "localhost/orca-runner:pods", "--bins"])
-        .arg(bins)
-        .args([
-            "--push",
-            &format!("{r}/orca-runner:pods"),
-            "--insecure-registry",
-        ])
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
-        .expect("image.sh");
-    assert!(out.status.success(), "{}", text(&out));
+    oci::push_runner_image(&r, "pods", &env);
     let db = TestDb::new().await;
     let out = Command::new(bin("orca"))
         .args(["push", "--register", "--insecure-registry"])
