@@ -22,6 +22,8 @@ done
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
 ST="${ORCA_TEST_SCHEMATHESIS:-/var/tmp/orca-st/bin/schemathesis}"
 PW="${ORCA_TEST_PLAYWRIGHT:-/var/tmp/orca-pw/bin/python}"
+AZ="${ORCA_TEST_AZURITE_DIR:-/var/tmp/orca-azurite}"
+AZURITE_VERSION=3.37.0
 has() { "$PY" -c "$1" 2>/dev/null; }
 
 # 1. Debian packages. The server headers must match the installed server's
@@ -54,6 +56,9 @@ if [ "$tests" = 1 ]; then
         plan+=("the tests' Python clients (moto, standardwebhooks, prometheus-client, nats-py, DuckDB, redis-py)")
     "$ST" --version >/dev/null 2>&1 || plan+=("schemathesis into $(dirname "$(dirname "$ST")")")
     "$PW" -c 'import playwright.sync_api' 2>/dev/null || plan+=("playwright into $(dirname "$(dirname "$PW")")")
+    has 'import azure.storage.blob, packaging' ||
+        plan+=("azure-storage-blob and packaging (the Azure store tests' other clients)")
+    [ -x "$AZ/node_modules/.bin/azurite-blob" ] || plan+=("azurite $AZURITE_VERSION (npm) into $AZ")
 fi
 if [ ${#plan[@]} -gt 0 ]; then
     say "setup will install:"
@@ -184,6 +189,19 @@ if [ "$tests" = 1 ]; then
         say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
         "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
             "duckdb-ext-avro==1.4.4.20260205"
+    fi
+    # Azure Blob Storage, for the store and warehouse tests (no cloud is
+    # reachable from CI): azurite (npm) serves Azure's Blob API; the tests
+    # read back with azure-storage-blob, and PyIceberg through pyarrow's
+    # AzureFileSystem (which needs packaging).
+    if ! "$PY" -c 'import azure.storage.blob, packaging' 2>/dev/null; then
+        say "installing azure-storage-blob into $(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "azure-storage-blob==12.31.1" "packaging==25.0"
+    fi
+    if [ ! -x "$AZ/node_modules/.bin/azurite-blob" ]; then
+        say "installing azurite $AZURITE_VERSION into $AZ"
+        mkdir -p "$AZ"
+        (cd "$AZ" && npm install -q --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION" >/dev/null)
     fi
     # redis-py, which the example Redis destination connector writes with.
     if ! "$PY" -c 'import redis' 2>/dev/null; then

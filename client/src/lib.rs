@@ -22,7 +22,7 @@ use postgres::types::ToSql;
 use postgres::{Client, Row};
 use serde_json::Value;
 
-pub mod aws_sm;
+pub mod cloud_secrets;
 pub mod discover;
 pub mod tls;
 
@@ -687,9 +687,9 @@ impl Control {
 }
 
 /// Resolves the secrets a definition references: Orca's own through
-/// `orca.attempt_secret` under the attempt's lease; AWS Secrets Manager's
-/// with the runner's identity, under the org's prefix (`aws_sm`); GCP's
-/// and Azure's clients are not built.
+/// `orca.attempt_secret` under the attempt's lease; a cloud secret
+/// manager's with the runner's identity, under the org's prefix
+/// ([`cloud_secrets`]).
 pub struct Secrets<'a> {
     control: &'a mut Control,
     lease: Option<LeaseToken>,
@@ -715,14 +715,28 @@ impl orca_core::secret::Resolver for Secrets<'_> {
                     reason: e.to_string(),
                 }),
             orca_core::secret::Provider::AwsSecretsManager { id } => {
-                aws_sm::read(id, self.control.org()).map_err(|reason| {
+                cloud_secrets::aws_sm::read(id, self.control.org()).map_err(|reason| {
                     orca_core::secret::SecretError::Resolve {
                         name: format!("aws-sm://{id}"),
                         reason,
                     }
                 })
             }
-            other => Err(orca_core::secret::not_built(other)),
+            orca_core::secret::Provider::GcpSecretManager { name, key } => {
+                cloud_secrets::gcp_sm::read(name, key.as_deref(), self.control.org()).map_err(
+                    |reason| orca_core::secret::SecretError::Resolve {
+                        name: format!("gcp-sm://{name}"),
+                        reason,
+                    },
+                )
+            }
+            orca_core::secret::Provider::AzureKeyVault { vault, name, key } => {
+                cloud_secrets::azure_kv::read(vault, name, key.as_deref(), self.control.org())
+                    .map_err(|reason| orca_core::secret::SecretError::Resolve {
+                        name: format!("azure-kv://{vault}/{name}"),
+                        reason,
+                    })
+            }
         }
     }
 }

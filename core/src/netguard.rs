@@ -464,14 +464,23 @@ pub enum Reach<'a> {
     /// A Postgres connection string.
     Postgres(&'a str),
     /// A files source's or Parquet destination's place: a local path, a
-    /// `file://` URL or an `s3://` prefix.
+    /// `file://` URL or an object store's prefix (`s3://`, `az://`, `gs://`).
     Place(&'a str),
 }
 
-/// The local directory a place names, if it is local.
+/// The URL schemes of object stores (`orca_lake::objstore` reads them):
+/// S3, Azure Blob Storage and Google Cloud Storage.
+pub const OBJECT_STORE_SCHEMES: &[&str] = &[
+    "s3", "s3a", "az", "azure", "abfs", "abfss", "wasb", "wasbs", "gs",
+];
+
+/// The local directory a place names, if it is local (any other scheme
+/// stays a path, which is refused for not being absolute).
 pub fn local_path(place: &str) -> Option<&str> {
-    if place.starts_with("s3://") || place.starts_with("s3a://") {
-        return None;
+    if let Some((scheme, _)) = place.split_once("://") {
+        if OBJECT_STORE_SCHEMES.contains(&scheme) {
+            return None;
+        }
     }
     Some(place.strip_prefix("file://").unwrap_or(place))
 }

@@ -34,11 +34,6 @@ pub enum SecretError {
     BadRef(String, &'static str),
     #[error("secret {0} is not resolved: the engine resolves secrets when its attempt starts")]
     Unresolved(String),
-    #[error("secrets from {provider} ({reference}) cannot be read: that provider is not built yet; keep the value in Orca (orca.set_secret) instead")]
-    ProviderNotBuilt {
-        provider: &'static str,
-        reference: String,
-    },
     #[error("secret {name}: {reason}")]
     Resolve { name: String, reason: String },
     #[error("the installation key is malformed: {0}")]
@@ -56,10 +51,55 @@ pub enum Provider {
     Local { name: String },
     /// `aws-sm://<secret id or ARN>[#json-key]`
     AwsSecretsManager { id: String },
-    /// `gcp-sm://projects/<p>/secrets/<s>[/versions/<v>]`
-    GcpSecretManager { name: String },
-    /// `azure-kv://<vault>/<name>`
-    AzureKeyVault { vault: String, name: String },
+    /// `gcp-sm://projects/<p>/secrets/<s>[/versions/<v>][#json-key]`
+    GcpSecretManager { name: String, key: Option<String> },
+    /// `azure-kv://<vault>/<name>[#json-key]`
+    AzureKeyVault {
+        vault: String,
+        name: String,
+        key: Option<String>,
+    },
+}
+
+/// A reference and the JSON key after its `#`, if it names one.
+fn split_key(reference: &str) -> (&str, Option<&str>) {
+    match reference.rsplit_once('#') {
+        Some((r, key)) if !key.is_empty() => (r, Some(key)),
+        _ => (reference, None),
+    }
+}
+
+/// A GCP project id (`[a-z][a-z0-9-]{4,28}[a-z0-9]`) or project number.
+fn gcp_project(p: &str) -> bool {
+    let b = p.as_bytes();
+    (!b.is_empty() && b.len() <= 20 && b.iter().all(u8::is_ascii_digit))
+        || ((6..=30).contains(&b.len())
+            && b[0].is_ascii_lowercase()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[b.len() - 1] != b'-')
+}
+
+/// A Secret Manager secret id: 1 to 255 of `[A-Za-z0-9_-]`.
+fn gcp_secret(s: &str) -> bool {
+    (1..=255).contains(&s.len())
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+}
+
+/// A Key Vault name: 3 to 24 of `[A-Za-z0-9-]`, starting with a letter,
+/// not ending with '-' (it becomes `<vault>.vault.azure.net`).
+fn azure_vault(v: &str) -> bool {
+    let b = v.as_bytes();
+    (3..=24).contains(&b.len())
+        && b[0].is_ascii_alphabetic()
+        && b[b.len() - 1] != b'-'
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+}
+
+/// A Key Vault secret name: 1 to 127 of `[A-Za-z0-9-]`.
+fn azure_secret(s: &str) -> bool {
+    (1..=127).contains(&s.len()) && s.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
 }
 
 /// `{"secret": "<name or provider URL>"}` where an option's value would be.
@@ -79,33 +119,45 @@ impl SecretRef {
             }
             return Ok(Provider::AwsSecretsManager { id: id.to_string() });
         }
-        if let Some(name) = r.strip_prefix("gcp-sm://") {
+        if let Some(rest) = r.strip_prefix("gcp-sm://") {
+            let (name, key) = split_key(rest);
             let parts: Vec<&str> = name.split('/').collect();
-            let ok = matches!(
-                parts.as_slice(),
-                ["projects", p, "secrets", s] | ["projects", p, "secrets", s, "versions", _]
-                    if !p.is_empty() && !s.is_empty()
-            );
+            let ok = match parts.as_slice() {
+                ["projects", p, "secrets", s] => gcp_project(p) && gcp_secret(s),
+                ["projects", p, "secrets", s, "versions", v] => {
+                    gcp_project(p)
+                        && gcp_secret(s)
+                        && (*v == "latest"
+                            || (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())))
+                }
+                _ => false,
+            };
             if !ok {
                 return Err(bad(
-                    "gcp-sm:// takes projects/<project>/secrets/<secret>[/versions/<version>]",
+                    "gcp-sm:// takes projects/<project>/secrets/<secret>[/versions/<number or \
+                     latest>][#json-key]: a project id or number, a secret id of letters, digits, \
+                     '_' and '-'",
                 ));
             }
             return Ok(Provider::GcpSecretManager {
                 name: name.to_string(),
+                key: key.map(str::to_string),
             });
         }
         if let Some(rest) = r.strip_prefix("azure-kv://") {
-            return match rest.split_once('/') {
-                Some((vault, name))
-                    if !vault.is_empty() && !name.is_empty() && !name.contains('/') =>
-                {
+            let (path, key) = split_key(rest);
+            return match path.split_once('/') {
+                Some((vault, name)) if azure_vault(vault) && azure_secret(name) => {
                     Ok(Provider::AzureKeyVault {
                         vault: vault.to_string(),
                         name: name.to_string(),
+                        key: key.map(str::to_string),
                     })
                 }
-                _ => Err(bad("azure-kv:// takes <vault>/<secret name>")),
+                _ => Err(bad(
+                    "azure-kv:// takes <vault>/<secret name>[#json-key]: a vault name of 3 to 24 \
+                     letters, digits and '-', a secret name of 1 to 127",
+                )),
             };
         }
         if r.contains("://") {
@@ -167,20 +219,6 @@ impl From<&str> for Setting {
 /// attempt's lease; a cloud provider's through its client.
 pub trait Resolver {
     fn resolve(&mut self, provider: &Provider) -> Result<String, SecretError>;
-}
-
-/// The error for a provider a resolver does not know.
-pub fn not_built(provider: &Provider) -> SecretError {
-    let (name, reference) = match provider {
-        Provider::Local { name } => ("Orca", name.clone()),
-        Provider::AwsSecretsManager { id } => ("AWS Secrets Manager", id.clone()),
-        Provider::GcpSecretManager { name } => ("GCP Secret Manager", name.clone()),
-        Provider::AzureKeyVault { vault, name } => ("Azure Key Vault", format!("{vault}/{name}")),
-    };
-    SecretError::ProviderNotBuilt {
-        provider: name,
-        reference,
-    }
 }
 
 /// Whether a connection string carries a password: `user:password@` in a
@@ -383,19 +421,41 @@ mod tests {
             Ok(Provider::AwsSecretsManager { .. })
         ));
         assert!(matches!(
-            p("gcp-sm://projects/p1/secrets/shop/versions/3"),
+            p("gcp-sm://projects/shop-prod/secrets/shop/versions/3"),
             Ok(Provider::GcpSecretManager { .. })
         ));
         assert!(matches!(
             p("azure-kv://vault1/shop"),
             Ok(Provider::AzureKeyVault { .. })
         ));
+        assert_eq!(
+            p("gcp-sm://projects/shop-prod/secrets/acme--db#password"),
+            Ok(Provider::GcpSecretManager {
+                name: "projects/shop-prod/secrets/acme--db".into(),
+                key: Some("password".into())
+            })
+        );
+        assert_eq!(
+            p("azure-kv://shop-vault/acme--db"),
+            Ok(Provider::AzureKeyVault {
+                vault: "shop-vault".into(),
+                name: "acme--db".into(),
+                key: None
+            })
+        );
         for bad in [
             "",
             "Shop",
             "vault://x",
             "gcp-sm://shop",
+            "gcp-sm://projects/../secrets/x",
+            "gcp-sm://projects/p1/secrets/a.b",
+            "gcp-sm://projects/shop-prod/secrets/x/versions/../../y",
             "azure-kv://vault",
+            "azure-kv://evil.example.com#/x",
+            "azure-kv://evil.example.com/x",
+            "azure-kv://vault1/a_b",
+            "azure-kv://v/x",
             "a/b",
             "aws-sm://",
         ] {

@@ -39,7 +39,7 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch_rows: Option<u64>,
     },
-    /// JSON lines or CSV files under a path or an `s3://` prefix.
+    /// JSON lines or CSV files under a path or an object store's prefix (`s3://`, `az://`, `gs://`).
     Files { url: Setting, format: FileFormat },
     /// Every insert, update and delete of tables, by logical replication
     /// (`pgoutput`) from a slot the sync owns, after a first snapshot.
@@ -193,7 +193,7 @@ pub enum FileFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Destination {
-    /// Parquet files under a path or an `s3://` prefix.
+    /// Parquet files under a path or an object store's prefix (`s3://`, `az://`, `gs://`).
     Parquet {
         url: Setting,
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -7,8 +7,10 @@
 //! name cannot resolve elsewhere between the check and the connect; TLS still
 //! verifies the certificate against the name. A local place is checked after
 //! its symlinks are resolved, and never may lie inside (or hold) the
-//! installation's store or warehouse; an `s3://` place may not overlap them
-//! either, and the S3 endpoint it goes to is checked like a host.
+//! installation's store or warehouse; an object store's place (`s3://`,
+//! `az://`, `gs://`) may not overlap them either, and a configured endpoint
+//! it goes to (an S3-compatible server, azurite, a GCS emulator) is checked
+//! like a host.
 //!
 //! The engine builds a [`Scope`] from its sync's claim and hands it to a
 //! runner's source pump with the plan, so a source the runner hosts is held
@@ -18,6 +20,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Component, Path, PathBuf};
 
 use orca_core::netguard::{self, Allowlist, NetguardError, PathRefusal, Refusal};
+use orca_lake::objstore::{self, Cloud};
 use postgres::config::Host;
 use serde::{Deserialize, Serialize};
 
@@ -69,24 +72,55 @@ pub struct ReplicationTarget {
 #[derive(Debug, Clone)]
 enum Place {
     Local(PathBuf),
-    Bucket { bucket: String, key: String },
+    Bucket {
+        /// The store, with the Azure account resolved where it can be.
+        cloud: Cloud,
+        bucket: String,
+        key: String,
+        /// The URL up to the key, for messages.
+        root: String,
+    },
+    /// A URL no store reads: why.
+    Unreadable(String),
 }
 
 fn place_of(url: &str) -> Place {
-    match url
-        .strip_prefix("s3://")
-        .or_else(|| url.strip_prefix("s3a://"))
-    {
-        Some(rest) => {
-            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    match objstore::place(url) {
+        Ok(objstore::Place::Bucket {
+            cloud,
+            bucket,
+            key,
+            root,
+        }) => {
+            // An Azure URL without its account is in the configured one.
+            let cloud = match cloud {
+                Cloud::Azure { account: None } => Cloud::Azure {
+                    account: objstore::azure_account(&Default::default()),
+                },
+                other => other,
+            };
             Place::Bucket {
-                bucket: bucket.to_string(),
-                key: key.trim_matches('/').to_string(),
+                cloud,
+                bucket,
+                key: key.as_ref().to_string(),
+                root,
             }
         }
-        None => Place::Local(canonical(Path::new(
+        Ok(objstore::Place::Local) => Place::Local(canonical(Path::new(
             netguard::local_path(url).unwrap_or(url),
         ))),
+        Err(e) => Place::Unreadable(e.message().to_string()),
+    }
+}
+
+/// Whether two places' buckets are in one store: the same cloud, and for
+/// Azure the same account, or an account not known (then it may be).
+fn same_store(a: &Cloud, b: &Cloud) -> bool {
+    match (a, b) {
+        (Cloud::Azure { account: x }, Cloud::Azure { account: y }) => {
+            x.is_none() || y.is_none() || x == y
+        }
+        _ => a == b,
     }
 }
 
@@ -321,7 +355,7 @@ impl Guard {
             .iter()
             .filter_map(|(what, p)| match p {
                 Place::Local(dir) => Some((*what, dir.clone())),
-                Place::Bucket { .. } => None,
+                Place::Bucket { .. } | Place::Unreadable(_) => None,
             })
             .collect();
         list.check_path(&real, &self.roots, &inside)
@@ -336,7 +370,7 @@ impl Guard {
     }
 
     /// Checks a files source's or Parquet destination's place: a local
-    /// path under an allowed root, or an `s3://` prefix outside the
+    /// path under an allowed root, or an object store's prefix outside the
     /// installation's own and through an endpoint netguard permits. A
     /// local place comes back with its links resolved, as it was allowed:
     /// open that, not the place as written, which a link swapped since
@@ -345,40 +379,58 @@ impl Guard {
         let Some(list) = &self.list else {
             return Ok(None);
         };
+        let refuse = |why: String| {
+            NetError::PathRefused(PathRefusal {
+                org: list.org.clone(),
+                path: url.to_string(),
+                why,
+            })
+        };
         match place_of(url) {
             Place::Local(_) => {
                 let path = netguard::local_path(url).unwrap_or(url);
                 self.local(list, Path::new(path)).map(Some)
             }
-            Place::Bucket { bucket, key } => {
+            Place::Unreadable(why) => Err(refuse(why)),
+            Place::Bucket {
+                cloud, bucket, key, ..
+            } => {
                 for (what, p) in &self.inside {
-                    if let Place::Bucket { bucket: b, key: k } = p {
-                        if *b == bucket && keys_overlap(&key, k) {
-                            return Err(NetError::PathRefused(PathRefusal {
-                                org: list.org.clone(),
-                                path: url.to_string(),
-                                why: format!(
-                                    "it overlaps the installation's {what} (s3://{b}/{k})"
-                                ),
-                            }));
+                    if let Place::Bucket {
+                        cloud: c,
+                        bucket: b,
+                        key: k,
+                        root,
+                    } = p
+                    {
+                        if same_store(c, &cloud) && *b == bucket && keys_overlap(&key, k) {
+                            return Err(refuse(format!(
+                                "it overlaps the installation's {what} ({root}{k})"
+                            )));
                         }
                     }
                 }
-                self.s3_endpoint(list).map(|()| None)
+                // The clouds' own endpoints are public; a configured one
+                // (an S3-compatible server, azurite, a GCS emulator) is
+                // checked like any host.
+                let endpoint = match cloud {
+                    Cloud::S3 => ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"]
+                        .iter()
+                        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())),
+                    Cloud::Azure { .. } => objstore::azure_endpoint(),
+                    Cloud::Gcs => objstore::gcs_endpoint(),
+                };
+                match endpoint {
+                    Some(e) => self.url_endpoint(list, &e).map(|()| None),
+                    None => Ok(None),
+                }
             }
         }
     }
 
-    /// The endpoint `s3://` places go to, where one is configured (the
-    /// `AWS_ENDPOINT` the object store reads); AWS's own are public.
-    fn s3_endpoint(&self, list: &Allowlist) -> Result<(), NetError> {
-        let Some(endpoint) = ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        else {
-            return Ok(());
-        };
-        let (scheme, rest) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
+    /// Checks the host and port of an endpoint URL.
+    fn url_endpoint(&self, list: &Allowlist, endpoint: &str) -> Result<(), NetError> {
+        let (scheme, rest) = endpoint.split_once("://").unwrap_or(("https", endpoint));
         let authority = rest.split('/').next().unwrap_or(rest);
         let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
@@ -479,6 +531,56 @@ mod tests {
         }
         // Another bucket, or a sibling prefix, is not the installation's.
         g.place("s3://lake/warehouse2/x").expect("sibling prefix");
+        // The same names in another store are another place.
+        g.place("gs://lake/warehouse/x").expect("a GCS bucket");
+        g.place("az://lake/warehouse/x")
+            .expect("an Azure container");
+        // A store no client reads is refused by name.
+        let e = g.place("hdfs://lake/x").expect_err("hdfs");
+        assert!(e.to_string().contains("hdfs://lake/x"), "{e}");
+
+        // An installation in Azure Blob Storage and in GCS: its places are
+        // refused in every spelling of their URL.
+        for (store, bad, fine) in [
+            (
+                "abfss://orca@acct1.dfs.core.windows.net/store",
+                vec![
+                    "abfss://orca@acct1.dfs.core.windows.net/store/globex/sync",
+                    "wasbs://orca@acct1.blob.core.windows.net/store",
+                    // No account named: it may be the installation's.
+                    "az://orca/store/x",
+                    "azure://orca",
+                ],
+                vec![
+                    "az://orca/out",
+                    "abfss://orca@acct2.dfs.core.windows.net/store",
+                    "abfss://other@acct1.dfs.core.windows.net/store",
+                ],
+            ),
+            (
+                "gs://orca/store",
+                vec!["gs://orca/store/globex", "gs://orca"],
+                vec!["gs://orca/store2", "s3://orca/store"],
+            ),
+        ] {
+            let g = Guard::new(&Scope {
+                org: "acme".into(),
+                allowlist: Some(vec![root_s.clone()]),
+                store: Some(store.into()),
+                warehouse: None,
+            })
+            .expect("guard");
+            for b in bad {
+                let e = g.place(b).expect_err(b);
+                assert!(
+                    e.to_string().contains("overlaps the installation's store"),
+                    "{b}: {e}"
+                );
+            }
+            for f in fine {
+                g.place(f).expect(f);
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

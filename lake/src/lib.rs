@@ -17,7 +17,7 @@
 //!   small files;
 //! - [`sync_tables`]: the tables a sync's epochs are applied to (fenced,
 //!   marked, merged by key);
-//! - [`objstore`]: one URL-to-store helper for `s3://` and local paths, and
+//! - [`objstore`]: one URL-to-store helper for `s3://`, `az://`, `gs://` and local paths, and
 //!   the Iceberg storage built on it;
 //! - `rewrite` (private): commits that remove files, which iceberg-rust does
 //!   not build yet, behind [`table::commit_change`] alone, so that it can be

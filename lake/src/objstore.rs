@@ -1,12 +1,28 @@
 //! Iceberg storage on object stores, through the `object_store` crate:
 //! iceberg 0.10 itself ships only local and in-memory storage.
 //!
-//! A warehouse `s3://bucket/prefix` keeps data and metadata in that bucket.
-//! Credentials, region and endpoint come from the usual `AWS_*` variables
-//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
-//! `AWS_ENDPOINT`, `AWS_ALLOW_HTTP` for an endpoint without TLS), or from the
-//! catalog's `s3.*` properties, which win. Paths without a scheme or with
-//! `file:` stay on the local file system.
+//! A warehouse (or a sync's store) names its store by its URL:
+//! - `s3://bucket/prefix` (or `s3a://`): S3 or an S3-compatible server.
+//!   Credentials, region and endpoint come from the usual `AWS_*` variables
+//!   (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP` for an endpoint without TLS), or from
+//!   the catalog's `s3.*` properties, which win.
+//! - `az://container/prefix` (or `azure://`), or
+//!   `abfss://container@account.dfs.core.windows.net/prefix` (also `abfs`,
+//!   `wasb`, `wasbs` with `.blob.`): Azure Blob Storage. The account, key,
+//!   SAS token or Azure AD identity come from the `AZURE_*` variables the
+//!   Azure SDKs read (`AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY`,
+//!   `AZURE_CLIENT_ID`/`AZURE_TENANT_ID`/`AZURE_FEDERATED_TOKEN_FILE` for
+//!   workload identity, `AZURE_STORAGE_USE_EMULATOR` for azurite), or the
+//!   catalog's `adls.*` properties, which win. A URL that names an account
+//!   must name the configured one: the runner's credentials reach its own
+//!   account only.
+//! - `gs://bucket/prefix`: Google Cloud Storage, with the service account
+//!   of `GOOGLE_SERVICE_ACCOUNT` (a key file), `GOOGLE_SERVICE_ACCOUNT_KEY`
+//!   (the key itself) or the application default credentials (on GKE, the
+//!   workload's identity from the metadata server).
+//!
+//! Paths without a scheme or with `file:` stay on the local file system;
+//! any other scheme is refused.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -22,6 +38,8 @@ use iceberg::io::{
 };
 use iceberg::{Error, ErrorKind, Result};
 use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::path::Path;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
@@ -40,12 +58,12 @@ impl StorageFactory for ObjectStoreFactory {
     }
 }
 
-/// Storage that sends `s3://` paths to S3 (or an S3-compatible server) and
-/// every other path to the local file system.
+/// Storage that sends object-store URLs to their store and every other
+/// path to the local file system.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ObjectStorage {
     props: HashMap<String, String>,
-    /// One client per bucket, made on first use.
+    /// One client per bucket (by its root URL), made on first use.
     #[serde(skip)]
     stores: Arc<Mutex<HashMap<String, Arc<dyn ObjectStore>>>>,
 }
@@ -54,30 +72,84 @@ fn io_error(what: &str, path: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Unexpected, format!("{what} {path}: {e}"))
 }
 
+/// The object stores a URL can name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Cloud {
+    S3,
+    /// Azure Blob Storage, and the storage account the URL names, if it
+    /// names one (else the configured account).
+    Azure {
+        account: Option<String>,
+    },
+    Gcs,
+}
+
 /// Where a URL lives: a bucket and a key in it, or the local file system.
-/// The one reading of store URLs: the Iceberg storage below and the
-/// engine's store both use it.
+/// The one reading of store URLs: the Iceberg storage below, the engine's
+/// store and netguard all use it.
 pub enum Place {
-    Bucket { bucket: String, key: Path },
+    Bucket {
+        cloud: Cloud,
+        /// The bucket, or Azure's container.
+        bucket: String,
+        key: Path,
+        /// The URL up to the key (`s3://bucket/`): a listed key is this
+        /// plus the key.
+        root: String,
+    },
     Local,
 }
 
-/// `s3://bucket/key` (or `s3a://`) is a bucket; a path or `file://` is local;
+const SCHEMES: &str = "s3://, az:// (abfss://, wasbs://), gs:// and local paths";
+
+/// Reads a store URL: `s3://`/`s3a://`, `az://`/`azure://`/`abfs[s]://`/
+/// `wasb[s]://` and `gs://` name a bucket; a path or `file://` is local;
 /// any other scheme is refused.
 pub fn place(path: &str) -> Result<Place> {
-    let Some(rest) = path
-        .strip_prefix("s3://")
-        .or_else(|| path.strip_prefix("s3a://"))
-    else {
-        if path.contains("://") && !path.starts_with("file://") {
-            return Err(Error::new(
-                ErrorKind::FeatureUnsupported,
-                format!("{path}: only s3:// object stores and local paths are supported"),
-            ));
-        }
+    let Some((scheme, rest)) = path.split_once("://") else {
         return Ok(Place::Local);
     };
-    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let cloud_of = |authority: &str| -> Result<(Cloud, String)> {
+        match scheme {
+            "s3" | "s3a" => Ok((Cloud::S3, authority.to_string())),
+            "gs" => Ok((Cloud::Gcs, authority.to_string())),
+            "az" | "azure" | "abfs" | "abfss" | "wasb" | "wasbs" => {
+                let Some((container, host)) = authority.split_once('@') else {
+                    return Ok((Cloud::Azure { account: None }, authority.to_string()));
+                };
+                let account = [".dfs.core.windows.net", ".blob.core.windows.net"]
+                    .iter()
+                    .find_map(|suffix| host.strip_suffix(suffix))
+                    .filter(|a| {
+                        !a.is_empty() && a.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    })
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::DataInvalid,
+                            format!(
+                                "{path}: an Azure URL names its account as \
+                                 <container>@<account>.dfs.core.windows.net (or .blob.), not {host:?}"
+                            ),
+                        )
+                    })?;
+                Ok((
+                    Cloud::Azure {
+                        account: Some(account.to_string()),
+                    },
+                    container.to_string(),
+                ))
+            }
+            _ => Err(Error::new(
+                ErrorKind::FeatureUnsupported,
+                format!("{path}: the stores Orca reads and writes are {SCHEMES}"),
+            )),
+        }
+    };
+    if scheme == "file" {
+        return Ok(Place::Local);
+    }
+    let (authority, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let (cloud, bucket) = cloud_of(authority)?;
     if bucket.is_empty() {
         return Err(Error::new(
             ErrorKind::DataInvalid,
@@ -85,60 +157,181 @@ pub fn place(path: &str) -> Result<Place> {
         ));
     }
     Ok(Place::Bucket {
-        bucket: bucket.to_string(),
+        cloud,
+        bucket,
         key: Path::parse(key).map_err(|e| io_error("bad object path", path, e))?,
+        root: format!("{scheme}://{authority}/"),
     })
 }
-
 impl ObjectStorage {
-    fn store(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+    fn store(&self, cloud: &Cloud, bucket: &str, root: &str) -> Result<Arc<dyn ObjectStore>> {
         let mut stores = self
             .stores
             .lock()
             .map_err(|_| Error::new(ErrorKind::Unexpected, "object store cache poisoned"))?;
-        if let Some(s) = stores.get(bucket) {
+        if let Some(s) = stores.get(root) {
             return Ok(s.clone());
         }
-        let store = bucket_store(bucket, &self.props)?;
-        stores.insert(bucket.to_string(), store.clone());
+        let store = bucket_store(cloud, bucket, &self.props)?;
+        stores.insert(root.to_string(), store.clone());
         Ok(store)
     }
 
     fn resolve(&self, path: &str) -> Result<Option<(Arc<dyn ObjectStore>, Path)>> {
         match place(path)? {
             Place::Local => Ok(None),
-            Place::Bucket { bucket, key } => Ok(Some((self.store(&bucket)?, key))),
+            Place::Bucket {
+                cloud,
+                bucket,
+                key,
+                root,
+            } => Ok(Some((self.store(&cloud, &bucket, &root)?, key))),
         }
     }
 }
 
-/// An S3 (or S3-compatible) bucket: credentials, region and endpoint from the
-/// usual `AWS_*` variables, or from `s3.*` properties, which win.
-pub fn bucket_store(bucket: &str, props: &HashMap<String, String>) -> Result<Arc<dyn ObjectStore>> {
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// Whether `AZURE_STORAGE_USE_EMULATOR` asks for azurite.
+pub fn azure_emulator() -> bool {
+    env("AZURE_STORAGE_USE_EMULATOR").is_some_and(|v| matches!(v.as_str(), "true" | "1"))
+}
+
+/// The Azure storage account the runner's credentials are for: the
+/// `adls.account-name` property, else `AZURE_STORAGE_ACCOUNT_NAME`, else
+/// azurite's account when the emulator is asked for.
+pub fn azure_account(props: &HashMap<String, String>) -> Option<String> {
+    props
+        .get("adls.account-name")
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .or_else(|| env("AZURE_STORAGE_ACCOUNT_NAME"))
+        .or_else(|| azure_emulator().then(|| "devstoreaccount1".to_string()))
+}
+
+/// The account a URL's Azure place is in: the one it names, which must be
+/// the configured one when one is configured, else the configured one.
+pub fn azure_account_of(named: Option<&str>, props: &HashMap<String, String>) -> Result<String> {
+    match (named, azure_account(props)) {
+        (Some(n), Some(c)) if n != c => Err(Error::new(
+            ErrorKind::DataInvalid,
+            format!(
+                "the URL names storage account {n:?}, but this runner's Azure credentials are \
+                 for {c:?} (AZURE_STORAGE_ACCOUNT_NAME): it reaches no other account"
+            ),
+        )),
+        (Some(n), _) => Ok(n.to_string()),
+        (None, Some(c)) => Ok(c),
+        (None, None) => Err(Error::new(
+            ErrorKind::DataInvalid,
+            "an az:// URL needs the storage account: set AZURE_STORAGE_ACCOUNT_NAME, or name it \
+             as abfss://<container>@<account>.dfs.core.windows.net/",
+        )),
+    }
+}
+
+/// A bucket's client. S3 (or S3-compatible): credentials, region and
+/// endpoint from the usual `AWS_*` variables, or from `s3.*` properties,
+/// which win. Azure: the `AZURE_*` variables, or `adls.*` properties.
+/// GCS: the `GOOGLE_*` variables.
+pub fn bucket_store(
+    cloud: &Cloud,
+    bucket: &str,
+    props: &HashMap<String, String>,
+) -> Result<Arc<dyn ObjectStore>> {
     let prop = |k: &str| props.get(k).filter(|v| !v.is_empty());
-    if let Some(v) = prop("s3.endpoint") {
-        b = b
-            .with_endpoint(v)
-            .with_allow_http(v.starts_with("http://"))
-            .with_virtual_hosted_style_request(false);
+    let failed = |e: object_store::Error| io_error("cannot open bucket", bucket, e);
+    match cloud {
+        Cloud::S3 => {
+            let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            if let Some(v) = prop("s3.endpoint") {
+                b = b
+                    .with_endpoint(v)
+                    .with_allow_http(v.starts_with("http://"))
+                    .with_virtual_hosted_style_request(false);
+            }
+            if let Some(v) = prop("s3.access-key-id") {
+                b = b.with_access_key_id(v);
+            }
+            if let Some(v) = prop("s3.secret-access-key") {
+                b = b.with_secret_access_key(v);
+            }
+            if let Some(v) = prop("s3.session-token") {
+                b = b.with_token(v);
+            }
+            if let Some(v) = prop("s3.region").or_else(|| prop("client.region")) {
+                b = b.with_region(v);
+            }
+            Ok(Arc::new(b.build().map_err(failed)?))
+        }
+        Cloud::Azure { account } => {
+            let account = azure_account_of(account.as_deref(), props)?;
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .with_account(account);
+            if let Some(v) = prop("adls.account-key") {
+                b = b.with_access_key(v);
+            }
+            if let Some(v) = prop("adls.sas-token") {
+                b = b.with_config(
+                    object_store::azure::AzureConfigKey::SasKey,
+                    v.trim_start_matches('?'),
+                );
+            }
+            for (p, key) in [
+                (
+                    "adls.tenant-id",
+                    object_store::azure::AzureConfigKey::AuthorityId,
+                ),
+                (
+                    "adls.client-id",
+                    object_store::azure::AzureConfigKey::ClientId,
+                ),
+                (
+                    "adls.client-secret",
+                    object_store::azure::AzureConfigKey::ClientSecret,
+                ),
+            ] {
+                if let Some(v) = prop(p) {
+                    b = b.with_config(key, v);
+                }
+            }
+            Ok(Arc::new(b.build().map_err(failed)?))
+        }
+        Cloud::Gcs => Ok(Arc::new(
+            GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(failed)?,
+        )),
     }
-    if let Some(v) = prop("s3.access-key-id") {
-        b = b.with_access_key_id(v);
+}
+
+/// Where GCS requests go when not to Google: the `gcs_base_url` of the
+/// configured service account key (an emulator's).
+pub fn gcs_endpoint() -> Option<String> {
+    let key = env("GOOGLE_SERVICE_ACCOUNT_KEY").or_else(|| {
+        ["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH"]
+            .iter()
+            .find_map(|k| env(k))
+            .and_then(|path| std::fs::read_to_string(path).ok())
+    });
+    key.and_then(|k| serde_json::from_str::<serde_json::Value>(&k).ok())
+        .and_then(|v| v["gcs_base_url"].as_str().map(str::to_string))
+}
+
+/// Where Azure Blob Storage requests go when not to Azure's
+/// `<account>.blob.core.windows.net`: azurite's URL with the emulator, or a
+/// configured endpoint.
+pub fn azure_endpoint() -> Option<String> {
+    if azure_emulator() {
+        return Some(
+            env("AZURITE_BLOB_STORAGE_URL").unwrap_or_else(|| "http://127.0.0.1:10000".into()),
+        );
     }
-    if let Some(v) = prop("s3.secret-access-key") {
-        b = b.with_secret_access_key(v);
-    }
-    if let Some(v) = prop("s3.session-token") {
-        b = b.with_token(v);
-    }
-    if let Some(v) = prop("s3.region").or_else(|| prop("client.region")) {
-        b = b.with_region(v);
-    }
-    Ok(Arc::new(
-        b.build()
-            .map_err(|e| io_error("cannot open bucket", bucket, e))?,
-    ))
+    env("AZURE_STORAGE_ENDPOINT").or_else(|| env("AZURE_ENDPOINT"))
 }
 
 struct ObjectRead {
@@ -321,15 +514,20 @@ pub async fn list(
     let failed =
         |e: &dyn std::fmt::Display| crate::LakeError::Table(format!("listing {location}: {e}"));
     match place(location).map_err(|e| failed(&e))? {
-        Place::Bucket { bucket, key } => {
-            let store = bucket_store(&bucket, props).map_err(|e| failed(&e))?;
+        Place::Bucket {
+            cloud,
+            bucket,
+            key,
+            root,
+        } => {
+            let store = bucket_store(&cloud, &bucket, props).map_err(|e| failed(&e))?;
             // A prefix ends at a separator: lake/raw must not list lake/raw2.
             let prefix = Path::parse(format!("{}/", key.as_ref().trim_end_matches('/')))
                 .map_err(|e| failed(&e))?;
             store
                 .list(Some(&prefix))
                 .map_ok(|m| Listed {
-                    path: format!("s3://{bucket}/{}", m.location),
+                    path: format!("{root}{}", m.location),
                     size: m.size,
                     modified_ms: m.last_modified.timestamp_millis(),
                 })
@@ -379,22 +577,94 @@ pub async fn list(
 mod tests {
     use super::*;
 
+    fn bucket(url: &str) -> (Cloud, String, String, String) {
+        match place(url) {
+            Ok(Place::Bucket {
+                cloud,
+                bucket,
+                key,
+                root,
+            }) => (cloud, bucket, key.as_ref().to_string(), root),
+            Ok(Place::Local) => panic!("{url} is not local"),
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
     #[test]
     fn paths_go_to_their_bucket_or_stay_local() {
-        match place("s3://lake/wh/lake/clean/metadata/v1.json") {
-            Ok(Place::Bucket { bucket, key }) => {
-                assert_eq!(bucket, "lake");
-                assert_eq!(key.as_ref(), "wh/lake/clean/metadata/v1.json");
-            }
-            _ => panic!("an s3 path is in a bucket"),
-        }
+        assert_eq!(
+            bucket("s3://lake/wh/lake/clean/metadata/v1.json"),
+            (
+                Cloud::S3,
+                "lake".into(),
+                "wh/lake/clean/metadata/v1.json".into(),
+                "s3://lake/".into()
+            )
+        );
+        assert_eq!(
+            bucket("gs://lake/wh/x").0,
+            Cloud::Gcs,
+            "gs:// is Google Cloud Storage"
+        );
+        assert_eq!(
+            bucket("az://lake/wh/x"),
+            (
+                Cloud::Azure { account: None },
+                "lake".into(),
+                "wh/x".into(),
+                "az://lake/".into()
+            )
+        );
+        assert_eq!(
+            bucket("abfss://lake@acme1.dfs.core.windows.net/wh/x"),
+            (
+                Cloud::Azure {
+                    account: Some("acme1".into())
+                },
+                "lake".into(),
+                "wh/x".into(),
+                "abfss://lake@acme1.dfs.core.windows.net/".into()
+            )
+        );
         assert!(matches!(place("/tmp/wh/x"), Ok(Place::Local)));
         assert!(matches!(place("file:///tmp/wh/x"), Ok(Place::Local)));
-        assert!(place("s3:///x").is_err());
-        let e = place("gs://b/x")
+        for bad in [
+            "s3:///x",
+            "az:///x",
+            "abfss://lake@evil.example.com/x",
+            "abfss://lake@.dfs.core.windows.net/x",
+            "abfss://lake@a.b.dfs.core.windows.net/x",
+        ] {
+            assert!(place(bad).is_err(), "{bad}");
+        }
+        let e = place("hdfs://b/x")
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("only s3://"), "{e}");
+        assert!(e.contains("hdfs://b/x") && e.contains("az://"), "{e}");
+    }
+
+    #[test]
+    fn every_scheme_netguard_knows_names_a_bucket_here() {
+        for scheme in orca_core::netguard::OBJECT_STORE_SCHEMES {
+            let url = format!("{scheme}://b/k");
+            assert!(matches!(place(&url), Ok(Place::Bucket { .. })), "{url}");
+        }
+    }
+
+    #[test]
+    fn an_azure_url_reaches_the_configured_account_only() {
+        let props: HashMap<String, String> =
+            [("adls.account-name".to_string(), "acme1".to_string())].into();
+        assert_eq!(
+            azure_account_of(Some("acme1"), &props).ok(),
+            Some("acme1".into())
+        );
+        assert_eq!(azure_account_of(None, &props).ok(), Some("acme1".into()));
+        let e = azure_account_of(Some("globex"), &props)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("\"globex\"") && e.contains("\"acme1\""), "{e}");
     }
 }

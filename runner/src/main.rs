@@ -59,13 +59,15 @@ struct Args {
     /// this binary, else on PATH).
     #[arg(long, env = "ORCA_ENGINE")]
     engine: Option<PathBuf>,
-    /// Where syncs keep checkpoints and staged epochs: an absolute path or
-    /// s3://bucket/prefix, shared by every runner that runs syncs. Without it
+    /// Where syncs keep checkpoints and staged epochs: an absolute path or an
+    /// object store's URL (s3://, az://, gs://), shared by every runner that
+    /// runs syncs. Without it
     /// this runner leaves syncs to runners that have one.
     #[arg(long, env = "ORCA_STORE")]
     store: Option<String>,
     /// Where Iceberg tables' data and metadata go (default: ./warehouse of
-    /// each pipeline binary): a path or s3://bucket/prefix.
+    /// each pipeline binary): a path or an object store's URL (s3://, az://,
+    /// gs://).
     #[arg(long, env = "ORCA_WAREHOUSE")]
     warehouse: Option<String>,
     /// Also call orca.tick() this often (0: leave it to the background worker).

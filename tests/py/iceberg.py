@@ -32,6 +32,20 @@ def catalog(url, warehouse):
             "s3.region": os.environ.get("AWS_REGION", "us-east-1"),
         }
         return SqlCatalog(name, uri=url, warehouse=warehouse, **props)
+    endpoint = os.environ.get("ORCA_TEST_STORE_ENDPOINT", "")
+    if warehouse.startswith(("abfs://", "abfss://")):
+        # azurite's well-known account, through pyarrow's AzureFileSystem.
+        authority = endpoint.split("://", 1)[-1]
+        props = {
+            "adls.account-name": "devstoreaccount1",
+            "adls.account-key": "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+            "adls.blob-storage-authority": authority,
+            "adls.dfs-storage-authority": authority,
+            "adls.blob-storage-scheme": "http",
+            "adls.dfs-storage-scheme": "http",
+            "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+        }
+        return SqlCatalog(name, uri=url, warehouse=warehouse, **props)
     return SqlCatalog(name, uri=url, warehouse="file://" + warehouse)
 
 

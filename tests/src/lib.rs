@@ -19,6 +19,7 @@ pub mod procs;
 pub mod releases;
 pub mod s3;
 pub mod serve;
+pub mod stores;
 pub mod wait;
 
 pub use orgs::{org_snapshot, populate_org};

@@ -3,9 +3,7 @@
 //! of its own. It speaks the S3 HTTP API that `object_store` and PyIceberg
 //! use; it is an emulator, because no real S3 is reachable from CI.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 pub struct S3Server {
     child: Child,
@@ -20,10 +18,7 @@ pub fn python() -> String {
 impl S3Server {
     /// Starts a server on a free port and creates `bucket` in it.
     pub fn start(bucket: &str) -> S3Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = crate::stores::free_port();
         let child = Command::new(python())
             .args([
                 "-m",
@@ -41,14 +36,7 @@ impl S3Server {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
         };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the S3 server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::stores::wait_port(port, "the S3 server");
         let made = server.boto(&format!("s.create_bucket(Bucket='{bucket}')"));
         assert!(made.is_empty() || made.contains("orca"), "{made}");
         server

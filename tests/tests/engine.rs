@@ -1466,34 +1466,29 @@ async fn files_into_postgres_widen_the_table_as_the_stream_widens() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The store and the parquet destination in object storage (moto's S3
-/// server: an S3 API emulator, since no real S3 is reachable here).
-#[tokio::test]
-async fn checkpoints_staging_and_parquet_files_live_in_s3() {
+/// The store (its checkpoint log, created with conditional writes, staged
+/// epochs and attempt logs) and the parquet destination in an object store,
+/// an engine killed after its HEAD moved and a second one recovering: the
+/// store served by `server` (an emulator of its cloud's API, since no cloud
+/// is reachable here) and read back by another client.
+async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
     let db = TestDb::new().await;
     let rows = 30_000i64;
     make_source(&db, rows).await;
-    let s3 = orca_tests::s3::S3Server::start("orca");
     define_orders(
         &db,
         json!({"type": "postgres", "url": db.url()}),
-        json!({"type": "parquet", "url": "s3://orca/out"}),
+        json!({"type": "parquet", "url": server.url("orca", "out")}),
         json!({}),
         "at_least_once",
     )
     .await;
+    let store = server.url("orca", "store");
     let run = |crash: Option<&str>| {
         let mut c = Command::new(bin("orca-engine"));
-        c.args([
-            "sync",
-            "shop",
-            "--batch-rows",
-            "10000",
-            "--store",
-            "s3://orca/store",
-        ])
-        .env("DATABASE_URL", db.url())
-        .envs(s3.env());
+        c.args(["sync", "shop", "--batch-rows", "10000", "--store", &store])
+            .env("DATABASE_URL", db.url())
+            .envs(server.env());
         if let Some(epoch) = crash {
             c.env("ORCA_ENGINE_CRASH_AFTER_HEAD", epoch);
         }
@@ -1506,7 +1501,7 @@ async fn checkpoints_staging_and_parquet_files_live_in_s3() {
     let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
     assert_eq!(outcome["recovery"], "apply epoch 2 to orders, then resume");
 
-    let parts: Vec<String> = s3
+    let parts: Vec<String> = server
         .keys("orca", "out/orders/")
         .into_iter()
         .filter(|k| k.ends_with(".parquet"))
@@ -1517,22 +1512,61 @@ async fn checkpoints_staging_and_parquet_files_live_in_s3() {
             .map(|e| format!("out/orders/part-{e:010}.parquet"))
             .collect::<Vec<_>>()
     );
-    let checkpoints = s3.keys("orca", "store/default/shop/_checkpoints/");
+    let checkpoints = server.keys("orca", "store/default/shop/_checkpoints/");
     assert_eq!(checkpoints.len(), 3, "{checkpoints:?}");
-    assert!(s3.keys("orca", "store/default/shop/_staging/").is_empty());
-    // Every row once, fetched from the bucket by another client (boto3;
-    // read here, since pyarrow in that process crashed at exit once).
-    let local = scratch("s3-copy");
+    assert!(server
+        .keys("orca", "store/default/shop/_staging/")
+        .is_empty());
+    // A checkpoint is created once, with a conditional write the store
+    // itself enforces: when another writer (a zombie engine) made the next
+    // one first, this engine stops and says so rather than replace it.
+    // Records are named {epoch}-g{generation}: the next attempt claims
+    // generation + 1 and writes epoch + 1 first.
+    let last = checkpoints.iter().max().expect("a checkpoint");
+    let (dir, file) = last.rsplit_once('/').expect("a record's path");
+    let (epoch, generation) = file
+        .trim_end_matches(".json")
+        .split_once("-g")
+        .and_then(|(e, g)| Some((e.parse::<u64>().ok()?, g.parse::<u64>().ok()?)))
+        .unwrap_or_else(|| panic!("a record named {{epoch}}-g{{generation}}.json: {last}"));
+    let next = format!(
+        "{dir}/{:0width$}-g{}.json",
+        epoch + 1,
+        generation + 1,
+        width = file.find('-').unwrap_or(10)
+    );
+    server.put("orca", &next, b"{\"written by\": \"another engine\"}");
+    sqlx::query(
+        "INSERT INTO public.orders (id, updated_at) \
+         SELECT g, now() FROM generate_series($1::bigint, $1::bigint + 99) g",
+    )
+    .bind(rows + 1)
+    .execute(&db.pool)
+    .await
+    .expect("more rows");
+    let o = run(None);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("exists already"), "{}", text(&o));
+    // Every row once, fetched from the bucket by another client.
+    let local = scratch(&format!("{}-copy", server.scheme()));
     std::fs::create_dir_all(local.join("orders")).expect("copy dir");
-    s3.boto(&format!(
-        "for e in (1, 2, 3):\n    \
-             k = 'out/orders/part-%010d.parquet' % e\n    \
-             s.download_file('orca', k, '{}/orders/part-%010d.parquet' % e)",
-        local.display()
-    ));
+    for e in 1..=3 {
+        let key = format!("out/orders/part-{e:010}.parquet");
+        server.download("orca", &key, &local.join(&key["out/".len()..]));
+    }
     let (n, ids, _, _) = tally(&published(&local, "orders"));
     assert_eq!((n, ids), (rows as usize, rows as usize));
     let _ = std::fs::remove_dir_all(local);
+}
+
+#[tokio::test]
+async fn checkpoints_staging_and_parquet_files_live_in_s3() {
+    a_sync_lives_in(&orca_tests::s3::S3Server::start("orca")).await;
+}
+
+#[tokio::test]
+async fn checkpoints_staging_and_parquet_files_live_in_azure_blob_storage() {
+    a_sync_lives_in(&orca_tests::stores::Azurite::start("orca")).await;
 }
 
 /// A backfill of a sync reads every stream again from its start: a merge

@@ -110,7 +110,7 @@ struct Where {
     #[arg(long, env = "ORCA_ORG", default_value = "default")]
     org: String,
     /// Where checkpoints, staged epochs, held cells and logs live: an
-    /// absolute path or s3://bucket/prefix.
+    /// absolute path or an object store's URL (s3://, az://, gs://).
     #[arg(long, env = "ORCA_STORE")]
     store: String,
 }

@@ -3,9 +3,13 @@
 //!
 //! A URL picks the store, read by `orca_lake::objstore` as the Iceberg
 //! warehouse's is: a path or `file://` for the local file system,
-//! `s3://bucket/prefix` for S3 (or an S3-compatible server; credentials,
-//! region and endpoint from the usual `AWS_*` variables). The engine is
-//! synchronous, so each call blocks on a small runtime of its own.
+//! `s3://bucket/prefix` for S3 (or an S3-compatible server),
+//! `az://container/prefix` for Azure Blob Storage, `gs://bucket/prefix`
+//! for Google Cloud Storage, each with the credentials of the runner's
+//! environment. Records are created with a conditional write (S3's
+//! `If-None-Match`, Azure's and GCS's preconditions), so two engines
+//! cannot both commit one epoch. The engine is synchronous, so each call
+//! blocks on a small runtime of its own.
 
 use std::sync::Arc;
 
@@ -67,8 +71,10 @@ impl Store {
         let mut local = None;
         let mut real = None;
         let (os, prefix): (Arc<dyn ObjectStore>, Path) = match place {
-            orca_lake::objstore::Place::Bucket { bucket, key } => (
-                orca_lake::objstore::bucket_store(&bucket, &Default::default())
+            orca_lake::objstore::Place::Bucket {
+                cloud, bucket, key, ..
+            } => (
+                orca_lake::objstore::bucket_store(&cloud, &bucket, &Default::default())
                     .map_err(|e| bad(e.message().to_string()))?,
                 key,
             ),
@@ -76,7 +82,8 @@ impl Store {
                 let dir = url.strip_prefix("file://").unwrap_or(url);
                 if !dir.starts_with('/') {
                     return Err(bad(
-                        "a local store needs an absolute path (or s3://bucket/prefix)".into(),
+                        "a local store needs an absolute path (or an object store's URL: s3://, az://, gs://)"
+                            .into(),
                     ));
                 }
                 if create {

@@ -1,4 +1,4 @@
-//! The files source: JSON lines or CSV files under a path or an `s3://`
+//! The files source: JSON lines or CSV files under a path or an object store's
 //! prefix, read in name order and resumable by file and byte offset.
 //!
 //! Files are taken to be immutable once written (exact replay): reading

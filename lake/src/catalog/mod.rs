@@ -134,11 +134,22 @@ impl Lake {
         let url = config.session_url().ok_or_else(|| {
             LakeError::Config("no catalog: set ORCA_CATALOG_URL or DATABASE_URL".into())
         })?;
-        if !config.warehouse.starts_with("file://") && !config.warehouse.starts_with("s3://") {
-            return Err(LakeError::Config(format!(
-                "warehouse {} is neither a local path nor an s3:// URL (other object stores are not built yet)",
-                config.warehouse
-            )));
+        match crate::objstore::place(&config.warehouse) {
+            Ok(crate::objstore::Place::Bucket { .. }) => {}
+            Ok(crate::objstore::Place::Local) if config.warehouse.starts_with("file://") => {}
+            Ok(crate::objstore::Place::Local) => {
+                return Err(LakeError::Config(format!(
+                    "warehouse {} is neither a file:// URL nor an object store's",
+                    config.warehouse
+                )))
+            }
+            Err(e) => {
+                return Err(LakeError::Config(format!(
+                    "warehouse {}: {}",
+                    config.warehouse,
+                    e.message()
+                )))
+            }
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

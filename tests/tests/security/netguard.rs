@@ -1064,3 +1064,113 @@ async fn a_name_is_judged_by_what_it_resolves_to_when_the_engine_connects() {
     drop(runner);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An object store destination is judged like a host and a path: the
+/// installation's store in Azure Blob Storage (azurite, an emulator of its
+/// API: no Azure is reachable here) is refused in another spelling of its
+/// URL, a URL naming another storage account is refused before anything
+/// is sent, and the store's endpoint is a host the org's allowlist must
+/// permit.
+#[tokio::test]
+async fn an_azure_destination_stays_out_of_the_installation_s_store_and_other_accounts() {
+    use orca_tests::stores::ObjectServer;
+    let db = acme_with_orders().await;
+    let azurite = orca_tests::stores::Azurite::start("orca");
+    let dir = scratch("az-netguard");
+    let inbox = dir.join("inbox");
+    std::fs::create_dir_all(&inbox).expect("inbox");
+    std::fs::write(inbox.join("a.jsonl"), "{\"id\": 1}\n{\"id\": 2}\n").expect("a file");
+    let mut admin = db.connect().await;
+    sqlx::query("SELECT orca.allow('acme', $1)")
+        .bind(inbox.to_string_lossy().to_string())
+        .execute(&mut admin)
+        .await
+        .expect("acme's inbox");
+    let mut op = connect_org(&db, OPERATOR, "acme").await;
+    let files = json!({"type": "files", "url": inbox.to_string_lossy(), "format": "jsonl"});
+    let events = json!([{"name": "events", "pattern": "*.jsonl"}]);
+    let env: Vec<(&str, String)> = azurite
+        .env()
+        .into_iter()
+        .chain([("ORCA_ORG", "acme".to_string())])
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let runner = sync_runner_with(
+        &db,
+        std::path::Path::new("az://orca/store"),
+        &dir.join("logs"),
+        &env,
+    );
+    async fn run(
+        op: &mut PgConnection,
+        name: &str,
+        url: &str,
+        files: &Value,
+        events: &Value,
+    ) -> i64 {
+        create_sync(
+            op,
+            name,
+            files,
+            &json!({"type": "parquet", "url": url}),
+            events,
+        )
+        .await
+        .expect("an object store's place passes the definition");
+        sqlx::query_scalar::<_, i64>("SELECT orca.run($1, 'now')")
+            .bind(name)
+            .fetch_one(op)
+            .await
+            .expect("run")
+    }
+    // azurite listens on loopback, which acme's allowlist does not permit.
+    let r = run(&mut op, "out", "az://orca/out", &files, &events).await;
+    let error = failed(&db, r, &runner).await;
+    assert!(
+        error.contains("netguard refused 127.0.0.1") && error.contains("a loopback address"),
+        "{error}"
+    );
+    sqlx::query("SELECT orca.allow('acme', '127.0.0.1')")
+        .execute(&mut admin)
+        .await
+        .expect("allow azurite");
+    for (name, url, says) in [
+        (
+            "into_the_store",
+            "abfss://orca@devstoreaccount1.dfs.core.windows.net/store/acme/x",
+            "overlaps the installation's store (az://orca/store)",
+        ),
+        (
+            "the_container",
+            "wasbs://orca@devstoreaccount1.blob.core.windows.net",
+            "overlaps the installation's store",
+        ),
+        (
+            "another_account",
+            "abfss://orca@globexdata.dfs.core.windows.net/out",
+            "names storage account \"globexdata\"",
+        ),
+    ] {
+        let r = run(&mut op, name, url, &files, &events).await;
+        let error = failed(&db, r, &runner).await;
+        assert!(error.contains(says), "{name}: {error}");
+    }
+    let r = run(&mut op, "allowed", "az://orca/out", &files, &events).await;
+    wait_for_sql(
+        &db,
+        "the allowed sync to succeed",
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {r}"),
+        Duration::from_secs(120),
+        || outputs(&[&runner]),
+    )
+    .await;
+    let written = azurite.keys("orca", "out/events/");
+    assert!(
+        written.iter().any(|k| k.ends_with(".parquet")),
+        "{written:?}"
+    );
+    // Nothing of the refused ones reached the container.
+    assert!(azurite.keys("orca", "store/acme/x").is_empty());
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -456,6 +456,31 @@ async fn the_cli_sets_secrets_from_standard_input_and_never_shows_them() {
     assert_eq!(db.scalar_i64("SELECT count(*) FROM orca.secrets").await, 0);
 }
 
+/// public.orders with `rows` rows, the source of the cloud secrets' syncs.
+async fn orders(db: &TestDb, rows: i64) {
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
+         INSERT INTO public.orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', g
+         FROM generate_series(1, {rows}) g;"
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+}
+
+/// The password the syncs' URL holds (`hunter2`) is nowhere but where it
+/// was used: not in events, errors or the runner's output.
+async fn unleaked(db: &TestDb, runner: &Runner) {
+    let leaked = db
+        .scalar_i64(
+            "SELECT (SELECT count(*) FROM orca.events WHERE data::text LIKE '%hunter2%') \
+                  + (SELECT count(*) FROM orca.runs WHERE coalesce(error, '') LIKE '%hunter2%')",
+        )
+        .await;
+    assert_eq!(leaked, 0);
+    assert!(!runner.output().contains("hunter2"));
+}
+
 /// `aws-sm://` secrets: read by the engine from AWS Secrets Manager (moto's,
 /// for real over its HTTP API: no AWS is reachable from CI) with the
 /// runner's own credentials, one key of a JSON secret; an org names only
@@ -464,15 +489,11 @@ async fn the_cli_sets_secrets_from_standard_input_and_never_shows_them() {
 #[tokio::test]
 async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() {
     let db = TestDb::new().await;
-    sqlx::raw_sql(
-        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, amount int);
-         INSERT INTO public.orders SELECT g, '2024-01-01'::timestamptz + g * interval '1 second', g
-         FROM generate_series(1, 2000) g;
-         CREATE SCHEMA raw_shop; CREATE SCHEMA raw_stolen; CREATE SCHEMA raw_missing;",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("source table");
+    orders(&db, 2000).await;
+    sqlx::raw_sql("CREATE SCHEMA raw_shop; CREATE SCHEMA raw_stolen; CREATE SCHEMA raw_missing;")
+        .execute(&db.pool)
+        .await
+        .expect("schemas");
     let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
     let aws = orca_tests::s3::S3Server::start("unused");
     let made = Command::new(orca_tests::s3::python())
@@ -559,15 +580,185 @@ async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() 
     );
     let missing = error(runs[2]).await;
     assert!(missing.contains("ResourceNotFoundException"), "{missing}");
-    // The value is nowhere but where it was used.
-    let leaked = db
-        .scalar_i64(
-            "SELECT (SELECT count(*) FROM orca.events WHERE data::text LIKE '%hunter2%') \
-                  + (SELECT count(*) FROM orca.runs WHERE coalesce(error, '') LIKE '%hunter2%')",
-        )
-        .await;
-    assert_eq!(leaked, 0);
-    assert!(!runner.output().contains("hunter2"));
+    unleaked(&db, &runner).await;
     drop(runner);
     let _ = std::fs::remove_dir_all(&logs);
+}
+
+/// `gcp-sm://` and `azure-kv://` secrets: read by the engine with the
+/// runner's own identity, against a stand-in for both clouds' APIs
+/// (tests/py/cloud_secrets.py: neither service has an emulator that runs
+/// here; this one checks the service account's RS256 JWT with its public
+/// key and the service principal's secret, as the real token endpoints do).
+/// An org names only secrets under its prefix (`<org>--`), so another org's
+/// are refused before any request; a missing one is named.
+#[tokio::test]
+async fn syncs_read_their_urls_from_simulated_gcp_secret_manager_and_azure_key_vault() {
+    let db = TestDb::new().await;
+    orders(&db, 500).await;
+    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+    let dir = scratch("cloud-secrets");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let value = json!({"url": url, "user": "app"}).to_string();
+    std::fs::write(
+        dir.join("secrets.json"),
+        json!({
+            "gcp": {
+                "projects/shop-prod/secrets/default--shop": value,
+                "projects/shop-prod/secrets/globex--shop": value,
+            },
+            "azure": {"shop-vault/default--shop": value, "shop-vault/globex--shop": value},
+            "azure_client": ["runner-app", "s3cret-of-the-runner", "tenant-1"],
+        })
+        .to_string(),
+    )
+    .expect("secrets.json");
+    let port = orca_tests::stores::free_port();
+    let key_file = dir.join("service-account.json");
+    let mut server = Command::new(orca_tests::s3::python())
+        .arg(orca_tests::repo_root().join("tests/py/cloud_secrets.py"))
+        .arg(port.to_string())
+        .arg(dir.join("secrets.json"))
+        .arg(&key_file)
+        .spawn()
+        .expect("the stand-in");
+    // The stand-in writes the key file before it listens.
+    orca_tests::stores::wait_port(port, "the stand-in");
+    let cases = [
+        (
+            "gcp",
+            "gcp-sm://projects/shop-prod/secrets/default--shop#url",
+            "succeeded",
+        ),
+        (
+            "azure",
+            "azure-kv://shop-vault/default--shop#url",
+            "succeeded",
+        ),
+        (
+            "gcp_stolen",
+            "gcp-sm://projects/shop-prod/secrets/globex--shop#url",
+            "failed",
+        ),
+        (
+            "azure_stolen",
+            "azure-kv://shop-vault/globex--shop#url",
+            "failed",
+        ),
+        (
+            "gcp_missing",
+            "gcp-sm://projects/shop-prod/secrets/default--gone#url",
+            "failed",
+        ),
+        (
+            "azure_missing",
+            "azure-kv://shop-vault/default--gone#url",
+            "failed",
+        ),
+    ];
+    for (name, secret, _) in cases {
+        sqlx::raw_sql(&format!("CREATE SCHEMA raw_{name}"))
+            .execute(&db.pool)
+            .await
+            .expect("schema");
+        sqlx::query(&format!(
+            "SELECT orca.create_sync('{name}', '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"batch_rows\": 1000}}', \
+             '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"schema\": \"raw_{name}\"}}', \
+             '[{{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}}]', run_retries => 0)"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap_or_else(|e| panic!("sync {name}: {e}"));
+    }
+    let store = dir.join("store").to_string_lossy().to_string();
+    let engine = bin("orca-engine");
+    let base = format!("http://127.0.0.1:{port}");
+    let kv = format!("{base}/kv/{{vault}}");
+    let env = [
+        ("ORCA_STORE", store.as_str()),
+        ("ORCA_ENGINE", engine.to_str().unwrap_or_default()),
+        (
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            key_file.to_str().unwrap_or_default(),
+        ),
+        (
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER",
+            base.as_str(),
+        ),
+        ("AZURE_CLIENT_ID", "runner-app"),
+        ("AZURE_CLIENT_SECRET", "s3cret-of-the-runner"),
+        ("AZURE_TENANT_ID", "tenant-1"),
+        ("AZURE_AUTHORITY_HOST", base.as_str()),
+        ("ORCA_AZURE_KEY_VAULT_URL", kv.as_str()),
+    ];
+    let runner = Runner::start(&db.url(), "r1", 1, &dir, &env);
+    let mut runs = Vec::new();
+    for (name, _, status) in cases {
+        let run: i64 = sqlx::query_scalar(&format!("SELECT orca.run('{name}', 'now')"))
+            .fetch_one(&db.pool)
+            .await
+            .expect("run");
+        runs.push((name, run, status));
+    }
+    let mut errors = std::collections::BTreeMap::new();
+    for (name, run, status) in &runs {
+        wait_for_sql(
+            &db,
+            &format!("run {run} ({name}) to be {status}"),
+            &format!("SELECT status = '{status}' FROM orca.runs WHERE id = {run}"),
+            Duration::from_secs(120),
+            || outputs(&[&runner]),
+        )
+        .await;
+        let error: Option<String> = sqlx::query_scalar("SELECT error FROM orca.runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("error");
+        errors.insert(*name, error.unwrap_or_default());
+    }
+    for name in ["gcp", "azure"] {
+        let copied = db
+            .scalar_i64(&format!("SELECT count(*) FROM raw_{name}.orders"))
+            .await;
+        assert_eq!(copied, 500, "{name}");
+    }
+    for (name, shown) in [
+        (
+            "gcp_stolen",
+            "gcp-sm://projects/shop-prod/secrets/globex--shop",
+        ),
+        ("azure_stolen", "azure-kv://shop-vault/globex--shop"),
+    ] {
+        let e = &errors[name];
+        assert!(
+            e.contains("outside org default's secrets") && e.contains(shown),
+            "{name}: {e}"
+        );
+    }
+    assert!(
+        errors["gcp_missing"].contains("NOT_FOUND")
+            && errors["gcp_missing"].contains("default--gone"),
+        "{}",
+        errors["gcp_missing"]
+    );
+    assert!(
+        errors["azure_missing"].contains("SecretNotFound"),
+        "{}",
+        errors["azure_missing"]
+    );
+    // Another org's secrets were never asked for.
+    let asked = reqwest::get(format!("{base}/_requests"))
+        .await
+        .expect("requests")
+        .text()
+        .await
+        .expect("requests");
+    assert!(asked.contains("default--shop"), "{asked}");
+    assert!(!asked.contains("globex"), "{asked}");
+    unleaked(&db, &runner).await;
+    drop(runner);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,15 +7,12 @@
 //! org), so one runner identity shared by several orgs' runners does not
 //! let one org name another's secrets.
 
-use std::time::Duration;
-
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 const SERVICE: &str = "secretsmanager";
 const TARGET: &str = "secretsmanager.GetSecretValue";
-const TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Where and as whom requests go, from the environment the AWS SDKs read.
 #[derive(Debug, Clone)]
@@ -164,8 +161,7 @@ pub fn read(reference: &str, org: &str) -> Result<String, String> {
         .unwrap_or(&cfg.endpoint)
         .to_string();
     let body = json!({ "SecretId": id }).to_string();
-    let agent = ureq::AgentBuilder::new().timeout(TIMEOUT).build();
-    let mut req = agent.post(&format!("{}/", cfg.endpoint));
+    let mut req = super::agent().post(&format!("{}/", cfg.endpoint));
     for (k, v) in signed_headers(&cfg, &host, &body, chrono::Utc::now()) {
         if k != "host" {
             req = req.set(&k, &v);
@@ -191,19 +187,7 @@ pub fn read(reference: &str, org: &str) -> Result<String, String> {
     let value = answer["SecretString"].as_str().ok_or_else(|| {
         format!("aws-sm://{id} holds no SecretString (a binary secret is not read)")
     })?;
-    match key {
-        None => Ok(value.to_string()),
-        Some(k) => {
-            let obj: Value = serde_json::from_str(value).map_err(|_| {
-                format!("aws-sm://{id} is not a JSON object, so it has no key {k:?}")
-            })?;
-            match &obj[k] {
-                Value::String(s) => Ok(s.clone()),
-                Value::Null => Err(format!("aws-sm://{id} has no key {k:?}")),
-                other => Ok(other.to_string()),
-            }
-        }
-    }
+    super::json_key(&format!("aws-sm://{id}"), value.to_string(), key)
 }
 
 #[cfg(test)]
