@@ -1,5 +1,7 @@
 //! `--launcher kubernetes`: a pod per attempt. The pod runs the version's
-//! image with `orca-runner --one-attempt` and the lease, so the attempt is
+//! image with `orca-runner --one-attempt` and the lease (from a Secret of
+//! its own: a pod's spec is readable by whoever may list pods, and a lease
+//! reads the org's secrets while it lives), so the attempt is
 //! run, kept and reported inside it as on any runner; this runner makes the
 //! pod (sized from the attempt's resources, labelled, on the pool's nodes),
 //! keeps the lease while the pod waits to be scheduled, and reports what
@@ -12,8 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -83,6 +85,8 @@ fn tolerations(s: &str) -> Result<Value, String> {
 
 pub struct Launcher {
     pods: Api<Pod>,
+    /// Each pod's lease, in a Secret named as the pod.
+    secrets: Api<Secret>,
     namespace: String,
     options: PodOptions,
     runner: String,
@@ -104,7 +108,8 @@ impl Launcher {
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_string());
         Ok(Launcher {
-            pods: Api::namespaced(client, &namespace),
+            pods: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client, &namespace),
             namespace,
             options: options.clone(),
             runner: runner.to_string(),
@@ -161,25 +166,8 @@ fn memory_quantity(b: i64) -> String {
 /// lease, sized (memory as request and limit, CPU as request), labelled,
 /// on the pool's nodes.
 pub fn render(l: &Lease, image: &str, o: &PodOptions, runner: &str, grace_seconds: u64) -> Value {
-    let name = dns_label(&format!(
-        "orca-{}-{}-r{}-a{}",
-        l.org, l.pipeline, l.run, l.attempt_number
-    ));
-    // The attempt's id keeps the name unique where org and pipeline were cut.
-    let name = format!(
-        "{}-{}",
-        &name[..name.len().min(50)].trim_end_matches('-'),
-        l.attempt.0
-    );
-    let labels = json!({
-        "app.kubernetes.io/managed-by": "orca-runner",
-        "orca.dev/org": label_value(&l.org),
-        "orca.dev/pipeline": label_value(&l.pipeline),
-        "orca.dev/run": l.run.0.to_string(),
-        "orca.dev/attempt": l.attempt.0.to_string(),
-        "orca.dev/try": l.attempt_number.to_string(),
-        "orca.dev/pool": label_value(&l.pool),
-    });
+    let name = pod_name(l);
+    let labels = labels(l);
     let mut requests = serde_json::Map::new();
     let mut limits = serde_json::Map::new();
     if let Some(size) = l.resources {
@@ -191,9 +179,9 @@ pub fn render(l: &Lease, image: &str, o: &PodOptions, runner: &str, grace_second
             requests.insert("cpu".into(), format!("{m}m").into());
         }
     }
-    let lease = serde_json::to_string(l).unwrap_or_default();
     let env = vec![
-        json!({"name": "ORCA_ONE_ATTEMPT", "value": lease}),
+        json!({"name": "ORCA_ONE_ATTEMPT",
+               "valueFrom": {"secretKeyRef": {"name": name, "key": LEASE_KEY}}}),
         json!({"name": "ORCA_RUNNER_NAME", "value": runner}),
         json!({"name": "ORCA_POOL", "value": l.pool}),
         json!({"name": "ORCA_ORG", "value": l.org}),
@@ -233,6 +221,47 @@ pub fn render(l: &Lease, image: &str, o: &PodOptions, runner: &str, grace_second
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
         "spec": spec,
+    })
+}
+
+/// The key of the lease in the pod's Secret.
+const LEASE_KEY: &str = "lease";
+
+/// An attempt's pod's name (and its Secret's).
+fn pod_name(l: &Lease) -> String {
+    let name = dns_label(&format!(
+        "orca-{}-{}-r{}-a{}",
+        l.org, l.pipeline, l.run, l.attempt_number
+    ));
+    // The attempt's id keeps the name unique where org and pipeline were cut.
+    format!(
+        "{}-{}",
+        &name[..name.len().min(50)].trim_end_matches('-'),
+        l.attempt.0
+    )
+}
+
+/// The labels of an attempt's pod and Secret.
+fn labels(l: &Lease) -> Value {
+    json!({
+        "app.kubernetes.io/managed-by": "orca-runner",
+        "orca.dev/org": label_value(&l.org),
+        "orca.dev/pipeline": label_value(&l.pipeline),
+        "orca.dev/run": l.run.0.to_string(),
+        "orca.dev/attempt": l.attempt.0.to_string(),
+        "orca.dev/try": l.attempt_number.to_string(),
+        "orca.dev/pool": label_value(&l.pool),
+    })
+}
+
+/// The Secret that holds an attempt's lease for its pod.
+pub fn render_secret(l: &Lease) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": pod_name(l), "labels": labels(l)},
+        "type": "Opaque",
+        "stringData": {LEASE_KEY: serde_json::to_string(l).unwrap_or_default()},
     })
 }
 
@@ -322,22 +351,72 @@ pub async fn run(
         return attempt::report(&shared, &l, false, Some(why)).await;
     };
     let spec = render(&l, &image, &k.options, &k.runner, k.grace_seconds);
-    let pod: Pod = match serde_json::from_value(spec) {
+    let made = serde_json::from_value::<Pod>(spec).and_then(|pod| {
+        serde_json::from_value::<Secret>(render_secret(&l)).map(|secret| (pod, secret))
+    });
+    let (pod, secret) = match made {
         Ok(p) => p,
         Err(e) => return attempt::report(&shared, &l, false, Some(format!("pod spec: {e}"))).await,
     };
     let name = pod.metadata.name.clone().unwrap_or_default();
-    if let Err(e) = k.pods.create(&PostParams::default(), &pod).await {
-        let why = format!("creating pod {name} in namespace {}: {e}", k.namespace);
+    // The cluster may refuse either (quota, admission): the attempt is
+    // handed back, so another runner or a later try makes it, without a
+    // retry spent.
+    let refused = |what: &str, e: kube::Error| {
+        let why = format!("creating {what} {name} in namespace {}: {e}", k.namespace);
         println!("{prefix} {why}");
-        // The cluster refused it (quota, admission): handed back, so
-        // another runner or a later try makes it, without a retry spent.
-        return match control::release(&shared.db, l.lease, &why).await {
-            Ok(()) => Outcome::Released,
-            Err(e) => Outcome::Unreported(e.to_string()),
-        };
+        why
+    };
+    let created = match k.secrets.create(&PostParams::default(), &secret).await {
+        Err(e) => Err(refused("secret", e)),
+        Ok(_) => match k.pods.create(&PostParams::default(), &pod).await {
+            Err(e) => {
+                delete_secret(&k, &name, &prefix).await;
+                Err(refused("pod", e))
+            }
+            Ok(made) => Ok(made),
+        },
+    };
+    let made = match created {
+        Ok(p) => p,
+        Err(why) => {
+            return match control::release(&shared.db, l.lease, &why).await {
+                Ok(()) => Outcome::Released,
+                Err(e) => Outcome::Unreported(e.to_string()),
+            }
+        }
+    };
+    // The Secret belongs to its pod: deleted with it by the cluster's
+    // garbage collector, should this runner not live to delete it.
+    if let Some(uid) = made.metadata.uid {
+        let owner = json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+        ]}});
+        if let Err(e) = k
+            .secrets
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&owner))
+            .await
+        {
+            eprintln!("{prefix} giving secret {name} to its pod: {e}");
+        }
     }
     println!("{prefix} pod {name} created ({image})");
+    let outcome = follow(&shared, &k, &l, &name, &prefix, &mut release).await;
+    // The lease is done with, whatever became of the pod.
+    delete_secret(&k, &name, &prefix).await;
+    outcome
+}
+
+/// Follows an attempt's pod to its end: keeps the lease while it waits or
+/// runs, and reports what its runner could not.
+async fn follow(
+    shared: &Arc<Shared>,
+    k: &Launcher,
+    l: &Lease,
+    name: &str,
+    prefix: &str,
+    release: &mut watch::Receiver<bool>,
+) -> Outcome {
     let ttl = (l.deadline - chrono::Utc::now())
         .to_std()
         .unwrap_or(Duration::from_secs(1));
@@ -359,11 +438,11 @@ pub async fn run(
                 Err(e) => eprintln!("{prefix} heartbeat failed: {e}"),
             },
             _ = poll.tick() => {
-                let pod = match k.pods.get(&name).await {
+                let pod = match k.pods.get(name).await {
                     Ok(p) => p,
                     Err(kube::Error::Api(e)) if e.code == 404 => {
                         let why = format!("pod {name} was deleted by someone else");
-                        return end(&shared, &l, reported, Some(why), None, &prefix).await;
+                        return end(shared, l, reported, Some(why), None, prefix).await;
                     }
                     Err(e) => {
                         eprintln!("{prefix} reading pod {name}: {e}");
@@ -372,14 +451,14 @@ pub async fn run(
                 };
                 match state(&pod) {
                     PodState::Going if reported.is_some() && reported_at.elapsed() > EXIT_WAIT => {
-                        delete(&k, &name, &prefix).await;
+                        delete(k, name, prefix).await;
                         return Outcome::InPod(reported.unwrap_or_default());
                     }
                     PodState::Going => {}
                     PodState::Exited { code, reason, message } => {
                         let failed = code != 0;
                         if !failed || !k.options.keep_failed_pods {
-                            delete(&k, &name, &prefix).await;
+                            delete(k, name, prefix).await;
                         }
                         let memory = reason == "OOMKilled";
                         let why = if memory {
@@ -393,17 +472,17 @@ pub async fn run(
                             format!("pod {name}: its container exited with {code} ({reason}) {message}").trim_end().to_string()
                         };
                         let killed = memory.then_some(orca_core::api::KILLED_FOR_MEMORY);
-                        return end(&shared, &l, reported, Some(why), killed, &prefix).await;
+                        return end(shared, l, reported, Some(why), killed, prefix).await;
                     }
                     PodState::Broken(why) => {
                         if !k.options.keep_failed_pods {
-                            delete(&k, &name, &prefix).await;
+                            delete(k, name, prefix).await;
                         }
                         let why = format!("pod {name} cannot start: {why}");
-                        return end(&shared, &l, reported, Some(why), None, &prefix).await;
+                        return end(shared, l, reported, Some(why), None, prefix).await;
                     }
                     PodState::Evicted(why) => {
-                        delete(&k, &name, &prefix).await;
+                        delete(k, name, prefix).await;
                         let why = format!("pod {name} was taken away by the cluster: {why}");
                         println!("{prefix} {why}");
                         if reported.is_some() {
@@ -421,11 +500,19 @@ pub async fn run(
                     // The pod's runner gets SIGTERM and hands the attempt
                     // back itself after its grace period.
                     println!("{prefix} runner stopping: deleting pod {name}");
-                    delete(&k, &name, &prefix).await;
+                    delete(k, name, prefix).await;
                     return Outcome::Released;
                 }
             }
         }
+    }
+}
+
+async fn delete_secret(k: &Launcher, name: &str, prefix: &str) {
+    match k.secrets.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => eprintln!("{prefix} deleting secret {name}: {e}"),
     }
 }
 

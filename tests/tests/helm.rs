@@ -112,7 +112,10 @@ async fn a_pod_launcher_gets_only_pod_rights_and_keda_scales_on_the_pool_backlog
     let role = find(&docs, "Role", "acme-launcher").expect("the launcher's role");
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]}])
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch", "delete"]}
+        ])
     );
     let binding = find(&docs, "RoleBinding", "acme-launcher").expect("binding");
     assert_eq!(binding["subjects"][0]["name"], "acme-launcher");

@@ -105,6 +105,14 @@ impl FakeApi {
         std::fs::rename(tmp, path).expect("status");
     }
 
+    /// A Secret as the launcher left it (created, then patched).
+    fn secret(&self, name: &str) -> Value {
+        std::fs::read_to_string(self.dir.join("secrets").join(format!("{name}.json")))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    }
+
     fn requests(&self) -> String {
         std::fs::read_to_string(self.dir.join("requests.log")).unwrap_or_default()
     }
@@ -136,8 +144,11 @@ async fn nth_pod(api: &FakeApi, n: usize, runner: &Runner) -> (String, Value) {
     .await
 }
 
-/// Runs a pod's container from the image, as the kubelet would, to its end.
+/// Runs a pod's container from the image, as the kubelet would, to its end:
+/// its environment from the pod's spec, a `secretKeyRef` read from its
+/// Secret in the (simulated) API.
 fn run_pod(
+    api: &FakeApi,
     bundle: &Bundle,
     pod: &Value,
     secret: &[(&str, &str)],
@@ -155,9 +166,19 @@ fn run_pod(
         .into_iter()
         .flatten()
         .map(|e| {
+            let value = match e["valueFrom"]["secretKeyRef"].as_object() {
+                Some(r) => {
+                    let name = r["name"].as_str().unwrap_or_default();
+                    let key = r["key"].as_str().unwrap_or_default();
+                    let value = api.secret(name)["stringData"][key].clone();
+                    assert!(value.is_string(), "no key {key} in secret {name}");
+                    value
+                }
+                None => e["value"].clone(),
+            };
             (
                 e["name"].as_str().unwrap_or_default().to_string(),
-                e["value"].as_str().unwrap_or_default().to_string(),
+                value.as_str().unwrap_or_default().to_string(),
             )
         })
         .collect();
@@ -252,7 +273,33 @@ async fn pods_are_launched_sized_and_a_pod_killed_for_memory_comes_back_bigger()
     assert_eq!(labels["orca.dev/pipeline"], "probe_memory");
     assert_eq!(labels["orca.dev/run"], run.to_string());
     assert_eq!(labels["orca.dev/try"], "1");
-    let exit = run_pod(&bundle, &pod, &secret, &dir.join("pod-1.log"));
+    // The lease is in a Secret of the pod's own, not in the pod's spec
+    // (which whoever may list pods reads), and the Secret is the pod's,
+    // for the garbage collector to delete with it.
+    let held = wait_until(
+        "the pod's secret to be given to the pod",
+        Duration::from_secs(20),
+        || async {
+            let held = api.secret(&first);
+            held["metadata"]["ownerReferences"]
+                .is_array()
+                .then_some(held)
+        },
+        || format!("{}\n{}", launcher.output(), api.requests()),
+    )
+    .await;
+    let lease: Value = serde_json::from_str(held["stringData"]["lease"].as_str().unwrap_or("{}"))
+        .expect("the lease in the secret");
+    let token = lease["lease"].as_str().expect("a lease token");
+    assert!(
+        !pod.to_string().contains(token),
+        "the lease is in the pod's spec"
+    );
+    assert_eq!(held["metadata"]["labels"], pod["metadata"]["labels"]);
+    let owner = &held["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Pod");
+    assert_eq!(owner["uid"], pod["metadata"]["uid"]);
+    let exit = run_pod(&api, &bundle, &pod, &secret, &dir.join("pod-1.log"));
     assert!(
         exit.success(),
         "pod 1's runner: {}",
@@ -265,7 +312,7 @@ async fn pods_are_launched_sized_and_a_pod_killed_for_memory_comes_back_bigger()
     let c = &pod["spec"]["containers"][0];
     assert_eq!(c["resources"]["limits"]["memory"], "384Mi");
     assert_eq!(pod["metadata"]["labels"]["orca.dev/try"], "2");
-    let exit = run_pod(&bundle, &pod, &secret, &dir.join("pod-2.log"));
+    let exit = run_pod(&api, &bundle, &pod, &secret, &dir.join("pod-2.log"));
     assert!(
         exit.success(),
         "pod 2's runner: {}",
@@ -315,21 +362,22 @@ async fn pods_are_launched_sized_and_a_pod_killed_for_memory_comes_back_bigger()
         error.contains("OOMKilled") && error.contains("96 MiB"),
         "{error}"
     );
-    let exit = run_pod(&bundle, &pod, &secret, &dir.join("pod-4.log"));
+    let exit = run_pod(&api, &bundle, &pod, &secret, &dir.join("pod-4.log"));
     assert!(exit.success());
     api.set_status(&fourth, terminated(0, "Completed"));
     orca_tests::procs::wait_run(&db, run2, "succeeded", &launcher).await;
 
-    // Finished pods are deleted.
+    // Finished pods are deleted, and their leases' Secrets.
     let said = api.requests();
     for p in [&first, &second, &third, &fourth] {
         wait_until(
             &format!("pod {p} to be deleted"),
             Duration::from_secs(20),
             || async {
-                api.requests()
-                    .contains(&format!("DELETE /api/v1/namespaces/orca/pods/{p}"))
-                    .then_some(())
+                let said = api.requests();
+                (said.contains(&format!("DELETE /api/v1/namespaces/orca/pods/{p}"))
+                    && said.contains(&format!("DELETE /api/v1/namespaces/orca/secrets/{p}")))
+                .then_some(())
             },
             || format!("{said}\n{}", launcher.output()),
         )
