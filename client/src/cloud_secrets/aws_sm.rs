@@ -8,6 +8,8 @@
 //! let one org name another's secrets.
 
 use hmac::{Hmac, Mac};
+
+use super::{agent, env};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -27,28 +29,172 @@ pub struct AwsConfig {
 }
 
 impl AwsConfig {
+    /// The region, endpoint and credentials of the runner's environment.
+    /// Credentials are read as the AWS SDKs read them: keys
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`);
+    /// else a web identity (`AWS_ROLE_ARN` and `AWS_WEB_IDENTITY_TOKEN_FILE`:
+    /// IRSA on EKS), exchanged at STS; else the container's credentials
+    /// endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI` or `..._RELATIVE_URI`:
+    /// ECS, EKS Pod Identity); else the instance profile (IMDSv2).
     pub fn from_env() -> Result<AwsConfig, String> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let region = var("AWS_REGION")
-            .or_else(|| var("AWS_DEFAULT_REGION"))
+        let region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
             .unwrap_or_else(|| "us-east-1".into());
-        let access_key = var("AWS_ACCESS_KEY_ID").ok_or(
-            "no AWS credentials: the runner's environment has no AWS_ACCESS_KEY_ID (and \
-             AWS_SECRET_ACCESS_KEY)",
-        )?;
-        let secret_key = var("AWS_SECRET_ACCESS_KEY")
-            .ok_or("AWS_ACCESS_KEY_ID without AWS_SECRET_ACCESS_KEY")?;
-        let endpoint = var("AWS_ENDPOINT_URL_SECRETS_MANAGER")
-            .or_else(|| var("AWS_ENDPOINT_URL"))
+        let endpoint = env("AWS_ENDPOINT_URL_SECRETS_MANAGER")
+            .or_else(|| env("AWS_ENDPOINT_URL"))
             .unwrap_or_else(|| format!("https://{SERVICE}.{region}.amazonaws.com"));
+        let (access_key, secret_key, session_token) = credentials(&region)?;
         Ok(AwsConfig {
             region,
             access_key,
             secret_key,
-            session_token: var("AWS_SESSION_TOKEN"),
+            session_token,
             endpoint: endpoint.trim_end_matches('/').to_string(),
         })
     }
+}
+
+type Credentials = (String, String, Option<String>);
+
+fn credentials(region: &str) -> Result<Credentials, String> {
+    if let Some(key) = env("AWS_ACCESS_KEY_ID") {
+        let secret = env("AWS_SECRET_ACCESS_KEY")
+            .ok_or("AWS_ACCESS_KEY_ID without AWS_SECRET_ACCESS_KEY")?;
+        return Ok((key, secret, env("AWS_SESSION_TOKEN")));
+    }
+    if let (Some(role), Some(file)) = (env("AWS_ROLE_ARN"), env("AWS_WEB_IDENTITY_TOKEN_FILE")) {
+        return web_identity(region, &role, &file);
+    }
+    if let Some(url) = env("AWS_CONTAINER_CREDENTIALS_FULL_URI").or_else(|| {
+        env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").map(|p| format!("http://169.254.170.2{p}"))
+    }) {
+        let mut req = agent().get(&url);
+        let token = match env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE") {
+            Some(f) => Some(
+                std::fs::read_to_string(&f)
+                    .map_err(|e| format!("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE {f}: {e}"))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => env("AWS_CONTAINER_AUTHORIZATION_TOKEN"),
+        };
+        if let Some(t) = token {
+            req = req.set("authorization", &t);
+        }
+        return json_credentials(req.call(), &format!("the container credentials at {url}"));
+    }
+    instance_profile().map_err(|e| {
+        format!(
+            "no AWS credentials: the runner's environment has no AWS_ACCESS_KEY_ID, no web \
+             identity (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE) and no container credentials, \
+             and the instance profile answered: {e}"
+        )
+    })
+}
+
+/// Temporary credentials for a role, from STS for the web identity token
+/// in `file` (AssumeRoleWithWebIdentity needs no signature).
+fn web_identity(region: &str, role: &str, file: &str) -> Result<Credentials, String> {
+    let token = std::fs::read_to_string(file)
+        .map_err(|e| format!("AWS_WEB_IDENTITY_TOKEN_FILE {file}: {e}"))?;
+    let sts = env("AWS_ENDPOINT_URL_STS")
+        .or_else(|| env("AWS_ENDPOINT_URL"))
+        .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
+    let session = env("AWS_ROLE_SESSION_NAME").unwrap_or_else(|| "orca-runner".into());
+    let answer = agent()
+        .post(&format!("{}/", sts.trim_end_matches('/')))
+        .send_form(&[
+            ("Action", "AssumeRoleWithWebIdentity"),
+            ("Version", "2011-06-15"),
+            ("RoleArn", role),
+            ("RoleSessionName", &session),
+            ("WebIdentityToken", token.trim()),
+        ]);
+    let body = match answer {
+        Ok(r) => r
+            .into_string()
+            .map_err(|e| format!("STS at {sts} answered nothing readable: {e}"))?,
+        Err(ureq::Error::Status(code, r)) => {
+            let body = r.into_string().unwrap_or_default();
+            return Err(format!(
+                "STS refused the web identity of {role} ({code} {}): {}",
+                xml_value(&body, "Code").unwrap_or("error"),
+                xml_value(&body, "Message").unwrap_or("")
+            ));
+        }
+        Err(e) => return Err(format!("STS at {sts}: {e}")),
+    };
+    let field = |tag: &str| {
+        xml_value(&body, tag)
+            .map(str::to_string)
+            .ok_or_else(|| format!("STS answered no {tag} for {role}"))
+    };
+    Ok((
+        field("AccessKeyId")?,
+        field("SecretAccessKey")?,
+        Some(field("SessionToken")?),
+    ))
+}
+
+/// The text of the first `<tag>` of an XML answer (STS's are flat).
+fn xml_value<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
+    let start = xml.find(&format!("<{tag}>"))? + tag.len() + 2;
+    let len = xml[start..].find(&format!("</{tag}>"))?;
+    Some(xml[start..start + len].trim())
+}
+
+/// Credentials as the container endpoint and IMDS give them.
+fn json_credentials(
+    answer: Result<ureq::Response, ureq::Error>,
+    what: &str,
+) -> Result<Credentials, String> {
+    let v: serde_json::Value = match answer {
+        Ok(r) => r
+            .into_json()
+            .map_err(|e| format!("{what} answered no JSON: {e}"))?,
+        Err(e) => return Err(format!("{what}: {e}")),
+    };
+    let field = |k: &str| {
+        v[k].as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{what} answered no {k}"))
+    };
+    Ok((
+        field("AccessKeyId")?,
+        field("SecretAccessKey")?,
+        v["Token"].as_str().map(str::to_string),
+    ))
+}
+
+/// The instance profile's credentials from IMDSv2 (a session token first).
+fn instance_profile() -> Result<Credentials, String> {
+    const IMDS: &str = "http://169.254.169.254/latest";
+    let imds = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(2))
+        .build();
+    let text = |r: Result<ureq::Response, ureq::Error>| -> Result<String, String> {
+        r.map_err(|e| format!("IMDS: {e}"))?
+            .into_string()
+            .map_err(|e| format!("IMDS: {e}"))
+    };
+    let token = text(
+        imds.put(&format!("{IMDS}/api/token"))
+            .set("x-aws-ec2-metadata-token-ttl-seconds", "300")
+            .call(),
+    )?;
+    let base = format!("{IMDS}/meta-data/iam/security-credentials/");
+    let roles = text(
+        imds.get(&base)
+            .set("x-aws-ec2-metadata-token", &token)
+            .call(),
+    )?;
+    let role = roles.lines().next().unwrap_or_default().trim();
+    json_credentials(
+        imds.get(&format!("{base}{role}"))
+            .set("x-aws-ec2-metadata-token", &token)
+            .call(),
+        "IMDS",
+    )
 }
 
 /// The org's prefix: `ORCA_AWS_SECRET_PREFIX` with `{org}` replaced, else
@@ -161,7 +307,7 @@ pub fn read(reference: &str, org: &str) -> Result<String, String> {
         .unwrap_or(&cfg.endpoint)
         .to_string();
     let body = json!({ "SecretId": id }).to_string();
-    let mut req = super::agent().post(&format!("{}/", cfg.endpoint));
+    let mut req = agent().post(&format!("{}/", cfg.endpoint));
     for (k, v) in signed_headers(&cfg, &host, &body, chrono::Utc::now()) {
         if k != "host" {
             req = req.set(&k, &v);
@@ -234,6 +380,17 @@ mod tests {
             hex(&k),
             "c4afb1cc5771d871763a393e44b703571b55cc28424d1a5e86da6ed3c154a4b9"
         );
+    }
+
+    #[test]
+    fn an_sts_answer_is_read() {
+        let xml = "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult>\
+                   <Credentials><AccessKeyId>ASIA1</AccessKeyId><SecretAccessKey>s</SecretAccessKey>\
+                   <SessionToken>t</SessionToken></Credentials></AssumeRoleWithWebIdentityResult>\
+                   </AssumeRoleWithWebIdentityResponse>";
+        assert_eq!(xml_value(xml, "AccessKeyId"), Some("ASIA1"));
+        assert_eq!(xml_value(xml, "SessionToken"), Some("t"));
+        assert_eq!(xml_value(xml, "Expiration"), None);
     }
 
     #[test]

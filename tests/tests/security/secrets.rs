@@ -762,3 +762,105 @@ async fn syncs_read_their_urls_from_simulated_gcp_secret_manager_and_azure_key_v
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A runner on EKS has no keys, only its pod's web identity (IRSA): the
+/// engine exchanges the token for the role's credentials at STS and reads
+/// the secret with them (moto's STS and Secrets Manager, for real over
+/// their HTTP APIs; moto does not check the token's signature). Without a
+/// readable token the attempt fails naming the file.
+#[tokio::test]
+async fn a_runner_with_a_web_identity_reads_aws_secrets_as_its_role() {
+    let db = TestDb::new().await;
+    orders(&db, 300).await;
+    sqlx::raw_sql("CREATE SCHEMA raw_irsa")
+        .execute(&db.pool)
+        .await
+        .expect("schema");
+    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+    let aws = orca_tests::s3::S3Server::start("unused");
+    let made = Command::new(orca_tests::s3::python())
+        .args([
+            "-c",
+            &format!(
+                "import boto3, json\n\
+                 c = boto3.client('secretsmanager', endpoint_url='{}', aws_access_key_id='orca-test', \
+                 aws_secret_access_key='orca-test-secret', region_name='us-east-1')\n\
+                 c.create_secret(Name='default/shop', SecretString=json.dumps({{'url': '{url}'}}))\n",
+                aws.endpoint
+            ),
+        ])
+        .output()
+        .expect("boto3");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    sqlx::query(
+        "SELECT orca.create_sync('irsa', '{\"type\": \"postgres\", \"url\": {\"secret\": \"aws-sm://default/shop#url\"}, \"batch_rows\": 1000}', \
+         '{\"type\": \"postgres\", \"url\": {\"secret\": \"aws-sm://default/shop#url\"}, \"schema\": \"raw_irsa\"}', \
+         '[{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}]', run_retries => 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("sync");
+    let dir = scratch("irsa");
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A projected service account token, as EKS mounts it.
+    let token_file = dir.join("token");
+    std::fs::write(
+        &token_file,
+        "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6b3JjYTpydW5uZXIifQ.c2ln",
+    )
+    .expect("token");
+    let store = dir.join("store").to_string_lossy().to_string();
+    let engine = bin("orca-engine");
+    let run_with = |token: &std::path::Path| {
+        let token = token.to_string_lossy().to_string();
+        let env = vec![
+            ("ORCA_STORE", store.clone()),
+            ("ORCA_ENGINE", engine.to_string_lossy().to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+            ("AWS_ENDPOINT_URL", aws.endpoint.clone()),
+            (
+                "AWS_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/orca-runner".to_string(),
+            ),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", token),
+        ];
+        let env: Vec<(&str, String)> = env;
+        let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Runner::start(&db.url(), "r1", 1, &dir.join("logs"), &refs)
+    };
+    let runner = run_with(&token_file);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('irsa', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    orca_tests::procs::wait_run(&db, run, "succeeded", &runner).await;
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw_irsa.orders").await,
+        300
+    );
+    unleaked(&db, &runner).await;
+    drop(runner);
+
+    let gone = dir.join("no-such-token");
+    let runner = run_with(&gone);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('irsa', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    orca_tests::procs::wait_run(&db, run, "failed", &runner).await;
+    let error: String = sqlx::query_scalar("SELECT error FROM orca.runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("error");
+    assert!(
+        error.contains("AWS_WEB_IDENTITY_TOKEN_FILE") && error.contains("no-such-token"),
+        "{error}"
+    );
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
