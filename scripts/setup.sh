@@ -24,6 +24,8 @@ ST="${ORCA_TEST_SCHEMATHESIS:-/var/tmp/orca-st/bin/schemathesis}"
 PW="${ORCA_TEST_PLAYWRIGHT:-/var/tmp/orca-pw/bin/python}"
 AZ="${ORCA_TEST_AZURITE_DIR:-/var/tmp/orca-azurite}"
 AZURITE_VERSION=3.37.0
+SPARK_PY="${ORCA_TEST_SPARK_PYTHON:-/var/tmp/orca-spark/bin/python}"
+PYSPARK_VERSION=4.0.1
 has() { "$PY" -c "$1" 2>/dev/null; }
 
 # 1. Debian packages. The server headers must match the installed server's
@@ -39,7 +41,8 @@ packages=(libclang-dev clang)
 # dpkg-dev: dpkg-shlibdeps, for the packages test (scripts/package.sh).
 # buildah, skopeo, umoci, docker-registry: images built, pushed to a real
 # registry, read back and unpacked, without a Docker engine (scripts/image.sh).
-[ "$tests" = 1 ] && packages+=(chromium nats-server dpkg-dev buildah skopeo umoci docker-registry)
+# openjdk-17-jre-headless: the Java the Spark test's master and worker run on.
+[ "$tests" = 1 ] && packages+=(chromium nats-server dpkg-dev buildah skopeo umoci docker-registry openjdk-17-jre-headless)
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
@@ -59,6 +62,8 @@ if [ "$tests" = 1 ]; then
     has 'import azure.storage.blob, packaging' ||
         plan+=("azure-storage-blob and packaging (the Azure store tests' other clients)")
     [ -x "$AZ/node_modules/.bin/azurite-blob" ] || plan+=("azurite $AZURITE_VERSION (npm) into $AZ")
+    "$SPARK_PY" -c 'import pyspark' 2>/dev/null ||
+        plan+=("pyspark $PYSPARK_VERSION (Spark's jars, for the Spark test's cluster) into $(dirname "$(dirname "$SPARK_PY")")")
 fi
 if [ ${#plan[@]} -gt 0 ]; then
     say "setup will install:"
@@ -202,6 +207,14 @@ if [ "$tests" = 1 ]; then
         say "installing azurite $AZURITE_VERSION into $AZ"
         mkdir -p "$AZ"
         (cd "$AZ" && npm install -q --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION" >/dev/null)
+    fi
+    # pyspark, whose package ships Spark's jars and scripts: the Spark test
+    # starts a standalone master and worker from them (on Debian's Java 17),
+    # in a virtualenv of its own (500 MB; its drivers and workers run on it).
+    if ! "$SPARK_PY" -c 'import pyspark' 2>/dev/null; then
+        say "installing pyspark $PYSPARK_VERSION into $(dirname "$(dirname "$SPARK_PY")") (about a minute)"
+        python3 -m venv "$(dirname "$(dirname "$SPARK_PY")")"
+        "$SPARK_PY" -m pip install -q "pyspark==$PYSPARK_VERSION"
     fi
     # redis-py, which the example Redis destination connector writes with.
     if ! "$PY" -c 'import redis' 2>/dev/null; then

@@ -35,6 +35,7 @@ mod partitioning;
 mod pins;
 mod pipeline;
 pub mod query;
+pub mod spark;
 mod step;
 mod store;
 pub mod tables;

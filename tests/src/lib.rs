@@ -19,6 +19,7 @@ pub mod procs;
 pub mod releases;
 pub mod s3;
 pub mod serve;
+pub mod spark;
 pub mod stores;
 pub mod wait;
 
