@@ -9,6 +9,10 @@
 #   after   each attempt runs one SQL query over the month-partitioned
 #           table, which reads that month's files only, streamed;
 #
+#   spark   each attempt hands its month to a Spark application
+#           (local[2], spark-submit from PyPI's pyspark; orca::spark) over
+#           the data files of its pinned snapshot, and commits its result;
+#
 # and the same 24 aggregations by DuckDB over the same Iceberg table, as the
 # peer. Prints wall time, the steps' own time (summed: without the process,
 # lease and control plane around each), each attempt's peak memory (min /
@@ -16,11 +20,14 @@
 #
 #   benches/lake/run.sh
 #   COPIES=5 benches/lake/run.sh        # ~3.4M rows
+#   BENCH_MODES="after spark" benches/lake/run.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
 "$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null  # DuckDB and PyIceberg
 COPIES="${COPIES:-15}"
+MODES="${BENCH_MODES:-before after spark}"
+SPARK_PY="${ORCA_TEST_SPARK_PYTHON:-/var/tmp/orca-spark/bin/python}"
 WORK="${BENCH_DIR:-/var/tmp/orca-bench-lake}"
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
 DB=orca_bench_lake
@@ -57,7 +64,10 @@ TOKEN_FILE="$WORK/logs/runner.token"
 backfill() {
     local mode=$1 logs="$WORK/logs/$1" t0 t1
     mkdir -p "$logs"
-    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-runner" \
+    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" \
+    BENCH_SPARK_APP="$ORCA_ROOT/benches/lake/spark_monthly.py" ORCA_SPARK_MASTER="local[2]" \
+    SPARK_HOME="$SPARK_HOME" PYSPARK_PYTHON="$SPARK_PY" SPARK_LOCAL_IP=127.0.0.1 \
+    ORCA_SPARK_STAGING="$WORK/spark" "$BIN/orca-runner" \
         --database-url "postgres://orca_bench_runner@127.0.0.1:5432/$DB" --token-file "$TOKEN_FILE" \
         --attempt-database-url "postgres://orca_bench_attempt@127.0.0.1:5432/$DB" \
         --name "bench-$mode" --slots 2 --pipelines "$BIN" --logs "$logs" \
@@ -72,20 +82,28 @@ backfill() {
     echo "$t0 $t1" >"$logs/times"
 }
 
-say "backfill, before (whole table per attempt)"
-backfill before
-say "backfill, after (pruned, streamed SQL)"
-backfill after
+SPARK_HOME=$("$SPARK_PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null || true)
+for mode in $MODES; do
+    case "$mode" in
+        before) say "backfill, before (whole table per attempt)" ;;
+        after) say "backfill, after (pruned, streamed SQL)" ;;
+        spark)
+            [ -n "$SPARK_HOME" ] || die "no pyspark in $SPARK_PY (scripts/setup.sh --tests installs it)"
+            say "backfill, spark (a Spark application per attempt, local[2])" ;;
+        *) die "unknown mode $mode (before, after, spark)" ;;
+    esac
+    backfill "$mode"
+done
 say "DuckDB over the same table"
 "$PY" "$ORCA_ROOT/benches/lake/duckdb_monthly.py" "$URL" "$WORK/wh/default" | tee "$WORK/duckdb.json"
 
-"$PY" - "$WORK" <<'PYEOF'
+"$PY" - "$WORK" $MODES <<'PYEOF'
 import glob, json, re, statistics, sys
-work = sys.argv[1]
+work, modes = sys.argv[1], sys.argv[2:]
 raw = json.load(open(f"{work}/raw.json"))
 duck = json.load(open(f"{work}/duckdb.json"))
 res = {}
-for mode in ("before", "after"):
+for mode in modes:
     t0, t1 = map(float, open(f"{work}/logs/{mode}/times").read().split())
     peaks, steps = [], []
     for f in glob.glob(f"{work}/logs/{mode}/**/*", recursive=True):
@@ -95,21 +113,37 @@ for mode in ("before", "after"):
             text = open(f, errors="replace").read()
         except (IsADirectoryError, OSError):
             continue
-        peaks += [int(m) for m in re.findall(r"peak memory (\d+) MiB", text)]
+        # A Spark attempt's peak is its step's and its driver's (with the
+        # local executors), which ran at once: their sum bounds it.
+        step_peaks = [int(m) for m in re.findall(r"^.*?(?<!driver's )peak memory (\d+) MiB", text, re.M)]
+        drivers = [int(m) for m in re.findall(r"driver's peak memory (\d+) MiB", text)]
+        if drivers and len(drivers) == len(step_peaks):
+            step_peaks = [p + d for p, d in zip(step_peaks, drivers)]
+        peaks += step_peaks
         steps += [int(m) for m in re.findall(r"aggregated \S+ in (\d+) ms", text)]
     res[mode] = {"seconds": t1 - t0, "attempts": len(peaks), "steps": sum(steps) / 1000,
                  "peak": (min(peaks), statistics.median(peaks), max(peaks)) if peaks else (0, 0, 0)}
 print()
 print(f"raw: {raw['rows']:,} rows in 24 months")
 print(f"{'':8} {'wall s':>8} {'steps s':>8} {'attempts':>9} {'peak MiB min/median/max':>26}")
-for mode in ("before", "after"):
+for mode in modes:
     r = res[mode]
     p = r["peak"]
     print(f"{mode:8} {r['seconds']:8.1f} {r['steps']:8.1f} {r['attempts']:9d} {p[0]:>8}/{p[1]:>7}/{p[2]:>7}")
 print(f"{'duckdb':8} {duck['seconds']:8.1f} {duck['seconds']:8.1f} {'(1 proc)':>9} {duck['peak_mib']:>26}")
-b, a = res["before"], res["after"]
-print(f"RATIO wall before/after = {b['seconds'] / a['seconds']:.2f}")
-print(f"RATIO peak before/after = {b['peak'][2] / max(a['peak'][2], 1):.2f}")
-print(f"RATIO orca-after / duckdb (wall: a backfill of 24 runs vs 24 queries in one process) = {a['seconds'] / duck['seconds']:.2f}")
-print(f"RATIO orca-after / duckdb (the steps' own work, summed, vs the 24 queries) = {a['steps'] / duck['seconds']:.2f}")
+a = res.get("after")
+if "before" in res and a:
+    b = res["before"]
+    print(f"RATIO wall before/after = {b['seconds'] / a['seconds']:.2f}")
+    print(f"RATIO peak before/after = {b['peak'][2] / max(a['peak'][2], 1):.2f}")
+if a:
+    print(f"RATIO orca-after / duckdb (wall: a backfill of 24 runs vs 24 queries in one process) = {a['seconds'] / duck['seconds']:.2f}")
+    print(f"RATIO orca-after / duckdb (the steps' own work, summed, vs the 24 queries) = {a['steps'] / duck['seconds']:.2f}")
+if "spark" in res and a:
+    sp = res["spark"]
+    # On one 2-core machine Spark cannot be faster: this is its overhead
+    # (a JVM and a local[2] application per attempt).
+    print(f"RATIO spark / after (wall) = {sp['seconds'] / a['seconds']:.2f}")
+    print(f"RATIO spark / after (the steps' own work, summed) = {sp['steps'] / max(a['steps'], 0.001):.2f}")
+    print(f"RATIO spark / after (peak, the step with its Spark driver) = {sp['peak'][2] / max(a['peak'][2], 1):.2f}")
 PYEOF

@@ -150,6 +150,17 @@ impl Output {
     }
 }
 
+/// The peak resident memory of the largest child this process waited for
+/// (the driver's JVM, with local executors: `local[N]` runs them in it).
+fn children_peak_kib() -> u64 {
+    // SAFETY: getrusage writes into the struct it is given and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return 0;
+    }
+    u64::try_from(usage.ru_maxrss).unwrap_or(0)
+}
+
 /// Whether a driver's line names the error: `RuntimeError: ...`,
 /// `org.apache.spark.SparkException: ...` at the start of a line (not a
 /// stack frame's `at ...` nor a `Caused by:`), the last of which is the
@@ -359,7 +370,10 @@ pub fn submit(ctx: &mut Ctx<'_>, job: Job<'_>) -> Result<Output> {
             .unwrap_or_default();
         return Err(format!("the Spark application {name} failed ({status}): {telling}").into());
     }
-    ctx.log(format!("the Spark application {name} finished"));
+    ctx.log(format!(
+        "the Spark application {name} finished; its driver's peak memory {} MiB",
+        children_peak_kib().div_ceil(1024)
+    ));
     Ok(Output { dir: output })
 }
 

@@ -7,13 +7,17 @@
 //!   unpartitioned `bench.raw_flat` into memory at the pinned snapshot, its
 //!   month kept by hand, aggregated by hand;
 //! - `after` (the default): one SQL query over the month-partitioned
-//!   `bench.raw`, which reads that month's files only, streamed.
+//!   `bench.raw`, which reads that month's files only, streamed;
+//! - `spark`: the same aggregation by a Spark application
+//!   (`BENCH_SPARK_APP`, on the runner's `ORCA_SPARK_MASTER`) over the data
+//!   files of the snapshot the step pinned, committed by the step.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use orca::arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
+use orca::spark::{self, Job};
 use orca::{append, ensure_table, scan, table, Ctx, Month, Result};
 
 fn out_schema() -> Schema {
@@ -100,6 +104,19 @@ fn aggregate(ctx: &mut Ctx, month: Month) -> Result<String> {
     let snapshot = if mode == "before" {
         let batch = before(ctx, &month.to_string())?;
         append(ctx, &out, batch)?
+    } else if mode == "spark" {
+        let raw = table(ctx, "bench.raw")?;
+        let app = std::env::var("BENCH_SPARK_APP").map_err(|_| "BENCH_SPARK_APP is not set")?;
+        let done = spark::submit(ctx, Job::new(app).arg(month.to_string()).read(&raw))?;
+        // Spark writes every column nullable; the table's are as declared.
+        let mut batches = Vec::new();
+        for b in done.batches()? {
+            batches.push(RecordBatch::try_new(
+                Arc::new(out_schema()),
+                b.columns().to_vec(),
+            )?);
+        }
+        append(ctx, &out, batches)?
     } else {
         let q = ctx.sql(
             "SELECT month, origin, carrier, count(*) AS flights, avg(dep_delay) AS avg_dep_delay,
