@@ -189,8 +189,9 @@ if [ "$tests" = 1 ]; then
     # DuckDB and its Iceberg extension (PyPI packages that ship the extension
     # files: nothing is downloaded at run time), which the tests read Orca's
     # partitioned tables with to see them pruned.
-    if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os
-    assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
+    # (One line: an indented second line is a Python syntax error, which made
+    # this reinstall DuckDB on every run.)
+    if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os; assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
         say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
         "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
             "duckdb-ext-avro==1.4.4.20260205"
