@@ -185,6 +185,15 @@ fn spark_path(path: &str) -> String {
     }
 }
 
+/// `<pipeline>-<run>-<step>` (`local` for an in-memory run): what the
+/// application's name and its staging directory start with.
+fn app_name(ctx: &Ctx<'_>) -> String {
+    let run = ctx
+        .run
+        .map_or_else(|| "local".to_string(), |r| r.to_string());
+    format!("{}-{run}-{}", ctx.pipeline, ctx.step)
+}
+
 /// Where the job file and the output go: `ORCA_SPARK_STAGING` (a
 /// directory the driver and every executor reach, for a cluster of several
 /// hosts), else the system's temporary directory.
@@ -193,11 +202,8 @@ fn staging(ctx: &Ctx<'_>) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("orca-spark"));
     root.join(format!(
-        "{}-{}-{}-{}-{}",
-        ctx.pipeline,
-        ctx.run
-            .map_or_else(|| "local".to_string(), |r| r.to_string()),
-        ctx.step,
+        "{}-{}-{}",
+        app_name(ctx),
         ctx.partition.replace(['*', '/'], "all"),
         ctx.attempt
     ))
@@ -249,14 +255,7 @@ pub fn submit(ctx: &mut Ctx<'_>, job: Job<'_>) -> Result<Output> {
             "output": output,
         }))?,
     )?;
-    let name = format!(
-        "orca-{}-{}-{}-{}",
-        ctx.pipeline,
-        ctx.run
-            .map_or_else(|| "local".to_string(), |r| r.to_string()),
-        ctx.step,
-        ctx.partition
-    );
+    let name = format!("orca-{}-{}", app_name(ctx), ctx.partition);
     let mut cmd = Command::new(home.join("bin").join("spark-submit"));
     cmd.args([
         "--master",

@@ -481,20 +481,26 @@ async fn unleaked(db: &TestDb, runner: &Runner) {
     assert!(!runner.output().contains("hunter2"));
 }
 
-/// `aws-sm://` secrets: read by the engine from AWS Secrets Manager (moto's,
-/// for real over its HTTP API: no AWS is reachable from CI) with the
-/// runner's own credentials, one key of a JSON secret; an org names only
-/// secrets under its prefix, so another org's are refused before any
-/// request.
-#[tokio::test]
-async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() {
-    let db = TestDb::new().await;
-    orders(&db, 2000).await;
-    sqlx::raw_sql("CREATE SCHEMA raw_shop; CREATE SCHEMA raw_stolen; CREATE SCHEMA raw_missing;")
+/// Sync `name`: public.orders into the schema `raw_<name>` (made here),
+/// its source's URL the secret `source`, its destination's `destination`.
+async fn secret_sync(db: &TestDb, name: &str, source: &str, destination: &str) {
+    sqlx::raw_sql(&format!("CREATE SCHEMA raw_{name}"))
         .execute(&db.pool)
         .await
-        .expect("schemas");
-    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+        .expect("schema");
+    sqlx::query(&format!(
+        "SELECT orca.create_sync('{name}', '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{source}\"}}, \"batch_rows\": 1000}}', \
+         '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{destination}\"}}, \"schema\": \"raw_{name}\"}}', \
+         '[{{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}}]', run_retries => 0)"
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap_or_else(|e| panic!("sync {name}: {e}"));
+}
+
+/// moto's server (its Secrets Manager and STS) with each of `names` a JSON
+/// secret whose `url` is `url`.
+fn moto_with_secrets(url: &str, names: &[&str]) -> orca_tests::s3::S3Server {
     let aws = orca_tests::s3::S3Server::start("unused");
     let made = Command::new(orca_tests::s3::python())
         .args([
@@ -503,7 +509,7 @@ async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() 
                 "import boto3, json\n\
                  c = boto3.client('secretsmanager', endpoint_url='{}', aws_access_key_id='orca-test', \
                  aws_secret_access_key='orca-test-secret', region_name='us-east-1')\n\
-                 for name in ['default/shop', 'globex/shop']:\n    \
+                 for name in {names:?}:\n    \
                  c.create_secret(Name=name, SecretString=json.dumps({{'url': '{url}', 'user': 'app'}}))\n",
                 aws.endpoint
             ),
@@ -515,19 +521,26 @@ async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() 
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
+    aws
+}
+
+/// `aws-sm://` secrets: read by the engine from AWS Secrets Manager (moto's,
+/// for real over its HTTP API: no AWS is reachable from CI) with the
+/// runner's own credentials, one key of a JSON secret; an org names only
+/// secrets under its prefix, so another org's are refused before any
+/// request.
+#[tokio::test]
+async fn a_sync_reads_its_url_from_aws_secrets_manager_under_its_org_s_prefix() {
+    let db = TestDb::new().await;
+    orders(&db, 2000).await;
+    let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
+    let aws = moto_with_secrets(&url, &["default/shop", "globex/shop"]);
     for (name, secret) in [
         ("shop", "aws-sm://default/shop#url"),
         ("stolen", "aws-sm://globex/shop#url"),
         ("missing", "aws-sm://default/nothing#url"),
     ] {
-        sqlx::query(&format!(
-            "SELECT orca.create_sync('{name}', '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"batch_rows\": 1000}}', \
-             '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"aws-sm://default/shop#url\"}}, \"schema\": \"raw_{name}\"}}', \
-             '[{{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}}]', run_retries => 0)"
-        ))
-        .execute(&db.pool)
-        .await
-        .unwrap_or_else(|e| panic!("sync {name}: {e}"));
+        secret_sync(&db, name, secret, "aws-sm://default/shop#url").await;
     }
     let logs = scratch("aws-sm");
     let store = logs.join("store").to_string_lossy().to_string();
@@ -657,18 +670,7 @@ async fn syncs_read_their_urls_from_simulated_gcp_secret_manager_and_azure_key_v
         ),
     ];
     for (name, secret, _) in cases {
-        sqlx::raw_sql(&format!("CREATE SCHEMA raw_{name}"))
-            .execute(&db.pool)
-            .await
-            .expect("schema");
-        sqlx::query(&format!(
-            "SELECT orca.create_sync('{name}', '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"batch_rows\": 1000}}', \
-             '{{\"type\": \"postgres\", \"url\": {{\"secret\": \"{secret}\"}}, \"schema\": \"raw_{name}\"}}', \
-             '[{{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}}]', run_retries => 0)"
-        ))
-        .execute(&db.pool)
-        .await
-        .unwrap_or_else(|e| panic!("sync {name}: {e}"));
+        secret_sync(&db, name, secret, secret).await;
     }
     let store = dir.join("store").to_string_lossy().to_string();
     let engine = bin("orca-engine");
@@ -772,38 +774,15 @@ async fn syncs_read_their_urls_from_simulated_gcp_secret_manager_and_azure_key_v
 async fn a_runner_with_a_web_identity_reads_aws_secrets_as_its_role() {
     let db = TestDb::new().await;
     orders(&db, 300).await;
-    sqlx::raw_sql("CREATE SCHEMA raw_irsa")
-        .execute(&db.pool)
-        .await
-        .expect("schema");
     let url = db.url().replacen("postgres@", "postgres:hunter2@", 1);
-    let aws = orca_tests::s3::S3Server::start("unused");
-    let made = Command::new(orca_tests::s3::python())
-        .args([
-            "-c",
-            &format!(
-                "import boto3, json\n\
-                 c = boto3.client('secretsmanager', endpoint_url='{}', aws_access_key_id='orca-test', \
-                 aws_secret_access_key='orca-test-secret', region_name='us-east-1')\n\
-                 c.create_secret(Name='default/shop', SecretString=json.dumps({{'url': '{url}'}}))\n",
-                aws.endpoint
-            ),
-        ])
-        .output()
-        .expect("boto3");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    sqlx::query(
-        "SELECT orca.create_sync('irsa', '{\"type\": \"postgres\", \"url\": {\"secret\": \"aws-sm://default/shop#url\"}, \"batch_rows\": 1000}', \
-         '{\"type\": \"postgres\", \"url\": {\"secret\": \"aws-sm://default/shop#url\"}, \"schema\": \"raw_irsa\"}', \
-         '[{\"name\": \"orders\", \"table\": \"public.orders\", \"cursor\": \"updated_at\", \"primary_key\": [\"id\"]}]', run_retries => 0)",
+    let aws = moto_with_secrets(&url, &["default/shop"]);
+    secret_sync(
+        &db,
+        "irsa",
+        "aws-sm://default/shop#url",
+        "aws-sm://default/shop#url",
     )
-    .execute(&db.pool)
-    .await
-    .expect("sync");
+    .await;
     let dir = scratch("irsa");
     std::fs::create_dir_all(&dir).expect("dir");
     // A projected service account token, as EKS mounts it.
