@@ -12,6 +12,10 @@
 #   spark   each attempt hands its month to a Spark application
 #           (local[2], spark-submit from PyPI's pyspark; orca::spark) over
 #           the data files of its pinned snapshot, and commits its result;
+#   ballista each attempt's SQL query runs on a Ballista cluster (an
+#           orca-ballista scheduler and two executors of one slot each, on
+#           this machine) over the files the step planned, its result
+#           streamed back and committed by the step;
 #
 # and the same 24 aggregations by DuckDB over the same Iceberg table, as the
 # peer. Prints wall time, the steps' own time (summed: without the process,
@@ -20,13 +24,13 @@
 #
 #   benches/lake/run.sh
 #   COPIES=5 benches/lake/run.sh        # ~3.4M rows
-#   BENCH_MODES="after spark" benches/lake/run.sh
+#   BENCH_MODES="after spark ballista" benches/lake/run.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
 "$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null  # DuckDB and PyIceberg
 COPIES="${COPIES:-15}"
-MODES="${BENCH_MODES:-before after spark}"
+MODES="${BENCH_MODES:-before after spark ballista}"
 SPARK_PY="${ORCA_TEST_SPARK_PYTHON:-/var/tmp/orca-spark/bin/python}"
 WORK="${BENCH_DIR:-/var/tmp/orca-bench-lake}"
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
@@ -35,7 +39,7 @@ URL="postgres://postgres@127.0.0.1:5432/$DB"
 PSQL=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres)
 
 say "building bench_lake, the runner, the engine and the CLI (release)"
-cargo build --release -q -p orca-bench-lake -p orca-runner -p orca-cli -p orca-engine
+cargo build --release -q -p orca-bench-lake -p orca-runner -p orca-cli -p orca-engine -p orca-ballista
 BIN="$CARGO_TARGET_DIR/release"
 
 "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
@@ -64,7 +68,9 @@ TOKEN_FILE="$WORK/logs/runner.token"
 backfill() {
     local mode=$1 logs="$WORK/logs/$1" t0 t1
     mkdir -p "$logs"
-    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" \
+    local cluster=""
+    [ "$mode" = ballista ] && cluster="df://127.0.0.1:$BALLISTA_PORT"
+    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" ORCA_BALLISTA_URL="$cluster" ORCA_BALLISTA_PARTITIONS=2 \
     BENCH_SPARK_APP="$ORCA_ROOT/benches/lake/spark_monthly.py" ORCA_SPARK_MASTER="local[2]" \
     SPARK_HOME="$SPARK_HOME" PYSPARK_PYTHON="$SPARK_PY" SPARK_LOCAL_IP=127.0.0.1 \
     ORCA_SPARK_STAGING="$WORK/spark" "$BIN/orca-runner" \
@@ -82,6 +88,34 @@ backfill() {
     echo "$t0 $t1" >"$logs/times"
 }
 
+# A Ballista cluster on this machine: a scheduler and two executors of one
+# task slot each (the machine's two cores), serving the default org.
+BALLISTA_PORT=50150
+BALLISTA_PIDS=()
+start_ballista() {
+    mkdir -p "$WORK/logs/cluster"
+    ORCA_BALLISTA_ORG=default ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-ballista" scheduler \
+        --bind "127.0.0.1:$BALLISTA_PORT" --external-host 127.0.0.1 \
+        >"$WORK/logs/cluster/scheduler.log" 2>&1 &
+    BALLISTA_PIDS+=($!)
+    for i in 0 1; do
+        ORCA_BALLISTA_ORG=default ORCA_WAREHOUSE="$WORK/wh" "$BIN/orca-ballista" executor \
+            --scheduler "127.0.0.1:$BALLISTA_PORT" --port $((BALLISTA_PORT + 1 + 2 * i)) \
+            --grpc-port $((BALLISTA_PORT + 2 + 2 * i)) --slots 1 --work-dir "$WORK/ballista-$i" \
+            >"$WORK/logs/cluster/executor-$i.log" 2>&1 &
+        BALLISTA_PIDS+=($!)
+    done
+    for _ in $(seq 100); do
+        [ "$(curl -sf "http://127.0.0.1:$BALLISTA_PORT/api/executors" | "$PY" -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null)" = 2 ] && return 0
+        sleep 0.3
+    done
+    die "the Ballista executors did not register"
+}
+stop_ballista() {
+    [ "${#BALLISTA_PIDS[@]}" -gt 0 ] && kill "${BALLISTA_PIDS[@]}" 2>/dev/null || true
+}
+trap stop_ballista EXIT
+
 SPARK_HOME=$("$SPARK_PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null || true)
 for mode in $MODES; do
     case "$mode" in
@@ -90,10 +124,14 @@ for mode in $MODES; do
         spark)
             [ -n "$SPARK_HOME" ] || die "no pyspark in $SPARK_PY (scripts/setup.sh --tests installs it)"
             say "backfill, spark (a Spark application per attempt, local[2])" ;;
-        *) die "unknown mode $mode (before, after, spark)" ;;
+        ballista)
+            say "backfill, ballista (each step's query on a scheduler and two executors)"
+            start_ballista ;;
+        *) die "unknown mode $mode (before, after, spark, ballista)" ;;
     esac
     backfill "$mode"
 done
+stop_ballista
 say "DuckDB over the same table"
 "$PY" "$ORCA_ROOT/benches/lake/duckdb_monthly.py" "$URL" "$WORK/wh/default" | tee "$WORK/duckdb.json"
 
@@ -146,4 +184,13 @@ if "spark" in res and a:
     print(f"RATIO spark / after (wall) = {sp['seconds'] / a['seconds']:.2f}")
     print(f"RATIO spark / after (the steps' own work, summed) = {sp['steps'] / max(a['steps'], 0.001):.2f}")
     print(f"RATIO spark / after (peak, the step with its Spark driver) = {sp['peak'][2] / max(a['peak'][2], 1):.2f}")
+if "ballista" in res and a:
+    bl = res["ballista"]
+    # On one 2-core machine the cluster cannot be faster: this is its
+    # overhead (planning in the step, a job per query, shuffles through
+    # files, results over Flight). The peak is the step's alone: the
+    # executors are long-lived processes of their own.
+    print(f"RATIO ballista / after (wall) = {bl['seconds'] / a['seconds']:.2f}")
+    print(f"RATIO ballista / after (the steps' own work, summed) = {bl['steps'] / max(a['steps'], 0.001):.2f}")
+    print(f"RATIO ballista / after (the step's peak) = {bl['peak'][2] / max(a['peak'][2], 1):.2f}")
 PYEOF

@@ -39,6 +39,7 @@ pub mod writer;
 
 pub use catalog::{ident, KeysRead, Lake, LakeCell, LakeConfig};
 pub use datafusion;
+pub use datafusion_proto;
 pub use iceberg;
 pub use iceberg::spec::DataFile;
 pub use scan::ScanStats;

@@ -10,6 +10,7 @@ use std::fmt;
 
 use futures::{StreamExt, TryStreamExt};
 use iceberg::expr::Predicate;
+use iceberg::io::FileIO;
 use iceberg::scan::{ArrowRecordBatchStream, FileScanTask};
 use iceberg::table::Table as IcebergTable;
 
@@ -29,7 +30,7 @@ pub struct ScanRequest {
 }
 
 /// What a scan's plan found.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ScanStats {
     pub dataset: String,
     pub snapshot: i64,
@@ -138,8 +139,40 @@ pub fn read(
     batch_size: Option<usize>,
     files_at_once: usize,
 ) -> Result<ArrowRecordBatchStream> {
-    let mut reader = table
-        .reader_builder()
+    stream(
+        table.reader_builder(),
+        dataset,
+        tasks,
+        batch_size,
+        files_at_once,
+    )
+}
+
+/// [`read`] with only the files' I/O, as a cluster's executor reads a scan
+/// planned elsewhere: no catalog, no table metadata. Called within the
+/// tokio runtime that is to do the reading.
+pub fn read_files(
+    file_io: &FileIO,
+    dataset: &str,
+    tasks: Vec<FileScanTask>,
+    batch_size: Option<usize>,
+    files_at_once: usize,
+) -> Result<ArrowRecordBatchStream> {
+    let runtime = iceberg::Runtime::try_current().map_err(LakeError::iceberg(format!(
+        "reading {dataset}: the I/O runtime"
+    )))?;
+    let builder = iceberg::arrow::ArrowReaderBuilder::new(file_io.clone(), runtime);
+    stream(builder, dataset, tasks, batch_size, files_at_once)
+}
+
+fn stream(
+    builder: iceberg::arrow::ArrowReaderBuilder,
+    dataset: &str,
+    tasks: Vec<FileScanTask>,
+    batch_size: Option<usize>,
+    files_at_once: usize,
+) -> Result<ArrowRecordBatchStream> {
+    let mut reader = builder
         .with_data_file_concurrency_limit(files_at_once.max(1))
         .with_row_group_filtering_enabled(true)
         .with_row_selection_enabled(true);

@@ -24,6 +24,8 @@
 //! ([`check`]); the binary's command line ([`main`]) describes the pipeline,
 //! runs it in memory, lists its fires and runs the attempts a runner leases.
 
+#[cfg(feature = "ballista")]
+pub mod ballista;
 pub mod check;
 mod cli;
 mod ctx;

@@ -62,7 +62,22 @@ pub struct Query<'a> {
     log: LogSink,
     tag: String,
     scans: ScanLog,
+    place: Place,
 }
+
+/// Where a query runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// On the cluster the runner names (`ORCA_BALLISTA_URL`), else here.
+    Default,
+    /// In the step's process.
+    Local,
+    /// On this Ballista scheduler (`df://host:port`).
+    Ballista(String),
+}
+
+/// The Ballista scheduler the runner gives its steps' queries.
+pub const BALLISTA_URL_ENV: &str = "ORCA_BALLISTA_URL";
 
 impl<'a> Query<'a> {
     fn new(ctx: &Ctx<'a>, df: DataFrame) -> Result<Query<'a>> {
@@ -72,7 +87,64 @@ impl<'a> Query<'a> {
             log: ctx.log.clone(),
             tag: ctx.tag(),
             scans: ctx.io.scans.clone(),
+            place: Place::Default,
         })
+    }
+
+    /// Runs the query in the step's process, whatever cluster the runner
+    /// names.
+    pub fn local(self) -> Query<'a> {
+        Query {
+            place: Place::Local,
+            ..self
+        }
+    }
+
+    /// Runs the query on the Ballista cluster whose scheduler is at `url`
+    /// (`df://host:port`), rather than the runner's (`ORCA_BALLISTA_URL`).
+    /// The binary must be built with the SDK's `ballista` feature.
+    pub fn on_ballista(self, url: &str) -> Query<'a> {
+        Query {
+            place: Place::Ballista(url.to_string()),
+            ..self
+        }
+    }
+
+    /// The cluster the query goes to, if any.
+    fn cluster(&self) -> Result<Option<String>> {
+        let from_env = || {
+            std::env::var(BALLISTA_URL_ENV)
+                .ok()
+                .filter(|u| !u.trim().is_empty())
+        };
+        let (url, asked) = match &self.place {
+            Place::Local => return Ok(None),
+            Place::Ballista(u) => (u.clone(), true),
+            Place::Default => match from_env() {
+                Some(u) => (u, false),
+                None => return Ok(None),
+            },
+        };
+        if cfg!(feature = "ballista") {
+            return Ok(Some(url));
+        }
+        let why = format!(
+            "{} query: this pipeline binary is built without the SDK's `ballista` feature, so it cannot send its query to {url}",
+            self.tag
+        );
+        if asked {
+            return Err(
+                format!("{why} (add features = [\"ballista\"] to its orca dependency)").into(),
+            );
+        }
+        self.log
+            .line(&format!("{why} ({BALLISTA_URL_ENV}): it runs in the step"));
+        Ok(None)
+    }
+
+    #[cfg(feature = "ballista")]
+    pub(crate) fn into_parts(self) -> (&'a Lake, DataFrame, LogSink, String, ScanLog) {
+        (self.lake, self.df, self.log, self.tag, self.scans)
     }
 
     /// The query as a DataFusion DataFrame, transformed by `f`: the tables
@@ -94,6 +166,12 @@ impl<'a> Query<'a> {
 
     /// Runs the query and streams its result, a batch at a time.
     pub fn stream(self) -> Result<Batches<'a>> {
+        if let Some(url) = self.cluster()? {
+            #[cfg(feature = "ballista")]
+            return crate::ballista::stream(self, &url);
+            #[cfg(not(feature = "ballista"))]
+            return Err(format!("{}: no Ballista client for {url}", self.tag).into());
+        }
         let stream = self
             .lake
             .rt
@@ -114,7 +192,7 @@ impl<'a> Query<'a> {
 }
 
 /// Logs the plans of the scans a query made since the last report.
-fn report(log: &LogSink, tag: &str, scans: &Mutex<Vec<ScanStats>>) {
+pub(crate) fn report(log: &LogSink, tag: &str, scans: &Mutex<Vec<ScanStats>>) {
     let done: Vec<ScanStats> = scans
         .lock()
         .map(|mut s| s.drain(..).collect())
@@ -130,6 +208,17 @@ pub struct Batches<'a> {
     lake: &'a Lake,
     stream: SendableRecordBatchStream,
     tag: String,
+}
+
+impl<'a> Batches<'a> {
+    #[cfg(feature = "ballista")]
+    pub(crate) fn new(
+        lake: &'a Lake,
+        stream: SendableRecordBatchStream,
+        tag: String,
+    ) -> Batches<'a> {
+        Batches { lake, stream, tag }
+    }
 }
 
 impl Iterator for Batches<'_> {

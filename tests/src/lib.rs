@@ -11,6 +11,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
+pub mod ballista;
 pub mod cluster;
 pub mod install;
 pub mod oci;

@@ -65,6 +65,8 @@ fn build() {
                 "example-fanout",
                 "-p",
                 "orca-engine",
+                "-p",
+                "orca-ballista",
                 // Not run by a test: scripts/test.sh runs the quick start
                 // on these binaries.
                 "-p",
@@ -464,4 +466,49 @@ pub fn sync_runner_with(
     ];
     env.extend_from_slice(extra);
     Runner::start(&db.url(), "r1", 1, logs, &env)
+}
+
+/// A table read by [`pyiceberg`], as sorted lines of its `columns`: what
+/// two tables are compared by, whatever order their files come in.
+pub fn table_lines(
+    db: &crate::TestDb,
+    warehouse: &str,
+    dataset: &str,
+    columns: &[&str],
+) -> Vec<String> {
+    let table = pyiceberg(&["read", &db.url(), warehouse, dataset]);
+    let mut out: Vec<String> = table["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| r[*c].to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Checks that `step` pinned `dataset` for each of `partitions` (in order)
+/// and recorded the snapshot it read, as every read is.
+pub async fn assert_pinned(db: &crate::TestDb, step: &str, dataset: &str, partitions: &[&str]) {
+    let pinned: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT partition, snapshot_id FROM orca.reads
+         WHERE step = $1 AND dataset = $2 ORDER BY partition",
+    )
+    .bind(step)
+    .bind(dataset)
+    .fetch_all(&db.pool)
+    .await
+    .expect("reads");
+    assert_eq!(
+        pinned.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(),
+        partitions,
+        "{pinned:?}"
+    );
+    assert!(pinned.iter().all(|(_, s)| s.is_some()), "{pinned:?}");
 }

@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use orca_tests::procs::{orca, pyiceberg, register, wait_run, Runner};
+use orca_tests::procs::{assert_pinned, orca, register, table_lines, wait_run, Runner};
 use orca_tests::spark::SparkCluster;
 use orca_tests::*;
-use serde_json::Value;
 
 fn runner(
     db: &TestDb,
@@ -31,24 +30,6 @@ fn runner(
     env.extend_from_slice(extra);
     let refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Runner::start(&db.url(), "spark-runner", 1, &dir.join("logs"), &refs)
-}
-
-/// A table's rows as sorted lines of its columns.
-fn rows(table: &Value, columns: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = table["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            columns
-                .iter()
-                .map(|c| r[*c].to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 #[tokio::test]
@@ -81,11 +62,8 @@ async fn a_step_s_spark_application_reads_its_pinned_snapshot_and_the_step_commi
         wait_run(&db, *run, "succeeded", &r).await;
     }
     let cols = ["month", "carrier", "flights", "delay"];
-    let spark = rows(&pyiceberg(&["read", &db.url(), &wh, "spark.totals"]), &cols);
-    let local = rows(
-        &pyiceberg(&["read", &db.url(), &wh, "spark.totals_local"]),
-        &cols,
-    );
+    let spark = table_lines(&db, &wh, "spark.totals", &cols);
+    let local = table_lines(&db, &wh, "spark.totals_local", &cols);
     assert_eq!(
         spark.len(),
         10,
@@ -96,19 +74,7 @@ async fn a_step_s_spark_application_reads_its_pinned_snapshot_and_the_step_commi
         "Spark's totals are DataFusion's over the same snapshot"
     );
     // The application read the snapshot the step pinned, recorded as any read.
-    let pinned: Vec<(String, Option<i64>)> = sqlx::query_as(
-        "SELECT partition, snapshot_id FROM orca.reads
-         WHERE step = 'totals' AND dataset = 'spark.events' ORDER BY partition",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .expect("reads");
-    assert_eq!(
-        pinned.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(),
-        ["2024-01", "2024-02"],
-        "{pinned:?}"
-    );
-    assert!(pinned.iter().all(|(_, s)| s.is_some()), "{pinned:?}");
+    assert_pinned(&db, "totals", "spark.events", &["2024-01", "2024-02"]).await;
     let log = r.output();
     assert!(
         log.contains("submitting") && log.contains("the Spark application"),

@@ -10,7 +10,9 @@
 //!   `bench.raw`, which reads that month's files only, streamed;
 //! - `spark`: the same aggregation by a Spark application
 //!   (`BENCH_SPARK_APP`, on the runner's `ORCA_SPARK_MASTER`) over the data
-//!   files of the snapshot the step pinned, committed by the step.
+//!   files of the snapshot the step pinned, committed by the step;
+//! - `ballista`: `after`'s query, on the runner's Ballista cluster
+//!   (`ORCA_BALLISTA_URL`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -19,23 +19,22 @@ use datafusion::catalog::{MemorySchemaProvider, Session};
 use datafusion::common::TableReference;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use futures::TryStreamExt;
-use iceberg::scan::FileScanTask;
 use iceberg::table::Table as IcebergTable;
 use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 
 use crate::scan::{self, ScanRequest, ScanStats};
+
+pub mod codec;
+mod exec;
+mod planned;
+
 use crate::{LakeError, Result};
+pub use exec::PinnedScan;
+pub use planned::{Admission, PlannedTable, ScanPayload, ORG_ENV, PLAN_FORMAT};
 
 /// The plans of the scans a session ran, in order.
 pub type ScanLog = Arc<Mutex<Vec<ScanStats>>>;
@@ -122,9 +121,103 @@ impl PinnedTable {
             log,
         })
     }
+
+    /// The dataset the table is.
+    pub fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
+    /// Plans a scan of the pinned snapshot, its figures added to the log.
+    async fn plan(&self, snapshot: i64, req: &ScanRequest) -> Result<scan::Planned> {
+        let planned = scan::plan(&self.table, &self.dataset, snapshot, req).await?;
+        if let Ok(mut log) = self.log.lock() {
+            log.push(planned.stats.clone());
+        }
+        Ok(planned)
+    }
+
+    /// The scan a query's `TableScan` of this table makes (its columns and
+    /// filters), planned here, as a table that carries its file list: what
+    /// a cluster's scheduler and executors get instead of the catalog.
+    pub async fn plan_for(
+        &self,
+        org: &str,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        batch_size: usize,
+    ) -> Result<PlannedTable> {
+        let iceberg_schema = self.iceberg_schema()?;
+        let Some(snapshot) = self.snapshot else {
+            return Ok(PlannedTable::new(
+                org,
+                &self.dataset,
+                None,
+                iceberg_schema,
+                self.schema.clone(),
+                Vec::new(),
+                None,
+            ));
+        };
+        let projected = match projection {
+            Some(p) => Arc::new(
+                self.schema
+                    .project(p)
+                    .map_err(|e| LakeError::Table(format!("columns of {}: {e}", self.dataset)))?,
+            ),
+            None => self.schema.clone(),
+        };
+        let req = scan_request(&projected, projection, filters, batch_size);
+        let planned = self.plan(snapshot, &req).await?;
+        Ok(PlannedTable::new(
+            org,
+            &self.dataset,
+            Some(snapshot),
+            iceberg_schema,
+            self.schema.clone(),
+            planned.tasks,
+            Some(planned.stats),
+        ))
+    }
+
+    fn iceberg_schema(&self) -> Result<iceberg::spec::SchemaRef> {
+        let meta = self.table.metadata();
+        match self.snapshot {
+            Some(id) => meta
+                .snapshot_by_id(id)
+                .ok_or_else(|| {
+                    LakeError::Table(format!("table {} has no snapshot {id}", self.dataset))
+                })?
+                .schema(meta)
+                .map_err(LakeError::iceberg(format!(
+                    "the schema of {} at {id}",
+                    self.dataset
+                ))),
+            None => Ok(meta.current_schema().clone()),
+        }
+    }
 }
 
-fn df_error(e: LakeError) -> DataFusionError {
+/// What DataFusion asks of a scan, as an Iceberg scan request.
+fn scan_request(
+    projected: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+    filters: &[Expr],
+    batch_size: usize,
+) -> ScanRequest {
+    ScanRequest {
+        columns: projection.map(|_| {
+            projected
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect()
+        }),
+        predicate: convert_filters_to_predicate(filters),
+        batch_size: Some(batch_size),
+    }
+}
+
+pub(crate) fn df_error(e: LakeError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
@@ -156,29 +249,19 @@ impl TableProvider for PinnedTable {
         let Some(snapshot) = self.snapshot else {
             return Ok(Arc::new(EmptyExec::new(schema)));
         };
-        let req = ScanRequest {
-            columns: projection.map(|_| schema.fields().iter().map(|f| f.name().clone()).collect()),
-            predicate: convert_filters_to_predicate(filters),
-            batch_size: Some(state.config().batch_size()),
-        };
-        let planned = scan::plan(&self.table, &self.dataset, snapshot, &req)
-            .await
-            .map_err(df_error)?;
-        if let Ok(mut log) = self.log.lock() {
-            log.push(planned.stats.clone());
-        }
-        Ok(Arc::new(PinnedScan {
-            table: self.table.clone(),
-            stats: planned.stats,
-            tasks: planned.tasks,
-            batch_size: req.batch_size,
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Incremental,
-                Boundedness::Bounded,
-            )),
-        }))
+        let req = scan_request(&schema, projection, filters, state.config().batch_size());
+        let planned = self.plan(snapshot, &req).await.map_err(df_error)?;
+        // One stream reading a few files at once: a step's own process
+        // keeps its memory to a handful of row groups.
+        Ok(Arc::new(PinnedScan::new(
+            self.table.file_io().clone(),
+            "",
+            self.iceberg_schema().map_err(df_error)?,
+            schema,
+            planned.stats,
+            vec![planned.tasks],
+            req.batch_size,
+        )))
     }
 
     fn supports_filters_pushdown(
@@ -187,80 +270,6 @@ impl TableProvider for PinnedTable {
     ) -> DFResult<Vec<TableProviderFilterPushDown>> {
         // Iceberg prunes by what it can judge; DataFusion filters the rows.
         Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
-    }
-}
-
-/// The planned files of a pinned table, read as one stream.
-#[derive(Debug)]
-struct PinnedScan {
-    table: IcebergTable,
-    stats: ScanStats,
-    tasks: Vec<FileScanTask>,
-    batch_size: Option<usize>,
-    properties: Arc<PlanProperties>,
-}
-
-impl DisplayAs for PinnedScan {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(
-            f,
-            "PinnedScan: {} at {}, {} of {} files",
-            self.stats.dataset,
-            self.stats.snapshot,
-            self.stats.files,
-            self.stats
-                .files_total
-                .map_or_else(|| "?".to_string(), |n| n.to_string())
-        )?;
-        if let Some(p) = &self.stats.filter {
-            write!(f, ", filter {p}")?;
-        }
-        Ok(())
-    }
-}
-
-impl ExecutionPlan for PinnedScan {
-    fn name(&self) -> &str {
-        "PinnedScan"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        _children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    fn execute(
-        &self,
-        _partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> DFResult<SendableRecordBatchStream> {
-        let stream = scan::read(
-            &self.table,
-            &self.stats.dataset,
-            self.tasks.clone(),
-            self.batch_size,
-            FILES_AT_ONCE,
-        )
-        .map_err(df_error)?
-        .map_err(|e| DataFusionError::External(Box::new(e)));
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.properties.eq_properties.schema().clone(),
-            stream,
-        )))
     }
 }
 
