@@ -18,9 +18,11 @@ use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
 use clap::{Parser, Subcommand};
+use orca_lake::datafusion::execution::session_state::SessionStateBuilder;
 use orca_lake::datafusion_proto::logical_plan::LogicalExtensionCodec;
 use orca_lake::datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use orca_lake::query::codec::{LogicalCodec, PhysicalCodec};
+use orca_lake::query::write::OrcaQueryPlanner;
 use orca_lake::query::Admission;
 
 #[derive(Parser)]
@@ -124,6 +126,14 @@ fn main() -> Result<()> {
                 expire_dead_executor_interval_seconds: 5,
                 override_logical_codec: Some(logical),
                 override_physical_codec: Some(physical),
+                // Ballista's session, with a planner that knows Orca's
+                // writes (a step's result written by the executors).
+                override_session_builder: Some(Arc::new(|config| {
+                    let state = ballista_core::utils::default_session_builder(config)?;
+                    Ok(SessionStateBuilder::new_from_existing(state)
+                        .with_query_planner(Arc::new(OrcaQueryPlanner))
+                        .build())
+                })),
                 ..SchedulerConfig::default()
             };
             rt.block_on(async {

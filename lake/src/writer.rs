@@ -127,83 +127,168 @@ pub fn write_data_files<I>(
 where
     I: IntoIterator<Item = Result<RecordBatch>>,
 {
-    let meta = table.inner.metadata();
-    let what = || LakeError::iceberg(format!("writing data files of {}", table.dataset()));
-    let location = DefaultLocationGenerator::new(meta).map_err(what())?;
-    let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
-    let parquet =
-        ParquetWriterBuilder::new(WriterProperties::default(), meta.current_schema().clone());
-    let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-        parquet,
-        table.inner.file_io().clone(),
-        location,
-        names,
-    );
-    let files = DataFileWriterBuilder::new(rolling);
-    let schema = table.arrow_schema()?;
-    let spec = meta.default_partition_spec().clone();
-    let order = meta.default_sort_order().clone();
-    let splitter = if spec.is_unpartitioned() {
-        None
-    } else {
-        Some(
-            RecordBatchPartitionSplitter::try_new_with_computed_values(
-                meta.current_schema().clone(),
-                spec,
+    let mut w = FileWriter::new(table, prefix)?;
+    for b in batches {
+        t.rt.block_on(w.write(b?))?;
+    }
+    t.rt.block_on(w.close())
+}
+
+type Files =
+    DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+type Single = <Files as IcebergWriterBuilder>::R;
+
+enum Mode {
+    /// A sort order: every row of a partition value first.
+    Sorted(HashMap<Option<Struct>, (Option<PartitionKey>, Vec<RecordBatch>)>),
+    /// Unpartitioned: one rolling file set, opened with the first batch.
+    Single(Option<Box<Single>>),
+    /// Partitioned: a file set per partition value.
+    Fanout(Box<FanoutWriter<Files>>),
+}
+
+/// A table's data files being written, a batch at a time: what
+/// [`write_data_files`] drives from a step and a cluster's executor drives
+/// from its stream.
+pub struct FileWriter<'t> {
+    table: &'t Table,
+    schema: SchemaRef,
+    /// The file sets' builder, unless a fanout writer holds it.
+    files: Option<Files>,
+    splitter: Option<RecordBatchPartitionSplitter>,
+    mode: Mode,
+}
+
+impl<'t> FileWriter<'t> {
+    pub fn new(table: &'t Table, prefix: String) -> Result<FileWriter<'t>> {
+        let meta = table.inner.metadata();
+        let what = || LakeError::iceberg(format!("writing data files of {}", table.dataset()));
+        let location = DefaultLocationGenerator::new(meta).map_err(what())?;
+        let names = DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet);
+        let parquet =
+            ParquetWriterBuilder::new(WriterProperties::default(), meta.current_schema().clone());
+        let rolling = RollingFileWriterBuilder::new_with_default_file_size(
+            parquet,
+            table.inner.file_io().clone(),
+            location,
+            names,
+        );
+        let files = DataFileWriterBuilder::new(rolling);
+        let spec = meta.default_partition_spec().clone();
+        let splitter = if spec.is_unpartitioned() {
+            None
+        } else {
+            Some(
+                RecordBatchPartitionSplitter::try_new_with_computed_values(
+                    meta.current_schema().clone(),
+                    spec,
+                )
+                .map_err(what())?,
             )
-            .map_err(what())?,
-        )
-    };
-    let split = |b: RecordBatch| -> Result<Vec<(Option<PartitionKey>, RecordBatch)>> {
-        match &splitter {
+        };
+        let (mode, files) = if !meta.default_sort_order().is_unsorted() {
+            (Mode::Sorted(HashMap::new()), Some(files))
+        } else if splitter.is_none() {
+            (Mode::Single(None), Some(files))
+        } else {
+            (Mode::Fanout(Box::new(FanoutWriter::new(files))), None)
+        };
+        Ok(FileWriter {
+            schema: table.arrow_schema()?,
+            table,
+            files,
+            splitter,
+            mode,
+        })
+    }
+
+    fn what(&self) -> impl FnOnce(iceberg::Error) -> LakeError {
+        LakeError::iceberg(format!("writing data files of {}", self.table.dataset()))
+    }
+
+    fn split(&self, b: RecordBatch) -> Result<Vec<(Option<PartitionKey>, RecordBatch)>> {
+        match &self.splitter {
             None => Ok(vec![(None, b)]),
             Some(s) => Ok(s
                 .split(&b)
-                .map_err(what())?
+                .map_err(self.what())?
                 .into_iter()
                 .map(|(k, b)| (Some(k), b))
                 .collect()),
         }
-    };
-
-    if !order.is_unsorted() {
-        // Sorting needs every row of a partition value first.
-        let mut parts: HashMap<Option<Struct>, (Option<PartitionKey>, Vec<RecordBatch>)> =
-            HashMap::new();
-        for b in batches {
-            for (key, b) in split(fit_batch(table, &schema, b?)?)? {
-                let id = key.as_ref().map(|k| k.data().clone());
-                parts.entry(id).or_insert((key, Vec::new())).1.push(b);
-            }
-        }
-        let mut out = Vec::new();
-        for (_, (key, bs)) in parts {
-            let sorted = sort(table, &schema, &order, &bs)?;
-            let mut w = t.rt.block_on(files.build(key)).map_err(what())?;
-            t.rt.block_on(w.write(sorted)).map_err(what())?;
-            out.extend(t.rt.block_on(w.close()).map_err(what())?);
-        }
-        return Ok(out);
     }
 
-    match &splitter {
-        None => {
-            let mut w = t.rt.block_on(files.build(None)).map_err(what())?;
-            for b in batches {
-                let b = fit_batch(table, &schema, b?)?;
-                t.rt.block_on(w.write(b)).map_err(what())?;
+    /// Writes a batch (fitted to the table's schema first).
+    pub async fn write(&mut self, b: RecordBatch) -> Result<()> {
+        let b = fit_batch(self.table, &self.schema, b)?;
+        let what = self.what();
+        match &mut self.mode {
+            Mode::Sorted(_) => {
+                let split = self.split(b)?;
+                if let Mode::Sorted(parts) = &mut self.mode {
+                    for (key, b) in split {
+                        let id = key.as_ref().map(|k| k.data().clone());
+                        parts.entry(id).or_insert((key, Vec::new())).1.push(b);
+                    }
+                }
+                Ok(())
             }
-            t.rt.block_on(w.close()).map_err(what())
-        }
-        Some(_) => {
-            let mut w = FanoutWriter::new(files);
-            for b in batches {
-                for (key, b) in split(fit_batch(table, &schema, b?)?)? {
-                    let key = key.ok_or_else(|| LakeError::Table("no partition key".into()))?;
-                    t.rt.block_on(w.write(key, b)).map_err(what())?;
+            Mode::Single(w) => {
+                if w.is_none() {
+                    let files = self
+                        .files
+                        .as_ref()
+                        .ok_or_else(|| LakeError::Table("no file writer".into()))?;
+                    *w = Some(Box::new(files.build(None).await.map_err(what)?));
+                }
+                match w {
+                    Some(w) => w.write(b).await.map_err(LakeError::iceberg(format!(
+                        "writing data files of {}",
+                        self.table.dataset()
+                    ))),
+                    None => Ok(()),
                 }
             }
-            t.rt.block_on(w.close()).map_err(what())
+            Mode::Fanout(_) => {
+                let split = self.split(b)?;
+                if let Mode::Fanout(w) = &mut self.mode {
+                    for (key, b) in split {
+                        let key = key.ok_or_else(|| LakeError::Table("no partition key".into()))?;
+                        w.write(key, b).await.map_err(LakeError::iceberg(format!(
+                            "writing data files of {}",
+                            self.table.dataset()
+                        )))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Closes the files and returns them, not committed.
+    pub async fn close(self) -> Result<Vec<DataFile>> {
+        let what = self.what();
+        let dataset = self.table.dataset().to_string();
+        let err = move || LakeError::iceberg(format!("writing data files of {dataset}"));
+        match self.mode {
+            Mode::Sorted(parts) => {
+                let order = self.table.inner.metadata().default_sort_order().clone();
+                let mut out = Vec::new();
+                let files = self
+                    .files
+                    .as_ref()
+                    .ok_or_else(|| LakeError::Table("no file writer".into()))?;
+                for (_, (key, bs)) in parts {
+                    let sorted = sort(self.table, &self.schema, &order, &bs)?;
+                    let mut w = files.build(key).await.map_err(err())?;
+                    w.write(sorted).await.map_err(err())?;
+                    out.extend(w.close().await.map_err(err())?);
+                }
+                Ok(out)
+            }
+            Mode::Single(None) => Ok(Vec::new()),
+            Mode::Single(Some(mut w)) => w.close().await.map_err(what),
+            Mode::Fanout(w) => w.close().await.map_err(what),
         }
     }
 }

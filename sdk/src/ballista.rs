@@ -15,14 +15,16 @@ use std::sync::Arc;
 use ballista::prelude::{SessionConfigExt, SessionContextExt};
 use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::DataFusionError;
-use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use orca_lake::query::codec::{LogicalCodec, PhysicalCodec};
+use orca_lake::query::write::{data_files, WriteFilesNode, WriteSpec};
 use orca_lake::query::{Admission, PinnedTable};
-use orca_lake::Lake;
+use orca_lake::{DataFile, Lake, Table};
 
 use crate::error::Result;
 use crate::query::{Batches, Query, BATCH_ROWS};
@@ -113,19 +115,23 @@ fn plan_scans(lake: &Lake, plan: LogicalPlan) -> Result<LogicalPlan> {
     Ok(planned.data)
 }
 
-/// Runs the query on the cluster at `url` and streams its result back.
-pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
-    let (lake, df, log, tag, scans) = q.into_parts();
-    let fail = |e: &dyn std::fmt::Display| format!("{tag} query on Ballista {url}: {e}");
-    check_version(url).map_err(|e| fail(&e))?;
-    let plan = df.into_optimized_plan().map_err(|e| fail(&e))?;
-    let plan = plan_scans(lake, plan).map_err(|e| fail(&e))?;
+/// The query's plan with its tables planned by the step, and a session on
+/// the cluster at `url` to run it.
+fn prepare(
+    lake: &Lake,
+    df: DataFrame,
+    url: &str,
+    tag: &str,
+) -> Result<(LogicalPlan, SessionState)> {
+    check_version(url)?;
+    let plan = df.into_optimized_plan()?;
+    let plan = plan_scans(lake, plan)?;
     let admission = Admission::any_org();
     let config = SessionConfig::new_with_ballista()
         .with_target_partitions(partitions()?)
         .with_batch_size(BATCH_ROWS)
         .with_information_schema(false)
-        .with_ballista_job_name(&tag)
+        .with_ballista_job_name(tag)
         .with_ballista_logical_extension_codec(Arc::new(LogicalCodec::new(
             Arc::new(BallistaLogicalExtensionCodec::default()),
             admission.clone(),
@@ -138,6 +144,14 @@ pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
         .with_config(config)
         .with_default_features()
         .build();
+    Ok((plan, state))
+}
+
+/// Runs the query on the cluster at `url` and streams its result back.
+pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
+    let (lake, df, log, tag, scans) = q.into_parts();
+    let fail = |e: &dyn std::fmt::Display| format!("{tag} query on Ballista {url}: {e}");
+    let (plan, state) = prepare(lake, df, url, &tag).map_err(|e| fail(&e))?;
     let stream = lake
         .rt
         .block_on(async {
@@ -150,6 +164,41 @@ pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
         "{tag} query runs on the Ballista cluster at {url}"
     ));
     Ok(Batches::new(lake, stream, tag))
+}
+
+/// Runs the query on the cluster at `url`, its result written as data
+/// files of `table` by the executors (file names starting with `prefix`),
+/// and returns the files, not committed.
+pub(crate) fn write_files(
+    q: Query<'_>,
+    url: &str,
+    table: &Table,
+    prefix: &str,
+) -> Result<Vec<DataFile>> {
+    let (lake, df, log, tag, scans) = q.into_parts();
+    let fail = |e: &dyn std::fmt::Display| format!("{tag} query on Ballista {url}: {e}");
+    let (plan, state) = prepare(lake, df, url, &tag).map_err(|e| fail(&e))?;
+    let spec = Arc::new(WriteSpec::new(&lake.name, table, prefix));
+    let node = WriteFilesNode::new(plan, spec).map_err(|e| fail(&e))?;
+    let plan = LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    });
+    let rows = lake
+        .rt
+        .block_on(async {
+            let ctx = SessionContext::remote_with_state(url, state).await?;
+            ctx.execute_logical_plan(plan).await?.collect().await
+        })
+        .map_err(|e| fail(&e))?;
+    crate::query::report(&log, &tag, &scans);
+    let files = data_files(table, &rows).map_err(|e| fail(&e))?;
+    let n: u64 = files.iter().map(DataFile::record_count).sum();
+    log.line(&format!(
+        "{tag} query ran on the Ballista cluster at {url}: its executors wrote {n} rows of {} in {} data files",
+        table.dataset(),
+        files.len()
+    ));
+    Ok(files)
 }
 
 #[cfg(test)]

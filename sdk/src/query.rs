@@ -185,6 +185,27 @@ impl<'a> Query<'a> {
         })
     }
 
+    /// Writes the query's result as data files of `table`, not yet
+    /// committed (for [`crate::commit`], which makes them one snapshot). On a
+    /// Ballista cluster the executors write them, each the part of the
+    /// result it computed, and the result never passes through the step;
+    /// here, [`crate::write_files`] writes them as the result streams.
+    pub fn write_files(self, ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<orca_lake::DataFile>> {
+        if let Some(url) = self.cluster()? {
+            crate::pins::declared(ctx, table.dataset(), false)?;
+            #[cfg(feature = "ballista")]
+            return crate::ballista::write_files(
+                self,
+                &url,
+                table,
+                &crate::tables::file_prefix(ctx),
+            );
+            #[cfg(not(feature = "ballista"))]
+            return Err(format!("{}: no Ballista client for {url}", self.tag).into());
+        }
+        crate::tables::write_files(ctx, table, self)
+    }
+
     /// Runs the query and returns every batch of its result.
     pub fn collect(self) -> Result<Vec<RecordBatch>> {
         self.stream()?.collect()

@@ -178,15 +178,7 @@ pub fn write_files<'a>(
 ) -> Result<Vec<DataFile>> {
     declared(ctx, table.dataset(), false)?;
     let batches = batches.into_batches()?;
-    let prefix = format!(
-        "orca-{}-{}-{}-{}-{}",
-        ctx.run
-            .map_or_else(|| "local".to_string(), |r| r.to_string()),
-        ctx.step,
-        ctx.partition.replace(['*', '/'], "all"),
-        ctx.attempt,
-        uuid::Uuid::new_v4().simple()
-    );
+    let prefix = file_prefix(ctx);
     let files = lake_table::write_data_files(ctx.io.tables.get()?, table, batches, prefix)?;
     let rows: u64 = files.iter().map(DataFile::record_count).sum();
     ctx.log(format!(
@@ -195,6 +187,20 @@ pub fn write_files<'a>(
         files.len()
     ));
     Ok(files)
+}
+
+/// The start of the names of the data files a step writes: unique to its
+/// run, step, partition and attempt, and to the call.
+pub(crate) fn file_prefix(ctx: &Ctx<'_>) -> String {
+    format!(
+        "orca-{}-{}-{}-{}-{}",
+        ctx.run
+            .map_or_else(|| "local".to_string(), |r| r.to_string()),
+        ctx.step,
+        ctx.partition.replace(['*', '/'], "all"),
+        ctx.attempt,
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// The summary properties a commit carries.

@@ -37,8 +37,10 @@ async fn a_step_s_sql_runs_on_a_ballista_cluster_over_the_snapshot_it_pinned() {
     let out = orca(&db, &["backfill", "probe_ballista", "2024-01..2024-02"]);
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        r.output()
     );
     let runs: Vec<(i64, String)> =
         sqlx::query_as("SELECT id, partitions[1] FROM orca.runs ORDER BY partitions[1]")
@@ -75,8 +77,12 @@ async fn a_step_s_sql_runs_on_a_ballista_cluster_over_the_snapshot_it_pinned() {
     );
     assert!(log.contains("scan of dist.events at snapshot"), "{log}");
     assert!(log.contains(": 4 of 8 data files"), "{log}");
+    assert!(
+        log.contains("its executors wrote 5 rows of dist.written in"),
+        "{log}"
+    );
     let jobs = cluster.jobs();
-    assert_eq!(jobs.len(), 2, "one job a month: {jobs:?}");
+    assert_eq!(jobs.len(), 4, "two jobs a month: {jobs:?}");
     for j in &jobs {
         let status = j["job_status"].as_str().unwrap_or_default().to_lowercase();
         assert!(

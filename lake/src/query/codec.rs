@@ -23,9 +23,42 @@ use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
 use super::exec::PinnedScan;
 use super::planned::{file_io, Admission, PlannedTable, ScanPayload, PLAN_FORMAT};
+use super::write::{WriteFilesExec, WriteFilesNode, WriteSpec};
 use super::PinnedTable;
 
 const MAGIC: &[u8] = b"ORCA";
+/// A write ([`WriteSpec`]) rather than a scan.
+const MAGIC_WRITE: &[u8] = b"ORCW";
+
+fn write_spec(spec: &WriteSpec, buf: &mut Vec<u8>) -> DFResult<()> {
+    buf.extend_from_slice(MAGIC_WRITE);
+    serde_json::to_writer(buf, spec).map_err(|e| {
+        DataFusionError::Internal(format!("encoding the write of {}: {e}", spec.dataset))
+    })
+}
+
+fn read_write_spec(buf: &[u8], admission: &Admission) -> Option<DFResult<Arc<WriteSpec>>> {
+    let body = buf.strip_prefix(MAGIC_WRITE)?;
+    Some(
+        serde_json::from_slice::<WriteSpec>(body)
+            .map_err(|e| {
+                DataFusionError::Plan(format!(
+                    "an Orca write this cluster cannot read ({e}): is it a cluster of the pipeline binary's Orca version (plan format {PLAN_FORMAT})?"
+                ))
+            })
+            .and_then(|w| admission.check_write(&w).map(|_| Arc::new(w)).map_err(DataFusionError::Plan)),
+    )
+}
+
+fn one_input<T: Clone>(inputs: &[T]) -> DFResult<T> {
+    match inputs {
+        [one] => Ok(one.clone()),
+        _ => Err(DataFusionError::Plan(format!(
+            "an Orca write takes one input, not {}",
+            inputs.len()
+        ))),
+    }
+}
 
 fn write(payload: &ScanPayload, buf: &mut Vec<u8>) -> DFResult<()> {
     buf.extend_from_slice(MAGIC);
@@ -68,11 +101,19 @@ impl LogicalExtensionCodec for LogicalCodec {
         inputs: &[LogicalPlan],
         ctx: &TaskContext,
     ) -> DFResult<Extension> {
-        self.inner.try_decode(buf, inputs, ctx)
+        match read_write_spec(buf, &self.admission) {
+            Some(spec) => Ok(Extension {
+                node: Arc::new(WriteFilesNode::new(one_input(inputs)?, spec?)?),
+            }),
+            None => self.inner.try_decode(buf, inputs, ctx),
+        }
     }
 
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> DFResult<()> {
-        self.inner.try_encode(node, buf)
+        match node.node.as_any().downcast_ref::<WriteFilesNode>() {
+            Some(w) => write_spec(&w.spec, buf),
+            None => self.inner.try_encode(node, buf),
+        }
     }
 
     fn try_decode_table_provider(
@@ -169,6 +210,9 @@ impl PhysicalExtensionCodec for PhysicalCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        if let Some(spec) = read_write_spec(buf, &self.admission) {
+            return Ok(Arc::new(WriteFilesExec::new(one_input(inputs)?, spec?)));
+        }
         let Some(p) = read(buf, &self.admission) else {
             return self.inner.try_decode(buf, inputs, ctx);
         };
@@ -189,6 +233,9 @@ impl PhysicalExtensionCodec for PhysicalCodec {
     }
 
     fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>) -> DFResult<()> {
+        if let Some(w) = node.as_any().downcast_ref::<WriteFilesExec>() {
+            return write_spec(w.spec(), buf);
+        }
         let Some(scan) = node.as_any().downcast_ref::<PinnedScan>() else {
             return self.inner.try_encode(node, buf);
         };
@@ -401,8 +448,7 @@ mod tests {
             .expect_err("another DataFusion")
             .to_string();
         assert!(
-            e.contains("planned by DataFusion 52.0.0")
-                && e.contains(datafusion::DATAFUSION_VERSION),
+            e.contains("made by DataFusion 52.0.0") && e.contains(datafusion::DATAFUSION_VERSION),
             "{e}"
         );
         p.datafusion = datafusion::DATAFUSION_VERSION.into();
@@ -450,5 +496,80 @@ mod tests {
             .expect("a PlannedTable");
         assert_eq!(back.payload().groups, planned.payload().groups);
         assert_eq!(back.payload().org, "acme");
+    }
+
+    fn write_spec(org: &str, location: &str) -> WriteSpec {
+        let meta = iceberg::spec::TableMetadataBuilder::new(
+            (*table_schema()).clone(),
+            iceberg::spec::UnboundPartitionSpec::builder().build(),
+            iceberg::spec::SortOrder::unsorted_order(),
+            location.to_string(),
+            iceberg::spec::FormatVersion::V2,
+            std::collections::HashMap::new(),
+        )
+        .expect("metadata")
+        .build()
+        .expect("metadata")
+        .metadata;
+        WriteSpec {
+            format: PLAN_FORMAT,
+            datafusion: datafusion::DATAFUSION_VERSION.to_string(),
+            org: org.to_string(),
+            dataset: "lake.out".into(),
+            metadata: meta,
+            prefix: "orca-1-totals-2024-01-1-x".into(),
+        }
+    }
+
+    #[test]
+    fn a_write_travels_to_executors_of_its_org_and_into_its_warehouse_only() {
+        let input = scan("acme", &["/w/acme/lake/raw/data/a.parquet"]);
+        let write = |org: &str, location: &str| -> Arc<dyn ExecutionPlan> {
+            Arc::new(WriteFilesExec::new(
+                input.clone(),
+                Arc::new(write_spec(org, location)),
+            ))
+        };
+        let mut buf = Vec::new();
+        codec(Admission::any_org())
+            .try_encode(write("acme", "/w/acme/lake/out"), &mut buf)
+            .expect("encode");
+        assert!(buf.starts_with(MAGIC_WRITE));
+        let back = codec(Admission::org("acme", "/w"))
+            .try_decode(&buf, std::slice::from_ref(&input), &TaskContext::default())
+            .expect("decode");
+        let back = back
+            .as_any()
+            .downcast_ref::<WriteFilesExec>()
+            .expect("a write");
+        assert_eq!(back.spec().prefix, "orca-1-totals-2024-01-1-x");
+        assert_eq!(back.spec().location(), "/w/acme/lake/out");
+        for (org, location, says) in [
+            (
+                "globex",
+                "/w/globex/lake/out",
+                "this cluster serves org acme; a query of org globex",
+            ),
+            (
+                "acme",
+                "/w/globex/lake/out",
+                "writes into /w/globex/lake/out/, outside the warehouse of org acme",
+            ),
+            (
+                "acme",
+                "/w/acme/../globex/out",
+                "outside the warehouse of org acme",
+            ),
+        ] {
+            let mut buf = Vec::new();
+            codec(Admission::any_org())
+                .try_encode(write(org, location), &mut buf)
+                .expect("encode");
+            let e = codec(Admission::org("acme", "/w"))
+                .try_decode(&buf, std::slice::from_ref(&input), &TaskContext::default())
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 }

@@ -31,6 +31,7 @@ use crate::scan::{self, ScanRequest, ScanStats};
 pub mod codec;
 mod exec;
 mod planned;
+pub mod write;
 
 use crate::{LakeError, Result};
 pub use exec::PinnedScan;

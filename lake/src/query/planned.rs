@@ -119,43 +119,63 @@ impl Admission {
         self.org.as_deref()
     }
 
-    /// Refuses a payload this cluster must not run, naming why.
-    pub fn check(&self, p: &ScanPayload) -> Result<(), String> {
-        if p.format != PLAN_FORMAT {
+    /// Refuses a write this cluster must not make: another version's,
+    /// another org's, or into a table outside the org's warehouse prefix.
+    pub fn check_write(&self, w: &super::write::WriteSpec) -> Result<(), String> {
+        self.check_version(&w.dataset, w.format, &w.datafusion)?;
+        self.check_org(&w.org, &w.dataset)?;
+        self.check_path(
+            &w.dataset,
+            "writes into",
+            &format!("{}/", w.location().trim_end_matches('/')),
+        )
+    }
+
+    fn check_version(&self, dataset: &str, format: u32, df: &str) -> Result<(), String> {
+        if format != PLAN_FORMAT {
             return Err(format!(
-                "the scan of {} is in plan format {}, and this cluster reads format {PLAN_FORMAT}: run a cluster of the pipeline binary's Orca version",
-                p.dataset, p.format
+                "the plan for {dataset} is in plan format {format}, and this cluster reads format {PLAN_FORMAT}: run a cluster of the pipeline binary's Orca version"
             ));
         }
-        if p.datafusion != datafusion::DATAFUSION_VERSION {
+        if df != datafusion::DATAFUSION_VERSION {
             return Err(format!(
-                "the scan of {} was planned by DataFusion {}, and this cluster runs DataFusion {}: run a cluster built with the pipeline binary's DataFusion",
-                p.dataset,
-                p.datafusion,
+                "the plan for {dataset} was made by DataFusion {df}, and this cluster runs DataFusion {}: run a cluster built with the pipeline binary's DataFusion",
                 datafusion::DATAFUSION_VERSION
             ));
         }
-        if let Some(org) = &self.org {
-            if &p.org != org {
-                return Err(format!(
-                    "this cluster serves org {org}; a query of org {} reading {} is refused",
-                    p.org, p.dataset
-                ));
-            }
+        Ok(())
+    }
+
+    fn check_org(&self, org: &str, dataset: &str) -> Result<(), String> {
+        match &self.org {
+            Some(ours) if ours != org => Err(format!(
+                "this cluster serves org {ours}; a query of org {org} reading {dataset} is refused"
+            )),
+            _ => Ok(()),
         }
-        if let Some(prefix) = &self.prefix {
-            let bare = |s: &str| s.strip_prefix("file://").unwrap_or(s).to_string();
-            let want = bare(prefix);
-            for f in p.files() {
-                let path = bare(f);
-                if !path.starts_with(&want) || path.split('/').any(|s| s == "..") {
-                    return Err(format!(
-                        "the scan of {} reads {f}, outside the warehouse of org {} ({prefix}): refused",
-                        p.dataset,
-                        self.org.as_deref().unwrap_or("?")
-                    ));
-                }
-            }
+    }
+
+    fn check_path(&self, dataset: &str, verb: &str, f: &str) -> Result<(), String> {
+        let Some(prefix) = &self.prefix else {
+            return Ok(());
+        };
+        let bare = |s: &str| s.strip_prefix("file://").unwrap_or(s).to_string();
+        let path = bare(f);
+        if !path.starts_with(&bare(prefix)) || path.split('/').any(|s| s == "..") {
+            return Err(format!(
+                "the plan for {dataset} {verb} {f}, outside the warehouse of org {} ({prefix}): refused",
+                self.org.as_deref().unwrap_or("?")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a payload this cluster must not run, naming why.
+    pub fn check(&self, p: &ScanPayload) -> Result<(), String> {
+        self.check_version(&p.dataset, p.format, &p.datafusion)?;
+        self.check_org(&p.org, &p.dataset)?;
+        for f in p.files() {
+            self.check_path(&p.dataset, "reads", f)?;
         }
         Ok(())
     }

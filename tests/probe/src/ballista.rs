@@ -4,7 +4,9 @@
 //! tasks to spread); `totals` runs a join and an aggregation over the
 //! month's snapshot on the runner's cluster (`ORCA_BALLISTA_URL`) into
 //! `dist.totals`, and the same query in its own process (`Query::local`)
-//! into `dist.totals_local`, for the test to compare. With `PROBE_HEAVY`
+//! into `dist.totals_local`, for the test to compare, and once more on the
+//! cluster with its result written as data files of `dist.written` by the
+//! executors, committed by the step. With `PROBE_HEAVY`
 //! set, `totals` also runs a self-join big enough to be caught mid-query
 //! (an executor is killed under it), into `dist.pairs`.
 
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use orca::arrow_array::{Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
-use orca::{append, ensure_table, Ctx, Month, Result, TableSpec, Transform};
+use orca::{append, commit, ensure_table, Ctx, Month, Result, TableSpec, Transform};
 
 const CARRIERS: [&str; 5] = ["AA", "B6", "DL", "UA", "WN"];
 const ROWS_PER_FILE: u64 = 25_000;
@@ -64,6 +66,20 @@ const PAIRS: &str = "SELECT a.month, a.carrier, count(*) AS pairs \
      FROM dist.events a JOIN dist.events b ON a.carrier = b.carrier AND a.delay = b.delay \
      WHERE a.month = $1 AND b.month = $1 GROUP BY a.month, a.carrier";
 
+fn written_spec() -> TableSpec {
+    let text = |n: &str| Field::new(n, DataType::Utf8, true);
+    let int = |n: &str| Field::new(n, DataType::Int64, true);
+    TableSpec::new(Schema::new(vec![
+        text("month"),
+        text("carrier"),
+        text("name"),
+        int("flights"),
+        int("delay"),
+        int("worst"),
+    ]))
+    .partition_by("month", Transform::Identity)
+}
+
 fn keep(ctx: &mut Ctx, dataset: &str, rows: Vec<RecordBatch>) -> Result<usize> {
     let schema = rows
         .first()
@@ -75,7 +91,7 @@ fn keep(ctx: &mut Ctx, dataset: &str, rows: Vec<RecordBatch>) -> Result<usize> {
     Ok(n)
 }
 
-#[orca::step(mapped, after = seed, retries = 2, reads = ["dist.events"], writes = ["dist.totals", "dist.totals_local", "dist.pairs"])]
+#[orca::step(mapped, after = seed, retries = 2, reads = ["dist.events"], writes = ["dist.totals", "dist.totals_local", "dist.written", "dist.pairs"])]
 fn totals(ctx: &mut Ctx, month: String) -> Result<usize> {
     // On the runner's cluster, its result streamed back into the table.
     let remote = ctx.sql(TOTALS, [month.as_str()])?.collect()?;
@@ -83,6 +99,13 @@ fn totals(ctx: &mut Ctx, month: String) -> Result<usize> {
     // The same in this process, over the same pinned snapshot.
     let local = ctx.sql(TOTALS, [month.as_str()])?.local().collect()?;
     keep(ctx, "dist.totals_local", local)?;
+    // Written as data files by the executors (partitioned by month), and
+    // committed by the step in one snapshot.
+    let written = ensure_table(ctx, "dist.written", written_spec())?;
+    let files = ctx
+        .sql(TOTALS, [month.as_str()])?
+        .write_files(ctx, &written)?;
+    commit(ctx, &written, files, vec![], "append")?;
     if std::env::var("PROBE_HEAVY").is_ok_and(|v| !v.is_empty()) {
         let pairs = ctx.sql(PAIRS, [month.as_str()])?.collect()?;
         keep(ctx, "dist.pairs", pairs)?;
