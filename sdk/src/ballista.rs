@@ -19,6 +19,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::DataFusionError;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use orca_lake::query::codec::{LogicalCodec, PhysicalCodec};
@@ -27,7 +28,6 @@ use orca_lake::query::{Admission, PinnedTable};
 use orca_lake::{DataFile, Lake, Table};
 
 use crate::error::Result;
-use crate::query::{Batches, Query, BATCH_ROWS};
 
 /// How many groups a table's files are split into (the first stage's
 /// tasks) and the partitions of later stages: the cluster's task slots are
@@ -91,7 +91,7 @@ fn partitions() -> Result<usize> {
 
 /// Replaces each pinned table of the plan by its planned scan: the file
 /// list the step's catalog gives for the scan's columns and filters.
-fn plan_scans(lake: &Lake, plan: LogicalPlan) -> Result<LogicalPlan> {
+fn plan_scans(lake: &Lake, plan: LogicalPlan, batch_rows: usize) -> Result<LogicalPlan> {
     let org = lake.name.clone();
     let planned = plan.transform_up(|node| {
         let LogicalPlan::TableScan(scan) = &node else {
@@ -106,7 +106,7 @@ fn plan_scans(lake: &Lake, plan: LogicalPlan) -> Result<LogicalPlan> {
         };
         let table = lake
             .rt
-            .block_on(pinned.plan_for(&org, scan.projection.as_ref(), &scan.filters, BATCH_ROWS))
+            .block_on(pinned.plan_for(&org, scan.projection.as_ref(), &scan.filters, batch_rows))
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let mut scan = scan.clone();
         scan.source = provider_as_source(Arc::new(table));
@@ -122,14 +122,15 @@ fn prepare(
     df: DataFrame,
     url: &str,
     tag: &str,
+    batch_rows: usize,
 ) -> Result<(LogicalPlan, SessionState)> {
     check_version(url)?;
     let plan = df.into_optimized_plan()?;
-    let plan = plan_scans(lake, plan)?;
+    let plan = plan_scans(lake, plan, batch_rows)?;
     let admission = Admission::any_org();
     let config = SessionConfig::new_with_ballista()
         .with_target_partitions(partitions()?)
-        .with_batch_size(BATCH_ROWS)
+        .with_batch_size(batch_rows)
         .with_information_schema(false)
         .with_ballista_job_name(tag)
         .with_ballista_logical_extension_codec(Arc::new(LogicalCodec::new(
@@ -147,11 +148,17 @@ fn prepare(
     Ok((plan, state))
 }
 
-/// Runs the query on the cluster at `url` and streams its result back.
-pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
-    let (lake, df, log, tag, scans) = q.into_parts();
+/// Runs a step's query (`df`, named `tag` on the cluster) on the cluster
+/// at `url` and streams its result back.
+pub(crate) fn stream(
+    lake: &Lake,
+    df: DataFrame,
+    url: &str,
+    tag: &str,
+    batch_rows: usize,
+) -> Result<SendableRecordBatchStream> {
     let fail = |e: &dyn std::fmt::Display| format!("{tag} query on Ballista {url}: {e}");
-    let (plan, state) = prepare(lake, df, url, &tag).map_err(|e| fail(&e))?;
+    let (plan, state) = prepare(lake, df, url, tag, batch_rows).map_err(|e| fail(&e))?;
     let stream = lake
         .rt
         .block_on(async {
@@ -159,25 +166,23 @@ pub(crate) fn stream<'a>(q: Query<'a>, url: &str) -> Result<Batches<'a>> {
             ctx.execute_logical_plan(plan).await?.execute_stream().await
         })
         .map_err(|e| fail(&e))?;
-    crate::query::report(&log, &tag, &scans);
-    log.line(&format!(
-        "{tag} query runs on the Ballista cluster at {url}"
-    ));
-    Ok(Batches::new(lake, stream, tag))
+    Ok(stream)
 }
 
-/// Runs the query on the cluster at `url`, its result written as data
+/// Runs a step's query on the cluster at `url`, its result written as data
 /// files of `table` by the executors (file names starting with `prefix`),
 /// and returns the files, not committed.
 pub(crate) fn write_files(
-    q: Query<'_>,
+    lake: &Lake,
+    df: DataFrame,
     url: &str,
+    tag: &str,
+    batch_rows: usize,
     table: &Table,
     prefix: &str,
 ) -> Result<Vec<DataFile>> {
-    let (lake, df, log, tag, scans) = q.into_parts();
     let fail = |e: &dyn std::fmt::Display| format!("{tag} query on Ballista {url}: {e}");
-    let (plan, state) = prepare(lake, df, url, &tag).map_err(|e| fail(&e))?;
+    let (plan, state) = prepare(lake, df, url, tag, batch_rows).map_err(|e| fail(&e))?;
     let spec = Arc::new(WriteSpec::new(&lake.name, table, prefix));
     let node = WriteFilesNode::new(plan, spec).map_err(|e| fail(&e))?;
     let plan = LogicalPlan::Extension(Extension {
@@ -190,15 +195,7 @@ pub(crate) fn write_files(
             ctx.execute_logical_plan(plan).await?.collect().await
         })
         .map_err(|e| fail(&e))?;
-    crate::query::report(&log, &tag, &scans);
-    let files = data_files(table, &rows).map_err(|e| fail(&e))?;
-    let n: u64 = files.iter().map(DataFile::record_count).sum();
-    log.line(&format!(
-        "{tag} query ran on the Ballista cluster at {url}: its executors wrote {n} rows of {} in {} data files",
-        table.dataset(),
-        files.len()
-    ));
-    Ok(files)
+    Ok(data_files(table, &rows).map_err(|e| fail(&e))?)
 }
 
 #[cfg(test)]

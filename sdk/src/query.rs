@@ -111,7 +111,7 @@ impl<'a> Query<'a> {
     }
 
     /// The cluster the query goes to, if any.
-    fn cluster(&self) -> Result<Option<String>> {
+    pub(crate) fn cluster(&self) -> Result<Option<String>> {
         let from_env = || {
             std::env::var(BALLISTA_URL_ENV)
                 .ok()
@@ -142,7 +142,6 @@ impl<'a> Query<'a> {
         Ok(None)
     }
 
-    #[cfg(feature = "ballista")]
     pub(crate) fn into_parts(self) -> (&'a Lake, DataFrame, LogSink, String, ScanLog) {
         (self.lake, self.df, self.log, self.tag, self.scans)
     }
@@ -167,10 +166,7 @@ impl<'a> Query<'a> {
     /// Runs the query and streams its result, a batch at a time.
     pub fn stream(self) -> Result<Batches<'a>> {
         if let Some(url) = self.cluster()? {
-            #[cfg(feature = "ballista")]
-            return crate::ballista::stream(self, &url);
-            #[cfg(not(feature = "ballista"))]
-            return Err(format!("{}: no Ballista client for {url}", self.tag).into());
+            return self.stream_on(&url);
         }
         let stream = self
             .lake
@@ -185,25 +181,20 @@ impl<'a> Query<'a> {
         })
     }
 
-    /// Writes the query's result as data files of `table`, not yet
-    /// committed (for [`crate::commit`], which makes them one snapshot). On a
-    /// Ballista cluster the executors write them, each the part of the
-    /// result it computed, and the result never passes through the step;
-    /// here, [`crate::write_files`] writes them as the result streams.
-    pub fn write_files(self, ctx: &mut Ctx<'_>, table: &Table) -> Result<Vec<orca_lake::DataFile>> {
-        if let Some(url) = self.cluster()? {
-            crate::pins::declared(ctx, table.dataset(), false)?;
-            #[cfg(feature = "ballista")]
-            return crate::ballista::write_files(
-                self,
-                &url,
-                table,
-                &crate::tables::file_prefix(ctx),
-            );
-            #[cfg(not(feature = "ballista"))]
-            return Err(format!("{}: no Ballista client for {url}", self.tag).into());
-        }
-        crate::tables::write_files(ctx, table, self)
+    #[cfg(feature = "ballista")]
+    fn stream_on(self, url: &str) -> Result<Batches<'a>> {
+        let (lake, df, log, tag, scans) = self.into_parts();
+        let stream = crate::ballista::stream(lake, df, url, &tag, BATCH_ROWS)?;
+        report(&log, &tag, &scans);
+        log.line(&format!(
+            "{tag} query runs on the Ballista cluster at {url}"
+        ));
+        Ok(Batches { lake, stream, tag })
+    }
+
+    #[cfg(not(feature = "ballista"))]
+    fn stream_on(self, url: &str) -> Result<Batches<'a>> {
+        Err(format!("{}: no Ballista client for {url}", self.tag).into())
     }
 
     /// Runs the query and returns every batch of its result.
@@ -231,17 +222,6 @@ pub struct Batches<'a> {
     tag: String,
 }
 
-impl<'a> Batches<'a> {
-    #[cfg(feature = "ballista")]
-    pub(crate) fn new(
-        lake: &'a Lake,
-        stream: SendableRecordBatchStream,
-        tag: String,
-    ) -> Batches<'a> {
-        Batches { lake, stream, tag }
-    }
-}
-
 impl Iterator for Batches<'_> {
     type Item = Result<RecordBatch>;
 
@@ -255,8 +235,15 @@ impl Iterator for Batches<'_> {
 
 /// Rows to append: batches in memory, a query, or a scan's or query's
 /// stream, read as they are written ([`crate::append`] takes any of them).
-pub trait IntoBatches<'a> {
+pub trait IntoBatches<'a>: Sized {
     fn into_batches(self) -> Result<BatchIter<'a>>;
+
+    /// A query to run on a cluster, with the cluster's URL: what
+    /// [`crate::write_files`] has the cluster's executors write. Anything
+    /// else comes back as it was.
+    fn on_cluster(self) -> Result<std::result::Result<(Query<'a>, String), Self>> {
+        Ok(Err(self))
+    }
 }
 
 /// Batches as [`IntoBatches`] hands them to a writer.
@@ -285,6 +272,13 @@ impl<'a> IntoBatches<'a> for Batches<'a> {
 impl<'a> IntoBatches<'a> for Query<'a> {
     fn into_batches(self) -> Result<BatchIter<'a>> {
         self.stream()?.into_batches()
+    }
+
+    fn on_cluster(self) -> Result<std::result::Result<(Query<'a>, String), Self>> {
+        match self.cluster()? {
+            Some(url) => Ok(Ok((self, url))),
+            None => Ok(Err(self)),
+        }
     }
 }
 

@@ -31,7 +31,9 @@ use crate::ctx::Ctx;
 use crate::error::Result;
 use crate::partitioning::Partitioning;
 use crate::pins::{declared, pinned};
-use crate::query::{IntoBatches, Scan};
+#[cfg(feature = "ballista")]
+use crate::query::{report, BATCH_ROWS};
+use crate::query::{IntoBatches, Query, Scan};
 
 /// Loads a table the step declared it reads or writes.
 pub fn table(ctx: &mut Ctx<'_>, dataset: &str) -> Result<Table> {
@@ -177,8 +179,11 @@ pub fn write_files<'a>(
     batches: impl IntoBatches<'a>,
 ) -> Result<Vec<DataFile>> {
     declared(ctx, table.dataset(), false)?;
-    let batches = batches.into_batches()?;
     let prefix = file_prefix(ctx);
+    let batches = match batches.on_cluster()? {
+        Ok((query, url)) => return write_on_cluster(table, query, &url, &prefix),
+        Err(b) => b.into_batches()?,
+    };
     let files = lake_table::write_data_files(ctx.io.tables.get()?, table, batches, prefix)?;
     let rows: u64 = files.iter().map(DataFile::record_count).sum();
     ctx.log(format!(
@@ -187,6 +192,38 @@ pub fn write_files<'a>(
         files.len()
     ));
     Ok(files)
+}
+
+/// A query's result written as the table's data files by the executors of
+/// the cluster it runs on: the rows never pass through the step.
+#[cfg(feature = "ballista")]
+fn write_on_cluster(
+    table: &Table,
+    query: Query<'_>,
+    url: &str,
+    prefix: &str,
+) -> Result<Vec<DataFile>> {
+    let (lake, df, log, tag, scans) = query.into_parts();
+    let files = crate::ballista::write_files(lake, df, url, &tag, BATCH_ROWS, table, prefix)?;
+    report(&log, &tag, &scans);
+    let rows: u64 = files.iter().map(DataFile::record_count).sum();
+    log.line(&format!(
+        "{tag} query ran on the Ballista cluster at {url}: its executors wrote {rows} rows of {} in {} data files",
+        table.dataset(),
+        files.len()
+    ));
+    Ok(files)
+}
+
+#[cfg(not(feature = "ballista"))]
+fn write_on_cluster(
+    _table: &Table,
+    query: Query<'_>,
+    url: &str,
+    _prefix: &str,
+) -> Result<Vec<DataFile>> {
+    let (_, _, _, tag, _) = query.into_parts();
+    Err(format!("{tag}: no Ballista client for {url}").into())
 }
 
 /// The start of the names of the data files a step writes: unique to its

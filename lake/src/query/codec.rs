@@ -46,7 +46,12 @@ fn read_write_spec(buf: &[u8], admission: &Admission) -> Option<DFResult<Arc<Wri
                     "an Orca write this cluster cannot read ({e}): is it a cluster of the pipeline binary's Orca version (plan format {PLAN_FORMAT})?"
                 ))
             })
-            .and_then(|w| admission.check_write(&w).map(|_| Arc::new(w)).map_err(DataFusionError::Plan)),
+            .and_then(|w| {
+                admission
+                    .check_write(&w.org, &w.dataset, w.format, &w.datafusion, w.location())
+                    .map(|_| Arc::new(w))
+                    .map_err(DataFusionError::Plan)
+            }),
     )
 }
 

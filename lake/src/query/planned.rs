@@ -121,13 +121,20 @@ impl Admission {
 
     /// Refuses a write this cluster must not make: another version's,
     /// another org's, or into a table outside the org's warehouse prefix.
-    pub fn check_write(&self, w: &super::write::WriteSpec) -> Result<(), String> {
-        self.check_version(&w.dataset, w.format, &w.datafusion)?;
-        self.check_org(&w.org, &w.dataset)?;
+    pub fn check_write(
+        &self,
+        org: &str,
+        dataset: &str,
+        format: u32,
+        df: &str,
+        location: &str,
+    ) -> Result<(), String> {
+        self.check_version(dataset, format, df)?;
+        self.check_org(org, dataset)?;
         self.check_path(
-            &w.dataset,
+            dataset,
             "writes into",
-            &format!("{}/", w.location().trim_end_matches('/')),
+            &format!("{}/", location.trim_end_matches('/')),
         )
     }
 

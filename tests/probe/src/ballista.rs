@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use orca::arrow_array::{Int64Array, RecordBatch, StringArray};
 use orca::arrow_schema::{DataType, Field, Schema};
-use orca::{append, commit, ensure_table, Ctx, Month, Result, TableSpec, Transform};
+use orca::{append, commit, ensure_table, write_files, Ctx, Month, Result, TableSpec, Transform};
 
 const CARRIERS: [&str; 5] = ["AA", "B6", "DL", "UA", "WN"];
 const ROWS_PER_FILE: u64 = 25_000;
@@ -102,9 +102,8 @@ fn totals(ctx: &mut Ctx, month: String) -> Result<usize> {
     // Written as data files by the executors (partitioned by month), and
     // committed by the step in one snapshot.
     let written = ensure_table(ctx, "dist.written", written_spec())?;
-    let files = ctx
-        .sql(TOTALS, [month.as_str()])?
-        .write_files(ctx, &written)?;
+    let query = ctx.sql(TOTALS, [month.as_str()])?;
+    let files = write_files(ctx, &written, query)?;
     commit(ctx, &written, files, vec![], "append")?;
     if std::env::var("PROBE_HEAVY").is_ok_and(|v| !v.is_empty()) {
         let pairs = ctx.sql(PAIRS, [month.as_str()])?.collect()?;
