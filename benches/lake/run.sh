@@ -112,7 +112,13 @@ start_ballista() {
     die "the Ballista executors did not register"
 }
 stop_ballista() {
-    [ "${#BALLISTA_PIDS[@]}" -gt 0 ] && kill "${BALLISTA_PIDS[@]}" 2>/dev/null || true
+    [ "${#BALLISTA_PIDS[@]}" -gt 0 ] || return 0
+    # The cluster's own peak memory (its processes outlive the steps).
+    for pid in "${BALLISTA_PIDS[@]}"; do
+        awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status" 2>/dev/null
+    done >"$WORK/logs/cluster/peaks" || true
+    kill "${BALLISTA_PIDS[@]}" 2>/dev/null || true
+    BALLISTA_PIDS=()
 }
 trap stop_ballista EXIT
 
@@ -193,4 +199,9 @@ if "ballista" in res and a:
     print(f"RATIO ballista / after (wall) = {bl['seconds'] / a['seconds']:.2f}")
     print(f"RATIO ballista / after (the steps' own work, summed) = {bl['steps'] / max(a['steps'], 0.001):.2f}")
     print(f"RATIO ballista / after (the step's peak) = {bl['peak'][2] / max(a['peak'][2], 1):.2f}")
+    try:
+        cluster = [int(x) for x in open(f"{work}/logs/cluster/peaks").read().split()]
+        print(f"ballista cluster peak MiB (scheduler, executors) = {cluster}")
+    except (OSError, ValueError):
+        pass
 PYEOF
