@@ -7,8 +7,9 @@
 //! [`crate::Ctx::sql`]), and plans each table's scan with the query's
 //! columns and filters. The plan it sends carries each table as that file
 //! list ([`orca_lake::query::PlannedTable`]): the cluster reads files, never
-//! the catalog or the control plane. Results stream back to the step, which
-//! appends or commits them as it would a local query's.
+//! the catalog or the control plane. Results stream back to the step, or
+//! the executors write them as a table's data files for the step to commit
+//! ([`crate::write_files`], [`crate::append`]).
 
 use std::sync::Arc;
 

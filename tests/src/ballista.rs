@@ -55,13 +55,26 @@ impl BallistaCluster {
             dir: dir.to_path_buf(),
         };
         for i in 0..executors {
-            let work = dir.join(format!("executor-{i}"));
-            std::fs::create_dir_all(&work).expect("work dir");
-            let child = spawn(
+            cluster.add_executor(i, &spawn);
+        }
+        cluster
+    }
+
+    /// Starts executor `i` and waits for it to register. Under load the
+    /// scheduler can call a new executor back before its gRPC server
+    /// listens; the executor then exits (Ballista 53 gives up on a failed
+    /// registration), and is started again on fresh ports, as a supervisor
+    /// would restart it.
+    fn add_executor(&mut self, i: usize, spawn: &dyn Fn(&[String], &str) -> Child) {
+        let work = self.dir.join(format!("executor-{i}"));
+        std::fs::create_dir_all(&work).expect("work dir");
+        let want = self.live_executors() + 1;
+        for attempt in 0..3 {
+            let mut child = spawn(
                 &[
                     "executor".into(),
                     "--scheduler".into(),
-                    format!("127.0.0.1:{port}"),
+                    format!("127.0.0.1:{}", self.port),
                     "--port".into(),
                     free_port().to_string(),
                     "--grpc-port".into(),
@@ -73,20 +86,23 @@ impl BallistaCluster {
                     "--work-dir".into(),
                     work.to_string_lossy().to_string(),
                 ],
-                &format!("executor-{i}.log"),
+                &format!("executor-{i}.{attempt}.log"),
             );
-            cluster.executors.push(Some(child));
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(30) {
+                if self.live_executors() >= want {
+                    self.executors.push(Some(child));
+                    return;
+                }
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        let t0 = Instant::now();
-        while cluster.live_executors() < executors {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "{executors} executors did not register: {}",
-                cluster.logs()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        cluster
+        panic!("executor {i} did not register: {}", self.logs());
     }
 
     /// `df://127.0.0.1:<port>`, what `ORCA_BALLISTA_URL` names.
