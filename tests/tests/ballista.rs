@@ -126,7 +126,7 @@ async fn an_executor_killed_mid_query_leaves_the_result_committed_once() {
         .fetch_one(&db.pool)
         .await
         .expect("run");
-    // The second job of the step is the self-join: once its scans are done
+    // The third job of the step is the self-join: once its scans are done
     // (two stages of four), its join runs on every slot of both executors;
     // kill one then.
     wait_until(
@@ -134,7 +134,9 @@ async fn an_executor_killed_mid_query_leaves_the_result_committed_once() {
         Duration::from_secs(300),
         || async {
             let jobs = cluster.jobs();
-            let joining = jobs.len() >= 2
+            // The step's jobs: its totals streamed back, written by the
+            // executors, then the self-join.
+            let joining = jobs.len() >= 3
                 && jobs.iter().any(|j| {
                     let s = j["job_status"].as_str().unwrap_or_default().to_lowercase();
                     s.contains("running") && j["completed_stages"].as_u64() >= Some(2)
@@ -169,13 +171,27 @@ async fn an_executor_killed_mid_query_leaves_the_result_committed_once() {
         .map_or(0, Vec::len);
     assert_eq!(rows, 5, "the result committed once: {got:?}");
     assert_eq!(got, expected_pairs(31));
-    // The scheduler saw the executor die and ran its tasks on the other;
-    // had the job failed instead, the step's retry would have run it again.
-    let logs = cluster.log("scheduler");
-    assert!(
-        logs.contains("heartbeat timed out") && logs.contains("Removing executor"),
-        "{logs}"
-    );
+    // The scheduler saw the executor die: it ran the lost tasks on the
+    // other executor (the stage re-run), or failed the job and the step's
+    // retry ran the query again. Either way the result is committed once.
+    wait_until(
+        "the scheduler to remove the dead executor",
+        Duration::from_secs(60),
+        || async {
+            cluster
+                .log("scheduler")
+                .contains("Removing executor")
+                .then_some(())
+        },
+        || cluster.logs(),
+    )
+    .await;
+    let how = if r.output().contains("failed, retrying") {
+        "the step retried"
+    } else {
+        "the cluster finished the query without it"
+    };
+    eprintln!("after the executor's death, {how}");
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM orca.attempts WHERE run_id = $1")
         .bind(run)
         .fetch_one(&db.pool)
