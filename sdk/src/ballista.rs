@@ -54,6 +54,11 @@ fn scheduler_address(url: &str) -> Result<String> {
 /// decode, or worse, decode differently. The scheduler says its version on
 /// `/api/version`.
 fn check_version(url: &str) -> Result<()> {
+    // Once per scheduler and process: a step may run many queries.
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if CHECKED.lock().is_ok_and(|c| c.iter().any(|u| u == url)) {
+        return Ok(());
+    }
     let addr = scheduler_address(url)?;
     let answer: serde_json::Value = ureq::get(&format!("http://{addr}/api/version"))
         .timeout(std::time::Duration::from_secs(10))
@@ -74,6 +79,9 @@ fn check_version(url: &str) -> Result<()> {
             datafusion::DATAFUSION_VERSION
         )
         .into());
+    }
+    if let Ok(mut c) = CHECKED.lock() {
+        c.push(url.to_string());
     }
     Ok(())
 }

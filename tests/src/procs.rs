@@ -512,3 +512,32 @@ pub async fn assert_pinned(db: &crate::TestDb, step: &str, dataset: &str, partit
     );
     assert!(pinned.iter().all(|(_, s)| s.is_some()), "{pinned:?}");
 }
+
+/// Starts a run of `pipeline` for `partition`, waits up to 300 s for it to
+/// fail, and returns its last attempt's error.
+pub async fn run_to_failure(
+    db: &crate::TestDb,
+    pipeline: &str,
+    partition: &str,
+    runner: &Runner,
+) -> String {
+    let run: i64 = sqlx::query_scalar("SELECT orca.run($1, $2)")
+        .bind(pipeline)
+        .bind(partition)
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    crate::wait_for_sql(
+        db,
+        "the run to fail",
+        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
+        std::time::Duration::from_secs(300),
+        || runner.output(),
+    )
+    .await;
+    sqlx::query_scalar("SELECT error FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1")
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the attempt's error")
+}

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use orca_tests::ballista::BallistaCluster;
-use orca_tests::procs::{assert_pinned, orca, pyiceberg, register, table_lines, wait_run, Runner};
+use orca_tests::procs::{
+    assert_pinned, orca, pyiceberg, register, run_to_failure, table_lines, wait_run, Runner,
+};
 use orca_tests::*;
 
 fn runner(
@@ -211,25 +213,7 @@ async fn a_cluster_serving_one_org_refuses_another_org_s_query() {
     let db = TestDb::new().await;
     register(&db, "probe_ballista");
     let r = runner(&db, &cluster, &wh, &dir, &[]);
-    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_ballista', '2024-01')")
-        .fetch_one(&db.pool)
-        .await
-        .expect("run");
-    wait_for_sql(
-        &db,
-        "the run to fail",
-        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
-        Duration::from_secs(300),
-        || r.output(),
-    )
-    .await;
-    let error: String = sqlx::query_scalar(
-        "SELECT error FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
-    )
-    .bind(run)
-    .fetch_one(&db.pool)
-    .await
-    .expect("the attempt's error");
+    let error = run_to_failure(&db, "probe_ballista", "2024-01", &r).await;
     assert!(
         error.contains(
             "this cluster serves org globex; a query of org default reading dist.events is refused"

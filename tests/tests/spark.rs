@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use orca_tests::procs::{assert_pinned, orca, register, table_lines, wait_run, Runner};
+use orca_tests::procs::{
+    assert_pinned, orca, register, run_to_failure, table_lines, wait_run, Runner,
+};
 use orca_tests::spark::SparkCluster;
 use orca_tests::*;
 
@@ -116,25 +118,7 @@ async fn a_failing_spark_application_fails_its_step_and_a_cancel_kills_it() {
         &dir,
         &[("PROBE_SPARK_FAIL", "1".into())],
     );
-    let run: i64 = sqlx::query_scalar("SELECT orca.run('probe_spark', '2024-01')")
-        .fetch_one(&db.pool)
-        .await
-        .expect("run");
-    wait_for_sql(
-        &db,
-        "the run to fail",
-        &format!("SELECT status = 'failed' FROM orca.runs WHERE id = {run}"),
-        Duration::from_secs(300),
-        || r.output(),
-    )
-    .await;
-    let error: String = sqlx::query_scalar(
-        "SELECT error FROM orca.attempts WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
-    )
-    .bind(run)
-    .fetch_one(&db.pool)
-    .await
-    .expect("the attempt's error");
+    let error = run_to_failure(&db, "probe_spark", "2024-01", &r).await;
     assert!(
         error.contains("the Spark application")
             && error.contains("probe: the Spark job was asked to fail"),
