@@ -26,7 +26,12 @@ AZ="${ORCA_TEST_AZURITE_DIR:-/var/tmp/orca-azurite}"
 AZURITE_VERSION=3.37.0
 SPARK_PY="${ORCA_TEST_SPARK_PYTHON:-/var/tmp/orca-spark/bin/python}"
 PYSPARK_VERSION=4.0.1
+FLINK_PY="${ORCA_TEST_FLINK_PYTHON:-/var/tmp/orca-flink/bin/python}"
+FLINK_VERSION=2.3.0
 has() { "$PY" -c "$1" 2>/dev/null; }
+flink_lib_present() {
+    compgen -G "$(dirname "$(dirname "$FLINK_PY")")/lib/python3*/site-packages/pyflink/lib/flink-dist-*.jar" >/dev/null
+}
 
 # 1. Debian packages. The server headers must match the installed server's
 #    version exactly, or apt upgrades the server itself.
@@ -41,8 +46,9 @@ packages=(libclang-dev clang)
 # dpkg-dev: dpkg-shlibdeps, for the packages test (scripts/package.sh).
 # buildah, skopeo, umoci, docker-registry: images built, pushed to a real
 # registry, read back and unpacked, without a Docker engine (scripts/image.sh).
-# openjdk-17-jre-headless: the Java the Spark test's master and worker run on.
-[ "$tests" = 1 ] && packages+=(chromium nats-server dpkg-dev buildah skopeo umoci docker-registry openjdk-17-jre-headless)
+# openjdk-17-jdk-headless: the Java the Spark and Flink tests' clusters run on,
+# and the javac and jar that build the Flink test's job.
+[ "$tests" = 1 ] && packages+=(chromium nats-server dpkg-dev buildah skopeo umoci docker-registry openjdk-17-jdk-headless)
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
@@ -64,6 +70,8 @@ if [ "$tests" = 1 ]; then
     [ -x "$AZ/node_modules/.bin/azurite-blob" ] || plan+=("azurite $AZURITE_VERSION (npm) into $AZ")
     "$SPARK_PY" -c 'import pyspark' 2>/dev/null ||
         plan+=("pyspark $PYSPARK_VERSION (Spark's jars, for the Spark test's cluster) into $(dirname "$(dirname "$SPARK_PY")")")
+    flink_lib_present ||
+        plan+=("apache-flink-libraries $FLINK_VERSION (Flink's jars, for the Flink test's cluster) into $(dirname "$(dirname "$FLINK_PY")")")
 fi
 if [ ${#plan[@]} -gt 0 ]; then
     say "setup will install:"
@@ -216,6 +224,14 @@ if [ "$tests" = 1 ]; then
         say "installing pyspark $PYSPARK_VERSION into $(dirname "$(dirname "$SPARK_PY")") (about a minute)"
         python3 -m venv "$(dirname "$(dirname "$SPARK_PY")")"
         "$SPARK_PY" -m pip install -q "pyspark==$PYSPARK_VERSION"
+    fi
+    # Flink's jars, from PyPI's apache-flink-libraries (330 MB; no scripts):
+    # the Flink test starts a JobManager and a TaskManager from them on
+    # Java 17. Only the jars are wanted, so not its Python dependencies.
+    if ! flink_lib_present; then
+        say "installing apache-flink-libraries $FLINK_VERSION into $(dirname "$(dirname "$FLINK_PY")") (about a minute)"
+        python3 -m venv "$(dirname "$(dirname "$FLINK_PY")")"
+        "$FLINK_PY" -m pip install -q --no-deps "apache-flink-libraries==$FLINK_VERSION"
     fi
     # redis-py, which the example Redis destination connector writes with.
     if ! "$PY" -c 'import redis' 2>/dev/null; then

@@ -109,7 +109,10 @@ GRANT EXECUTE ON FUNCTION
     orca.maintenance_task(uuid),
     orca.report_maintenance(uuid, jsonb),
     orca.add_tasks(uuid, text, text, text, integer, jsonb),
-    orca.task_results(uuid, text, text, bigint)
+    orca.task_results(uuid, text, text, bigint),
+    orca.attempt_state(uuid),
+    orca.resume_point(uuid, text, text),
+    orca.record_resume_point(uuid, text, text, text)
     TO orca_attempt;
 GRANT EXECUTE ON FUNCTION
     orca.claim(text, text, integer, text[]),

@@ -373,6 +373,48 @@ impl Control {
         })
     }
 
+    /// `orca.attempt_state`: `running`, `paused`, `cancelled` or `ended`.
+    pub fn attempt_state(&mut self, lease: LeaseToken) -> Result<String, ClientError> {
+        self.with_retry("orca.attempt_state", |c| {
+            c.query_one("SELECT orca.attempt_state($1)", &[&lease.0])?
+                .try_get(0)
+        })
+    }
+
+    /// `orca.resume_point`: where a (step, partition) resumes, if anywhere.
+    pub fn resume_point(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+    ) -> Result<Option<String>, ClientError> {
+        self.with_retry("orca.resume_point", |c| {
+            c.query_one(
+                "SELECT orca.resume_point($1, $2, $3)",
+                &[&lease.0, &step, &partition],
+            )?
+            .try_get(0)
+        })
+    }
+
+    /// `orca.record_resume_point` (`None` forgets it); false when a later
+    /// attempt recorded one since.
+    pub fn record_resume_point(
+        &mut self,
+        lease: LeaseToken,
+        step: &str,
+        partition: &str,
+        location: Option<&str>,
+    ) -> Result<bool, ClientError> {
+        self.with_retry("orca.record_resume_point", |c| {
+            c.query_one(
+                "SELECT orca.record_resume_point($1, $2, $3, $4)",
+                &[&lease.0, &step, &partition, &location],
+            )?
+            .try_get(0)
+        })
+    }
+
     /// `orca.record_commit`.
     #[allow(clippy::too_many_arguments)]
     pub fn record_commit(

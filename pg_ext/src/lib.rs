@@ -132,6 +132,11 @@ extension_sql_file!(
     name = "scaling",
     requires = ["tasks"]
 );
+extension_sql_file!(
+    "../../sql/resume.sql",
+    name = "resume",
+    requires = ["scaling"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

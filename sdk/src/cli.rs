@@ -103,6 +103,10 @@ pub fn main<P: Pipeline>() -> ! {
         };
         std::process::exit(code)
     }
+    // A Flink job's guard (orca::flink) stops the job when its step dies.
+    if let Ok(spec) = std::env::var(crate::flink::GUARD_ENV) {
+        std::process::exit(crate::flink::guard(&spec))
+    }
     let cli = Cli::parse();
     let binary = binary_path();
     let code = match run_cli::<P>(cli.cmd, &binary) {

@@ -31,6 +31,7 @@ mod cli;
 mod ctx;
 mod driver;
 mod error;
+pub mod flink;
 mod keys;
 mod manifest;
 mod partitioning;
@@ -53,7 +54,7 @@ pub use orca_macros::{pipeline, step, task};
 pub use pipeline::{Build, Fills, Params, Partitioning, Pipeline, Resources, StepInfo};
 pub use query::{Batches, IntoBatches, Query, Scan, SqlParams};
 pub use step::{AfterOr, Gather, Kind, Mapped, Previous, Step};
-pub use store::{MemStore, PgStore, Store, StoredState};
+pub use store::{AttemptState, MemStore, PgStore, Store, StoredState};
 pub use tables::{append, commit, ensure_table, files, scan, table, write_files, Table};
 pub use tasks::{Has, ObjectRef, Runtime, Task, TaskFailed, TaskInfo, TaskSet};
 

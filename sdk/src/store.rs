@@ -52,6 +52,50 @@ pub trait Store {
         commit_no: u32,
         operation: &str,
     ) -> Result<(), SdkError>;
+    /// What the control plane asks of this attempt now. An in-memory run
+    /// is never paused or cancelled from outside.
+    fn attempt_state(&mut self) -> Result<AttemptState, SdkError> {
+        Ok(AttemptState::Running)
+    }
+    /// Where a (step, partition)'s long-running work resumes, kept across
+    /// runs of the pipeline.
+    fn resume_point(&mut self, step: &str, partition: &str) -> Result<Option<String>, SdkError>;
+    /// Records (or, with `None`, forgets) where it resumes.
+    fn record_resume_point(
+        &mut self,
+        step: &str,
+        partition: &str,
+        location: Option<&str>,
+    ) -> Result<(), SdkError>;
+}
+
+/// What the control plane asks of a running attempt (`orca.attempt_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptState {
+    /// Go on.
+    Running,
+    /// The pipeline is paused: stop at a resume point and wait.
+    Paused,
+    /// The run was cancelled: stop.
+    Cancelled,
+    /// The lease is no longer live (lost, finished, handed back): stop.
+    Ended,
+}
+
+impl AttemptState {
+    fn parse(s: &str) -> Result<AttemptState, SdkError> {
+        Ok(match s {
+            "running" => AttemptState::Running,
+            "paused" => AttemptState::Paused,
+            "cancelled" => AttemptState::Cancelled,
+            "ended" => AttemptState::Ended,
+            other => {
+                return Err(SdkError::Control(format!(
+                    "orca.attempt_state said {other:?}, which this SDK does not know"
+                )))
+            }
+        })
+    }
 }
 
 fn key(step: &str, partition: &str) -> (String, String) {
@@ -65,6 +109,7 @@ pub struct MemStore {
     pub states: HashMap<(String, String), StoredState>,
     pub pins: HashMap<(String, String, String), Option<i64>>,
     pub commits: Vec<(String, String, String, i64, u32)>,
+    pub resume: HashMap<(String, String), String>,
 }
 
 impl Store for MemStore {
@@ -129,6 +174,23 @@ impl Store for MemStore {
             snapshot,
             commit_no,
         ));
+        Ok(())
+    }
+
+    fn resume_point(&mut self, step: &str, partition: &str) -> Result<Option<String>, SdkError> {
+        Ok(self.resume.get(&key(step, partition)).cloned())
+    }
+
+    fn record_resume_point(
+        &mut self,
+        step: &str,
+        partition: &str,
+        location: Option<&str>,
+    ) -> Result<(), SdkError> {
+        match location {
+            Some(l) => self.resume.insert(key(step, partition), l.to_string()),
+            None => self.resume.remove(&key(step, partition)),
+        };
         Ok(())
     }
 }
@@ -259,5 +321,24 @@ impl Store for PgStore {
         Ok(self.control.record_commit(
             self.lease, step, partition, dataset, snapshot, commit_no, operation,
         )?)
+    }
+
+    fn attempt_state(&mut self) -> Result<AttemptState, SdkError> {
+        AttemptState::parse(&self.control.attempt_state(self.lease)?)
+    }
+
+    fn resume_point(&mut self, step: &str, partition: &str) -> Result<Option<String>, SdkError> {
+        Ok(self.control.resume_point(self.lease, step, partition)?)
+    }
+
+    fn record_resume_point(
+        &mut self,
+        step: &str,
+        partition: &str,
+        location: Option<&str>,
+    ) -> Result<(), SdkError> {
+        self.control
+            .record_resume_point(self.lease, step, partition, location)?;
+        Ok(())
     }
 }

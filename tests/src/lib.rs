@@ -13,6 +13,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 pub mod ballista;
 pub mod cluster;
+pub mod flink;
 pub mod install;
 pub mod oci;
 pub mod orgs;

@@ -151,6 +151,17 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
         .execute(&mut c)
         .await
         .expect("a log line");
+    // Where the live attempt's step resumes (a savepoint in the org's own
+    // directory).
+    sqlx::query(
+        "SELECT orca.record_resume_point($1, 'one', $2, 'file:///sp/' || $3 || '/savepoint-1')",
+    )
+    .bind(leases[1].lease)
+    .bind(&leases[1].partitions[0])
+    .bind(org)
+    .execute(&mut c)
+    .await
+    .expect("record a resume point");
     // Tasks the live attempt fanned out: a batch the org's runner finished
     // (one task succeeded, one failed and waits for its retry in a batch of
     // its own), and a batch it holds.

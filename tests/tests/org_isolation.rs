@@ -95,6 +95,9 @@ const API: &[&str] = &[
     "set_webhook_enabled",
     "sync_lanes",
     "task_results",
+    "attempt_state",
+    "resume_point",
+    "record_resume_point",
     "tick",
     "unpause",
     "unschedule_maintenance",
@@ -415,6 +418,11 @@ async fn no_table_view_or_function_crosses_orgs() {
         format!("SELECT orca.report_maintenance('{g_lease}', '{{}}')"),
         format!("SELECT orca.add_tasks('{g_lease}', 'one', '2024-02', 'weigh', 3, '[1]')"),
         format!("SELECT * FROM orca.task_results('{g_lease}', 'one', '2024-02')"),
+        format!("SELECT orca.attempt_state('{g_lease}')"),
+        format!("SELECT orca.resume_point('{g_lease}', 'one', '2024-02')"),
+        format!(
+            "SELECT orca.record_resume_point('{g_lease}', 'one', '2024-02', 'file:///planted')"
+        ),
     ] {
         assert_eq!(code_of(&mut a, &sql).await, "OR012", "{sql}");
     }
