@@ -1181,6 +1181,42 @@ GRANT EXECUTE ON FUNCTION
     orca.finish_tasks(uuid, jsonb, text[], integer[])
     TO orca_runner;
 
+-- orca.explain (sql/explain.sql) decides with what orca.claim, orca.tick
+-- and the start of queued runs decide with: these helpers, which they now
+-- call too, and the commands each runner's last claim said it runs.
+ALTER TABLE orca.runners ADD COLUMN commands text[];
+
+CREATE FUNCTION orca._handed_back(p_run bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM orca.attempts x
+    WHERE x.run_id = p_run AND x.status = 'released'
+      AND x.finished_at > now() - interval '10 minutes'
+$$;
+
+CREATE FUNCTION orca._runner_live_since() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT now() - interval '5 minutes'
+$$;
+
+CREATE FUNCTION orca._max_runs_holders(p_pipeline bigint) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM orca.runs
+    WHERE pipeline_id = p_pipeline AND status = 'running' AND kind IN ('pipeline', 'sync')
+$$;
+
+CREATE FUNCTION orca._continuous_backoff(p_pipeline bigint, OUT failed integer,
+                                         OUT backoff_seconds integer)
+LANGUAGE sql STABLE AS $$
+    SELECT n::integer, least(600, 10 * (2 ^ greatest(n - 1, 0))::integer)
+    FROM (SELECT count(*) AS n FROM orca.runs r
+          WHERE r.pipeline_id = p_pipeline AND r.status = 'failed'
+            AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
+                                 WHERE x.pipeline_id = p_pipeline AND x.status <> 'failed'), 0)) f
+$$;
+
+REVOKE ALL ON FUNCTION orca._handed_back(bigint), orca._runner_live_since(),
+    orca._max_runs_holders(bigint), orca._continuous_backoff(bigint) FROM PUBLIC;
+
 -- sql/scaling.sql: the autoscaling signal.
 -- The autoscaling signal: the work each pool of the session's org has,
 -- waiting and running, counted from the tables orca.claim and
@@ -1205,7 +1241,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            WHERE l.org_id = o.id GROUP BY b.pool),
     ru AS (SELECT x.pool, count(*) AS n, sum(x.slots) AS slots
            FROM orca.runners x, o
-           WHERE x.org_id = o.id AND x.last_seen > now() - interval '5 minutes'
+           WHERE x.org_id = o.id AND x.last_seen > orca._runner_live_since()
            GROUP BY x.pool),
     -- Every pool the org uses shows, with zeros when it is idle: a scaler
     -- scales an idle pool to zero instead of failing on a missing row.
@@ -1596,11 +1632,14 @@ BEGIN
     -- then declines to update, and that lock would last the whole claim.
     IF NOT EXISTS (SELECT 1 FROM orca.runners rn
                    WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
+                     AND rn.commands IS NOT DISTINCT FROM claim.commands
                      AND rn.last_seen >= now() - interval '1 second') THEN
-        INSERT INTO orca.runners AS rn (org_id, name, pool)
-        VALUES (v_org, claim.runner, claim.pool)
-        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
-        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+        INSERT INTO orca.runners AS rn (org_id, name, pool, commands)
+        VALUES (v_org, claim.runner, claim.pool, claim.commands)
+        ON CONFLICT (org_id, name) DO UPDATE
+            SET last_seen = now(), pool = excluded.pool, commands = excluded.commands
+        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool
+           OR rn.commands IS DISTINCT FROM excluded.commands;
     END IF;
 
     -- The pick is a statement of its own, and every table below is reached
@@ -1876,3 +1915,347 @@ GRANT EXECUTE ON FUNCTION orca.attempt_state(uuid), orca.resume_point(uuid, text
     orca.record_resume_point(uuid, text, text, text)
     TO orca_attempt;
 GRANT SELECT ON orca.resume_points TO orca_viewer;
+
+CREATE OR REPLACE FUNCTION orca._start_queued(p_org bigint, p_pipeline bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max     integer;
+    v_paused  boolean;
+    v_running integer := 0;
+    v_ids     bigint[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM orca.runs
+                   WHERE pipeline_id = p_pipeline AND status = 'queued') THEN
+        RETURN 0;
+    END IF;
+    -- Serialises starts per pipeline so that concurrent calls respect max_runs.
+    SELECT max_runs, paused INTO v_max, v_paused
+    FROM orca.pipelines WHERE id = p_pipeline AND org_id = p_org FOR UPDATE;
+    IF v_paused THEN
+        RETURN 0;
+    END IF;
+    IF v_max IS NOT NULL THEN
+        v_running := cardinality(orca._max_runs_holders(p_pipeline));
+        IF v_running >= v_max THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    SELECT array_agg(id ORDER BY id) INTO v_ids
+    FROM (SELECT id FROM orca.runs
+          WHERE pipeline_id = p_pipeline AND status = 'queued'
+          ORDER BY id
+          LIMIT CASE WHEN v_max IS NULL THEN NULL ELSE v_max - v_running END) q;
+    RETURN orca._start_runs(v_ids);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('release', 'reason', octet_length(release.reason), 65536);
+    t     orca.runner_tokens := orca._runner_session();
+    v_org bigint := t.org_id;
+    a     orca.attempts;
+    v_why text := coalesce(release.reason, 'released by its runner');
+    v_recent integer;
+BEGIN
+    PERFORM orca._lease_holder(t, release.lease);
+    a := orca._leased_attempt(v_org, release.lease);
+    -- A run handed back again and again (an engine that asks for a new
+    -- attempt each time it starts, a runner restarting in a loop) would go
+    -- round with no pause and no end: past a bound the attempt fails, and
+    -- the run's retries (and a continuous sync's backoff) take over.
+    v_recent := orca._handed_back(a.run_id);
+    IF v_recent >= 10 THEN
+        PERFORM orca._attempt_ended(a.id, 'failed',
+            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));
+        RETURN;
+    END IF;
+    PERFORM orca._attempt_ended(a.id, 'released', v_why);
+END
+$$;
+COMMENT ON FUNCTION orca.release(uuid, text) IS
+'Hands a leased attempt back unfinished, for a runner that is shutting down or an engine that '
+'asks for a new attempt (a continuous sync meeting a new table shape): the run gets a new '
+'pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. A run '
+'handed back 10 times in 10 minutes is in a loop: the 11th attempt fails instead (its error '
+'says so), and the run''s retries decide. Errors: OR012/OR014/OR015 for the lease.';
+
+CREATE OR REPLACE FUNCTION orca._tick_continuous(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    c         record;
+    v_run     bigint;
+    v_failed  integer;
+    v_backoff integer;
+    n         integer := 0;
+BEGIN
+    FOR c IN
+        SELECT p.org_id, p.id AS pipeline_id, p.name, p.current_version,
+               last.status AS last_status, last.finished_at AS last_finished
+        FROM orca.syncs y
+        JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
+        LEFT JOIN LATERAL (SELECT r.status,
+                                  coalesce(r.finished_at, r.started_at, r.created_at) AS finished_at
+                           FROM orca.runs r
+                           WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
+        WHERE y.org_id = ANY (p_orgs)
+          AND (y.definition -> 'source' ->> 'continuous') = 'true'
+          AND NOT p.paused
+          AND last.status IN ('failed', 'succeeded')
+          AND NOT EXISTS (SELECT 1 FROM orca.runs r
+                          WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running'))
+        ORDER BY p.org_id, p.id
+        FOR UPDATE OF p SKIP LOCKED
+    LOOP
+        SELECT b.failed, b.backoff_seconds INTO v_failed, v_backoff
+        FROM orca._continuous_backoff(c.pipeline_id) b;
+        CONTINUE WHEN c.last_finished + make_interval(secs => v_backoff) > p_now;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
+        SELECT c.org_id, c.pipeline_id, v.id,
+               ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', p_now)],
+               'manual', v.run_retries, 'sync'
+        FROM orca.pipeline_versions v WHERE v.id = c.current_version
+        RETURNING id INTO v_run;
+        PERFORM orca._runs_created(c.org_id, c.pipeline_id, ARRAY[v_run]);
+        PERFORM orca._event(c.org_id, 'sync.restarted', c.pipeline_id, v_run, NULL,
+                            jsonb_build_object('sync', c.name, 'after', c.last_status,
+                                               'failed_runs', v_failed,
+                                               'backoff_seconds', v_backoff));
+        n := n + 1;
+    END LOOP;
+    RETURN jsonb_build_object('continuous_restarted', n);
+END
+$$;
+
+-- Why a run is not running or not finished (sql/explain.sql).
+CREATE FUNCTION orca.explain(run bigint)
+RETURNS TABLE (code text, message text, blocked_by jsonb, since timestamptz, until timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_org     bigint := orca.current_org_id();
+    r         orca.runs;
+    p         orca.pipelines;
+    a         orca.attempts;
+    l         orca.leases;
+    v_cmd     text;
+    v_holders bigint[];
+    v_ahead   bigint;
+    v_live    jsonb;
+    v_able    integer;
+    v_seen    timestamptz;
+    v_last    text;
+    v_n       integer;
+    v_at      timestamptz;
+    v_by      text;
+    b         record;
+    t         record;
+BEGIN
+    SELECT * INTO r FROM orca.runs x WHERE x.id = explain.run AND x.org_id = v_org;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown run %', coalesce(explain.run::text, 'NULL') USING ERRCODE = 'OR011';
+    END IF;
+    SELECT * INTO p FROM orca.pipelines x WHERE x.id = r.pipeline_id;
+    SELECT * INTO a FROM orca.attempts x WHERE x.run_id = r.id ORDER BY x.number DESC, x.id DESC LIMIT 1;
+    SELECT e.at, e.data->>'by' INTO v_at, v_by FROM orca.events e
+    WHERE e.org_id = v_org AND e.pipeline_id = p.id AND e.kind = 'pipeline.paused'
+    ORDER BY e.id DESC LIMIT 1;
+
+    -- History first: attempts lost (their lease lapsed and a tick handed the
+    -- run on) and handed back, which explain a run that keeps starting over.
+    FOR b IN SELECT x.number, x.runner, x.error, x.finished_at FROM orca.attempts x
+             WHERE x.run_id = r.id AND x.status = 'lost' ORDER BY x.number LOOP
+        RETURN QUERY SELECT 'lease_reclaimed',
+            format('attempt %s on runner %s was lost and handed on by orca.tick: %s',
+                   b.number, b.runner, b.error),
+            jsonb_build_object('attempt', b.number, 'runner', b.runner),
+            b.finished_at, NULL::timestamptz;
+    END LOOP;
+    v_n := orca._handed_back(r.id);
+    IF v_n >= 3 THEN
+        RETURN QUERY SELECT 'handed_back',
+            format('handed back %s times in the last 10 minutes (the 10th time in 10 minutes '
+                   'fails the next attempt): %s', v_n,
+                   (SELECT x.error FROM orca.attempts x WHERE x.run_id = r.id
+                      AND x.status = 'released' ORDER BY x.id DESC LIMIT 1)),
+            jsonb_build_object('times', v_n),
+            (SELECT min(x.finished_at) FROM orca.attempts x WHERE x.run_id = r.id
+               AND x.status = 'released' AND x.finished_at > now() - interval '10 minutes'),
+            NULL::timestamptz;
+    END IF;
+
+    IF r.status IN ('succeeded', 'failed', 'cancelled') THEN
+        RETURN QUERY SELECT 'finished',
+            format('run %s %s at %s%s', r.id, r.status, r.finished_at,
+                   CASE WHEN r.error IS NOT NULL THEN ': ' || r.error ELSE '' END),
+            NULL::jsonb, r.finished_at, NULL::timestamptz;
+        -- A continuous sync's run that ended gets a successor after a
+        -- backoff, unless the sync is paused or the run was cancelled.
+        IF r.kind = 'sync' AND r.status <> 'cancelled' AND NOT p.paused
+           AND EXISTS (SELECT 1 FROM orca.syncs y WHERE y.org_id = v_org AND y.name = p.name
+                         AND (y.definition -> 'source' ->> 'continuous') = 'true')
+           AND NOT EXISTS (SELECT 1 FROM orca.runs x WHERE x.pipeline_id = p.id AND x.id > r.id) THEN
+            SELECT * INTO b FROM orca._continuous_backoff(p.id);
+            RETURN QUERY SELECT 'restart_backoff',
+                format('continuous sync %s starts a new run after %s s (%s failed runs in a row) '
+                       'at the first orca.tick after %s',
+                       p.name, b.backoff_seconds, b.failed,
+                       coalesce(r.finished_at, r.created_at) + make_interval(secs => b.backoff_seconds)),
+                jsonb_build_object('failed_runs', b.failed, 'backoff_seconds', b.backoff_seconds),
+                coalesce(r.finished_at, r.created_at),
+                coalesce(r.finished_at, r.created_at) + make_interval(secs => b.backoff_seconds);
+        ELSIF p.paused AND r.kind = 'sync' THEN
+            RETURN QUERY SELECT 'paused',
+                format('sync %s is paused (by %s): orca.resume_sync starts it again', p.name,
+                       coalesce(v_by, 'someone')),
+                jsonb_build_object('by', v_by), v_at, NULL::timestamptz;
+        END IF;
+        RETURN;
+    END IF;
+
+    IF r.status = 'queued' THEN
+        IF p.paused THEN
+            RETURN QUERY SELECT 'paused',
+                format('pipeline %s is paused (by %s): its queued runs wait for orca.unpause',
+                       p.name, coalesce(v_by, 'someone')),
+                jsonb_build_object('by', v_by), v_at, NULL::timestamptz;
+        END IF;
+        v_holders := orca._max_runs_holders(p.id);
+        SELECT count(*) INTO v_ahead FROM orca.runs x
+        WHERE x.pipeline_id = p.id AND x.status = 'queued' AND x.id < r.id;
+        IF p.max_runs IS NOT NULL AND cardinality(v_holders) + v_ahead >= p.max_runs THEN
+            RETURN QUERY SELECT 'max_runs',
+                format('pipeline %s runs at most %s at a time: run%s %s hold%s the slot%s%s',
+                       p.name, p.max_runs,
+                       CASE WHEN cardinality(v_holders) = 1 THEN '' ELSE 's' END,
+                       array_to_string(v_holders, ', '),
+                       CASE WHEN cardinality(v_holders) = 1 THEN 's' ELSE '' END,
+                       CASE WHEN p.max_runs = 1 THEN '' ELSE 's' END,
+                       CASE WHEN v_ahead > 0 THEN format(', and %s queued run%s go%s first', v_ahead,
+                                                         CASE WHEN v_ahead = 1 THEN '' ELSE 's' END,
+                                                         CASE WHEN v_ahead = 1 THEN 'es' ELSE '' END)
+                            ELSE '' END),
+                jsonb_build_object('runs', to_jsonb(v_holders), 'queued_ahead', v_ahead,
+                                   'max_runs', p.max_runs),
+                greatest(r.created_at,
+                         (SELECT max(x.started_at) FROM orca.runs x WHERE x.id = ANY (v_holders))),
+                NULL::timestamptz;
+        ELSIF NOT p.paused THEN
+            RETURN QUERY SELECT 'starting',
+                'nothing holds it: the next orca.tick starts it'::text,
+                NULL::jsonb, r.created_at, NULL::timestamptz;
+        END IF;
+        RETURN;
+    END IF;
+
+    -- Running: what its newest attempt waits for.
+    IF a.status = 'pending' THEN
+        v_cmd := orca._command(r.kind);
+        SELECT count(*) INTO v_ahead FROM orca.queue q
+        WHERE q.org_id = v_org AND q.pool = a.pool AND q.attempt_id < a.id;
+        SELECT coalesce(jsonb_agg(jsonb_build_object('runner', x.name, 'commands', x.commands,
+                                                     'slots', x.slots, 'last_seen', x.last_seen)
+                                  ORDER BY x.name), '[]'),
+               count(*) FILTER (WHERE x.commands IS NULL OR v_cmd = ANY (x.commands))
+        INTO v_live, v_able
+        FROM orca.runners x
+        WHERE x.org_id = v_org AND x.pool = a.pool AND x.last_seen > orca._runner_live_since();
+        IF jsonb_array_length(v_live) = 0 THEN
+            SELECT x.last_seen, x.name INTO v_seen, v_last FROM orca.runners x
+            WHERE x.org_id = v_org AND x.pool = a.pool ORDER BY x.last_seen DESC LIMIT 1;
+            RETURN QUERY SELECT 'no_live_runner',
+                format('attempt %s waits in pool %s, which has no live runner (%s)', a.number,
+                       a.pool, CASE WHEN v_seen IS NULL THEN 'none was ever seen'
+                                    ELSE format('the last, %s, was seen at %s', v_last, v_seen) END),
+                jsonb_build_object('pool', a.pool, 'last_runner', v_last, 'last_seen', v_seen),
+                greatest(a.created_at, v_seen), NULL::timestamptz;
+        ELSIF v_able = 0 THEN
+            RETURN QUERY SELECT 'no_runner_for_command',
+                format('attempt %s needs a runner that runs %s, and no live runner of pool %s does '
+                       '(%s)%s', a.number, v_cmd, a.pool,
+                       (SELECT string_agg(format('%s runs %s', e->>'runner',
+                                                 coalesce(array_to_string(ARRAY(SELECT jsonb_array_elements_text(e->'commands')), ', '), 'everything')), '; ')
+                        FROM jsonb_array_elements(v_live) e),
+                       CASE WHEN v_cmd = 'sync' THEN ': a runner runs syncs with --store' ELSE '' END),
+                jsonb_build_object('pool', a.pool, 'command', v_cmd, 'runners', v_live),
+                a.created_at, NULL::timestamptz;
+        ELSE
+            RETURN QUERY SELECT 'waiting_for_runner',
+                format('attempt %s waits in pool %s behind %s older attempt%s; %s live runner%s '
+                       'with %s slot%s, %s attempt%s running there',
+                       a.number, a.pool, v_ahead, CASE WHEN v_ahead = 1 THEN '' ELSE 's' END,
+                       jsonb_array_length(v_live),
+                       CASE WHEN jsonb_array_length(v_live) = 1 THEN '' ELSE 's' END,
+                       coalesce((SELECT sum((e->>'slots')::integer) FROM jsonb_array_elements(v_live) e)::text, 'unknown'),
+                       CASE WHEN (SELECT sum((e->>'slots')::integer) FROM jsonb_array_elements(v_live) e) = 1
+                            THEN '' ELSE 's' END,
+                       (SELECT count(*) FROM orca.leases x JOIN orca.attempts y ON y.id = x.attempt_id
+                        WHERE x.org_id = v_org AND y.pool = a.pool),
+                       CASE WHEN (SELECT count(*) FROM orca.leases x JOIN orca.attempts y ON y.id = x.attempt_id
+                                  WHERE x.org_id = v_org AND y.pool = a.pool) = 1 THEN '' ELSE 's' END),
+                jsonb_build_object('pool', a.pool, 'ahead', v_ahead, 'runners', v_live),
+                a.created_at, NULL::timestamptz;
+        END IF;
+    ELSIF a.status = 'leased' THEN
+        SELECT * INTO l FROM orca.leases x WHERE x.attempt_id = a.id;
+        IF l.deadline < now() THEN
+            RETURN QUERY SELECT 'lease_lapsed',
+                format('attempt %s''s lease on runner %s lapsed at %s without a heartbeat: the next '
+                       'orca.tick hands the run on', a.number, l.runner, l.deadline),
+                jsonb_build_object('attempt', a.number, 'runner', l.runner),
+                l.deadline, NULL::timestamptz;
+        ELSE
+            RETURN QUERY SELECT 'running',
+                format('attempt %s runs on runner %s since %s (last heartbeat %s)', a.number,
+                       l.runner, a.leased_at, l.heartbeat_at),
+                jsonb_build_object('attempt', a.number, 'runner', l.runner),
+                a.leased_at, l.deadline;
+        END IF;
+        IF p.paused THEN
+            RETURN QUERY SELECT 'paused',
+                format('pipeline %s is paused (by %s): the running attempt goes on, and a step that '
+                       'follows a job elsewhere (orca::flink) stops it at a resume point and waits',
+                       p.name, coalesce(v_by, 'someone')),
+                jsonb_build_object('by', v_by), v_at, NULL::timestamptz;
+        END IF;
+        -- A driver waiting for its tasks: those queued, and retries in backoff.
+        IF r.has_tasks THEN
+            SELECT count(*) FILTER (WHERE x.status = 'queued') AS queued,
+                   count(*) FILTER (WHERE x.status = 'leased') AS leased,
+                   min(x.not_before) FILTER (WHERE x.status = 'queued' AND x.not_before > now()) AS backoff,
+                   min(x.pool) AS pool
+            INTO t FROM orca.task_batches x WHERE x.run_id = r.id;
+            IF t.queued > 0 OR t.leased > 0 THEN
+                RETURN QUERY SELECT 'waiting_for_tasks',
+                    format('its step waits for tasks: %s batch%s queued in pool %s, %s running%s',
+                           t.queued, CASE WHEN t.queued = 1 THEN '' ELSE 'es' END, t.pool, t.leased,
+                           CASE WHEN t.backoff IS NOT NULL
+                                THEN format('; retries wait for their backoff until %s', t.backoff)
+                                ELSE '' END),
+                    jsonb_build_object('queued_batches', t.queued, 'running_batches', t.leased,
+                                       'pool', t.pool),
+                    a.leased_at, t.backoff;
+            END IF;
+        END IF;
+    ELSIF r.kind = 'sense' THEN
+        -- A sensor's polling run stays running; its polls come and go.
+        RETURN QUERY SELECT 'sensing',
+            format('sensor %s polls for new snapshots of the datasets it watches; its last poll '
+                   '(attempt %s) ended %s at %s, and orca.tick queues the next when it is due',
+                   p.name, a.number, a.status, a.finished_at),
+            NULL::jsonb, a.finished_at, NULL::timestamptz;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION orca.explain(bigint) IS
+'Why a run of the session''s org is not running or not finished, as rows (code, message, '
+'blocked_by, since, until), from the same rows and helpers that orca.claim, orca.tick and the '
+'start of queued runs decide with. Codes: finished, restart_backoff, paused, max_runs, starting, '
+'no_live_runner, no_runner_for_command, waiting_for_runner, running, lease_lapsed, '
+'waiting_for_tasks, sensing, and the history lease_reclaimed and handed_back. Errors: OR011 unknown run. '
+'Example: SELECT code, message FROM orca.explain(42);';
+
+REVOKE ALL ON FUNCTION orca.explain(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.explain(bigint) TO orca_viewer;

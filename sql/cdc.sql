@@ -145,6 +145,19 @@ $$;
 -- succeeded one), doubling with each failed run in a row, at most 10
 -- minutes. A run
 -- cancelled by hand is left alone (orca.resume_sync starts it again).
+-- A continuous sync's failed runs in a row (since the last run that did not
+-- fail) and the backoff before its next run: _tick_continuous waits it out,
+-- orca.explain says until when.
+CREATE FUNCTION orca._continuous_backoff(p_pipeline bigint, OUT failed integer,
+                                         OUT backoff_seconds integer)
+LANGUAGE sql STABLE AS $$
+    SELECT n::integer, least(600, 10 * (2 ^ greatest(n - 1, 0))::integer)
+    FROM (SELECT count(*) AS n FROM orca.runs r
+          WHERE r.pipeline_id = p_pipeline AND r.status = 'failed'
+            AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
+                                 WHERE x.pipeline_id = p_pipeline AND x.status <> 'failed'), 0)) f
+$$;
+
 CREATE FUNCTION orca._tick_continuous(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -172,13 +185,8 @@ BEGIN
         ORDER BY p.org_id, p.id
         FOR UPDATE OF p SKIP LOCKED
     LOOP
-        -- Failed runs in a row: since the last run that did not fail.
-        SELECT count(*) INTO v_failed
-        FROM orca.runs r
-        WHERE r.pipeline_id = c.pipeline_id AND r.status = 'failed'
-          AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
-                               WHERE x.pipeline_id = c.pipeline_id AND x.status <> 'failed'), 0);
-        v_backoff := least(600, 10 * (2 ^ greatest(v_failed - 1, 0))::integer);
+        SELECT b.failed, b.backoff_seconds INTO v_failed, v_backoff
+        FROM orca._continuous_backoff(c.pipeline_id) b;
         CONTINUE WHEN c.last_finished + make_interval(secs => v_backoff) > p_now;
         INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries, kind)
         SELECT c.org_id, c.pipeline_id, v.id,

@@ -249,11 +249,14 @@ BEGIN
     -- then declines to update, and that lock would last the whole claim.
     IF NOT EXISTS (SELECT 1 FROM orca.runners rn
                    WHERE rn.org_id = v_org AND rn.name = claim.runner AND rn.pool = claim.pool
+                     AND rn.commands IS NOT DISTINCT FROM claim.commands
                      AND rn.last_seen >= now() - interval '1 second') THEN
-        INSERT INTO orca.runners AS rn (org_id, name, pool)
-        VALUES (v_org, claim.runner, claim.pool)
-        ON CONFLICT (org_id, name) DO UPDATE SET last_seen = now(), pool = excluded.pool
-        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool;
+        INSERT INTO orca.runners AS rn (org_id, name, pool, commands)
+        VALUES (v_org, claim.runner, claim.pool, claim.commands)
+        ON CONFLICT (org_id, name) DO UPDATE
+            SET last_seen = now(), pool = excluded.pool, commands = excluded.commands
+        WHERE rn.last_seen < now() - interval '1 second' OR rn.pool <> excluded.pool
+           OR rn.commands IS DISTINCT FROM excluded.commands;
     END IF;
 
     -- The pick is a statement of its own, and every table below is reached
@@ -513,6 +516,23 @@ COMMENT ON FUNCTION orca.finish_many(uuid[], boolean, text) IS
 'lease that is not active refuses the call (OR012/OR014/OR015) and nothing changes. Returns '
 'how many attempts it finished.';
 
+-- How many times a run was handed back in the last 10 minutes: at 10,
+-- orca.release fails the next one instead (a loop), and orca.explain warns.
+CREATE FUNCTION orca._handed_back(p_run bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM orca.attempts x
+    WHERE x.run_id = p_run AND x.status = 'released'
+      AND x.finished_at > now() - interval '10 minutes'
+$$;
+
+-- Runners seen since this are live: a runner claims every few seconds,
+-- so one not seen for five minutes is gone. orca.pool_load counts them,
+-- orca.explain names the pools that have none.
+CREATE FUNCTION orca._runner_live_since() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT now() - interval '5 minutes'
+$$;
+
 CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -530,9 +550,7 @@ BEGIN
     -- attempt each time it starts, a runner restarting in a loop) would go
     -- round with no pause and no end: past a bound the attempt fails, and
     -- the run's retries (and a continuous sync's backoff) take over.
-    SELECT count(*) INTO v_recent FROM orca.attempts x
-    WHERE x.run_id = a.run_id AND x.status = 'released'
-      AND x.finished_at > now() - interval '10 minutes';
+    v_recent := orca._handed_back(a.run_id);
     IF v_recent >= 10 THEN
         PERFORM orca._attempt_ended(a.id, 'failed',
             format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));

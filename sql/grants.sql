@@ -52,7 +52,7 @@ GRANT EXECUTE ON FUNCTION orca.current_org_id(), orca._may_use_org(bigint),
     TO orca_viewer, orca_runner, orca_attempt;
 GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(text),
     orca.key_status(text), orca.api_session(), orca.metrics(), orca.retention(),
-    orca.pool_load(), orca.pool_backlog(text, text)
+    orca.pool_load(), orca.pool_backlog(text, text), orca.explain(bigint)
     TO orca_viewer;
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),

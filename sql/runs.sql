@@ -124,6 +124,15 @@ BEGIN
 END
 $$;
 
+-- The runs that hold a pipeline's max_runs slots: its running pipeline and
+-- sync runs (a sensor's poll, a keys task and maintenance hold none).
+-- _start_queued decides with it, and orca.explain names them with it.
+CREATE FUNCTION orca._max_runs_holders(p_pipeline bigint) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM orca.runs
+    WHERE pipeline_id = p_pipeline AND status = 'running' AND kind IN ('pipeline', 'sync')
+$$;
+
 -- Starts the oldest queued runs of a pipeline that fit under its max_runs.
 CREATE FUNCTION orca._start_queued(p_org bigint, p_pipeline bigint) RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -144,8 +153,7 @@ BEGIN
         RETURN 0;
     END IF;
     IF v_max IS NOT NULL THEN
-        SELECT count(*) INTO v_running FROM orca.runs
-        WHERE pipeline_id = p_pipeline AND status = 'running' AND kind IN ('pipeline', 'sync');
+        v_running := cardinality(orca._max_runs_holders(p_pipeline));
         IF v_running >= v_max THEN
             RETURN 0;
         END IF;

@@ -21,7 +21,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            WHERE l.org_id = o.id GROUP BY b.pool),
     ru AS (SELECT x.pool, count(*) AS n, sum(x.slots) AS slots
            FROM orca.runners x, o
-           WHERE x.org_id = o.id AND x.last_seen > now() - interval '5 minutes'
+           WHERE x.org_id = o.id AND x.last_seen > orca._runner_live_since()
            GROUP BY x.pool),
     -- Every pool the org uses shows, with zeros when it is idle: a scaler
     -- scales an idle pool to zero instead of failing on a missing row.

@@ -340,6 +340,9 @@ CREATE TABLE orca.runners (
     slots       integer,
     first_seen  timestamptz NOT NULL DEFAULT now(),
     last_seen   timestamptz NOT NULL DEFAULT now(),
+    -- What its last claim said it runs (NULL: everything): orca.explain
+    -- names a pool whose live runners cannot run an attempt's command.
+    commands    text[],
     PRIMARY KEY (org_id, name)
 );
 COMMENT ON TABLE orca.runners IS 'Runners seen by orca.claim or orca.register_runner.';

@@ -18,6 +18,8 @@ pub enum Cell {
     /// Seconds, shown with one decimal.
     Secs(f64),
     List(Vec<String>),
+    /// A JSON value: nested in JSON, compact in a table.
+    Json(Value),
     None,
 }
 
@@ -30,6 +32,7 @@ impl Cell {
             Cell::Time(t) => Value::String(t.to_rfc3339()),
             Cell::Secs(s) => Value::from(*s),
             Cell::List(l) => Value::from(l.clone()),
+            Cell::Json(v) => v.clone(),
             Cell::None => Value::Null,
         }
     }
@@ -42,6 +45,7 @@ impl Cell {
             Cell::Time(t) => t.format("%Y-%m-%d %H:%M:%S").to_string(),
             Cell::Secs(s) => format!("{s:.1}s"),
             Cell::List(l) => l.join(","),
+            Cell::Json(v) => v.to_string(),
             Cell::None => "-".into(),
         }
     }

@@ -190,6 +190,12 @@ enum Cmd {
         /// Writer lanes.
         lanes: i32,
     },
+    /// Why a run is not running or not finished (orca.explain): what holds
+    /// it, who holds that, since when and until when.
+    Explain {
+        /// The run's id.
+        id: i64,
+    },
     /// Cancel a queued or running run.
     Cancel {
         /// The run's id.
@@ -518,6 +524,7 @@ fn main() {
             Cmd::SyncPause { name } => syncs::pause(&mut c, &name),
             Cmd::SyncResume { name } => syncs::resume(&mut c, &name),
             Cmd::SyncScale { name, lanes } => syncs::scale(&mut c, &name, lanes),
+            Cmd::Explain { id } => show::why(&mut c, id, json),
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Secrets { cmd } => match cmd {

@@ -1,4 +1,4 @@
-//! `orca runs`, `orca run <id>`, `orca fires`, `orca cancel`, `orca retry`.
+//! `orca runs`, `orca run <id>`, `orca explain <id>`, `orca fires`, `orca cancel`, `orca retry`.
 
 use std::path::Path;
 
@@ -189,6 +189,17 @@ pub fn run(c: &mut Client, id: i64, logs: &Path) -> anyhow::Result<i32> {
     );
     if let Some(e) = r.get::<_, Option<String>>(9) {
         println!("  error: {e}");
+    }
+
+    // Why it is where it is, as the scheduler decides (orca.explain).
+    let reasons = c
+        .query("SELECT code, message FROM orca.explain($1)", &[&id])
+        .map_err(explain)?;
+    if !reasons.is_empty() {
+        println!("\nwhy");
+        for w in &reasons {
+            println!("  {:<22} {}", w.get::<_, String>(0), w.get::<_, String>(1));
+        }
     }
 
     println!("\nsteps");
@@ -395,6 +406,34 @@ pub fn keys(
         out.push(vec![key.into(), done.into(), active.into()]);
     }
     out.print(json, "(no keys)");
+    Ok(0)
+}
+
+/// `orca explain <run>`: orca.explain's rows.
+pub fn why(c: &mut Client, id: i64, json: bool) -> anyhow::Result<i32> {
+    let rows = c
+        .query(
+            "SELECT code, message, blocked_by, since, until FROM orca.explain($1)",
+            &[&id],
+        )
+        .map_err(explain)?;
+    let mut out = Listing::new(&["code", "message", "blocked_by", "since", "until"]);
+    for r in &rows {
+        out.push(vec![
+            r.get::<_, String>(0).into(),
+            r.get::<_, String>(1).into(),
+            r.get::<_, Option<serde_json::Value>>(2)
+                .map(Cell::Json)
+                .unwrap_or(Cell::None),
+            r.get::<_, Option<DateTime<Utc>>>(3)
+                .map(Cell::Time)
+                .unwrap_or(Cell::None),
+            r.get::<_, Option<DateTime<Utc>>>(4)
+                .map(Cell::Time)
+                .unwrap_or(Cell::None),
+        ]);
+    }
+    out.print(json, "(nothing to explain)");
     Ok(0)
 }
 

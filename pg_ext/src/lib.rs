@@ -137,6 +137,11 @@ extension_sql_file!(
     name = "resume",
     requires = ["scaling"]
 );
+extension_sql_file!(
+    "../../sql/explain.sql",
+    name = "explain",
+    requires = ["resume"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

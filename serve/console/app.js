@@ -285,6 +285,7 @@ async function run(id) {
   const tasks = h("div", { id: "tasks" });
   const events = h("div", { id: "events" });
   const snapshots = h("div", { id: "snapshots" });
+  const why = h("div", { id: "why" });
   const head = h("p", { id: "run-head", "aria-live": "polite" });
   const log = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "log" });
   const buttons = h("p", {},
@@ -306,6 +307,10 @@ async function run(id) {
       ...(r.error ? [" ", h("span", { class: "error" }, r.error)] : []));
     document.getElementById("cancel").disabled = ["succeeded", "failed", "cancelled"].includes(r.status);
     document.getElementById("retry").disabled = !["failed", "cancelled"].includes(r.status);
+    // Why it is where it is (orca.explain): what holds it, since and until when.
+    why.replaceChildren(table(["code", "why", "since", "until"],
+      r.why.map((w) => [h("code", {}, w.code), w.message, when(w.since), when(w.until)]),
+    { label: "why", empty: "Nothing to explain." }));
     const steps = [...new Set(r.steps.map((s) => s.step))];
     const parts = [...new Set(r.steps.map((s) => s.partition))].sort();
     // How long each (step, partition) took, from its last step.running
@@ -354,7 +359,7 @@ async function run(id) {
     events.replaceChildren(table(["#id", "at", "kind", "data"], r.events.map((e) =>
       [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "events" }));
   };
-  page(`Run ${id}`, head, buttons, h("h2", {}, "Steps × partitions"), grid,
+  page(`Run ${id}`, head, buttons, h("h2", {}, "Why"), why, h("h2", {}, "Steps × partitions"), grid,
     h("h2", {}, "Tasks"), tasks, h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log,
     h("h2", {}, "Snapshots read, committed and sensed"), snapshots, h("h2", {}, "Events"), events);
   await draw();

@@ -584,10 +584,27 @@ pub struct RunSnapshot {
     pub at: DateTime<Utc>,
 }
 
+/// Why a run is where it is (`orca.explain`): what holds it, who holds
+/// that, since and until when.
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct Reason {
+    /// A stable code: finished, restart_backoff, paused, max_runs, starting,
+    /// no_live_runner, no_runner_for_command, waiting_for_runner, running,
+    /// lease_lapsed, waiting_for_tasks, sensing, lease_reclaimed, handed_back.
+    pub code: String,
+    pub message: String,
+    /// What blocks it: runs, runners, a pool, counts.
+    pub blocked_by: Option<serde_json::Value>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
+    /// Why it is not running or not finished (`orca.explain`).
+    pub why: Vec<Reason>,
     pub steps: Vec<StepState>,
     /// The tasks its steps fanned out, per (step, partition, task).
     pub tasks: Vec<TaskSummary>,
@@ -616,6 +633,12 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     .fetch_optional(&mut *s.tx)
     .await?
     .ok_or_else(|| ApiError::not_found(format!("no run {id} in org {}", s.who.org)))?;
+    let why = sqlx::query_as::<_, Reason>(
+        "SELECT code, message, blocked_by, since, until FROM orca.explain($1)",
+    )
+    .bind(id)
+    .fetch_all(&mut *s.tx)
+    .await?;
     let steps = sqlx::query_as::<_, StepState>(
         "SELECT step, partition, status, attempts, error, updated_at FROM orca.step_states \
          WHERE run_id = $1 ORDER BY step, partition",
@@ -674,6 +697,7 @@ async fn run(mut s: Session, PathOf(id): PathOf<i64>) -> Result<Json<RunDetail>,
     .await?;
     Ok(Json(RunDetail {
         run,
+        why,
         steps,
         tasks,
         task_failures,

@@ -46,6 +46,7 @@ const API: &[&str] = &[
     "drop_secret",
     "drop_sync",
     "drop_webhook",
+    "explain",
     "finish",
     "finish_many",
     "finish_tasks",
@@ -389,6 +390,10 @@ async fn no_table_view_or_function_crosses_orgs() {
     for r in &g_runs {
         assert_eq!(
             code_of(&mut a, &format!("SELECT orca.cancel({r})")).await,
+            "OR011"
+        );
+        assert_eq!(
+            code_of(&mut a, &format!("SELECT * FROM orca.explain({r})")).await,
             "OR011"
         );
     }

@@ -100,6 +100,8 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.backfill(text,text)", NoLeak, vec!["SELECT orca.backfill('globex_only', '2024-01')",
                                                  "SELECT orca.backfill('globex_keyed', '@all')"]),
         ("orca.cancel(bigint)", NoLeak, vec!["SELECT orca.cancel({B_RUN})"]),
+        ("orca.explain(bigint)", NoLeak, vec!["SELECT * FROM orca.explain({B_RUN})",
+                                            "SELECT * FROM orca.explain({B_FAILED})"]),
         ("orca.retry(bigint)", NoLeak, vec!["SELECT orca.retry({B_FAILED})"]),
         ("orca.pause(text)", NoLeak, vec!["SELECT orca.pause('globex_only')"]),
         ("orca.unpause(text)", NoLeak, vec!["SELECT orca.unpause('globex_only')"]),
