@@ -81,6 +81,7 @@ BEGIN
         PERFORM orca._event(r.org_id, 'run.succeeded', r.pipeline_id, r.id, a.id,
                             jsonb_build_object('attempts', r.attempts));
         PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
+        PERFORM orca._run_incident(r, 'succeeded', NULL);
         RETURN 'succeeded';
     END IF;
     IF p_outcome = 'failed' AND r.failures < r.run_retries THEN
@@ -106,6 +107,8 @@ BEGIN
     PERFORM orca._event(r.org_id, 'run.failed', r.pipeline_id, r.id, a.id,
                         jsonb_build_object('attempts', r.attempts, 'error', p_error));
     PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
+    -- Retries spent: an incident, and the org's playbooks for it.
+    PERFORM orca._run_incident(r, 'failed', (SELECT x.error FROM orca.runs x WHERE x.id = r.id));
     RETURN 'failed';
 END
 $$;
@@ -528,9 +531,9 @@ $$;
 -- Runners seen since this are live: a runner claims every few seconds,
 -- so one not seen for five minutes is gone. orca.pool_load counts them,
 -- orca.explain names the pools that have none.
-CREATE FUNCTION orca._runner_live_since() RETURNS timestamptz
+CREATE FUNCTION orca._runner_live_since(p_now timestamptz DEFAULT now()) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
-    SELECT now() - interval '5 minutes'
+    SELECT p_now - interval '5 minutes'
 $$;
 
 CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void

@@ -83,7 +83,10 @@ GRANT EXECUTE ON FUNCTION
     orca.drop_webhook(bigint),
     orca.set_secret(text, text),
     orca.drop_secret(text),
-    orca.tick(timestamptz)
+    orca.tick(timestamptz),
+    orca.create_playbook(text, text, jsonb),
+    orca.drop_playbook(bigint),
+    orca.resolve_incident(bigint, text)
     TO orca_operator;
 -- What an attempt's lease allows: the functions a pipeline binary or an
 -- engine calls. orca_attempt is what a runner's children log in with

@@ -473,14 +473,15 @@ COMMENT ON FUNCTION orca.cancel(bigint) IS
 'Cancels a queued or running run. A runner holding one of its leases gets OR015 on its next '
 'heartbeat and stops the attempt. Errors: OR011 unknown run, OR013 run already finished.';
 
-CREATE FUNCTION orca.retry(run bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- Queues a failed or cancelled run of an org again (orca.retry, and a
+-- retry_run playbook, whose `by` names it).
+CREATE FUNCTION orca._retry_run(p_org bigint, p_run bigint, p_by text) RETURNS bigint
+LANGUAGE plpgsql AS $$
 DECLARE
-    v_org bigint := orca.current_org_id();
     r orca.runs;
     v orca.pipeline_versions;
 BEGIN
-    r := orca._lock_run(v_org, retry.run);
+    r := orca._lock_run(p_org, p_run);
     IF r.status NOT IN ('failed', 'cancelled') THEN
         RAISE EXCEPTION 'run % is %', r.id, r.status
             USING ERRCODE = 'OR013',
@@ -496,15 +497,22 @@ BEGIN
     WHERE id = r.id;
     UPDATE orca.step_states SET status = 'pending', error = NULL, updated_at = now()
     WHERE run_id = r.id AND status <> 'succeeded';
-    PERFORM orca._event(v_org, 'run.retried', r.pipeline_id, r.id, NULL,
-                        jsonb_build_object('was', r.status, 'version_id', v.id, 'by', session_user));
+    PERFORM orca._event(p_org, 'run.retried', r.pipeline_id, r.id, NULL,
+                        jsonb_build_object('was', r.status, 'version_id', v.id, 'by', p_by));
     IF r.kind = 'keys' THEN
         -- A keys task has no steps: it reads keys again and takes no run slot.
         PERFORM orca._start_runs(ARRAY[r.id]);
     ELSE
-        PERFORM orca._runs_created(v_org, r.pipeline_id, ARRAY[r.id]);
+        PERFORM orca._runs_created(p_org, r.pipeline_id, ARRAY[r.id]);
     END IF;
     RETURN r.id;
+END
+$$;
+
+CREATE FUNCTION orca.retry(run bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN orca._retry_run(orca.current_org_id(), retry.run, session_user);
 END
 $$;
 COMMENT ON FUNCTION orca.retry(bigint) IS

@@ -393,7 +393,8 @@ BEGIN
         || orca._tick_maintenance(v_orgs, v_now)
         || orca._tick_queued(v_orgs)
         || orca._tick_prune(v_orgs, v_now)
-        || orca._tick_tasks(v_orgs, v_now);
+        || orca._tick_tasks(v_orgs, v_now)
+        || orca._tick_incidents(v_orgs, v_now);
 END
 $$;
 COMMENT ON FUNCTION orca.tick(timestamptz) IS
@@ -402,7 +403,8 @@ COMMENT ON FUNCTION orca.tick(timestamptz) IS
 'runs start within max_runs, sensors start runs for new snapshots and queue their polls, '
 'continuous syncs whose run ended get a new one after a backoff (orca._tick_continuous), due '
 'table maintenance schedules queue their runs (orca.schedule_maintenance), the tasks of '
-'task leases past their deadline are tried again (orca.claim_tasks), and '
+'task leases past their deadline are tried again (orca.claim_tasks), pools with work and no live '
+'runner open an incident (and close it when one is back), and '
 'history older than the orca.retain_* settings is pruned in batches (orca.retention()). '
 'Idempotent for the same now. The background worker calls it '
 'every orca.tick_ms; without it, call it from cron, a runner or a test. An admin who set no '

@@ -201,6 +201,10 @@ BEGIN
     PERFORM orca._event(v_org, CASE WHEN set_webhook_enabled.enabled THEN 'webhook.enabled'
                                     ELSE 'webhook.disabled' END, NULL, NULL, NULL,
         jsonb_build_object('webhook', w.id, 'by', session_user));
+    IF set_webhook_enabled.enabled THEN
+        PERFORM orca._incident_resolve(v_org, 'webhook_disabled:' || w.id,
+                                       format('enabled again by %s', session_user));
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION orca.set_webhook_enabled(bigint, boolean) IS
@@ -216,6 +220,8 @@ BEGIN
     DELETE FROM orca.webhooks WHERE id = w.id;
     PERFORM orca._event(v_org, 'webhook.dropped', NULL, NULL, NULL,
         jsonb_build_object('webhook', w.id, 'url', w.url, 'by', session_user));
+    PERFORM orca._incident_resolve(v_org, 'webhook_disabled:' || w.id,
+                                   format('dropped by %s', session_user));
 END
 $$;
 COMMENT ON FUNCTION orca.drop_webhook(bigint) IS
@@ -338,6 +344,10 @@ BEGIN
         PERFORM orca._event(w.org_id, 'webhook.disabled', NULL, NULL, NULL,
             jsonb_build_object('webhook', w.id, 'url', w.url, 'failing_since', w.failing_since,
                                'last_response', p_response, 'last_error', p_error));
+        PERFORM orca._incident_open(w.org_id, 'webhook_disabled', 'webhook_disabled:' || w.id,
+            jsonb_build_object('webhook', w.id, 'url', w.url, 'failing_since', w.failing_since),
+            format('webhook %s (%s) was disabled: failing since %s (last: %s)', w.id, w.url,
+                   w.failing_since, coalesce(p_response::text, p_error, 'no answer')));
     END IF;
 END
 $$;

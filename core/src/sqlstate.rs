@@ -96,6 +96,11 @@ sqlstates! {
     TASK_INDEX_GAP = "OR101": "tasks added with a gap in their numbering";
     UNKNOWN_POOL = "OR102": "`orca.pool_backlog` of a pool nothing in the org names";
     UNKNOWN_BACKLOG_KIND = "OR103": "`orca.pool_backlog` of a kind other than attempts or tasks";
+    BAD_RESUME_POINT = "OR104": "a resume point's location with control characters or a `..` segment";
+    BAD_PLAYBOOK = "OR105": "a playbook with an unknown incident kind or action, an action the kind cannot take, or bad options";
+    UNKNOWN_PLAYBOOK = "OR106": "unknown playbook (or another org's)";
+    UNKNOWN_INCIDENT = "OR107": "unknown incident (or another org's)";
+    INCIDENT_RESOLVED = "OR108": "the incident is already resolved";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

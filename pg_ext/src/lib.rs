@@ -142,6 +142,11 @@ extension_sql_file!(
     name = "explain",
     requires = ["resume"]
 );
+extension_sql_file!(
+    "../../sql/incidents.sql",
+    name = "incidents",
+    requires = ["explain"]
+);
 extension_sql_file!("../../sql/grants.sql", name = "grants", finalize);
 
 #[pg_guard]

@@ -113,6 +113,10 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
     )
     .await
     .expect("runner");
+    // A playbook, which the failed run's incident runs (it only opens).
+    c.execute("SELECT orca.create_playbook('run_failed', 'open_only')")
+        .await
+        .expect("playbook");
     let leases = claim(&mut c, &format!("{org}-runner"), 3).await;
     sqlx::query("SELECT orca.finish($1, false, 'failed on purpose')")
         .bind(leases[0].lease)

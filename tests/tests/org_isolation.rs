@@ -37,12 +37,14 @@ const API: &[&str] = &[
     "create_api_key",
     "create_org",
     "create_runner_token",
+    "create_playbook",
     "create_sync",
     "create_webhook",
     "current_org_id",
     "disallow",
     "discover",
     "discovery",
+    "drop_playbook",
     "drop_secret",
     "drop_sync",
     "drop_webhook",
@@ -79,6 +81,7 @@ const API: &[&str] = &[
     "report_maintenance",
     "report_snapshots",
     "report_step",
+    "resolve_incident",
     "resume_sync",
     "retention",
     "retry",
@@ -484,6 +487,31 @@ async fn no_table_view_or_function_crosses_orgs() {
              WHERE o.name = 'globex'",
         )
         .await;
+    // globex's playbook and incident: unknown to alice, as ones that do not exist.
+    let g_playbook = db
+        .scalar_i64(
+            "SELECT x.id FROM orca.playbooks x JOIN orca.orgs o ON o.id = x.org_id \
+             WHERE o.name = 'globex'",
+        )
+        .await;
+    let g_incident = db
+        .scalar_i64(
+            "SELECT x.id FROM orca.incidents x JOIN orca.orgs o ON o.id = x.org_id \
+             WHERE o.name = 'globex' AND x.resolved_at IS NULL",
+        )
+        .await;
+    assert_eq!(
+        code_of(&mut a, &format!("SELECT orca.drop_playbook({g_playbook})")).await,
+        "OR106"
+    );
+    assert_eq!(
+        code_of(
+            &mut a,
+            &format!("SELECT orca.resolve_incident({g_incident})")
+        )
+        .await,
+        "OR107"
+    );
     for sql in [
         format!("SELECT orca.drop_webhook({g_hook})"),
         format!("SELECT orca.rotate_webhook_secret({g_hook})"),

@@ -70,7 +70,7 @@ enum Expect {
 
 /// Every function an org-scoped principal may execute, by signature, with
 /// the calls it is tried with. {B_LEASE} (a lease forged around globex's
-/// attempt's id), {B_RUN}, {B_FAILED}, {B_HOOK}, {B_ORG} and {A_LEASE}
+/// attempt's id), {B_RUN}, {B_FAILED}, {B_HOOK}, {B_ORG}, {B_PLAYBOOK}, {B_INCIDENT} and {A_LEASE}
 /// are globex's and acme's.
 fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
     use Expect::*;
@@ -100,6 +100,11 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.backfill(text,text)", NoLeak, vec!["SELECT orca.backfill('globex_only', '2024-01')",
                                                  "SELECT orca.backfill('globex_keyed', '@all')"]),
         ("orca.cancel(bigint)", NoLeak, vec!["SELECT orca.cancel({B_RUN})"]),
+        ("orca.create_playbook(text,text,jsonb)", NoLeak,
+         vec!["SELECT orca.create_playbook('run_failed', 'open_only')"]),
+        ("orca.drop_playbook(bigint)", NoLeak, vec!["SELECT orca.drop_playbook({B_PLAYBOOK})"]),
+        ("orca.resolve_incident(bigint,text)", NoLeak,
+         vec!["SELECT orca.resolve_incident({B_INCIDENT}, 'planted')"]),
         ("orca.explain(bigint)", NoLeak, vec!["SELECT * FROM orca.explain({B_RUN})",
                                             "SELECT * FROM orca.explain({B_FAILED})"]),
         ("orca.retry(bigint)", NoLeak, vec!["SELECT orca.retry({B_FAILED})"]),
@@ -401,6 +406,18 @@ async fn no_object_an_org_can_reach_returns_or_changes_another_orgs() {
     // is the attempt's id, which a lease ends with; the calls take a lease
     // forged around it.
     let forged = forge(&b_lease);
+    let b_playbook: i64 = sqlx::query_scalar("SELECT id FROM orca.playbooks WHERE org_id = $1")
+        .bind(globex)
+        .fetch_one(&db.pool)
+        .await
+        .expect("globex's playbook");
+    let b_incident: i64 = sqlx::query_scalar(
+        "SELECT id FROM orca.incidents WHERE org_id = $1 AND resolved_at IS NULL LIMIT 1",
+    )
+    .bind(globex)
+    .fetch_one(&db.pool)
+    .await
+    .expect("globex's incident");
     // The same for the task batch globex's runner holds.
     let b_task_lease: uuid::Uuid = sqlx::query_scalar(
         "SELECT lease FROM orca.task_batches WHERE org_id = $1 AND status = 'leased'",
@@ -419,6 +436,8 @@ async fn no_object_an_org_can_reach_returns_or_changes_another_orgs() {
             .replace("{B_FAILED}", &b_failed.to_string())
             .replace("{B_HOOK}", &b_hook.to_string())
             .replace("{B_ORG}", &globex.to_string())
+            .replace("{B_PLAYBOOK}", &b_playbook.to_string())
+            .replace("{B_INCIDENT}", &b_incident.to_string())
     };
 
     // What any org-scoped role may execute, from the catalog: each needs
