@@ -196,6 +196,20 @@ enum Cmd {
         /// The run's id.
         id: i64,
     },
+    /// The org's incidents: the open ones, or with --all every one, newest first.
+    Incidents {
+        /// Resolved incidents too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Resolve an open incident by hand (orca.resolve_incident).
+    ResolveIncident {
+        /// The incident's id.
+        id: i64,
+        /// Why it is resolved.
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// Cancel a queued or running run.
     Cancel {
         /// The run's id.
@@ -525,6 +539,10 @@ fn main() {
             Cmd::SyncResume { name } => syncs::resume(&mut c, &name),
             Cmd::SyncScale { name, lanes } => syncs::scale(&mut c, &name, lanes),
             Cmd::Explain { id } => show::why(&mut c, id, json),
+            Cmd::Incidents { all } => show::incidents(&mut c, all, json),
+            Cmd::ResolveIncident { id, note } => {
+                show::resolve_incident(&mut c, id, note.as_deref())
+            }
             Cmd::Cancel { id } => show::cancel(&mut c, id),
             Cmd::Retry { id } => show::retry(&mut c, id),
             Cmd::Secrets { cmd } => match cmd {

@@ -1,4 +1,5 @@
-//! `orca runs`, `orca run <id>`, `orca explain <id>`, `orca fires`, `orca cancel`, `orca retry`.
+//! `orca runs`, `orca run <id>`, `orca explain <id>`, `orca incidents`, `orca fires`,
+//! `orca cancel`, `orca retry`.
 
 use std::path::Path;
 
@@ -434,6 +435,60 @@ pub fn why(c: &mut Client, id: i64, json: bool) -> anyhow::Result<i32> {
         ]);
     }
     out.print(json, "(nothing to explain)");
+    Ok(0)
+}
+
+/// `orca incidents`: the open incidents (or every one), newest first.
+pub fn incidents(c: &mut Client, all: bool, json: bool) -> anyhow::Result<i32> {
+    let rows = c
+        .query(
+            "SELECT id, kind, summary, opened_at, seen, resolved_at, resolution, actions
+             FROM orca.incidents WHERE $1 OR resolved_at IS NULL ORDER BY id DESC LIMIT 1000",
+            &[&all],
+        )
+        .map_err(explain)?;
+    let mut out = Listing::new(&[
+        "#incident",
+        "kind",
+        "summary",
+        "opened_at",
+        "#seen",
+        "resolved_at",
+        "resolution",
+        "actions",
+    ]);
+    for r in &rows {
+        out.push(vec![
+            Cell::Int(r.get(0)),
+            r.get::<_, String>(1).into(),
+            r.get::<_, String>(2).into(),
+            Cell::Time(r.get(3)),
+            Cell::Int(i64::from(r.get::<_, i32>(4))),
+            r.get::<_, Option<DateTime<Utc>>>(5)
+                .map(Cell::Time)
+                .unwrap_or(Cell::None),
+            r.get::<_, Option<String>>(6)
+                .map(Cell::Text)
+                .unwrap_or(Cell::None),
+            Cell::Json(r.get(7)),
+        ]);
+    }
+    out.print(
+        json,
+        if all {
+            "(no incidents)"
+        } else {
+            "(no open incidents)"
+        },
+    );
+    Ok(0)
+}
+
+/// `orca resolve-incident <id>`.
+pub fn resolve_incident(c: &mut Client, id: i64, note: Option<&str>) -> anyhow::Result<i32> {
+    c.execute("SELECT orca.resolve_incident($1, $2)", &[&id, &note])
+        .map_err(explain)?;
+    println!("resolved incident {id}");
     Ok(0)
 }
 

@@ -555,6 +555,69 @@ async function runners() {
     { label: "runners", empty: "No runners seen." }));
 }
 
+async function incidentsPage() {
+  const list = await get("/incidents?limit=200");
+  const row = (i) => [h("a", { href: `#/incidents/${i.id}` }, String(i.id)),
+    i.resolved_at ? status("resolved") : status("open"), i.kind, i.summary,
+    when(i.opened_at), String(i.seen), when(i.resolved_at), i.resolution || ""];
+  const cols = ["#incident", "state", "kind", "summary", "opened", "#seen", "resolved", "resolution"];
+  page("Incidents",
+    h("h2", {}, "Open"),
+    table(cols, list.filter((i) => !i.resolved_at).map(row), { label: "open incidents", empty: "No open incidents." }),
+    h("h2", {}, "Resolved"),
+    table(cols, list.filter((i) => i.resolved_at).map(row), { label: "resolved incidents", empty: "None resolved yet." }));
+}
+
+// An incident: what it is about, its timeline as bars of time from its
+// opening, what its playbooks did, and the datasets it may leave stale.
+async function incident(id) {
+  const x = await get(`/incidents/${id}`);
+  const start = new Date(x.opened_at).getTime();
+  const end = x.resolved_at ? new Date(x.resolved_at).getTime() : Date.now();
+  const span = Math.max(end - start, 1000);
+  const resolve = h("button", { type: "button", id: "resolve", disabled: Boolean(x.resolved_at), onclick: async () => {
+    try {
+      await api("POST", `/incidents/${id}/resolve`, { note: "resolved from the console" });
+      await incident(id);
+      await openIncidents();
+    } catch (e) { showError(e); }
+  } }, "Resolve");
+  const bar = h("div", { class: "timeline", role: "img",
+    "aria-label": `open ${Math.round(span / 1000)} s, ${x.timeline.length} events` },
+    x.timeline.map((e) => h("span", { class: `mark ${e.kind.replace(".", "-")}`,
+      title: `${when(e.at)} ${e.kind}`,
+      style: `left: ${Math.min(100, ((new Date(e.at).getTime() - start) / span) * 100).toFixed(1)}%` })));
+  page(`Incident ${id}`,
+    h("p", { id: "incident-head" }, x.resolved_at ? status("resolved") : status("open"), ` ${x.kind}: ${x.summary}`),
+    h("p", { class: "muted" }, `opened ${when(x.opened_at)}, seen ${x.seen} time(s), last ${when(x.last_seen_at)}`,
+      x.resolved_at ? `; resolved ${when(x.resolved_at)}: ${x.resolution}` : ""),
+    h("p", {}, resolve),
+    h("h2", {}, "Timeline"), bar,
+    table(["#event", "at", "kind", "data"], x.timeline.map((e) =>
+      [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "timeline" }),
+    h("h2", {}, "Playbooks"),
+    table(["#playbook", "action", "outcome", "at"], x.actions.map((a) =>
+      [String(a.playbook), a.action, a.outcome, when(a.at)]), { label: "playbook actions", empty: "No playbook ran: it only opened." }),
+    h("h2", {}, "Datasets it may leave stale"),
+    table(["dataset", "#depth"], x.affected.map((d) =>
+      [h("a", { href: `#/datasets/${encodeURIComponent(d.dataset)}` }, d.dataset), String(d.depth)]),
+    { label: "affected datasets", empty: "None: it is about no pipeline's output." }),
+    h("h2", {}, "Subject"), h("pre", {}, JSON.stringify(x.subject, null, 2)));
+}
+
+// The open incidents, on every page.
+async function openIncidents() {
+  const badge = document.getElementById("open-incidents");
+  try {
+    const open = await get("/incidents?open=true&limit=1000");
+    badge.hidden = open.length === 0;
+    badge.textContent = `${open.length} open incident${open.length === 1 ? "" : "s"}`;
+    badge.title = open.slice(0, 5).map((i) => `${i.kind}: ${i.summary}`).join("\n");
+  } catch (e) {
+    badge.hidden = true;
+  }
+}
+
 // --- routing ---------------------------------------------------------------------
 
 async function route() {
@@ -566,6 +629,7 @@ async function route() {
     const who = await get("/session");
     document.getElementById("who").textContent = `${who.org} · ${who.role} (${who.key})`;
     document.getElementById("logout").hidden = false;
+    openIncidents();
     if (section === "pipelines" && arg) await pipeline(arg);
     else if (section === "runs" && arg) await run(arg);
     else if (section === "runs") await runsPage();
@@ -575,6 +639,8 @@ async function route() {
     else if (section === "syncs") await syncs();
     else if (section === "runners") await runners();
     else if (section === "webhooks") await webhooks();
+    else if (section === "incidents" && arg) await incident(arg);
+    else if (section === "incidents") await incidentsPage();
     else await pipelines();
     main.focus();
   } catch (e) {

@@ -82,9 +82,14 @@ pub fn status_of(code: &str) -> StatusCode {
         || is(sqlstate::UNKNOWN_API_KEY)
         || is(sqlstate::UNKNOWN_RUNNER_TOKEN)
         || is(sqlstate::UNKNOWN_SECRET)
+        || is(sqlstate::UNKNOWN_INCIDENT)
     {
         StatusCode::NOT_FOUND
-    } else if is(sqlstate::RUN_STATE) || is(sqlstate::NAME_TAKEN) || is(sqlstate::DATASET_CYCLE) {
+    } else if is(sqlstate::RUN_STATE)
+        || is(sqlstate::NAME_TAKEN)
+        || is(sqlstate::DATASET_CYCLE)
+        || is(sqlstate::INCIDENT_RESOLVED)
+    {
         StatusCode::CONFLICT
     } else if code.starts_with("OR")
         || code.starts_with("22")

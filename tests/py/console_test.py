@@ -124,6 +124,24 @@ with sync_playwright() as p:
     expect(tries.locator(".st-failed").first).to_be_visible()
     shot(page, "webhooks")
 
+    # Incidents: the open one shows on every page; its page has its timeline,
+    # what it may leave stale, and a button that resolves it.
+    badge = page.locator("#open-incidents")
+    expect(badge).to_contain_text(re.compile(r"\d+ open incidents?"))
+    badge.click()
+    open_table = page.get_by_role("table", name="open incidents")
+    expect(open_table).to_contain_text("the disk is full")
+    open_table.get_by_role("row").filter(has_text="the disk is full").get_by_role("link").first.click()
+    expect(page.locator("#incident-head")).to_contain_text("run_failed")
+    expect(page.get_by_role("img", name=re.compile("events"))).to_be_visible()
+    expect(page.get_by_role("table", name="affected datasets")).to_contain_text("broken.out")
+    shot(page, "incident")
+    page.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#incident-head")).to_contain_text("resolved")
+    page.get_by_role("link", name="Incidents", exact=True).click()
+    expect(page.get_by_role("table", name="resolved incidents")).to_contain_text("the disk is full")
+    expect(page.get_by_role("table", name="open incidents")).not_to_contain_text("the disk is full")
+
     # Syncs: each stream with its mode and the delivery level it keeps.
     page.get_by_role("link", name="Syncs", exact=True).click()
     expect(page.get_by_role("table", name="syncs")).to_contain_text(re.compile(r"events \(\w+\): \w+_once"))

@@ -48,6 +48,25 @@ async fn a_user_drives_the_console_in_a_browser() {
         .fetch_one(&db.pool)
         .await
         .expect("a run that waits");
+    // An incident: a run whose only attempt failed, in a pool of its own,
+    // claimed and failed through SQL as a runner there would.
+    let mut broken = lake_manifest("broken");
+    broken["pool"] = json!("nowhere");
+    broken["run_retries"] = json!(0);
+    broken["steps"][0]["writes"] = json!(["broken.out"]);
+    sqlx::query("SELECT orca.register($1)")
+        .bind(&broken)
+        .execute(&db.pool)
+        .await
+        .expect("register broken");
+    sqlx::query(
+        "SELECT orca.run('broken', '2024-01'), \
+                (SELECT orca.finish(lease, false, 'the disk is full') \
+                 FROM orca.claim('sql-runner', 'nowhere', 1))",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a failed run");
     // A webhook endpoint with a failed and a delivered try, as a relay records them.
     let hook: i64 = sqlx::query_scalar(
         "SELECT (orca.create_webhook('https://hooks.example.com/orca', '{run.*}') ->> 'id')::bigint",
@@ -116,6 +135,7 @@ async fn a_user_drives_the_console_in_a_browser() {
         "cancelled",
         "datasets",
         "runners",
+        "incident",
     ] {
         let png = shots.join(format!("{page}.png"));
         let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);

@@ -219,3 +219,71 @@ async fn a_run_handed_back_again_and_again_says_how_close_it_is_to_the_loop_boun
     );
     assert_eq!(blocked.as_ref().expect("blocked_by")["times"], 4);
 }
+
+#[tokio::test]
+async fn the_cli_explains_a_run_and_lists_incidents() {
+    let db = TestDb::new().await;
+    let mut m = manifest("capped");
+    m["max_runs"] = json!(1);
+    m["run_retries"] = json!(0);
+    db.register(&m).await;
+    let first = run(&db, "capped", "2024-01").await;
+    let second = run(&db, "capped", "2024-02").await;
+    let out = orca_tests::procs::orca(&db, &["explain", &second.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("max_runs") && text.contains(&format!("run {first} holds")),
+        "{text}"
+    );
+    let out = orca_tests::procs::orca(&db, &["--json", "explain", &second.to_string()]);
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(rows[0]["code"], "max_runs", "{rows}");
+    assert_eq!(rows[0]["blocked_by"]["runs"], json!([first]), "{rows}");
+    // `orca run` shows the same under "why".
+    let out = orca_tests::procs::orca(&db, &["run", &second.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\nwhy\n") && text.contains("max_runs"),
+        "{text}"
+    );
+
+    // The first run fails for good: an incident, listed and resolved by the CLI.
+    let l = claim(&db.pool, "r1", 1).await.remove(0);
+    sqlx::query("SELECT orca.finish($1, false, 'out of disk')")
+        .bind(l.lease)
+        .execute(&db.pool)
+        .await
+        .expect("finish");
+    let out = orca_tests::procs::orca(&db, &["--json", "incidents"]);
+    let open: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(open.as_array().map(Vec::len), Some(1), "{open}");
+    assert_eq!(open[0]["kind"], "run_failed");
+    let id = open[0]["incident"].as_i64().expect("id");
+    let out = orca_tests::procs::orca(
+        &db,
+        &["resolve-incident", &id.to_string(), "--note", "disk added"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = orca_tests::procs::orca(&db, &["--json", "incidents"]);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).expect("json"),
+        json!([])
+    );
+    let out = orca_tests::procs::orca(&db, &["--json", "incidents", "--all"]);
+    let all: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        all[0]["resolution"]
+            .as_str()
+            .is_some_and(|r| r.ends_with(": disk added")),
+        "{all}"
+    );
+}

@@ -843,3 +843,137 @@ async fn syncs_are_paused_resumed_and_scaled_by_their_org_s_operators() {
     .expect("lanes");
     assert_eq!(lanes, 3, "globex's and the viewer's calls changed nothing");
 }
+
+#[tokio::test]
+async fn incidents_are_listed_shown_with_their_timeline_and_resolved_by_operators() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute("SELECT orca.create_org('acme'), orca.create_org('globex')")
+        .await
+        .expect("orgs");
+    let mut c = connect_org(&db, "postgres", "acme").await;
+    // A pipeline that writes lake.clean, read by a second one writing lake.gold.
+    for (name, reads, writes) in [
+        ("clean", json!([]), json!(["lake.clean"])),
+        ("gold", json!(["lake.clean"]), json!(["lake.gold"])),
+    ] {
+        sqlx::query("SELECT orca.register($1)")
+            .bind(json!({
+                "name": name,
+                "steps": [{"name": "work", "kind": "mapped", "reads": reads, "writes": writes}],
+                "partitions": {"monthly": "2024-01"},
+                "registry_hash": format!("hash-{name}"),
+                "binary": "/bin/true"
+            }))
+            .execute(&mut c)
+            .await
+            .expect("register");
+    }
+    c.execute("SELECT orca.create_playbook('run_failed', 'page')")
+        .await
+        .expect("playbook");
+    // gold's run records that it read lake.clean (lineage), then clean's fails.
+    let gold: i64 = sqlx::query_scalar("SELECT orca.run('gold', '2024-01')")
+        .fetch_one(&mut c)
+        .await
+        .expect("run");
+    let l = claim(&mut c, "r1", 1).await.remove(0);
+    assert_eq!(l.run, gold);
+    sqlx::query(
+        "SELECT orca.pin_read($1, 'work', '2024-01', 'lake.clean', 3), \
+                orca.record_commit($1, 'work', '2024-01', 'lake.gold', 4, 1), orca.finish($1, true)",
+    )
+    .bind(l.lease)
+    .execute(&mut c)
+    .await
+    .expect("gold");
+    let clean: i64 = sqlx::query_scalar("SELECT orca.run('clean', '2024-01')")
+        .fetch_one(&mut c)
+        .await
+        .expect("run");
+    let l = claim(&mut c, "r1", 1).await.remove(0);
+    assert_eq!(l.run, clean);
+    sqlx::query("SELECT orca.finish($1, false, 'the source is gone')")
+        .bind(l.lease)
+        .execute(&mut c)
+        .await
+        .expect("fail");
+    let viewer = api_key(&db, "acme", "dashboard", "viewer").await;
+    let operator = api_key(&db, "acme", "deployer", "operator").await;
+    let other = api_key(&db, "globex", "theirs", "admin").await;
+    let server = serve(&db).await;
+
+    let (st, open) = get(&server.base, "/incidents?open=true", Some(&viewer)).await;
+    assert_eq!(st, 200, "{open}");
+    assert_eq!(open.as_array().map(Vec::len), Some(1), "{open}");
+    let id = open[0]["id"].as_i64().expect("id");
+    assert_eq!(open[0]["kind"], "run_failed");
+    assert!(
+        open[0]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("the source is gone")),
+        "{open}"
+    );
+    let (st, x) = get(&server.base, &format!("/incidents/{id}"), Some(&viewer)).await;
+    assert_eq!(st, 200, "{x}");
+    let kinds: Vec<&str> = x["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["incident.opened", "incident.page", "incident.action"],
+        "{x}"
+    );
+    let affected: Vec<(&str, i64)> = x["affected"]
+        .as_array()
+        .expect("affected")
+        .iter()
+        .map(|a| {
+            (
+                a["dataset"].as_str().unwrap_or(""),
+                a["depth"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(affected, [("lake.clean", 0), ("lake.gold", 1)], "{x}");
+    // Another org sees none of it.
+    let (st, _) = get(&server.base, &format!("/incidents/{id}"), Some(&other)).await;
+    assert_eq!(st, 404);
+    let (_, theirs) = get(&server.base, "/incidents", Some(&other)).await;
+    assert_eq!(theirs, json!([]));
+    // Viewers cannot resolve it; operators can, once.
+    let (st, _) = post(
+        &server.base,
+        &format!("/incidents/{id}/resolve"),
+        &viewer,
+        json!({}),
+    )
+    .await;
+    assert_eq!(st, 403);
+    let (st, done) = post(
+        &server.base,
+        &format!("/incidents/{id}/resolve"),
+        &operator,
+        json!({"note": "source restored"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{done}");
+    assert!(
+        done["resolution"]
+            .as_str()
+            .is_some_and(|r| r.ends_with(": source restored")),
+        "{done}"
+    );
+    let (st, again) = post(
+        &server.base,
+        &format!("/incidents/{id}/resolve"),
+        &operator,
+        json!({}),
+    )
+    .await;
+    assert_eq!(st, 409, "{again}");
+    assert_eq!(again["error"]["code"], "OR108", "{again}");
+}

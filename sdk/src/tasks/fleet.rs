@@ -20,6 +20,9 @@ const BATCH_MAX: usize = 500;
 /// anyway: from the first wait up to the last, doubling.
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(250);
+/// How long without a new result before the driver reads every result again
+/// (a batch can commit below the seq it has read).
+const REREAD_AFTER: Duration = Duration::from_secs(2);
 
 pub(crate) struct Fleet {
     control: Control,
@@ -109,11 +112,25 @@ impl Fleet {
     ) -> Result<Vec<(String, u32, Result<Value, String>, u32)>, Error> {
         self.flush()?;
         let mut pause = POLL_FIRST;
+        let mut last_new = std::time::Instant::now();
         while !indexes.iter().all(|i| self.results.contains_key(i)) {
-            let got = self
+            // Batches finishing at once take their seqs in one order and may
+            // commit in the other: a batch that committed after a higher seq
+            // was read is below `seq`. Waiting a while for nothing, the
+            // driver reads everything again and keeps what it lacked.
+            let from = if last_new.elapsed() >= REREAD_AFTER {
+                last_new = std::time::Instant::now();
+                0
+            } else {
+                self.seq
+            };
+            let got: Vec<_> = self
                 .control
-                .task_results(self.lease, &self.step, &self.partition, self.seq)
-                .map_err(SdkError::from)?;
+                .task_results(self.lease, &self.step, &self.partition, from)
+                .map_err(SdkError::from)?
+                .into_iter()
+                .filter(|r| from == self.seq || !self.results.contains_key(&r.index))
+                .collect();
             if got.is_empty() {
                 // A finished batch of this run (or another) notifies; the
                 // wait is also the fallback poll's pause.
@@ -127,6 +144,7 @@ impl Fleet {
                 continue;
             }
             pause = POLL_FIRST;
+            last_new = std::time::Instant::now();
             for r in got {
                 self.seq = self.seq.max(r.seq);
                 self.results.insert(r.index, (r.outcome, r.tries));

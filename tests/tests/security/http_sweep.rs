@@ -13,7 +13,7 @@ use super::*;
 
 /// Each operation ("METHOD /path" as the document writes it) with the calls
 /// it is tried with: a path (with its query) and a body. {B_RUN},
-/// {B_FAILED}, {B_HOOK} and {KEY} (the caller's own key) are filled in.
+/// {B_FAILED}, {B_HOOK}, {B_INCIDENT} and {KEY} (the caller's own key) are filled in.
 fn http_cases() -> BTreeMap<&'static str, Vec<(&'static str, Option<Value>)>> {
     let partitions = || Some(json!({"partitions": "2024-01"}));
     [
@@ -100,6 +100,24 @@ fn http_cases() -> BTreeMap<&'static str, Vec<(&'static str, Option<Value>)>> {
             vec![("/webhooks/{B_HOOK}/deliveries", None)],
         ),
         ("GET /metrics", vec![("/metrics", None)]),
+        (
+            "GET /incidents",
+            vec![
+                ("/incidents", None),
+                ("/incidents?open=true&limit=10", None),
+            ],
+        ),
+        (
+            "GET /incidents/{id}",
+            vec![("/incidents/{B_INCIDENT}", None)],
+        ),
+        (
+            "POST /incidents/{id}/resolve",
+            vec![(
+                "/incidents/{B_INCIDENT}/resolve",
+                Some(json!({"note": "planted"})),
+            )],
+        ),
     ]
     .into_iter()
     .collect()
@@ -123,6 +141,11 @@ async fn no_operation_of_the_http_api_returns_or_changes_another_orgs() {
     let b_hook = db
         .scalar_i64(&format!(
             "SELECT id FROM orca.webhooks WHERE org_id = {globex}"
+        ))
+        .await;
+    let b_incident = db
+        .scalar_i64(&format!(
+            "SELECT id FROM orca.incidents WHERE org_id = {globex} AND resolved_at IS NULL LIMIT 1"
         ))
         .await;
     let markers = [
@@ -193,7 +216,8 @@ async fn no_operation_of_the_http_api_returns_or_changes_another_orgs() {
                 let path = path
                     .replace("{B_RUN}", &b_runs[0].to_string())
                     .replace("{B_FAILED}", &b_failed.to_string())
-                    .replace("{B_HOOK}", &b_hook.to_string());
+                    .replace("{B_HOOK}", &b_hook.to_string())
+                    .replace("{B_INCIDENT}", &b_incident.to_string());
                 let mut req = client
                     .request(method.clone(), format!("{}/api/v1{path}", server.base))
                     .bearer_auth(key);
