@@ -287,3 +287,54 @@ async fn the_cli_explains_a_run_and_lists_incidents() {
         "{all}"
     );
 }
+
+#[tokio::test]
+async fn a_driver_waiting_for_its_tasks_says_how_many_and_until_when_retries_back_off() {
+    let db = TestDb::new().await;
+    let mut m = manifest("fan");
+    m["tasks"] = json!([{"name": "weigh", "retries": 1, "backoff_ms": 60000}]);
+    db.register(&m).await;
+    let r = run(&db, "fan", "2024-01").await;
+    let driver = claim(&db.pool, "driver", 1).await.remove(0);
+    sqlx::query("SELECT orca.add_tasks($1, 'work', '2024-01', 'weigh', 0, '[1, 2, 3]')")
+        .bind(driver.lease)
+        .execute(&db.pool)
+        .await
+        .expect("add tasks");
+    let w = why(&db, r).await;
+    let (_, msg, blocked) = reason(&w, "waiting_for_tasks");
+    assert!(
+        msg.contains("1 batch queued in pool default, 0 running"),
+        "{msg}"
+    );
+    assert_eq!(blocked.as_ref().expect("blocked_by")["queued_batches"], 1);
+    // A runner takes the batch and one task fails: its retry waits a minute.
+    let lease: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease FROM orca.claim_tasks('worker', 'default', 10)")
+            .fetch_one(&db.pool)
+            .await
+            .expect("claim tasks");
+    sqlx::query("SELECT orca.finish_tasks($1, '[1, null, 9]', ARRAY[NULL, 'too heavy', NULL])")
+        .bind(lease)
+        .execute(&db.pool)
+        .await
+        .expect("finish tasks");
+    let until: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT until FROM orca.explain($1) WHERE code = 'waiting_for_tasks'")
+            .bind(r)
+            .fetch_one(&db.pool)
+            .await
+            .expect("until");
+    let wait = until.expect("a backoff") - chrono::Utc::now();
+    assert!(
+        (30..=61).contains(&wait.num_seconds()),
+        "retries wait until {until:?}"
+    );
+    let w = why(&db, r).await;
+    assert!(
+        reason(&w, "waiting_for_tasks")
+            .1
+            .contains("retries wait for their backoff until"),
+        "{w:#?}"
+    );
+}
