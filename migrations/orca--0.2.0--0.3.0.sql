@@ -1562,7 +1562,12 @@ BEGIN
         PERFORM orca._event(r.org_id, 'run.succeeded', r.pipeline_id, r.id, a.id,
                             jsonb_build_object('attempts', r.attempts));
         PERFORM orca._slot_freed(r.org_id, r.pipeline_id);
-        PERFORM orca._run_incident(r, 'succeeded', NULL);
+        -- A success resolves its run's incident: one probe of the open
+        -- incidents, and the resolution only when the org has one.
+        IF EXISTS (SELECT 1 FROM orca.incidents i
+                   WHERE i.org_id = r.org_id AND i.resolved_at IS NULL) THEN
+            PERFORM orca._run_incident(r, 'succeeded', NULL);
+        END IF;
         RETURN 'succeeded';
     END IF;
     IF p_outcome = 'failed' AND r.failures < r.run_retries THEN
