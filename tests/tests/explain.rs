@@ -338,3 +338,41 @@ async fn a_driver_waiting_for_its_tasks_says_how_many_and_until_when_retries_bac
         "{w:#?}"
     );
 }
+
+#[tokio::test]
+async fn a_sensor_s_polling_run_says_it_is_between_polls() {
+    let db = TestDb::new().await;
+    db.register(&json!({
+        "name": "report",
+        "steps": [{"name": "work", "kind": "mapped", "reads": ["ext.orders"], "writes": ["bi.orders"]}],
+        "partitions": {"monthly": "2024-01"},
+        "sensor": true,
+        "pool": "sensing",
+        "registry_hash": "hash-report",
+        "binary": "/bin/true"
+    }))
+    .await;
+    db.tick(&chrono::Utc::now().to_rfc3339()).await;
+    let sense: i64 = sqlx::query_scalar("SELECT id FROM orca.runs WHERE kind = 'sense'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the sense run");
+    // Its first poll waits for a runner of its pool.
+    assert!(codes(&why(&db, sense).await).contains(&"no_live_runner"));
+    let lease: uuid::Uuid = sqlx::query_scalar("SELECT lease FROM orca.claim('poller', 'sensing')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("claim the poll");
+    sqlx::query("SELECT orca.finish($1, true)")
+        .bind(lease)
+        .execute(&db.pool)
+        .await
+        .expect("finish the poll");
+    let w = why(&db, sense).await;
+    let (_, msg, _) = reason(&w, "sensing");
+    assert!(
+        msg.contains("sensor report polls for new snapshots")
+            && msg.contains("its last poll (attempt 1) ended succeeded"),
+        "{msg}"
+    );
+}
