@@ -22,6 +22,8 @@ DECLARE
     v_seen    timestamptz;
     v_last    text;
     v_n       integer;
+    v_slots   bigint;
+    v_running bigint;
     v_at      timestamptz;
     v_by      text;
     b         record;
@@ -132,11 +134,12 @@ BEGIN
         SELECT coalesce(jsonb_agg(jsonb_build_object('runner', x.name, 'commands', x.commands,
                                                      'slots', x.slots, 'last_seen', x.last_seen)
                                   ORDER BY x.name), '[]'),
-               count(*) FILTER (WHERE x.commands IS NULL OR v_cmd = ANY (x.commands))
-        INTO v_live, v_able
+               count(*), count(*) FILTER (WHERE x.commands IS NULL OR v_cmd = ANY (x.commands)),
+               sum(x.slots)
+        INTO v_live, v_n, v_able, v_slots
         FROM orca.runners x
         WHERE x.org_id = v_org AND x.pool = a.pool AND x.last_seen > orca._runner_live_since();
-        IF jsonb_array_length(v_live) = 0 THEN
+        IF v_n = 0 THEN
             SELECT x.last_seen, x.name INTO v_seen, v_last FROM orca.runners x
             WHERE x.org_id = v_org AND x.pool = a.pool ORDER BY x.last_seen DESC LIMIT 1;
             RETURN QUERY SELECT 'no_live_runner',
@@ -156,19 +159,15 @@ BEGIN
                 jsonb_build_object('pool', a.pool, 'command', v_cmd, 'runners', v_live),
                 a.created_at, NULL::timestamptz;
         ELSE
+            SELECT count(*) INTO v_running FROM orca.leases x JOIN orca.attempts y ON y.id = x.attempt_id
+            WHERE x.org_id = v_org AND y.pool = a.pool;
             RETURN QUERY SELECT 'waiting_for_runner',
                 format('attempt %s waits in pool %s behind %s older attempt%s; %s live runner%s '
                        'with %s slot%s, %s attempt%s running there',
                        a.number, a.pool, v_ahead, CASE WHEN v_ahead = 1 THEN '' ELSE 's' END,
-                       jsonb_array_length(v_live),
-                       CASE WHEN jsonb_array_length(v_live) = 1 THEN '' ELSE 's' END,
-                       coalesce((SELECT sum((e->>'slots')::integer) FROM jsonb_array_elements(v_live) e)::text, 'unknown'),
-                       CASE WHEN (SELECT sum((e->>'slots')::integer) FROM jsonb_array_elements(v_live) e) = 1
-                            THEN '' ELSE 's' END,
-                       (SELECT count(*) FROM orca.leases x JOIN orca.attempts y ON y.id = x.attempt_id
-                        WHERE x.org_id = v_org AND y.pool = a.pool),
-                       CASE WHEN (SELECT count(*) FROM orca.leases x JOIN orca.attempts y ON y.id = x.attempt_id
-                                  WHERE x.org_id = v_org AND y.pool = a.pool) = 1 THEN '' ELSE 's' END),
+                       v_n, CASE WHEN v_n = 1 THEN '' ELSE 's' END,
+                       coalesce(v_slots::text, 'unknown'), CASE WHEN v_slots = 1 THEN '' ELSE 's' END,
+                       v_running, CASE WHEN v_running = 1 THEN '' ELSE 's' END),
                 jsonb_build_object('pool', a.pool, 'ahead', v_ahead, 'runners', v_live),
                 a.created_at, NULL::timestamptz;
         END IF;

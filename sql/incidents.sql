@@ -249,19 +249,20 @@ BEGIN
                         ELSE 'the last was seen at ' || q.last_seen END));
     END LOOP;
     FOR q IN
-        SELECT i.org_id, i.key, i.subject ->> 'pool' AS pool FROM orca.incidents i
-        WHERE i.org_id = ANY (p_orgs) AND i.kind = 'pool_without_runner' AND i.resolved_at IS NULL
-          AND (EXISTS (SELECT 1 FROM orca.runners rn
-                       WHERE rn.org_id = i.org_id AND rn.pool = i.subject ->> 'pool'
-                         AND rn.last_seen > orca._runner_live_since(p_now))
-               OR NOT EXISTS (SELECT 1 FROM orca.queue x
-                              WHERE x.org_id = i.org_id AND x.pool = i.subject ->> 'pool'))
+        SELECT * FROM (
+            SELECT i.org_id, i.key,
+                   EXISTS (SELECT 1 FROM orca.runners rn
+                           WHERE rn.org_id = i.org_id AND rn.pool = i.subject ->> 'pool'
+                             AND rn.last_seen > orca._runner_live_since(p_now)) AS live,
+                   EXISTS (SELECT 1 FROM orca.queue x
+                           WHERE x.org_id = i.org_id AND x.pool = i.subject ->> 'pool') AS waiting
+            FROM orca.incidents i
+            WHERE i.org_id = ANY (p_orgs) AND i.kind = 'pool_without_runner'
+              AND i.resolved_at IS NULL) o
+        WHERE o.live OR NOT o.waiting
     LOOP
         PERFORM orca._incident_resolve(q.org_id, q.key,
-            CASE WHEN EXISTS (SELECT 1 FROM orca.runners rn
-                              WHERE rn.org_id = q.org_id AND rn.pool = q.pool
-                                AND rn.last_seen > orca._runner_live_since(p_now))
-                 THEN 'a runner of the pool is live again'
+            CASE WHEN q.live THEN 'a runner of the pool is live again'
                  ELSE 'no work waits in the pool' END);
         v_resolved := v_resolved + 1;
     END LOOP;

@@ -396,18 +396,19 @@ impl Guard {
         Ok(Guard { child, stdin })
     }
 
-    fn follow(&mut self, job: &str) {
+    fn tell(&mut self, line: &str) {
         if let Some(s) = self.stdin.as_mut() {
-            let _ = writeln!(s, "job {job}");
+            let _ = writeln!(s, "{line}");
             let _ = s.flush();
         }
     }
 
+    fn follow(&mut self, job: &str) {
+        self.tell(&format!("job {job}"));
+    }
+
     fn idle(&mut self) {
-        if let Some(s) = self.stdin.as_mut() {
-            let _ = writeln!(s, "idle");
-            let _ = s.flush();
-        }
+        self.tell("idle");
     }
 }
 

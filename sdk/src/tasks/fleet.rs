@@ -129,7 +129,7 @@ impl Fleet {
                 .task_results(self.lease, &self.step, &self.partition, from)
                 .map_err(SdkError::from)?
                 .into_iter()
-                .filter(|r| from == self.seq || !self.results.contains_key(&r.index))
+                .filter(|r| !self.results.contains_key(&r.index))
                 .collect();
             if got.is_empty() {
                 // A finished batch of this run (or another) notifies; the
