@@ -263,6 +263,36 @@ COMMENT ON FUNCTION orca.resume_sync(text) IS
 -- continuous attempt follows them at its next epoch boundary
 -- (orca.sync_lanes), so its run, its change stream and its slot position
 -- go on; a scheduled sync's next run takes them.
+-- Sets a sync's writer lanes (checked by the caller): orca.scale_sync, and
+-- the scale_sync playbook. Returns the lanes it had.
+CREATE FUNCTION orca._scale_sync(p_org bigint, s orca.syncs, p_lanes integer, p_by text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_was integer := coalesce((s.definition->'destination'->>'lanes')::integer, 1);
+    v     orca.pipeline_versions;
+    d     jsonb;
+BEGIN
+    IF v_was = p_lanes THEN
+        RETURN v_was;
+    END IF;
+    d := jsonb_set(s.definition, '{destination,lanes}', to_jsonb(p_lanes));
+    UPDATE orca.syncs x SET definition = d WHERE x.id = s.id;
+    -- The pipeline's version carries the definition too (what orca.runs
+    -- shows a run was made from): a new one, same schedule, pool, retries.
+    SELECT pv.* INTO v FROM orca.pipeline_versions pv JOIN orca.pipelines p
+        ON p.current_version = pv.id
+    WHERE p.org_id = p_org AND p.name = s.name;
+    IF FOUND THEN
+        PERFORM orca._sync_pipeline(p_org, s.name, d, v.cron, v.pool, v.run_retries);
+    END IF;
+    PERFORM orca._event(p_org, 'sync.scaled',
+        (SELECT p.id FROM orca.pipelines p WHERE p.org_id = p_org AND p.name = s.name), NULL, NULL,
+        jsonb_build_object('sync', s.name, 'lanes', p_lanes, 'was', v_was, 'by', p_by));
+    RETURN v_was;
+END
+$$;
+
 CREATE FUNCTION orca.scale_sync(name text, lanes integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -270,10 +300,7 @@ DECLARE
     v_bounded boolean := orca._bound('scale_sync', 'name', octet_length(scale_sync.name), 1024);
     v_org  bigint := orca.current_org_id();
     s      orca.syncs;
-    v_was  integer;
     v_kind text;
-    v      orca.pipeline_versions;
-    d      jsonb;
 BEGIN
     s := orca._sync(v_org, scale_sync.name);
     v_kind := s.definition->'destination'->>'type';
@@ -288,25 +315,7 @@ BEGIN
                         coalesce(scale_sync.lanes::text, 'NULL')
             USING ERRCODE = 'OR063';
     END IF;
-    v_was := coalesce((s.definition->'destination'->>'lanes')::integer, 1);
-    IF v_was = scale_sync.lanes THEN
-        RETURN v_was;
-    END IF;
-    d := jsonb_set(s.definition, '{destination,lanes}', to_jsonb(scale_sync.lanes));
-    UPDATE orca.syncs x SET definition = d WHERE x.id = s.id;
-    -- The pipeline's version carries the definition too (what orca.runs
-    -- shows a run was made from): a new one, same schedule, pool, retries.
-    SELECT pv.* INTO v FROM orca.pipeline_versions pv JOIN orca.pipelines p
-        ON p.current_version = pv.id
-    WHERE p.org_id = v_org AND p.name = s.name;
-    IF FOUND THEN
-        PERFORM orca._sync_pipeline(v_org, s.name, d, v.cron, v.pool, v.run_retries);
-    END IF;
-    PERFORM orca._event(v_org, 'sync.scaled',
-        (SELECT p.id FROM orca.pipelines p WHERE p.org_id = v_org AND p.name = s.name), NULL, NULL,
-        jsonb_build_object('sync', s.name, 'lanes', scale_sync.lanes, 'was', v_was,
-                           'by', session_user));
-    RETURN v_was;
+    RETURN orca._scale_sync(v_org, s, scale_sync.lanes, session_user);
 END
 $$;
 COMMENT ON FUNCTION orca.scale_sync(text, integer) IS

@@ -57,8 +57,13 @@ BEGIN
                         jsonb_strip_nulls(jsonb_build_object('attempt', a.number,
                                                              'runner', a.runner,
                                                              'error', p_error)));
-    IF r.status <> 'running' OR r.kind = 'sense' THEN
-        -- A sensor's polls come and go; its sense run stays as it is.
+    IF r.kind = 'sense' THEN
+        -- A sensor's polls come and go; its sense run stays as it is. A
+        -- poll that could not read its sources is an incident.
+        PERFORM orca._sense_incident(r, p_outcome, p_error);
+        RETURN r.status;
+    END IF;
+    IF r.status <> 'running' THEN
         RETURN r.status;
     END IF;
     IF p_outcome = 'released' THEN
@@ -385,6 +390,15 @@ BEGIN
     IF finish.killed_for IS NOT NULL THEN
         UPDATE orca.attempts SET killed_for = finish.killed_for WHERE id = a.id;
     END IF;
+    -- The control plane restarted while the attempt ran: what failed it is
+    -- most likely the restart (its sessions ended with 57P01, a commit's
+    -- answer was lost), not its work. Handed back, it spends no retry.
+    IF NOT finish.ok AND finish.killed_for IS NULL AND a.leased_at < pg_postmaster_start_time() THEN
+        RETURN orca._hand_back(a, format(
+            'the control plane restarted at %s while the attempt ran; it failed with: %s',
+            pg_postmaster_start_time(),
+            coalesce(finish.error, 'the attempt failed without a message')));
+    END IF;
     RETURN orca._attempt_ended(
         a.id,
         CASE WHEN finish.ok THEN 'succeeded' ELSE 'failed' END,
@@ -397,8 +411,11 @@ COMMENT ON FUNCTION orca.finish(uuid, boolean, text, text) IS
 'retries the run while its run_retries last, else fails it. killed_for => ''memory'' (the '
 'attempt was killed for memory: OOMKilled, or its runner''s memory limit) retries it with more '
 'memory (its version''s memory_growth, up to max_memory) without spending run_retries; at the '
-'cap it is an ordinary failure. Returns the run''s status afterwards (succeeded, running when '
-'retried, failed). A stale or foreign lease gets OR012, OR014 or OR015 and changes nothing.';
+'cap it is an ordinary failure. A failure of an attempt leased before the control plane last '
+'restarted is handed back instead, as orca.release does: the restart, not the work, most '
+'likely failed it, and the run''s retries stay as they are. Returns the run''s status '
+'afterwards (succeeded, running when retried or handed back, failed). A stale or foreign '
+'lease gets OR012, OR014 or OR015 and changes nothing.';
 
 CREATE FUNCTION orca.finish_many(leases uuid[], ok boolean DEFAULT true, error text DEFAULT NULL)
 RETURNS integer
@@ -541,6 +558,25 @@ LANGUAGE sql STABLE AS $$
     SELECT p_now - interval '5 minutes'
 $$;
 
+-- Hands a leased attempt (locked by the caller) back: the run gets a new
+-- attempt and spends no budget. A run handed back again and again (an
+-- engine that asks for a new attempt each time it starts, a runner
+-- restarting in a loop) would go round with no pause and no end: past a
+-- bound the attempt fails, and the run's retries (and a continuous sync's
+-- backoff) take over. Returns the run's status afterwards.
+CREATE FUNCTION orca._hand_back(a orca.attempts, p_why text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_recent integer := orca._handed_back(a.run_id);
+BEGIN
+    IF v_recent >= 10 THEN
+        RETURN orca._attempt_ended(a.id, 'failed',
+            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, p_why));
+    END IF;
+    RETURN orca._attempt_ended(a.id, 'released', p_why);
+END
+$$;
+
 CREATE FUNCTION orca.release(lease uuid, reason text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -550,21 +586,10 @@ DECLARE
     v_org bigint := t.org_id;
     a     orca.attempts;
     v_why text := coalesce(release.reason, 'released by its runner');
-    v_recent integer;
 BEGIN
     PERFORM orca._lease_holder(t, release.lease);
     a := orca._leased_attempt(v_org, release.lease);
-    -- A run handed back again and again (an engine that asks for a new
-    -- attempt each time it starts, a runner restarting in a loop) would go
-    -- round with no pause and no end: past a bound the attempt fails, and
-    -- the run's retries (and a continuous sync's backoff) take over.
-    v_recent := orca._handed_back(a.run_id);
-    IF v_recent >= 10 THEN
-        PERFORM orca._attempt_ended(a.id, 'failed',
-            format('handed back %s times in 10 minutes; the last time: %s', v_recent + 1, v_why));
-        RETURN;
-    END IF;
-    PERFORM orca._attempt_ended(a.id, 'released', v_why);
+    PERFORM orca._hand_back(a, v_why);
 END
 $$;
 COMMENT ON FUNCTION orca.release(uuid, text) IS

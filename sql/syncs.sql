@@ -354,6 +354,12 @@ BEGIN
     PERFORM orca._event(v_org, 'sync.committed', NULL, NULL, NULL,
         jsonb_build_object('sync', s.name, 'generation', s.generation,
                            'epoch', advance_head.epoch, 'record', advance_head.record));
+    -- HEAD moving is the report that a stalled sync goes on (one probe of
+    -- the org's open incidents first: a commit is on the sync's hot path).
+    IF EXISTS (SELECT 1 FROM orca.incidents i WHERE i.org_id = v_org AND i.resolved_at IS NULL) THEN
+        PERFORM orca._incident_resolve(v_org, 'sync_stalled:' || s.id,
+                                       format('HEAD moved to epoch %s', advance_head.epoch));
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION orca.advance_head(text, integer, bigint, text, uuid) IS

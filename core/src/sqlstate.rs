@@ -101,6 +101,7 @@ sqlstates! {
     UNKNOWN_PLAYBOOK = "OR106": "unknown playbook (or another org's)";
     UNKNOWN_INCIDENT = "OR107": "unknown incident (or another org's)";
     INCIDENT_RESOLVED = "OR108": "the incident is already resolved";
+    BAD_INCIDENT_THRESHOLD = "OR109": "unknown incident threshold, or a value below 1";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

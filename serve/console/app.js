@@ -286,6 +286,7 @@ async function run(id) {
   const events = h("div", { id: "events" });
   const snapshots = h("div", { id: "snapshots" });
   const why = h("div", { id: "why" });
+  const timeline = h("div", { id: "run-timeline" });
   const head = h("p", { id: "run-head", "aria-live": "polite" });
   const log = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "log" });
   const buttons = h("p", {},
@@ -311,6 +312,7 @@ async function run(id) {
     why.replaceChildren(table(["code", "why", "since", "until"],
       r.why.map((w) => [h("code", {}, w.code), w.message, when(w.since), when(w.until)]),
     { label: "why", empty: "Nothing to explain." }));
+    timeline.replaceChildren(timelineSvg(r));
     const steps = [...new Set(r.steps.map((s) => s.step))];
     const parts = [...new Set(r.steps.map((s) => s.partition))].sort();
     // How long each (step, partition) took, from its last step.running
@@ -359,7 +361,8 @@ async function run(id) {
     events.replaceChildren(table(["#id", "at", "kind", "data"], r.events.map((e) =>
       [String(e.id), when(e.at), e.kind, JSON.stringify(e.data)]), { label: "events" }));
   };
-  page(`Run ${id}`, head, buttons, h("h2", {}, "Why"), why, h("h2", {}, "Steps × partitions"), grid,
+  page(`Run ${id}`, head, buttons, h("h2", {}, "Why"), why, h("h2", {}, "Timeline"), timeline,
+    h("h2", {}, "Steps × partitions"), grid,
     h("h2", {}, "Tasks"), tasks, h("h2", {}, "Attempts"), attempts, h("h2", {}, "Log"), log,
     h("h2", {}, "Snapshots read, committed and sensed"), snapshots, h("h2", {}, "Events"), events);
   await draw();
@@ -374,6 +377,105 @@ async function run(id) {
   source.addEventListener("error", () => source.close());
   const stop = every(1500, draw);
   stopPage = () => { stop(); source.close(); };
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+function svgEl(tag, attrs, ...kids) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+  for (const k of kids) el.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return el;
+}
+
+// A run in time: its wait in the queue, each attempt, and each step and
+// partition's tries (every step.running to its end, so retries show) as
+// bars on one time axis; what still runs reaches to now.
+function timelineSvg(r) {
+  const t = (x) => (x ? new Date(x).getTime() : null);
+  const now = Date.now();
+  const rows = [];
+  const t0 = t(r.created_at);
+  const leases = r.attempt_list.map((a) => t(a.leased_at)).filter((x) => x !== null);
+  if (leases.length) {
+    const first = Math.min(...leases);
+    rows.push({ label: "queued", bars: [{ from: t0, to: first, cls: "queued",
+      title: `queued ${took(r.created_at, new Date(first).toISOString())} before its first lease` }] });
+  }
+  for (const a of r.attempt_list) {
+    if (!a.leased_at) continue;
+    rows.push({ label: `attempt ${a.number}`, bars: [{ from: t(a.leased_at), to: t(a.finished_at) ?? now,
+      cls: a.status, title: `attempt ${a.number} on ${a.runner || "?"}: ${a.status}${a.error ? ": " + a.error : ""}` }] });
+  }
+  const tries = new Map();
+  for (const e of r.events) {
+    if (!e.kind.startsWith("step.") || e.data.step === undefined) continue;
+    const k = `${e.data.step} ${e.data.partition}`;
+    if (!tries.has(k)) tries.set(k, []);
+    const list = tries.get(k);
+    const open = list.length && list[list.length - 1].to === null ? list[list.length - 1] : null;
+    if (e.kind === "step.running") {
+      if (open) { open.to = t(e.at); open.cls = "lost"; }
+      list.push({ from: t(e.at), to: null, cls: "running" });
+    } else if (open && ["step.succeeded", "step.failed", "step.skipped"].includes(e.kind)) {
+      open.to = t(e.at);
+      open.cls = e.kind.slice(5);
+    }
+  }
+  for (const [k, list] of [...tries].sort((a, b) => a[1][0].from - b[1][0].from)) {
+    rows.push({ label: k, bars: list.map((b, i) => ({ from: b.from, to: b.to ?? (r.finished_at ? t(r.finished_at) : now),
+      cls: b.cls, title: `${k}, try ${i + 1}: ${b.cls}` })) });
+  }
+  const end = Math.max(t0 + 1, ...rows.flatMap((x) => x.bars.map((b) => b.to)));
+  const LABEL = 180, W = 760, ROW = 20, TOP = 22;
+  const x = (v) => LABEL + ((v - t0) / (end - t0)) * (W - LABEL - 10);
+  const svg = svgEl("svg", { class: "run-timeline", width: W, height: TOP + rows.length * ROW + 6, role: "img",
+    "aria-label": `timeline of run ${r.run}: ${rows.length} rows over ${took(r.created_at, new Date(end).toISOString())}` });
+  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
+    const v = t0 + f * (end - t0);
+    svg.append(svgEl("line", { class: "tick", x1: x(v), x2: x(v), y1: TOP - 4, y2: TOP + rows.length * ROW }),
+      svgEl("text", { class: "axis", x: x(v), y: 12, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle" },
+        `+${took(r.created_at, new Date(v).toISOString())}`));
+  }
+  rows.forEach((row, i) => {
+    const y = TOP + i * ROW;
+    svg.append(svgEl("text", { class: "label", x: 4, y: y + 14 }, row.label));
+    for (const b of row.bars) {
+      svg.append(svgEl("rect", { class: `bar st-${b.cls}`, x: x(b.from), y: y + 3,
+        width: Math.max(2, x(b.to) - x(b.from)), height: ROW - 6, rx: 2 }, svgEl("title", {}, b.title)));
+    }
+  });
+  return svg;
+}
+
+// A sync's epochs as a chart: rows committed per epoch as bars, and the
+// seconds each commit came after the one before as a line (how far behind
+// its source a stream can be between two commits).
+function epochsSvg(items) {
+  const es = [...items].sort((a, b) => a.epoch - b.epoch);
+  const W = 760, H = 200, L = 60, R = 60, TOP = 14, BOTTOM = 28;
+  const svg = svgEl("svg", { class: "epochs", width: W, height: H, role: "img",
+    "aria-label": `${es.length} epochs: rows committed and seconds between commits` });
+  if (!es.length) return svg;
+  const gaps = es.map((e, i) => (i === 0 ? null
+    : (new Date(e.committed_at) - new Date(es[i - 1].committed_at)) / 1000));
+  const maxRows = Math.max(1, ...es.map((e) => e.total_rows));
+  const maxGap = Math.max(1, ...gaps.filter((g) => g !== null));
+  const bw = (W - L - R) / es.length;
+  const y = (v, max) => TOP + (H - TOP - BOTTOM) * (1 - v / max);
+  svg.append(svgEl("text", { class: "axis", x: 4, y: TOP + 4 }, `${maxRows} rows`),
+    ...(es.length > 2 ? [svgEl("text", { class: "axis gap-axis", x: W - 4, y: TOP + 4, "text-anchor": "end" },
+      `${maxGap.toFixed(1)} s`)] : []),
+    svgEl("text", { class: "axis", x: L, y: H - 8 }, `epoch ${es[0].epoch}`),
+    svgEl("text", { class: "axis", x: W - R, y: H - 8, "text-anchor": "end" }, `epoch ${es[es.length - 1].epoch}`),
+    svgEl("line", { class: "tick", x1: L, x2: W - R, y1: H - BOTTOM, y2: H - BOTTOM }));
+  es.forEach((e, i) => {
+    svg.append(svgEl("rect", { class: "bar rows", x: L + i * bw + 1, y: y(e.total_rows, maxRows),
+      width: Math.max(1, bw - 2), height: H - BOTTOM - y(e.total_rows, maxRows) },
+      svgEl("title", {}, `epoch ${e.epoch}: ${e.total_rows} rows, committed ${e.committed_at}`)));
+  });
+  const pts = gaps.map((g, i) => (g === null ? null : `${L + i * bw + bw / 2},${y(g, maxGap)}`)).filter(Boolean);
+  if (pts.length > 1) svg.append(svgEl("polyline", { class: "gap", points: pts.join(" ") }));
+  return svg;
 }
 
 // Pipelines and datasets in columns by depth, edges as arrows.
@@ -403,13 +505,7 @@ function lineageSvg(graph) {
     maxRows = Math.max(maxRows, ns.length);
   }
   const width = 20 + cols.size * (W + GX), height = 20 + maxRows * (H + GY);
-  const NS = "http://www.w3.org/2000/svg";
-  const s = (tag, attrs, ...kids) => {
-    const el = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
-    for (const k of kids) el.append(k instanceof Node ? k : document.createTextNode(String(k)));
-    return el;
-  };
+  const s = svgEl;
   const svg = s("svg", { class: "lineage", width, height, role: "img",
     "aria-label": "lineage: pipelines and datasets" },
     s("defs", {}, s("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
@@ -538,7 +634,8 @@ async function sync(name) {
       table(["table", "column", "change", "was", "now"], s.drift.map((d) => [d.table, d.column,
         d.change, d.was || "-", d.now || "-"]), { label: "drift" })] : []));
   };
-  page(`Sync ${name}`, head, buttons, drift, table(["#epoch", "#generation", "rows by stream", "#rows",
+  page(`Sync ${name}`, head, buttons, drift, h("h2", {}, "Epochs"),
+    h("div", { id: "epochs-chart" }, epochsSvg(epochs.items)), table(["#epoch", "#generation", "rows by stream", "#rows",
     "#quarantined", "#held", "committed"], epochs.items.map((e) => [String(e.epoch), String(e.generation),
     Object.entries(e.rows).map(([k, v]) => `${k}: ${v}`).join(", ") || "-", String(e.total_rows),
     String(e.quarantined), String(e.held), when(e.committed_at)]),

@@ -78,6 +78,16 @@ with sync_playwright() as p:
     expect(page.get_by_role("table", name="attempts")).to_contain_text("succeeded")
     expect(page.locator("#log")).not_to_be_empty(timeout=30_000)
     expect(page.get_by_role("button", name="Cancel run")).to_be_disabled()
+    # Its timeline: the wait, the attempt and each step's tries as bars.
+    expect(page.get_by_role("img", name=re.compile(r"^timeline of run \d+"))).to_be_visible()
+    bars = page.locator("svg.run-timeline rect.bar").count()
+    if bars < 3:
+        raise SystemExit(f"the run's timeline has {bars} bars, not the wait, an attempt and its steps")
+    if page.locator("svg.run-timeline rect.bar.st-succeeded").count() < 2:
+        raise SystemExit("the run's timeline shows no succeeded attempt and steps")
+    box = page.locator("svg.run-timeline").bounding_box()
+    if not box or box["height"] < 60:
+        raise SystemExit(f"the run's timeline is drawn {box} high: its rows are hidden")
     shot(page, "run")
 
     # The parked pipeline's code link goes to its repository at the commit.
@@ -147,6 +157,15 @@ with sync_playwright() as p:
     expect(page.get_by_role("table", name="syncs")).to_contain_text(re.compile(r"events \(\w+\): \w+_once"))
     # A sync's page: pause, resume and scale it; bad lanes are refused.
     page.get_by_role("link", name="mirror", exact=True).click()
+    # Its epochs as a chart: rows per epoch, and the time between commits.
+    expect(page.get_by_role("img", name=re.compile(r"^\d+ epochs: rows committed"))).to_be_visible()
+    if page.locator("svg.epochs rect.bar").count() < 1:
+        raise SystemExit("the sync's chart has no epoch")
+    box = page.locator("svg.epochs rect.bar").first.bounding_box()
+    if not box or box["height"] < 20:
+        raise SystemExit(f"the sync's epoch bar is drawn {box}: blank")
+    expect(page.get_by_role("table", name="epochs")).to_contain_text("events: ")
+    shot(page, "sync")
     head = page.locator("#sync-head")
     expect(head).to_contain_text("active")
     page.get_by_role("button", name="Pause sync").click()

@@ -151,6 +151,26 @@ impl PrivateCluster {
         );
     }
 
+    /// Crashes the server and starts it again (`pg_ctl stop -m immediate`,
+    /// then start): every session ends at once with 57P01, nothing is
+    /// checkpointed, and the server recovers from its WAL.
+    pub fn crash_restart(&self) {
+        let data = self.dir.join("data").to_string_lossy().to_string();
+        let log = self.dir.join("server.log").to_string_lossy().to_string();
+        for args in [
+            vec!["-D", &data, "-m", "immediate", "-w", "-t", "60", "stop"],
+            vec!["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
+        ] {
+            let out = run_pg(&self.bindir.join("pg_ctl"), &args);
+            assert!(
+                out.status.success(),
+                "pg_ctl {args:?}: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            );
+        }
+    }
+
     pub fn url(&self, db: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }

@@ -66,9 +66,9 @@ pub fn base_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
 }
 
-fn options(db: &str, user: &str) -> PgConnectOptions {
-    let base: PgConnectOptions = base_url().parse().unwrap_or_else(|e| {
-        panic!("ORCA_TEST_URL is not a postgres URL: {e}");
+fn options_at(base: &str, db: &str, user: &str) -> PgConnectOptions {
+    let base: PgConnectOptions = base.parse().unwrap_or_else(|e| {
+        panic!("{base} is not a postgres URL: {e}");
     });
     base.database(db).username(user)
 }
@@ -79,10 +79,18 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 pub struct TestDb {
     pub name: String,
     pub pool: PgPool,
+    /// The maintenance database URL of its server.
+    base: String,
 }
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        TestDb::at(&base_url()).await
+    }
+
+    /// A test database on another server (a private cluster), from that
+    /// server's maintenance database URL.
+    pub async fn at(base: &str) -> TestDb {
         let name = format!(
             "orca_t_{}_{}_{}",
             std::process::id(),
@@ -93,7 +101,7 @@ impl TestDb {
                 .get(..6)
                 .unwrap_or("x")
         );
-        let mut admin = PgConnection::connect_with(&options("postgres", "postgres"))
+        let mut admin = PgConnection::connect_with(&options_at(base, "postgres", "postgres"))
             .await
             .expect("connect to the maintenance database (is PostgreSQL running?)");
         admin
@@ -102,7 +110,7 @@ impl TestDb {
             .expect("create test database");
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .connect_with(options(&name, "postgres"))
+            .connect_with(options_at(base, &name, "postgres"))
             .await
             .expect("connect to test database");
         pool.execute("CREATE EXTENSION orca")
@@ -126,19 +134,23 @@ impl TestDb {
         .execute(&pool)
         .await
         .expect("allow the test suite's loopback and scratch directories");
-        TestDb { name, pool }
+        TestDb {
+            name,
+            pool,
+            base: base.to_string(),
+        }
     }
 
     /// This database's URL, for processes the test starts.
     pub fn url(&self) -> String {
-        let base = base_url();
-        let (head, _) = base.rsplit_once('/').unwrap_or((&base, ""));
+        let base = &self.base;
+        let (head, _) = base.rsplit_once('/').unwrap_or((base, ""));
         format!("{head}/{}", self.name)
     }
 
     /// A new connection to this database as `user` (which must be able to log in).
     pub async fn connect_as(&self, user: &str) -> PgConnection {
-        PgConnection::connect_with(&options(&self.name, user))
+        PgConnection::connect_with(&options_at(&self.base, &self.name, user))
             .await
             .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
     }
@@ -201,6 +213,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let base = self.base.clone();
         // Drop cannot await; a thread with its own runtime drops the database.
         let done = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -209,7 +222,7 @@ impl Drop for TestDb {
             if let Ok(rt) = rt {
                 rt.block_on(async move {
                     if let Ok(mut c) =
-                        PgConnection::connect_with(&options("postgres", "postgres")).await
+                        PgConnection::connect_with(&options_at(&base, "postgres", "postgres")).await
                     {
                         // A change stream's slot keeps its database (and
                         // the cluster's WAL): its sessions and slots go first.

@@ -117,6 +117,9 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
     c.execute("SELECT orca.create_playbook('run_failed', 'open_only')")
         .await
         .expect("playbook");
+    c.execute("SELECT orca.set_incident_threshold('cdc_lag_bytes', 268435456)")
+        .await
+        .expect("incident threshold");
     let leases = claim(&mut c, &format!("{org}-runner"), 3).await;
     sqlx::query("SELECT orca.finish($1, false, 'failed on purpose')")
         .bind(leases[0].lease)

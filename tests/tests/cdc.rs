@@ -1450,3 +1450,301 @@ async fn discover_tells_which_tables_a_change_stream_can_read_and_plans_streams(
         text(&bad)
     );
 }
+
+/// The orca-engine processes a runner started on `store` (their environment
+/// names it): what a fault is sent to.
+fn engines_on(store: &Path) -> Vec<i32> {
+    let want = format!("ORCA_STORE={}", store.display());
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let is_engine = cmdline
+            .split(|b| *b == 0)
+            .next()
+            .is_some_and(|argv0| argv0.ends_with(b"orca-engine"));
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if is_engine && environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn signal(pids: &[i32], sig: &str) {
+    for pid in pids {
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+}
+
+/// Makes `segments` WAL segments' worth of distance from here: a row, then a
+/// switch to the next segment, each time (a switch with nothing written
+/// since the last one is no switch).
+async fn wal_segments(db: &TestDb, segments: usize) {
+    for _ in 0..segments {
+        exec(
+            db,
+            "INSERT INTO public.orders (id, customer, qty)
+             VALUES ((SELECT coalesce(max(id), 0) + 1 FROM public.orders), 'wal', 1);
+             SELECT pg_switch_wal();",
+        )
+        .await;
+    }
+}
+
+/// (kind, resolved, summary, resolution, actions) of the sync incidents.
+type SyncIncident = (String, bool, String, Option<String>, Value);
+
+async fn sync_incidents(db: &TestDb) -> Vec<SyncIncident> {
+    sqlx::query_as(
+        "SELECT kind, resolved_at IS NOT NULL, summary, resolution, actions FROM orca.incidents
+         WHERE kind IN ('sync_stalled', 'cdc_lag', 'slot_at_risk') ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("incidents")
+}
+
+/// Ticks until `done` holds for the sync incidents (up to `within`).
+async fn tick_until(
+    db: &TestDb,
+    runner: &orca_tests::procs::Runner,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&[SyncIncident]) -> bool,
+) {
+    wait_until(
+        what,
+        within,
+        || async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            exec(db, "SELECT orca.tick()").await;
+            let got = sync_incidents(db).await;
+            done(&got).then_some(())
+        },
+        || runner.output(),
+    )
+    .await
+}
+
+/// A continuous sync whose engine is stopped (SIGSTOP) while its runner
+/// keeps the lease: HEAD stops moving and its slot falls behind the WAL, so
+/// ticks open sync_stalled and cdc_lag (whose scale_sync playbook doubles
+/// the sync's lanes in that transaction); once the engine goes on, HEAD
+/// moving resolves sync_stalled and a tick measuring the lag below its
+/// threshold resolves cdc_lag.
+#[tokio::test]
+async fn a_stopped_engine_opens_sync_stalled_and_cdc_lag_until_it_goes_on() {
+    let db = TestDb::new().await;
+    make_source(&db, 200).await;
+    let dir = scratch("cdc-stalled");
+    let store = dir.join("store");
+    let runner = sync_runner(&db, &store, &dir.join("logs"));
+    exec(
+        &db,
+        "SELECT orca.set_incident_threshold('sync_stalled_seconds', 4);
+         SELECT orca.set_incident_threshold('cdc_lag_bytes', 64 * 1024 * 1024);
+         SELECT orca.create_playbook('cdc_lag', 'scale_sync', '{\"max_lanes\": 2}');",
+    )
+    .await;
+    define_live(&db, 2).await;
+    live_equal(&db, &runner, "the snapshot to land").await;
+    // A sync that streams moves HEAD each epoch: ticks past the stall
+    // threshold open nothing.
+    for _ in 0..6 {
+        exec(&db, "SELECT orca.tick()").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let healthy = sync_incidents(&db).await;
+    assert!(
+        healthy.iter().all(|i| i.0 != "sync_stalled"),
+        "a streaming sync is not stalled: {healthy:?}"
+    );
+
+    let engines = engines_on(&store);
+    assert_eq!(engines.len(), 1, "one engine on the store: {engines:?}");
+    signal(&engines, "-STOP");
+    exec(
+        &db,
+        "UPDATE public.orders SET qty = qty + 1000 WHERE id <= 20",
+    )
+    .await;
+    wal_segments(&db, 6).await;
+    tick_until(
+        &db,
+        &runner,
+        "sync_stalled and cdc_lag to open",
+        Duration::from_secs(30),
+        |got| {
+            ["sync_stalled", "cdc_lag"]
+                .iter()
+                .all(|k| got.iter().any(|i| i.0 == *k && !i.1))
+        },
+    )
+    .await;
+    let got = sync_incidents(&db).await;
+    let stalled = got.iter().find(|i| i.0 == "sync_stalled").expect("stalled");
+    assert!(
+        stalled
+            .2
+            .starts_with("sync live has not moved HEAD (epoch "),
+        "{}",
+        stalled.2
+    );
+    let lag = got.iter().find(|i| i.0 == "cdc_lag").expect("lag");
+    assert!(
+        lag.2.starts_with("the change stream of sync live is ")
+            && lag.2.ends_with("behind the WAL (cdc_lag_bytes 64 MB)"),
+        "{}",
+        lag.2
+    );
+    assert_eq!(
+        lag.4[0]["outcome"], "scaled live from 1 to 2 lanes",
+        "the playbook ran as it opened: {}",
+        lag.4
+    );
+    let lanes: i64 = db
+        .scalar_i64("SELECT (definition -> 'destination' ->> 'lanes')::bigint FROM orca.syncs WHERE name = 'live'")
+        .await;
+    assert_eq!(lanes, 2);
+    assert_eq!(
+        runs_of(&db, "running").await,
+        1,
+        "the run still holds its lease"
+    );
+
+    signal(&engines, "-CONT");
+    tick_until(
+        &db,
+        &runner,
+        "both to resolve once the engine goes on",
+        Duration::from_secs(60),
+        |got| got.len() == 2 && got.iter().all(|i| i.1),
+    )
+    .await;
+    let got = sync_incidents(&db).await;
+    let stalled = got.iter().find(|i| i.0 == "sync_stalled").expect("stalled");
+    assert!(
+        stalled
+            .3
+            .as_deref()
+            .is_some_and(|r| r.starts_with("HEAD moved to epoch ")),
+        "{stalled:?}"
+    );
+    let lag = got.iter().find(|i| i.0 == "cdc_lag").expect("lag");
+    assert!(
+        lag.3
+            .as_deref()
+            .is_some_and(|r| r.starts_with("the change stream is ")),
+        "{lag:?}"
+    );
+    live_equal(&db, &runner, "the changes made while stopped to land").await;
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    stopped(&db, &runner).await;
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A paused sync's slot keeps WAL: once less than slot_safe_wal_bytes is
+/// left before max_slot_wal_keep_size would invalidate it, a tick opens
+/// slot_at_risk; the sync resumed, its slot lets the WAL go and a tick
+/// resolves it. max_slot_wal_keep_size is set for the whole cluster, far
+/// above anything the suite keeps (64 GB), and reset at the end.
+#[tokio::test]
+async fn a_paused_syncs_slot_nearing_its_wal_limit_opens_slot_at_risk_until_it_is_read() {
+    let db = TestDb::new().await;
+    exec(&db, "ALTER SYSTEM SET max_slot_wal_keep_size = '64GB'").await;
+    exec(&db, "SELECT pg_reload_conf()").await;
+    make_source(&db, 100).await;
+    let dir = scratch("cdc-slot-risk");
+    let store = dir.join("store");
+    let runner = sync_runner(&db, &store, &dir.join("logs"));
+    define_live(&db, 2).await;
+    live_equal(&db, &runner, "the snapshot to land").await;
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    stopped(&db, &runner).await;
+    let safe0 = wait_until(
+        "the slot's safe_wal_size under the new limit",
+        Duration::from_secs(20),
+        || async {
+            let v: Option<i64> = sqlx::query_scalar(
+                "SELECT rs.safe_wal_size FROM orca.cdc_slots s
+                 JOIN pg_replication_slots rs ON rs.slot_name = s.slot WHERE s.sync = 'live'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .expect("safe_wal_size");
+            v
+        },
+        || runner.output(),
+    )
+    .await;
+    // At risk once 48 MB more of WAL is kept.
+    let threshold = safe0 - 48 * 1024 * 1024;
+    exec(
+        &db,
+        &format!("SELECT orca.set_incident_threshold('slot_safe_wal_bytes', {threshold})"),
+    )
+    .await;
+    wal_segments(&db, 6).await;
+    tick_until(
+        &db,
+        &runner,
+        "slot_at_risk to open",
+        Duration::from_secs(30),
+        |got| got.iter().any(|i| i.0 == "slot_at_risk" && !i.1),
+    )
+    .await;
+    let got = sync_incidents(&db).await;
+    let risk = got.iter().find(|i| i.0 == "slot_at_risk").expect("risk");
+    assert!(
+        risk.2.starts_with("the slot orca_live_") && risk.2.ends_with(": the sync is paused"),
+        "{}",
+        risk.2
+    );
+    assert!(
+        got.iter().all(|i| i.0 != "cdc_lag"),
+        "a paused sync is behind by choice: {got:?}"
+    );
+
+    exec(&db, "SELECT orca.resume_sync('live')").await;
+    live_equal(&db, &runner, "the changes made while paused to land").await;
+    // The slot's restart point moves past the kept WAL at a record of the
+    // running transactions, which a checkpoint logs.
+    let t0 = std::time::Instant::now();
+    loop {
+        exec(&db, "CHECKPOINT").await;
+        exec(&db, "SELECT orca.tick()").await;
+        let got = sync_incidents(&db).await;
+        if got.iter().any(|i| i.0 == "slot_at_risk" && i.1) {
+            let risk = got.iter().find(|i| i.0 == "slot_at_risk").expect("risk");
+            assert!(
+                risk.3
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("the slot has ")),
+                "{risk:?}"
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "slot_at_risk did not resolve once the slot was read: {got:?}\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    exec(&db, "SELECT orca.pause_sync('live')").await;
+    stopped(&db, &runner).await;
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+    exec(&db, "ALTER SYSTEM RESET max_slot_wal_keep_size").await;
+    exec(&db, "SELECT pg_reload_conf()").await;
+    let _ = std::fs::remove_dir_all(dir);
+}

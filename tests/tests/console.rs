@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use orca_tests::procs::{bin, Runner};
+use orca_tests::procs::{bin, sync_runner, wait_run, Runner};
 use orca_tests::serve::{api_key, serve};
 use orca_tests::sqlx;
 use orca_tests::*;
@@ -92,6 +92,23 @@ async fn a_user_drives_the_console_in_a_browser() {
         .execute(&db.pool)
         .await
         .expect("a sync");
+    // Two files the sync moves for real, so that its page charts epochs.
+    let input = std::path::PathBuf::from(format!("{root}/console-in"));
+    let _ = std::fs::remove_dir_all(&input);
+    let _ = std::fs::remove_dir_all(format!("{root}/console-out"));
+    std::fs::create_dir_all(&input).expect("the sync's input");
+    for (i, n) in [(1, 30), (2, 70)] {
+        let lines: String = (0..n).map(|k| format!("{{\"n\": {k}}}\n")).collect();
+        std::fs::write(input.join(format!("part-{i}.jsonl")), lines).expect("an input file");
+    }
+    let sync_dir = scratch("console-sync");
+    let syncer = sync_runner(&db, &sync_dir.join("store"), &sync_dir.join("logs"));
+    let sync_run: i64 = sqlx::query_scalar("SELECT orca.run('mirror', 'now')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run the sync");
+    wait_run(&db, sync_run, "succeeded", &syncer).await;
+    drop(syncer);
     let logs = scratch("console-runner");
     let dir = logs.to_string_lossy().to_string();
     let env = [("PROBE_DIR", dir.as_str()), ("PROBE_SLEEP_MS", "300")];
@@ -136,6 +153,7 @@ async fn a_user_drives_the_console_in_a_browser() {
         "datasets",
         "runners",
         "incident",
+        "sync",
     ] {
         let png = shots.join(format!("{page}.png"));
         let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);

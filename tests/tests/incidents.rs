@@ -389,7 +389,37 @@ async fn bad_playbooks_and_resolutions_are_refused_and_change_nothing() {
         (
             "SELECT orca.create_playbook('run_failed', 'retry_run', '{\"severity\": \"high\"}')",
             "OR105",
-            "only page takes one",
+            "page takes severity",
+        ),
+        (
+            "SELECT orca.create_playbook('run_failed', 'scale_sync')",
+            "OR105",
+            "a run_failed incident has no sync to scale",
+        ),
+        (
+            "SELECT orca.create_playbook('cdc_lag', 'pause')",
+            "OR105",
+            "a cdc_lag incident has no pipeline to pause",
+        ),
+        (
+            "SELECT orca.create_playbook('cdc_lag', 'scale_sync', '{\"max_lanes\": 65}')",
+            "OR105",
+            "scale_sync takes max_lanes (1 to 64)",
+        ),
+        (
+            "SELECT orca.create_playbook('sync_stalled', 'scale_sync', '{\"max_lanes\": \"4\"}')",
+            "OR105",
+            "scale_sync takes max_lanes",
+        ),
+        (
+            "SELECT orca.set_incident_threshold('lag_bytes', 10)",
+            "OR109",
+            "unknown incident threshold 'lag_bytes'",
+        ),
+        (
+            "SELECT orca.set_incident_threshold('cdc_lag_bytes', 0)",
+            "OR109",
+            "incident threshold cdc_lag_bytes must be 1 or more (NULL: its default, 1073741824), got 0",
         ),
         (
             "SELECT orca.create_playbook('run_failed', 'page', '[]')",
@@ -431,4 +461,45 @@ async fn bad_playbooks_and_resolutions_are_refused_and_change_nothing() {
     );
     let (c, msg) = expect_error(&db.pool, &format!("SELECT orca.resolve_incident({id})")).await;
     assert_eq!(c, "OR108", "{msg}");
+}
+
+/// Thresholds: set, read back through what the tick uses, reset to the
+/// default with NULL; each change is an event naming the old value.
+#[tokio::test]
+async fn incident_thresholds_are_set_per_org_and_reset_to_their_default() {
+    let db = TestDb::new().await;
+    let was: i64 =
+        sqlx::query_scalar("SELECT orca.set_incident_threshold('sync_stalled_seconds', 60)")
+            .fetch_one(&db.pool)
+            .await
+            .expect("set");
+    assert_eq!(was, 900, "the default");
+    let was: i64 =
+        sqlx::query_scalar("SELECT orca.set_incident_threshold('sync_stalled_seconds', NULL)")
+            .fetch_one(&db.pool)
+            .await
+            .expect("reset");
+    assert_eq!(was, 60);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.incident_thresholds")
+            .await,
+        0,
+        "reset leaves no row"
+    );
+    let set = events(&db, "incident.threshold_set").await;
+    assert_eq!(set.len(), 2, "{set:?}");
+    assert_eq!(set[1]["value"], 900, "{set:?}");
+    assert_eq!(set[1]["was"], 60, "{set:?}");
+    // Playbooks for the new kinds are accepted where they can act.
+    for sql in [
+        "SELECT orca.create_playbook('cdc_lag', 'scale_sync', '{\"max_lanes\": 4}')",
+        "SELECT orca.create_playbook('sync_stalled', 'page')",
+        "SELECT orca.create_playbook('slot_at_risk', 'page', '{\"severity\": \"critical\"}')",
+        "SELECT orca.create_playbook('sensor_unreadable', 'pause')",
+    ] {
+        sqlx::query(sql)
+            .execute(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }

@@ -94,6 +94,7 @@ const API: &[&str] = &[
     "scale_sync",
     "schedule_maintenance",
     "sense_context",
+    "set_incident_threshold",
     "set_secret",
     "store_catalog",
     "set_webhook_enabled",

@@ -536,6 +536,101 @@ async fn sensors_start_one_run_per_new_snapshot_from_outside_writers_and_from_or
     assert_eq!(sources, ["outside", "orca"]);
 }
 
+/// A sensor whose source cannot be read (the table's current metadata file
+/// gone from the warehouse) opens sensor_unreadable with the poll's error,
+/// in the poll's own finish; a poll that reads it again resolves it.
+#[tokio::test]
+async fn a_sensor_that_cannot_read_its_source_opens_an_incident_until_a_poll_reads_it() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute(format!("ALTER DATABASE \"{}\" SET orca.sense_seconds = 1", db.name).as_str())
+        .await
+        .expect("poll every second");
+    let wh = scratch("sensor-unreadable-wh");
+    let whs = wh.to_string_lossy().to_string();
+    probe_src(&db, &wh, 2).await;
+    register(&db, "probe_sensor");
+    let logs = scratch("sensor-unreadable");
+    let a = Runner::start(
+        &db.url(),
+        "a",
+        1,
+        &logs,
+        &[("ORCA_WAREHOUSE", whs.as_str())],
+    );
+    wait_for(
+        &db,
+        "a poll that reads probe.src",
+        "SELECT count(*) >= 1 FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+         WHERE r.kind = 'sense' AND a.status = 'succeeded'",
+        &[&a],
+    )
+    .await;
+    let location: String = sqlx::query_scalar(
+        "SELECT metadata_location FROM public.iceberg_tables
+         WHERE table_namespace = 'probe' AND table_name = 'src'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("probe.src's metadata");
+    let file = std::path::PathBuf::from(location.trim_start_matches("file://"));
+    let away = file.with_extension("away");
+    std::fs::rename(&file, &away).expect("move the metadata away");
+    wait_for(
+        &db,
+        "sensor_unreadable to open",
+        "SELECT count(*) = 1 FROM orca.incidents
+         WHERE kind = 'sensor_unreadable' AND resolved_at IS NULL",
+        &[&a],
+    )
+    .await;
+    let (summary, subject): (String, Value) = sqlx::query_as(
+        "SELECT summary, subject FROM orca.incidents WHERE kind = 'sensor_unreadable'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("incident");
+    assert!(
+        summary.starts_with("the sensor of probe_sensor could not read its sources: "),
+        "{summary}"
+    );
+    assert_eq!(subject["pipeline"], "probe_sensor", "{subject}");
+    let failed_poll = db
+        .strings(
+            "SELECT a.error FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
+             WHERE r.kind = 'sense' AND a.status = 'failed' ORDER BY a.id LIMIT 1",
+        )
+        .await;
+    assert_eq!(
+        subject["error"].as_str(),
+        failed_poll.first().map(String::as_str),
+        "the incident carries the failed poll's error"
+    );
+    // Polls go on failing: the same incident, seen again.
+    wait_for(
+        &db,
+        "another failed poll seen by the same incident",
+        "SELECT seen >= 2 FROM orca.incidents WHERE kind = 'sensor_unreadable'",
+        &[&a],
+    )
+    .await;
+    std::fs::rename(&away, &file).expect("bring the metadata back");
+    wait_for(
+        &db,
+        "a poll that reads it again to resolve the incident",
+        "SELECT count(*) = 1 FROM orca.incidents
+         WHERE kind = 'sensor_unreadable' AND resolution = 'a poll of the sensor read its sources'",
+        &[&a],
+    )
+    .await;
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.incidents").await,
+        1,
+        "one incident over all the failed polls"
+    );
+    assert!(sensor_runs(&db).await.is_empty(), "nothing new was seen");
+}
+
 /// The partitions of the labels pipeline's runs, in id order.
 async fn label_runs(db: &TestDb) -> Vec<(String, String)> {
     sqlx::query_as::<_, (String, String)>(

@@ -137,6 +137,8 @@ fn cases() -> BTreeMap<&'static str, (Expect, Vec<&'static str>)> {
         ("orca.set_webhook_enabled(bigint,boolean)", NoLeak,
          vec!["SELECT orca.set_webhook_enabled({B_HOOK}, false)"]),
         ("orca.drop_webhook(bigint)", NoLeak, vec!["SELECT orca.drop_webhook({B_HOOK})"]),
+        ("orca.set_incident_threshold(text,bigint)", NoLeak,
+         vec!["SELECT orca.set_incident_threshold('cdc_lag_bytes', 12345)"]),
         ("orca.set_secret(text,text)", NoLeak, vec!["SELECT orca.set_secret('globex-db', 'planted')"]),
         ("orca.drop_secret(text)", NoLeak, vec!["SELECT orca.drop_secret('globex-db')"]),
         ("orca.tick(timestamp with time zone)", NoLeak,
