@@ -382,6 +382,18 @@ fn while_a_dead_session_lets_go<T>(
     }
 }
 
+/// How often an attempt ends the session that holds its slot before it
+/// gives up.
+const TAKE_OVER_TRIES: u32 = 5;
+
+/// The session that holds a slot, from the server's refusal to stream from
+/// it ("replication slot \"x\" is active for PID 123").
+fn slot_holder(error: &str) -> Option<i32> {
+    let (_, rest) = error.split_once("is active for PID ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 fn cdc(reason: impl std::fmt::Display) -> ReadError {
     ReadError::Cdc(reason.to_string())
 }
@@ -507,6 +519,35 @@ impl Cdc {
             )));
         }
         Ok(lsn.as_deref().and_then(Lsn::parse))
+    }
+
+    /// Ends the session `pid` if it is the one holding this sync's slot
+    /// (and no other).
+    fn end_holder(&self, client: &mut postgres::Client, pid: i32) -> Result<(), ReadError> {
+        let ended: Option<bool> = client
+            .query_opt(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND active_pid = $2",
+                &[&self.slot, &pid],
+            )
+            .map_err(|e| {
+                cdc(format!(
+                    "slot {} is held by session {pid} (an earlier attempt's, fenced) and it \
+                     could not be ended: {e} (grant this role pg_signal_backend, or end it)",
+                    self.slot
+                ))
+            })?
+            .map(|r| r.get(0));
+        eprintln!(
+            "orca-engine: slot {} was held by session {pid}, an earlier attempt's: {}",
+            self.slot,
+            match ended {
+                Some(true) => "ended it",
+                Some(false) => "it could not be ended",
+                None => "it has let go",
+            }
+        );
+        Ok(())
     }
 
     fn drop_slot(&self, client: &mut postgres::Client) -> Result<(), ReadError> {
@@ -726,8 +767,11 @@ impl Cdc {
             cdc(format!("replication from slot {}: {e}", self.slot))
         };
         let mut repl = rt
-            .block_on(ReplicationClient::connect(cfg))
+            .block_on(ReplicationClient::connect(cfg.clone()))
             .map_err(repl_err)?;
+        // Sessions of this attempt's stream whose start found the slot held.
+        let mut took_over = 0u32;
+        let mut streaming = false;
         let mut acked = 0u64;
         let mut rels: BTreeMap<u32, Relation> = BTreeMap::new();
         let mut txn: Vec<Change> = Vec::new();
@@ -747,11 +791,32 @@ impl Cdc {
             }
             let ev = match rt.block_on(async { tokio::time::timeout(POLL, repl.recv()).await }) {
                 Err(_) => continue,
-                Ok(Err(e)) => break Err(repl_err(e)),
+                Ok(Err(e)) => {
+                    // The slot is still read by an earlier attempt of this
+                    // sync: one cut off from its runner, fenced since this
+                    // attempt claimed the sync, so that it can commit (and
+                    // acknowledge) nothing more. Its session is ended and
+                    // the stream starts again; nothing was read yet.
+                    match slot_holder(&e.to_string()) {
+                        Some(pid) if !streaming && took_over < TAKE_OVER_TRIES => {
+                            self.end_holder(client, pid)?;
+                            took_over += 1;
+                            std::thread::sleep(Duration::from_millis(200));
+                            repl = rt
+                                .block_on(ReplicationClient::connect(cfg.clone()))
+                                .map_err(repl_err)?;
+                            continue;
+                        }
+                        _ => break Err(repl_err(e)),
+                    }
+                }
                 Ok(Ok(None)) => {
                     break Err(cdc("the replication session ended before its stop point"))
                 }
-                Ok(Ok(Some(ev))) => ev,
+                Ok(Ok(Some(ev))) => {
+                    streaming = true;
+                    ev
+                }
             };
             match ev {
                 ReplicationEvent::Begin { .. } => txn.clear(),
@@ -1326,6 +1391,18 @@ mod tests {
         let bad = vec!["lsn+".to_string(), "0/10".into(), "not json".into()];
         let e = parse_resume("orders", &bad).expect_err("bad windows");
         assert!(e.to_string().contains("no windows"), "{e}");
+    }
+
+    #[test]
+    fn the_session_holding_a_slot_is_read_from_the_refusal() {
+        assert_eq!(
+            slot_holder(
+                "server error: replication slot \"orca_live_7d\" is active for PID 12700 (SQLSTATE 55006)"
+            ),
+            Some(12700)
+        );
+        assert_eq!(slot_holder("replication slot \"x\" does not exist"), None);
+        assert_eq!(slot_holder("is active for PID abc"), None);
     }
 
     #[test]

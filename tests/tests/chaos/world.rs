@@ -1,0 +1,266 @@
+//! What one seed runs on: a private cluster (so that it can be crashed),
+//! a database with the extension, two runners each behind its own fault
+//! proxy, the probe pipeline's backfills and a continuous change stream
+//! with a writer, and the faults sent to them.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orca_tests::cluster::PrivateCluster;
+use orca_tests::procs::{bin, register, Runner};
+use orca_tests::*;
+use serde_json::json;
+
+use crate::proxy::Proxy;
+
+/// How long a lease lasts here: a runner cut off for longer loses its work.
+pub const LEASE_SECONDS: u64 = 10;
+
+pub struct World {
+    pub cluster: PrivateCluster,
+    pub db: TestDb,
+    pub dir: PathBuf,
+    /// Set in the environment of the runners (and so of their children):
+    /// how this world's processes are told from other tests'.
+    pub tag: String,
+    pub runners: Vec<Option<Runner>>,
+    pub proxies: Vec<Proxy>,
+    writer: Option<(Arc<AtomicBool>, tokio::task::JoinHandle<u64>)>,
+}
+
+impl World {
+    pub async fn start(seed: u64) -> World {
+        let cluster = PrivateCluster::start(&[
+            "wal_level = logical",
+            "max_wal_senders = 20",
+            "max_replication_slots = 20",
+        ]);
+        let db = TestDb::at(&cluster.url("postgres")).await;
+        for sql in [
+            format!(
+                "ALTER DATABASE \"{}\" SET orca.lease_seconds = {LEASE_SECONDS}",
+                db.name
+            ),
+            // Lost attempts are what the faults make; they are counted, not a budget here.
+            format!(
+                "ALTER DATABASE \"{}\" SET orca.lost_attempts_max = 1000",
+                db.name
+            ),
+        ] {
+            sqlx::raw_sql(&sql)
+                .execute(&db.pool)
+                .await
+                .expect("a database setting");
+        }
+        let dir = scratch(&format!("chaos-{seed}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("chaos dir");
+        register(&db, "probe");
+        let mut w = World {
+            cluster,
+            db,
+            dir,
+            tag: format!("{seed}-{}", uuid::Uuid::new_v4().simple()),
+            runners: Vec::new(),
+            proxies: Vec::new(),
+            writer: None,
+        };
+        for i in 0..2 {
+            w.proxies.push(Proxy::start(w.cluster.port).await);
+            w.runners.push(None);
+            w.start_runner(i);
+        }
+        w
+    }
+
+    fn runner_name(i: usize) -> String {
+        format!("chaos-r{i}")
+    }
+
+    /// (Re)starts runner `i` behind its proxy.
+    pub fn start_runner(&mut self, i: usize) {
+        let url = format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.proxies[i].port, self.db.name
+        );
+        let store = self.dir.join("store").to_string_lossy().into_owned();
+        let engine = bin("orca-engine").to_string_lossy().into_owned();
+        let runner = Runner::start(
+            &url,
+            &Self::runner_name(i),
+            2,
+            &self.dir.join("logs"),
+            &[
+                ("ORCA_STORE", store.as_str()),
+                ("ORCA_ENGINE", engine.as_str()),
+                ("PROBE_SLEEP_MS", "800"),
+                ("ORCA_CHAOS_TAG", self.tag.as_str()),
+            ],
+        );
+        self.runners[i] = Some(runner);
+    }
+
+    pub fn output(&self) -> String {
+        self.runners
+            .iter()
+            .flatten()
+            .map(|r| format!("--- {}\n{}", r.name, tail(&r.output(), 60)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The processes of this world whose program name ends with `program`.
+    pub fn processes(&self, program: &str) -> Vec<i32> {
+        let want = format!("ORCA_CHAOS_TAG={}", self.tag);
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let named = cmdline
+                .split(|b| *b == 0)
+                .next()
+                .is_some_and(|argv0| argv0.ends_with(program.as_bytes()));
+            if !named {
+                continue;
+            }
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            if environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The source table, its trigger's log of every change, and the
+    /// continuous sync that merges it and appends each change, with no
+    /// retries of its run: every fault it survives must spend none.
+    pub async fn define_stream(&self) {
+        self.exec(
+            "CREATE TABLE public.orders (id bigint PRIMARY KEY, customer text NOT NULL,
+                                         amount numeric(12,2), qty integer);
+             ALTER TABLE public.orders REPLICA IDENTITY FULL;
+             INSERT INTO public.orders
+             SELECT g, 'c' || (g % 97), (g * 1.25)::numeric(12,2), (g % 7)::int
+             FROM generate_series(1, 2000) g;
+             CREATE TABLE public.audit (seq bigserial PRIMARY KEY, op text, id bigint,
+                                        amount numeric(12,2));
+             CREATE FUNCTION public.audit() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF TG_OP = 'DELETE' THEN
+                     INSERT INTO public.audit (op, id, amount) VALUES ('D', OLD.id, NULL);
+                 ELSE
+                     INSERT INTO public.audit (op, id, amount) VALUES (left(TG_OP, 1), NEW.id, NEW.amount);
+                 END IF;
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON public.orders
+                 FOR EACH ROW EXECUTE FUNCTION public.audit();",
+        )
+        .await;
+        sqlx::query(
+            "SELECT orca.create_sync('live', $1, $2, $3, NULL, 'exactly_once', 'default', 0)",
+        )
+        .bind(
+            json!({"type": "postgres_cdc", "url": self.db.url(), "continuous": true,
+                     "epoch_seconds": 1}),
+        )
+        .bind(json!({"type": "postgres", "url": self.db.url(), "schema": "raw"}))
+        .bind(json!([
+            {"name": "orders", "table": "public.orders", "primary_key": ["id"], "mode": "merge"},
+            {"name": "changes", "table": "public.orders", "primary_key": ["id"], "mode": "append"}
+        ]))
+        .execute(&self.db.pool)
+        .await
+        .expect("create_sync");
+    }
+
+    /// Starts writing transactions of an insert, an update and a delete.
+    pub fn start_writer(&mut self, from: u64) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = self.db.url();
+        let s = stop.clone();
+        let task = tokio::spawn(async move { writer(url, s, from).await });
+        self.writer = Some((stop, task));
+    }
+
+    /// Stops the writer; returns the transactions it committed.
+    pub async fn stop_writer(&mut self) -> u64 {
+        match self.writer.take() {
+            Some((stop, task)) => {
+                stop.store(true, Ordering::Relaxed);
+                task.await.expect("the writer")
+            }
+            None => 0,
+        }
+    }
+
+    pub fn crash_postgres(&self) {
+        self.cluster.crash_restart();
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Writes until `stop`, going on through a crash of the server (a
+/// transaction cut by it committed wholly or not at all, its audit rows
+/// with it). Returns how many transactions it tried.
+async fn writer(url: String, stop: Arc<AtomicBool>, from: u64) -> u64 {
+    let mut n: u64 = 0;
+    let mut pool: Option<sqlx::PgPool> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let p = match &pool {
+            Some(p) => p.clone(),
+            None => match sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect(&url)
+                .await
+            {
+                Ok(p) => {
+                    pool = Some(p.clone());
+                    p
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            },
+        };
+        n += 1;
+        let id = 1_000_000 + from + n;
+        let sql = format!(
+            "BEGIN;
+             INSERT INTO public.orders (id, customer, amount, qty) VALUES ({id}, 'w', {n}, 1);
+             UPDATE public.orders SET amount = amount + 1, qty = qty + 1 WHERE id = {};
+             DELETE FROM public.orders WHERE id = {};
+             COMMIT;",
+            1 + (n * 37) % 2000,
+            if n.is_multiple_of(3) {
+                id - 2
+            } else {
+                2000 + from + n
+            }
+        );
+        if sqlx::raw_sql(&sql).execute(&p).await.is_err() {
+            pool = None;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    n
+}
