@@ -11,7 +11,8 @@
 #   CHAOS_SEED=4242 scripts/chaos.sh          replay one seed (its trace is the same)
 #   CHAOS_SEED=4242 CHAOS_SEEDS=10 CHAOS_ROUNDS=2 scripts/chaos.sh
 #
-# CI runs the same test with its default budget: one seed, two rounds.
+# CI runs the same test with its default budget: one seed, two rounds. The
+# binaries it runs are the end-to-end tests' (tests/src/procs.rs builds them).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
@@ -19,8 +20,7 @@ if [ -z "${CHAOS_SEED:-}" ] && [ -z "${CHAOS_SEEDS:-}" ]; then
     export CHAOS_MINUTES="${CHAOS_MINUTES:-30}"
 fi
 export CHAOS_ROUNDS="${CHAOS_ROUNDS:-3}"
-"$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null
-cargo build -q --workspace --bins
+"$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null 2>&1 || die "scripts/setup.sh --tests failed: run it to see why"
 log="${CHAOS_LOG:-/var/tmp/orca-chaos.log}"
 say "the whole output goes to $log"
 started=$(date +%s)

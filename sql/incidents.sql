@@ -34,6 +34,10 @@ COMMENT ON TABLE orca.incidents IS
 -- The deduplication: racing reports cannot open two.
 CREATE UNIQUE INDEX incidents_open ON orca.incidents (org_id, key) WHERE resolved_at IS NULL;
 CREATE INDEX incidents_opened ON orca.incidents (org_id, opened_at);
+-- An incident's timeline (GET /incidents/{id}) reads its events by the
+-- incident's id: an index over those events only, not the whole outbox.
+CREATE INDEX events_incident ON orca.events (((data ->> 'incident')::bigint))
+    WHERE kind LIKE 'incident.%';
 
 CREATE TABLE orca.playbooks (
     org_id     bigint NOT NULL REFERENCES orca.orgs (id),

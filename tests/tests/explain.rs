@@ -376,3 +376,74 @@ async fn a_sensor_s_polling_run_says_it_is_between_polls() {
         "{msg}"
     );
 }
+
+/// A continuous sync whose run failed with its retries spent: its run says
+/// when the supervisor starts the next one, and a tick after that starts it.
+#[tokio::test]
+async fn a_failed_continuous_sync_says_when_its_next_run_starts() {
+    let db = TestDb::new().await;
+    db.pool
+        .execute("CREATE TABLE public.src (id bigint PRIMARY KEY)")
+        .await
+        .expect("source table");
+    sqlx::query("SELECT orca.create_sync('live', $1, $2, $3, NULL, 'at_least_once', 'default', 0)")
+        .bind(json!({"type": "postgres_cdc", "url": db.url(), "continuous": true}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(
+            json!([{"name": "src", "table": "public.src", "primary_key": ["id"], "mode": "merge"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("create_sync");
+    let run: i64 = sqlx::query_scalar(
+        "SELECT r.id FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'live'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the sync's run");
+    let leases = claim(&db.pool, "r1", 10).await;
+    let lease = leases.iter().find(|l| l.run == run).expect("its attempt");
+    sqlx::query("SELECT orca.finish($1, false, 'the source went away')")
+        .bind(lease.lease)
+        .execute(&db.pool)
+        .await
+        .expect("fail it");
+    let reasons = why(&db, run).await;
+    let backoff = reason(&reasons, "restart_backoff");
+    assert!(
+        backoff.1.starts_with(
+            "continuous sync live starts a new run after 10 s (1 failed runs in a row)"
+        ),
+        "{}",
+        backoff.1
+    );
+    assert_eq!(
+        backoff.2,
+        Some(json!({"failed_runs": 1, "backoff_seconds": 10}))
+    );
+    let (since, until): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT since, until FROM orca.explain($1) WHERE code = 'restart_backoff'")
+            .bind(run)
+            .fetch_one(&db.pool)
+            .await
+            .expect("since and until");
+    assert_eq!((until - since).num_seconds(), 10);
+    // Before the backoff passed, a tick starts nothing; after, it starts the next run.
+    let early: Value = sqlx::query_scalar("SELECT orca.tick()")
+        .fetch_one(&db.pool)
+        .await
+        .expect("tick");
+    assert_eq!(early["continuous_restarted"], 0, "{early}");
+    let late: Value = sqlx::query_scalar("SELECT orca.tick($1 + interval '1 second')")
+        .bind(until)
+        .fetch_one(&db.pool)
+        .await
+        .expect("tick");
+    assert_eq!(late["continuous_restarted"], 1, "{late}");
+    let reasons = why(&db, run).await;
+    assert!(
+        !codes(&reasons).contains(&"restart_backoff"),
+        "a successor exists: {reasons:#?}"
+    );
+}
