@@ -43,6 +43,23 @@ pub struct Figures {
     pub infra_retries: u32,
 }
 
+impl Figures {
+    /// The figures on one line.
+    fn line(&self) -> String {
+        format!(
+            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} distinct changes and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
+            self.seeds,
+            self.rounds,
+            self.faults,
+            self.missed,
+            self.changes_checked,
+            self.outputs_checked,
+            self.longest_recovery.as_secs_f64(),
+            self.infra_retries
+        )
+    }
+}
+
 const FAULTS: [&str; 5] = [
     "kill-runner",
     "kill-binary",
@@ -105,6 +122,8 @@ async fn seeded_rounds_of_work_under_faults_keep_every_row_once_and_spend_no_ret
         }
         one_seed(seed, b.rounds, &mut figures).await;
         figures.seeds += 1;
+        // So far, for a long run whose later seed fails.
+        println!("chaos: {}", figures.line());
     }
     println!("chaos figures:");
     println!("  seeds passed:            {}", figures.seeds);
