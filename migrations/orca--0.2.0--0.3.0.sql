@@ -2396,7 +2396,7 @@ $$;
 CREATE FUNCTION orca._incident_open(p_org bigint, p_kind text, p_key text, p_subject jsonb,
                                     p_summary text, p_pipeline bigint DEFAULT NULL,
                                     p_run bigint DEFAULT NULL)
-RETURNS bigint
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id      bigint;
@@ -2412,7 +2412,7 @@ BEGIN
             subject = excluded.subject
     RETURNING i.id, (i.xmax = 0) INTO v_id, v_new;
     IF NOT v_new THEN
-        RETURN v_id;
+        RETURN false;
     END IF;
     PERFORM orca._event(p_org, 'incident.opened', p_pipeline, p_run, NULL,
         jsonb_build_object('incident', v_id, 'kind', p_kind, 'key', p_key,
@@ -2429,7 +2429,7 @@ BEGIN
     IF v_actions <> '[]' THEN
         UPDATE orca.incidents SET actions = v_actions WHERE id = v_id;
     END IF;
-    RETURN v_id;
+    RETURN true;
 END
 $$;
 
@@ -2571,18 +2571,15 @@ BEGIN
                            WHERE rn.org_id = x.org_id AND rn.pool = x.pool
                              AND rn.last_seen > orca._runner_live_since(p_now))
     LOOP
-        IF NOT EXISTS (SELECT 1 FROM orca.incidents i
-                       WHERE i.org_id = q.org_id AND i.key = 'pool_without_runner:' || q.pool
-                         AND i.resolved_at IS NULL) THEN
-            v_opened := v_opened + 1;
-        END IF;
-        PERFORM orca._incident_open(q.org_id, 'pool_without_runner', 'pool_without_runner:' || q.pool,
+        IF orca._incident_open(q.org_id, 'pool_without_runner', 'pool_without_runner:' || q.pool,
             jsonb_build_object('pool', q.pool, 'waiting', q.waiting, 'since', q.since,
                                'last_seen', q.last_seen),
             format('pool %s has %s attempt%s waiting since %s and no live runner (%s)', q.pool,
                    q.waiting, CASE WHEN q.waiting = 1 THEN '' ELSE 's' END, q.since,
                    CASE WHEN q.last_seen IS NULL THEN 'none was ever seen'
-                        ELSE 'the last was seen at ' || q.last_seen END));
+                        ELSE 'the last was seen at ' || q.last_seen END)) THEN
+            v_opened := v_opened + 1;
+        END IF;
     END LOOP;
     FOR q IN
         SELECT * FROM (
@@ -2897,16 +2894,14 @@ BEGIN
     LOOP
         CONTINUE WHEN q.since >= p_now - make_interval(secs => q.limit_s);
         v_key := 'sync_stalled:' || q.id;
-        IF NOT EXISTS (SELECT 1 FROM orca.incidents i
-                       WHERE i.org_id = q.org_id AND i.key = v_key AND i.resolved_at IS NULL) THEN
-            v_opened := v_opened + 1;
-        END IF;
-        PERFORM orca._incident_open(q.org_id, 'sync_stalled', v_key,
+        IF orca._incident_open(q.org_id, 'sync_stalled', v_key,
             jsonb_build_object('sync', q.name, 'head_epoch', q.head_epoch, 'head_at', q.head_at,
                                'run', q.run_id, 'since', q.since, 'threshold_seconds', q.limit_s),
             format('sync %s has not moved HEAD (epoch %s) since %s while its run %s holds a lease '
                    '(sync_stalled_seconds %s)', q.name, q.head_epoch, q.since, q.run_id, q.limit_s),
-            q.pipeline_id, q.run_id);
+            q.pipeline_id, q.run_id) THEN
+            v_opened := v_opened + 1;
+        END IF;
     END LOOP;
     FOR q IN
         SELECT i.org_id, i.key FROM orca.incidents i
@@ -2932,16 +2927,14 @@ BEGIN
     LOOP
         v_key := 'cdc_lag:' || q.id;
         IF NOT q.paused AND q.lag_bytes > q.lag_limit THEN
-            IF NOT EXISTS (SELECT 1 FROM orca.incidents i
-                           WHERE i.org_id = q.org_id AND i.key = v_key AND i.resolved_at IS NULL) THEN
-                v_opened := v_opened + 1;
-            END IF;
-            PERFORM orca._incident_open(q.org_id, 'cdc_lag', v_key,
+            IF orca._incident_open(q.org_id, 'cdc_lag', v_key,
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'lag_bytes', q.lag_bytes,
                                    'threshold_bytes', q.lag_limit),
                 format('the change stream of sync %s is %s behind the WAL (cdc_lag_bytes %s)',
                        q.name, pg_size_pretty(q.lag_bytes), pg_size_pretty(q.lag_limit)),
-                q.pipeline_id);
+                q.pipeline_id) THEN
+                v_opened := v_opened + 1;
+            END IF;
         ELSIF orca._incident_resolve(q.org_id, v_key,
                   CASE WHEN q.paused THEN 'the sync is paused'
                        ELSE format('the change stream is %s behind', pg_size_pretty(q.lag_bytes)) END,
@@ -2950,11 +2943,7 @@ BEGIN
         END IF;
         v_key := 'slot_at_risk:' || q.id;
         IF q.wal_status IN ('unreserved', 'lost') OR q.safe_wal_size < q.safe_limit THEN
-            IF NOT EXISTS (SELECT 1 FROM orca.incidents i
-                           WHERE i.org_id = q.org_id AND i.key = v_key AND i.resolved_at IS NULL) THEN
-                v_opened := v_opened + 1;
-            END IF;
-            PERFORM orca._incident_open(q.org_id, 'slot_at_risk', v_key,
+            IF orca._incident_open(q.org_id, 'slot_at_risk', v_key,
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'wal_status', q.wal_status,
                                    'safe_wal_size', q.safe_wal_size,
                                    'retained_bytes', q.retained_bytes, 'paused', q.paused,
@@ -2969,7 +2958,9 @@ BEGIN
                                  coalesce(pg_size_pretty(q.safe_wal_size), 'nothing is left'),
                                  q.wal_status, pg_size_pretty(q.safe_limit),
                                  CASE WHEN q.paused THEN ': the sync is paused' ELSE '' END) END,
-                q.pipeline_id);
+                q.pipeline_id) THEN
+                v_opened := v_opened + 1;
+            END IF;
         ELSIF orca._incident_resolve(q.org_id, v_key,
                   format('the slot has %s before it may be invalidated (wal_status %s)',
                          coalesce(pg_size_pretty(q.safe_wal_size), 'no limit'), q.wal_status),

@@ -360,3 +360,28 @@ where
         })
         .collect()
 }
+
+/// The changes a source's trigger logged in `public.audit` (op, id,
+/// amount), and those a change-data-capture sync's change log `raw.changes`
+/// holds after its snapshot (rows above its first `_orca_lsn`), each as
+/// "deleted id amount xN": equal when every change landed once. An error
+/// while the change log does not exist yet.
+pub async fn change_log_sets(pool: &PgPool) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
+    let logged: Vec<String> = sqlx::query_scalar(
+        "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
+             SELECT op = 'D' AS d, id, amount, count(*) AS n
+             FROM public.audit GROUP BY 1, 2, 3) x ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    let landed: Vec<String> = sqlx::query_scalar(
+        "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
+             SELECT _orca_deleted AS d, id,
+                    CASE WHEN _orca_deleted THEN NULL ELSE amount END AS amount, count(*) AS n
+             FROM raw.changes WHERE _orca_lsn > (SELECT min(_orca_lsn) FROM raw.changes)
+             GROUP BY 1, 2, 3) x ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok((logged, landed))
+}

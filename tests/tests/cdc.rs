@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use orca_tests::procs::{bin, pyiceberg, sync_runner, text};
+use orca_tests::procs::{bin, processes_with_env, pyiceberg, sync_runner, text};
 use orca_tests::sqlx;
 use orca_tests::*;
 use serde_json::{json, Value};
@@ -503,28 +503,6 @@ async fn a_stream_added_later_joins_the_change_stream_without_a_change_twice() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Changes as the source's trigger logged them, and as the change log
-/// holds them after the snapshot: (deleted, id, amount) with how often.
-async fn change_sets(db: &TestDb) -> (Vec<String>, Vec<String>) {
-    let logged = db
-        .strings(
-            "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
-                 SELECT op = 'D' AS d, id, amount, count(*) AS n
-                 FROM public.audit GROUP BY 1, 2, 3) x ORDER BY 1",
-        )
-        .await;
-    let landed = db
-        .strings(
-            "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
-                 SELECT _orca_deleted AS d, id,
-                        CASE WHEN _orca_deleted THEN NULL ELSE amount END AS amount, count(*) AS n
-                 FROM raw.changes WHERE _orca_lsn > (SELECT min(_orca_lsn) FROM raw.changes)
-                 GROUP BY 1, 2, 3) x ORDER BY 1",
-        )
-        .await;
-    (logged, landed)
-}
-
 /// Writes transactions of inserts, updates and deletes at a steady pace
 /// until `stop`, and counts them.
 async fn writer(url: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u64 {
@@ -688,7 +666,7 @@ async fn changes_written_while_engines_are_killed_and_cut_off_land_exactly_once(
     // Then to the end: the merge is the table, the log every change once.
     run_engine(&db, &store, 1_000);
     assert_eq!(differences(&db).await, 0, "the merge equals the source");
-    let (logged, landed) = change_sets(&db).await;
+    let (logged, landed) = change_log_sets(&db.pool).await.expect("the change sets");
     assert_eq!(logged.len(), landed.len(), "as many distinct changes");
     assert_eq!(logged, landed, "every change once, none twice");
     assert_eq!(
@@ -1454,23 +1432,7 @@ async fn discover_tells_which_tables_a_change_stream_can_read_and_plans_streams(
 /// The orca-engine processes a runner started on `store` (their environment
 /// names it): what a fault is sent to.
 fn engines_on(store: &Path) -> Vec<i32> {
-    let want = format!("ORCA_STORE={}", store.display());
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let is_engine = cmdline
-            .split(|b| *b == 0)
-            .next()
-            .is_some_and(|argv0| argv0.ends_with(b"orca-engine"));
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if is_engine && environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
-            pids.push(pid);
-        }
-    }
-    pids
+    processes_with_env("orca-engine", &format!("ORCA_STORE={}", store.display()))
 }
 
 fn signal(pids: &[i32], sig: &str) {
@@ -1549,7 +1511,6 @@ async fn a_stopped_engine_opens_sync_stalled_and_cdc_lag_until_it_goes_on() {
     exec(
         &db,
         "SELECT orca.set_incident_threshold('sync_stalled_seconds', 4);
-         SELECT orca.set_incident_threshold('cdc_lag_bytes', 64 * 1024 * 1024);
          SELECT orca.create_playbook('cdc_lag', 'scale_sync', '{\"max_lanes\": 2}');",
     )
     .await;
@@ -1570,6 +1531,14 @@ async fn a_stopped_engine_opens_sync_stalled_and_cdc_lag_until_it_goes_on() {
     let engines = engines_on(&store);
     assert_eq!(engines.len(), 1, "one engine on the store: {engines:?}");
     signal(&engines, "-STOP");
+    // The lag threshold is low only from here: the cluster's WAL is every
+    // test's, and other tests' bursts must not open cdc_lag while the sync
+    // streams.
+    exec(
+        &db,
+        "SELECT orca.set_incident_threshold('cdc_lag_bytes', 64 * 1024 * 1024)",
+    )
+    .await;
     exec(
         &db,
         "UPDATE public.orders SET qty = qty + 1000 WHERE id <= 20",
@@ -1619,16 +1588,43 @@ async fn a_stopped_engine_opens_sync_stalled_and_cdc_lag_until_it_goes_on() {
         "the run still holds its lease"
     );
 
+    // These two resolve; another test's WAL burst may open a later cdc_lag
+    // on its own, which is not theirs to wait for.
+    let open: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM orca.incidents WHERE kind IN ('sync_stalled', 'cdc_lag')
+         AND resolved_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("the open incidents");
+    assert_eq!(open.len(), 2, "{got:?}");
     signal(&engines, "-CONT");
-    tick_until(
-        &db,
-        &runner,
+    wait_until(
         "both to resolve once the engine goes on",
         Duration::from_secs(60),
-        |got| got.len() == 2 && got.iter().all(|i| i.1),
+        || async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            exec(&db, "SELECT orca.tick()").await;
+            let resolved: bool = sqlx::query_scalar(
+                "SELECT bool_and(resolved_at IS NOT NULL) FROM orca.incidents WHERE id = ANY ($1)",
+            )
+            .bind(&open)
+            .fetch_one(&db.pool)
+            .await
+            .expect("resolved");
+            resolved.then_some(())
+        },
+        || runner.output(),
     )
     .await;
-    let got = sync_incidents(&db).await;
+    let got: Vec<SyncIncident> = sqlx::query_as(
+        "SELECT kind, resolved_at IS NOT NULL, summary, resolution, actions FROM orca.incidents
+         WHERE id = ANY ($1) ORDER BY id",
+    )
+    .bind(&open)
+    .fetch_all(&db.pool)
+    .await
+    .expect("the two incidents");
     let stalled = got.iter().find(|i| i.0 == "sync_stalled").expect("stalled");
     assert!(
         stalled

@@ -103,7 +103,7 @@ pub async fn stream_converged(w: &World, trace: &[String], within: Duration) -> 
             return n;
         }
         if t0.elapsed() > within {
-            let (logged, landed) = change_sets(w).await.unwrap_or_default();
+            let (logged, landed) = change_log_sets(&w.db.pool).await.unwrap_or_default();
             let missing: Vec<&String> = logged
                 .iter()
                 .filter(|x| !landed.contains(x))
@@ -141,37 +141,13 @@ async fn converged(w: &World) -> Option<u64> {
     if differences != 0 {
         return None;
     }
-    let (logged, landed) = change_sets(w).await?;
+    let (logged, landed) = change_log_sets(&w.db.pool).await.ok()?;
     (logged == landed).then(|| {
         logged
             .iter()
             .filter_map(|l| l.rsplit_once(" x").and_then(|(_, n)| n.parse::<u64>().ok()))
             .sum()
     })
-}
-
-/// Changes as the source's trigger logged them, and as the change log holds
-/// them after the snapshot: (deleted, id, amount) with how often.
-async fn change_sets(w: &World) -> Option<(Vec<String>, Vec<String>)> {
-    let logged: Vec<String> = sqlx::query_scalar(
-        "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
-             SELECT op = 'D' AS d, id, amount, count(*) AS n
-             FROM public.audit GROUP BY 1, 2, 3) x ORDER BY 1",
-    )
-    .fetch_all(&w.db.pool)
-    .await
-    .ok()?;
-    let landed: Vec<String> = sqlx::query_scalar(
-        "SELECT format('%s %s %s x%s', d, id, amount, n) FROM (
-             SELECT _orca_deleted AS d, id,
-                    CASE WHEN _orca_deleted THEN NULL ELSE amount END AS amount, count(*) AS n
-             FROM raw.changes WHERE _orca_lsn > (SELECT min(_orca_lsn) FROM raw.changes)
-             GROUP BY 1, 2, 3) x ORDER BY 1",
-    )
-    .fetch_all(&w.db.pool)
-    .await
-    .ok()?;
-    Some((logged, landed))
 }
 
 /// Each succeeded run's step outputs are the undisturbed run's; a run that
@@ -235,7 +211,7 @@ pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u3
             &format!("an infrastructure fault spent a retry: {others:?}"),
         );
     }
-    0
+    others.len() as u32
 }
 
 /// No lease or queued attempt outlives its run; once the stream is paused,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orca_tests::cluster::PrivateCluster;
-use orca_tests::procs::{bin, register, Runner};
+use orca_tests::procs::{bin, processes_with_env, register, Runner};
 use orca_tests::*;
 use serde_json::json;
 
@@ -113,26 +113,7 @@ impl World {
 
     /// The processes of this world whose program name ends with `program`.
     pub fn processes(&self, program: &str) -> Vec<i32> {
-        let want = format!("ORCA_CHAOS_TAG={}", self.tag);
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let named = cmdline
-                .split(|b| *b == 0)
-                .next()
-                .is_some_and(|argv0| argv0.ends_with(program.as_bytes()));
-            if !named {
-                continue;
-            }
-            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            if environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
-                pids.push(pid);
-            }
-        }
-        pids
+        processes_with_env(program, &format!("ORCA_CHAOS_TAG={}", self.tag))
     }
 
     pub async fn exec(&self, sql: &str) {
