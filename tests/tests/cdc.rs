@@ -218,9 +218,10 @@ async fn a_snapshot_then_changes_land_merged_and_logged_with_deletes_and_the_slo
 }
 
 /// A snapshot cut short by a crash is read on in a later snapshot (a
-/// temporary slot's): the changes made meanwhile to keys it had not read
-/// are in those rows already, so the change log holds each change once,
-/// and the merge equals the source.
+/// temporary slot's), made to stand for the table at the slot's point
+/// (REPLICA IDENTITY FULL): the change log is the table at that point and
+/// every change after it once, rows inserted and deleted meanwhile too (the
+/// chaos suite's seed 72376 lost those), and the merge equals the source.
 #[tokio::test]
 async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
     let db = TestDb::new().await;
@@ -250,7 +251,8 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
     );
 
     // Meanwhile: updates on both sides of key 1000, deletes and inserts
-    // after it, a key moved within the unread part and one moved into it.
+    // after it, a key moved within the unread part and one moved into it,
+    // rows inserted and deleted, one inserted and updated.
     exec(
         &db,
         "UPDATE public.orders SET qty = -id WHERE id % 100 = 7;
@@ -260,6 +262,14 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
          UPDATE public.orders SET id = 7000 WHERE id = 10;",
     )
     .await;
+    for each in [
+        "INSERT INTO public.orders (id, customer, qty) SELECT g, 'brief', 1 FROM generate_series(5001, 5003) g",
+        "DELETE FROM public.orders WHERE id BETWEEN 5001 AND 5003",
+        "INSERT INTO public.orders (id, customer, qty) VALUES (5010, 'late', 1)",
+        "UPDATE public.orders SET qty = 2 WHERE id = 5010",
+    ] {
+        exec(&db, each).await;
+    }
     let out = run_engine(&db, &store, 500);
     assert_eq!(
         differences(&db).await,
@@ -270,15 +280,16 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
     let out = run_engine(&db, &store, 500);
     assert_eq!(differences(&db).await, 0, "{out}");
 
-    // The change log: 1000 rows of the first snapshot, the 10 updates of
-    // keys up to 1000 and key 10's delete, the 2001 rows the later
-    // snapshot read (it shows the 20 updates, 5 deletes, 5 inserts and two
-    // moves after key 1000 already), and the last update.
+    // The change log: the table at the slot's point (1000 rows read there,
+    // 2000 read later as they were then), then every change after it: 30
+    // updates, 5 deletes, 5 inserts, two moves (a delete marker and a row
+    // each), 3 rows inserted and deleted, one inserted and updated, and
+    // the last update.
     let db = &db;
     let log = |sql: String| async move { db.scalar_i64(&sql).await };
     assert_eq!(
         log("SELECT count(*) FROM raw.changes".into()).await,
-        1000 + 10 + 1 + 2001 + 1
+        3000 + 30 + 5 + 5 + 2 * 2 + 3 * 2 + 2 + 1
     );
     let lsns = db
         .strings(
@@ -286,15 +297,33 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
              ORDER BY _orca_lsn",
         )
         .await;
-    assert_eq!(lsns.len(), 2, "two snapshots: {lsns:?}");
+    assert_eq!(lsns.len(), 1, "one snapshot point: {lsns:?}");
     assert_eq!(
         log(format!(
             "SELECT count(*) FROM raw.changes WHERE _orca_lsn = {}",
-            lsns[1]
+            lsns[0]
         ))
         .await,
-        2001,
-        "the later snapshot's rows carry its point"
+        3000,
+        "the later part's rows carry the slot's point"
+    );
+    assert_eq!(
+        db.strings(
+            "SELECT format('%s %s %s', id, _orca_deleted, qty) FROM raw.changes
+             WHERE id IN (1007, 2001, 5002, 5010) ORDER BY _orca_lsn, id",
+        )
+        .await,
+        [
+            "1007 f 6",
+            "2001 f 6",
+            "1007 f -1007",
+            "2001 t 6",
+            "5002 f 1",
+            "5002 t 1",
+            "5010 f 1",
+            "5010 f 2",
+        ],
+        "a key read later shows its row at the slot's point, then its changes"
     );
     // No change twice: no key has two rows in a row that say the same.
     let twice = log(
@@ -332,24 +361,39 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
 }
 
 /// Crashed twice in its snapshot, over a text key of its own collation
-/// (ICU's, whose order is not the database's C order), a change log still
-/// holds each change once: each later part of the snapshot is a window kept
-/// in the resume point across attempts, and which window a key falls in is
-/// the column's collation's call.
+/// (ICU's, whose order is not the database's C order), with the key's
+/// index as replica identity, a change log still holds no change twice:
+/// each later part of the snapshot is a window kept in the resume point
+/// across attempts, and which window a key falls in is the column's
+/// collation's call.
 #[tokio::test]
 async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
+    crashed_twice_over_a_collated_key(false).await;
+}
+
+/// The same under REPLICA IDENTITY FULL: each later part is read as of the
+/// slot's point, in the collation's order, so the change log is the table
+/// at that point and every change after it.
+#[tokio::test]
+async fn a_snapshot_crashed_twice_over_a_collated_key_logs_every_change_under_full_identity() {
+    crashed_twice_over_a_collated_key(true).await;
+}
+
+async fn crashed_twice_over_a_collated_key(full: bool) {
     let db = TestDb::new().await;
     // k00001, K00002, k00003...: in ICU order as numbered, in C order every
     // upper-case name before every lower-case one.
     exec(
         &db,
         "CREATE TABLE public.names (name text COLLATE \"und-x-icu\" PRIMARY KEY, n integer);
-         ALTER TABLE public.names REPLICA IDENTITY FULL;
          INSERT INTO public.names
          SELECT CASE WHEN g % 2 = 0 THEN 'K' ELSE 'k' END || lpad(g::text, 5, '0'), g
          FROM generate_series(1, 1200) g;",
     )
     .await;
+    if full {
+        exec(&db, "ALTER TABLE public.names REPLICA IDENTITY FULL").await;
+    }
     sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
         .bind(json!({"type": "postgres_cdc", "url": db.url()}))
         .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
@@ -392,11 +436,19 @@ async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
     exec(&db, "UPDATE public.names SET n = -n WHERE n % 50 IN (0, 1)").await;
     crash_at("10");
     let p = position().await;
-    assert_eq!(
-        p[0], "snapshot+",
-        "the window rides in the resume point: {p}"
-    );
-    assert_eq!(p[3], "K00800", "{p}");
+    if full {
+        assert_eq!(
+            (p[0].clone(), p[2].clone()),
+            (json!("snapshot"), json!("K00800")),
+            "no window: the part stands for the slot's point: {p}"
+        );
+    } else {
+        assert_eq!(
+            p[0], "snapshot+",
+            "the window rides in the resume point: {p}"
+        );
+        assert_eq!(p[3], "K00800", "{p}");
+    }
     exec(
         &db,
         "UPDATE public.names SET n = n + 100000 WHERE n % 50 = 3",
@@ -410,14 +462,42 @@ async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
         0,
         "the merge equals the source: {out}"
     );
-    // The log: three snapshots of 400 names each, the first crash's 16
-    // updates of names read before it, the second's 16 of names read
-    // before or in the first window (those after it are in the second).
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM raw.log").await,
-        1200 + 16 + 16,
-        "{out}"
-    );
+    if full {
+        // The log: the 1200 names at the slot's point, then every update
+        // after it (48 and 24).
+        assert_eq!(
+            db.scalar_i64("SELECT count(*) FROM raw.log").await,
+            1200 + 48 + 24,
+            "{out}"
+        );
+        assert_eq!(
+            db.scalar_i64(
+                "SELECT count(*) FROM raw.log WHERE _orca_lsn = (SELECT min(_orca_lsn) FROM raw.log)"
+            )
+            .await,
+            1200,
+            "every snapshot row carries the slot's point"
+        );
+        assert_eq!(
+            db.scalar_i64(
+                "SELECT count(*) FROM raw.log l JOIN raw.log f USING (name)
+                 WHERE l._orca_lsn = (SELECT min(_orca_lsn) FROM raw.log)
+                   AND f._orca_lsn > l._orca_lsn AND l.n < 0"
+            )
+            .await,
+            0,
+            "a snapshot row shows no later update"
+        );
+    } else {
+        // The log: three snapshots of 400 names each, the first crash's 16
+        // updates of names read before it, the second's 16 of names read
+        // before or in the first window (those after it are in the second).
+        assert_eq!(
+            db.scalar_i64("SELECT count(*) FROM raw.log").await,
+            1200 + 16 + 16,
+            "{out}"
+        );
+    }
     let twice = db
         .scalar_i64(
             "SELECT count(*) FROM (
@@ -442,9 +522,9 @@ async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
 }
 
 /// A stream added to a CDC sync reads its snapshot at a later point than
-/// where the sync's other streams stand: the changes between the two are
-/// in its snapshot rows and not again in its change log, while the merge
-/// that stood before them takes them as changes.
+/// where the sync's other streams stand; under REPLICA IDENTITY FULL it is
+/// read as of their point, so the new change log is the table there and
+/// every change since, as the merge that stood there takes them.
 #[tokio::test]
 async fn a_stream_added_later_joins_the_change_stream_without_a_change_twice() {
     let db = TestDb::new().await;
@@ -485,17 +565,25 @@ async fn a_stream_added_later_joins_the_change_stream_without_a_change_twice() {
         0,
         "the merge took the changes: {out}"
     );
-    let rows = db.scalar_i64("SELECT count(*) FROM public.orders").await;
     let log = db.scalar_i64("SELECT count(*) FROM raw.changes").await;
     assert_eq!(
-        log, rows,
-        "the change log is its snapshot, which shows the changes: {out}"
+        log,
+        1000 + 100 + 5 + 1,
+        "the change log is the table at the merge's point (1000 rows), then the 100 \
+         updates, 5 deletes and the insert since: {out}"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM raw.changes WHERE _orca_lsn = (SELECT min(_orca_lsn) FROM raw.changes)"
+        )
+        .await,
+        1000
     );
     exec(&db, "UPDATE public.orders SET qty = 7 WHERE id = 2").await;
     run_engine(&db, &store, 500);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM raw.changes").await,
-        rows + 1,
+        log + 1,
         "and the changes after it follow"
     );
     assert_eq!(differences(&db).await, 0);

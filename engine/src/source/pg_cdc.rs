@@ -19,10 +19,13 @@
 //! the slot's consistent point meet without a gap or an overlap. A
 //! snapshot cut short by a crash, or a stream new to the sync, is read
 //! (after its last key) in the exported snapshot of a temporary slot made
-//! for it, at a later point L2: those rows already show the changes that
-//! committed before L2, so the change stream skips the changes of their
-//! keys up to L2 (a window), and neither a merge nor a change log sees a
-//! change twice.
+//! for it, at a later point L2. Under `REPLICA IDENTITY FULL` that part is
+//! made to stand for the table at the stream's own point L (as_of.rs: the
+//! keys that changed between are read as their first change's old row),
+//! and every change after L follows. Otherwise those rows already show the
+//! changes that committed before L2, so the change stream skips the
+//! changes of their keys up to L2 (a window): no change is seen twice, but
+//! a change log gets the later part's rows as they were at L2.
 //!
 //! An attempt reads up to the end of the WAL as it was when it started (a
 //! logical message it writes marks the point) and ends there; replay from
@@ -47,6 +50,8 @@ use crate::source::pg_table::{PgTable, CDC_COLUMNS};
 use crate::source::pgoutput::{decode, Lsn, Message, RelColumn, Value};
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::util::quote_ident;
+
+mod as_of;
 
 /// The LSN up to which the source may tell the slot it can forget, as the
 /// commit protocol acknowledged it (0: nothing yet).
@@ -649,6 +654,12 @@ impl Cdc {
                 (Some((lsn, snapshot)), Some(gate))
             }
         };
+        // Under REPLICA IDENTITY FULL a later part is read as of the
+        // stream's own point (as_of.rs); otherwise it is a window.
+        let as_of = match &later {
+            Some((at, _)) => self.as_of(client, outs, *at)?,
+            None => Vec::new(),
+        };
         let mut tx = client
             .build_transaction()
             .isolation_level(postgres::IsolationLevel::RepeatableRead)
@@ -665,21 +676,33 @@ impl Cdc {
             let Position::Snapshot { lsn, after } = outs[i].pos.clone() else {
                 continue;
             };
-            // The rows carry the point they were read at.
-            let read_at = match &later {
-                Some((at, _)) => {
-                    outs[i].read_from(*at, after.clone());
-                    *at
-                }
-                None => lsn,
-            };
             let t = outs[i].table.clone();
+            // The rows carry the point they stand for.
+            let query = match (&later, as_of.get(i).and_then(Option::as_ref)) {
+                (Some(_), Some(part)) => {
+                    // It ends the window an earlier part's began.
+                    if !outs[i].windows.is_empty() {
+                        outs[i].read_from(lsn, after.clone());
+                    }
+                    t.copy_query_as_of(
+                        after.as_deref(),
+                        lsn.0,
+                        &part.changed,
+                        &part.rows,
+                        &part.collate,
+                    )?
+                }
+                (Some((at, _)), None) => {
+                    outs[i].read_from(*at, after.clone());
+                    t.copy_query_at(after.as_deref(), at.0)?
+                }
+                (None, _) => t.copy_query_at(after.as_deref(), lsn.0)?,
+            };
             let stream = t.spec.name.clone();
             let copy = |source| ReadError::Copy {
                 stream: stream.clone(),
                 source,
             };
-            let query = t.copy_query_at(after.as_deref(), read_at.0)?;
             let input = tx.copy_out(query.as_str())?;
             let mut r = CopyReader::new(input, t.columns.clone())
                 .map_err(copy)?

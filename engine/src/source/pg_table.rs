@@ -432,8 +432,123 @@ impl PgTable {
         range: &Range,
         lsn: u64,
     ) -> Result<String, SourceError> {
-        let select = self
-            .columns
+        let order = self.key_list();
+        let mut q = format!(
+            "COPY (SELECT {} FROM {}",
+            self.select_list(lsn),
+            qualified(&self.spec.table)
+        );
+        let mut conditions = Vec::new();
+        if let Some(&first) = self.key.first() {
+            let col = quote_ident(&self.columns[first].name);
+            let ty = &self.sql_types[first];
+            if let Some(lo) = &range.lo {
+                conditions.push(format!("{col} >= {}::{ty}", quote_literal(lo)));
+            }
+            if let Some(hi) = &range.hi {
+                conditions.push(format!("{col} < {}::{ty}", quote_literal(hi)));
+            }
+        }
+        if let Some(pos) = after {
+            conditions.push(self.after_condition(pos)?);
+        }
+        if !conditions.is_empty() {
+            q.push_str(" WHERE ");
+            q.push_str(&conditions.join(" AND "));
+        }
+        q.push_str(&format!(" ORDER BY {order}) TO STDOUT (FORMAT binary)"));
+        Ok(q)
+    }
+
+    /// The COPY of a change stream's snapshot read after `after` in a later
+    /// snapshot, made to stand for the table as it was at `lsn`: the keys
+    /// that changed between the two points (`changed`, key values in key
+    /// order) are left out and `rows` (those of them that existed at `lsn`,
+    /// as they were, values in the order of the table's own columns) take
+    /// their place, in key order by each key column's collation
+    /// (`collate`, quoted, None: a type without one).
+    pub fn copy_query_as_of(
+        &self,
+        after: Option<&[String]>,
+        lsn: u64,
+        changed: &[Vec<Option<String>>],
+        rows: &[Vec<Option<String>>],
+        collate: &[Option<String>],
+    ) -> Result<String, SourceError> {
+        let select = self.select_list(lsn);
+        let typed = |v: &Option<String>, i: usize| match v {
+            Some(v) => format!("{}::{}", quote_literal(v), self.sql_types[i]),
+            None => format!("NULL::{}", self.sql_types[i]),
+        };
+        let mut conditions = Vec::new();
+        if let Some(pos) = after {
+            conditions.push(self.after_condition(pos)?);
+        }
+        if !changed.is_empty() {
+            let keys: Vec<String> = changed
+                .iter()
+                .map(|k| {
+                    let values: Vec<String> =
+                        self.key.iter().zip(k).map(|(&i, v)| typed(v, i)).collect();
+                    format!("({})", values.join(", "))
+                })
+                .collect();
+            conditions.push(format!(
+                "({}) NOT IN (VALUES {})",
+                self.key_list(),
+                keys.join(", ")
+            ));
+        }
+        let mut q = format!("SELECT {select} FROM {}", qualified(&self.spec.table));
+        if !conditions.is_empty() {
+            q.push_str(" WHERE ");
+            q.push_str(&conditions.join(" AND "));
+        }
+        let own: Vec<usize> = (0..self.columns.len())
+            .filter(|&i| !(self.spec.cdc && CDC_COLUMNS.contains(&self.columns[i].name.as_str())))
+            .collect();
+        if !rows.is_empty() {
+            let values: Vec<String> = rows
+                .iter()
+                .map(|r| {
+                    let v: Vec<String> = own.iter().zip(r).map(|(&i, v)| typed(v, i)).collect();
+                    format!("({})", v.join(", "))
+                })
+                .collect();
+            let names: Vec<String> = own
+                .iter()
+                .map(|&i| quote_ident(&self.columns[i].name))
+                .collect();
+            q.push_str(&format!(
+                " UNION ALL SELECT {select} FROM (VALUES {}) AS {}({})",
+                values.join(", "),
+                quote_ident(&self.spec.name),
+                names.join(", ")
+            ));
+        }
+        // The two parts' text columns have different collations (the
+        // column's, the type's default): the order names the column's.
+        let order: Vec<String> = self
+            .key
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| {
+                let c = quote_ident(&self.columns[i].name);
+                match collate.get(n).cloned().flatten() {
+                    Some(coll) => format!("{c} COLLATE {coll}"),
+                    None => c,
+                }
+            })
+            .collect();
+        Ok(format!(
+            "COPY (SELECT * FROM ({q}) AS part ORDER BY {}) TO STDOUT (FORMAT binary)",
+            order.join(", ")
+        ))
+    }
+
+    /// The selected columns; a change stream's carry `lsn` and no delete.
+    fn select_list(&self, lsn: u64) -> String {
+        self.columns
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -448,60 +563,47 @@ impl PgTable {
                 }
             })
             .collect::<Vec<_>>()
-            .join(", ");
-        let order = self
-            .key
+            .join(", ")
+    }
+
+    /// The resume columns, in order.
+    fn key_list(&self) -> String {
+        self.key
             .iter()
             .map(|&i| quote_ident(&self.columns[i].name))
             .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The condition for the rows after resume point `pos`.
+    fn after_condition(&self, pos: &[String]) -> Result<String, SourceError> {
+        if pos.len() != self.key.len() {
+            return Err(SourceError::BadPosition {
+                stream: self.spec.name.clone(),
+                position: pos.to_vec(),
+                got: pos.len(),
+                want: self.key.len(),
+            });
+        }
+        let values = self
+            .key
+            .iter()
+            .zip(pos)
+            .map(|(&i, v)| format!("{}::{}", quote_literal(v), self.sql_types[i]))
+            .collect::<Vec<_>>()
             .join(", ");
-        let mut q = format!("COPY (SELECT {select} FROM {}", qualified(&self.spec.table));
-        let mut conditions = Vec::new();
-        if let Some(&first) = self.key.first() {
-            let col = quote_ident(&self.columns[first].name);
-            let ty = &self.sql_types[first];
-            if let Some(lo) = &range.lo {
-                conditions.push(format!("{col} >= {}::{ty}", quote_literal(lo)));
-            }
-            if let Some(hi) = &range.hi {
-                conditions.push(format!("{col} < {}::{ty}", quote_literal(hi)));
-            }
-        }
-        if let Some(pos) = after {
-            if pos.len() != self.key.len() {
-                return Err(SourceError::BadPosition {
-                    stream: self.spec.name.clone(),
-                    position: pos.to_vec(),
-                    got: pos.len(),
-                    want: self.key.len(),
-                });
-            }
-            let values = self
-                .key
-                .iter()
-                .zip(pos)
-                .map(|(&i, v)| format!("{}::{}", quote_literal(v), self.sql_types[i]))
-                .collect::<Vec<_>>()
-                .join(", ");
-            match (&self.spec.lookback, self.key.first()) {
-                // From the cursor's value less the lookback: the rows after
-                // the resume point and those that committed late before it.
-                (Some(back), Some(&c)) => conditions.push(format!(
-                    "{} >= {}::{} - {}::interval",
-                    quote_ident(&self.columns[c].name),
-                    quote_literal(&pos[0]),
-                    self.sql_types[c],
-                    quote_literal(back)
-                )),
-                _ => conditions.push(format!("({order}) > ({values})")),
-            }
-        }
-        if !conditions.is_empty() {
-            q.push_str(" WHERE ");
-            q.push_str(&conditions.join(" AND "));
-        }
-        q.push_str(&format!(" ORDER BY {order}) TO STDOUT (FORMAT binary)"));
-        Ok(q)
+        Ok(match (&self.spec.lookback, self.key.first()) {
+            // From the cursor's value less the lookback: the rows after
+            // the resume point and those that committed late before it.
+            (Some(back), Some(&c)) => format!(
+                "{} >= {}::{} - {}::interval",
+                quote_ident(&self.columns[c].name),
+                quote_literal(&pos[0]),
+                self.sql_types[c],
+                quote_literal(back)
+            ),
+            _ => format!("({}) > ({values})", self.key_list()),
+        })
     }
 
     /// The resume point at a row: its cursor and key values, as text the
