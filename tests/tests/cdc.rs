@@ -368,7 +368,7 @@ async fn a_snapshot_cut_short_by_a_crash_goes_on_and_shows_no_change_twice() {
 /// collation's call.
 #[tokio::test]
 async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
-    crashed_twice_over_a_collated_key(false).await;
+    crashed_twice_over_a_collated_key(Identity::Key).await;
 }
 
 /// The same under REPLICA IDENTITY FULL: each later part is read as of the
@@ -376,10 +376,25 @@ async fn a_snapshot_crashed_twice_over_a_collated_key_shows_no_change_twice() {
 /// at that point and every change after it.
 #[tokio::test]
 async fn a_snapshot_crashed_twice_over_a_collated_key_logs_every_change_under_full_identity() {
-    crashed_twice_over_a_collated_key(true).await;
+    crashed_twice_over_a_collated_key(Identity::Full).await;
 }
 
-async fn crashed_twice_over_a_collated_key(full: bool) {
+/// Made FULL after the first crash: the changes made before carry no old
+/// rows, so the later parts are windows, as under the key's identity.
+#[tokio::test]
+async fn a_snapshot_whose_table_became_full_identity_meanwhile_falls_back_to_windows() {
+    crashed_twice_over_a_collated_key(Identity::FullAfterFirstCrash).await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Identity {
+    Key,
+    Full,
+    FullAfterFirstCrash,
+}
+
+async fn crashed_twice_over_a_collated_key(identity: Identity) {
+    let full = identity == Identity::Full;
     let db = TestDb::new().await;
     // k00001, K00002, k00003...: in ICU order as numbered, in C order every
     // upper-case name before every lower-case one.
@@ -434,6 +449,9 @@ async fn crashed_twice_over_a_collated_key(full: bool) {
     // Names up to K00400 were read at the slot's point; k00051 is one of
     // them, though C orders it after K00400.
     exec(&db, "UPDATE public.names SET n = -n WHERE n % 50 IN (0, 1)").await;
+    if identity == Identity::FullAfterFirstCrash {
+        exec(&db, "ALTER TABLE public.names REPLICA IDENTITY FULL").await;
+    }
     crash_at("10");
     let p = position().await;
     if full {

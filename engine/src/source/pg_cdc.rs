@@ -122,20 +122,26 @@ pub fn parse_resume(stream: &str, v: &[String]) -> Result<(Position, Vec<Window>
 /// A resume point as recorded: the position, with the windows that still
 /// matter (a window's changes end once the stream passed its point).
 pub fn resume_point(pos: &Position, windows: &[Window]) -> Vec<String> {
-    let live: Vec<Window> = windows
-        .iter()
-        .filter(|w| match pos {
-            Position::Stream(at) => w.lsn > *at,
-            Position::Snapshot { .. } => true,
-        })
-        .cloned()
-        .collect();
+    let live = match pos {
+        Position::Stream(at) => live_windows(windows, *at),
+        Position::Snapshot { .. } => windows,
+    };
     let mut v = pos.to_vec();
     if !live.is_empty() {
         v[0].push('+');
-        v.insert(2, windows_text(&live));
+        v.insert(2, windows_text(live));
     }
     v
+}
+
+/// The windows that still matter once the stream stands at `at`. A window
+/// ends where the next begins, so only the first may go once the stream
+/// has passed its point: were a later one to go first (a part read as of
+/// an earlier point than the one before it), the one before would reach
+/// over its keys.
+fn live_windows(windows: &[Window], at: Lsn) -> &[Window] {
+    let gone = windows.iter().take_while(|w| w.lsn <= at).count();
+    &windows[gone..]
 }
 
 /// Where a stream stands in the change stream.
@@ -246,7 +252,8 @@ impl Out {
         let arrays = self.rows.take();
         let ids: ArrayRef = Arc::new(StringArray::from(std::mem::take(&mut self.ids)));
         if let Position::Stream(at) = self.pos {
-            self.windows.retain(|w| w.lsn > at);
+            let gone = self.windows.len() - live_windows(&self.windows, at).len();
+            self.windows.drain(..gone);
         }
         let msg = Msg::Chunk {
             arrays,
@@ -930,6 +937,7 @@ impl Cdc {
                 namespace,
                 name,
                 columns,
+                ..
             } => {
                 let table = format!("{namespace}.{name}");
                 let mut rel = Relation {
@@ -1410,6 +1418,25 @@ mod tests {
         assert_eq!(
             parse_resume("s", &v).expect("parses"),
             (Position::Stream(Lsn(0x10)), whole)
+        );
+        // A part read as of an earlier point after one read later: the
+        // later one's window stays until the stream passes the earlier
+        // one's, so it cannot reach over the earlier part's keys.
+        let mixed = vec![
+            windows[1].clone(),
+            Window {
+                lsn: Lsn(0x10),
+                after: Some(vec!["2500".into(), "d".into()]),
+            },
+        ];
+        let v = resume_point(&Position::Stream(Lsn(0x18)), &mixed);
+        assert_eq!(
+            parse_resume("s", &v).expect("parses"),
+            (Position::Stream(Lsn(0x18)), mixed.clone())
+        );
+        assert_eq!(
+            resume_point(&Position::Stream(Lsn(0x30)), &mixed),
+            ["lsn", "0/30"]
         );
         let bad = vec!["lsn+".to_string(), "0/10".into(), "not json".into()];
         let e = parse_resume("orders", &bad).expect_err("bad windows");

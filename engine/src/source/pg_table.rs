@@ -484,6 +484,7 @@ impl PgTable {
         if let Some(pos) = after {
             conditions.push(self.after_condition(pos)?);
         }
+        let table = qualified(&self.spec.table);
         if !changed.is_empty() {
             let keys: Vec<String> = changed
                 .iter()
@@ -493,13 +494,33 @@ impl PgTable {
                     format!("({})", values.join(", "))
                 })
                 .collect();
+            let names: Vec<String> = (0..self.key.len()).map(|n| format!("k{n}")).collect();
+            let ours: Vec<String> = self
+                .key
+                .iter()
+                .map(|&i| format!("{table}.{}", quote_ident(&self.columns[i].name)))
+                .collect();
+            // An anti-join (hashed, and spilled when big), where NOT IN
+            // would test each row against the whole list.
             conditions.push(format!(
-                "({}) NOT IN (VALUES {})",
-                self.key_list(),
-                keys.join(", ")
+                "NOT EXISTS (SELECT FROM (VALUES {}) AS changed({}) WHERE ({}) = ({}))",
+                keys.join(", "),
+                names.join(", "),
+                // A text key compares in its column's collation (the
+                // list's values have the type's default).
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(n, k)| match collate.get(n).cloned().flatten() {
+                        Some(coll) => format!("changed.{k} COLLATE {coll}"),
+                        None => format!("changed.{k}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ours.join(", ")
             ));
         }
-        let mut q = format!("SELECT {select} FROM {}", qualified(&self.spec.table));
+        let mut q = format!("SELECT {select} FROM {table}");
         if !conditions.is_empty() {
             q.push_str(" WHERE ");
             q.push_str(&conditions.join(" AND "));
@@ -507,7 +528,12 @@ impl PgTable {
         let own: Vec<usize> = (0..self.columns.len())
             .filter(|&i| !(self.spec.cdc && CDC_COLUMNS.contains(&self.columns[i].name.as_str())))
             .collect();
-        if !rows.is_empty() {
+        if rows.is_empty() {
+            // The table's own order (its key's index).
+            q.push_str(&format!(" ORDER BY {}", self.key_list()));
+            return Ok(format!("COPY ({q}) TO STDOUT (FORMAT binary)"));
+        }
+        {
             let values: Vec<String> = rows
                 .iter()
                 .map(|r| {

@@ -55,6 +55,9 @@ pub enum Message {
         namespace: String,
         name: String,
         columns: Vec<RelColumn>,
+        /// Its replica identity is FULL: a delete's and an update's old
+        /// tuple is the whole row.
+        full: bool,
     },
     Insert {
         rel: u32,
@@ -181,7 +184,7 @@ pub fn decode(data: &[u8]) -> Result<Message, DecodeError> {
             let id = rel(&mut c)?;
             let namespace = c.cstring()?;
             let name = c.cstring()?;
-            let _identity = c.u8()?;
+            let full = c.u8()? == b'f';
             let n = c.i16()?;
             let mut columns = Vec::with_capacity(n.max(0) as usize);
             for _ in 0..n {
@@ -201,6 +204,7 @@ pub fn decode(data: &[u8]) -> Result<Message, DecodeError> {
                 namespace,
                 name,
                 columns,
+                full,
             }
         }
         b'I' => {
@@ -307,12 +311,17 @@ mod tests {
         r.extend_from_slice(&(-1i32).to_be_bytes());
         let m = decode(&r).expect("relation");
         let Message::Relation {
-            id, name, columns, ..
+            id,
+            name,
+            columns,
+            full,
+            ..
         } = m
         else {
             panic!("{m:?}")
         };
         assert_eq!((id, name.as_str()), (16385, "orders"));
+        assert!(!full, "identity 'd' is the key's");
         assert!(columns[0].key && !columns[1].key);
         assert_eq!(columns[1].type_oid, 25);
 

@@ -41,8 +41,9 @@ struct First {
 
 impl Cdc {
     /// For each stream still in its snapshot whose table's replica identity
-    /// is full, its part read at `upto` as of its own point (None: a stream
-    /// this does not apply to, whose part is a window instead).
+    /// is full (and was, for every change after the stream's point), its
+    /// part read at `upto` as of its own point (None: a stream this does not
+    /// apply to, whose part is a window instead).
     pub(super) fn as_of(
         &self,
         client: &mut postgres::Client,
@@ -70,7 +71,8 @@ impl Cdc {
         let firsts = self.first_changes(client, outs, &since, upto)?;
         let mut parts = Vec::with_capacity(outs.len());
         for (i, seen) in firsts.into_iter().enumerate() {
-            let (Some(_), Position::Snapshot { after, .. }) = (since[i], outs[i].pos.clone())
+            let (Some(_), Some(seen), Position::Snapshot { after, .. }) =
+                (since[i], seen, outs[i].pos.clone())
             else {
                 parts.push(None);
                 continue;
@@ -109,7 +111,7 @@ impl Cdc {
         outs: &[Out],
         since: &[Option<Lsn>],
         upto: Lsn,
-    ) -> Result<Vec<Vec<First>>, ReadError> {
+    ) -> Result<Firsts, ReadError> {
         let mut took_over = 0u32;
         loop {
             let upto_text = upto.to_string();
@@ -142,6 +144,10 @@ impl Cdc {
     }
 }
 
+/// Each stream's first changes (by its place; None: its part cannot be
+/// rebuilt).
+type Firsts = Vec<Option<Vec<First>>>;
+
 /// The streams that read a relation, each with the place of each of its
 /// columns in the relation's tuples.
 type Readers = Vec<(usize, Vec<Option<usize>>)>;
@@ -153,17 +159,20 @@ fn holder(e: &postgres::Error) -> Option<i32> {
 
 /// The first change of each key of each stream in `since` among the
 /// slot's transactions in `rows` (Err inside: the server's error while it
-/// decoded them).
+/// decoded them). None for a stream whose old rows the WAL after its point
+/// does not hold whole: a change made under another replica identity, or a
+/// truncate.
 fn read_changes(
     mut rows: postgres::RowIter<'_>,
     outs: &[Out],
     since: &[Option<Lsn>],
-) -> Result<Result<Vec<Vec<First>>, postgres::Error>, ReadError> {
-    let mut firsts: Vec<Vec<First>> = outs.iter().map(|_| Vec::new()).collect();
+) -> Result<Result<Firsts, postgres::Error>, ReadError> {
+    let mut firsts: Firsts = outs.iter().map(|_| Some(Vec::new())).collect();
     let mut seen: Vec<HashSet<Vec<Option<String>>>> = outs.iter().map(|_| HashSet::new()).collect();
-    let mut rels: HashMap<u32, Readers> = HashMap::new();
-    let mut tables: HashMap<u32, String> = HashMap::new();
+    let mut rels: HashMap<u32, Rel> = HashMap::new();
     let mut txn: Vec<First> = Vec::new();
+    // The streams a change of this transaction left without a whole old row.
+    let mut partial: Vec<usize> = Vec::new();
     loop {
         let row = match rows.next() {
             Ok(Some(row)) => row,
@@ -172,10 +181,19 @@ fn read_changes(
         };
         let data: &[u8] = row.get(0);
         if let Some(end) = commit_end(data) {
+            let after = |o: usize| since[o].is_some_and(|l| end > l);
+            for o in partial.drain(..) {
+                if after(o) {
+                    firsts[o] = None;
+                }
+            }
             for f in txn.drain(..) {
                 let o = f.out;
-                if since[o].is_some_and(|l| end > l) && seen[o].insert(f.key.clone()) {
-                    firsts[o].push(f);
+                if !after(o) || !seen[o].insert(f.key.clone()) {
+                    continue;
+                }
+                if let Some(list) = firsts[o].as_mut() {
+                    list.push(f);
                 }
             }
             continue;
@@ -186,9 +204,10 @@ fn read_changes(
                 namespace,
                 name,
                 columns,
+                full,
             } => {
                 let table = format!("{namespace}.{name}");
-                let mut mine = Vec::new();
+                let mut readers = Vec::new();
                 for (i, o) in outs.iter().enumerate() {
                     if since[i].is_none() || qualified(&o.table.spec.table) != qualified(&table) {
                         continue;
@@ -197,49 +216,70 @@ fn read_changes(
                         .source_columns()
                         .map(|(_, c)| columns.iter().position(|r| r.name == c.name))
                         .collect();
-                    mine.push((i, at));
+                    readers.push((i, at));
                 }
-                rels.insert(id, mine);
-                tables.insert(id, table);
+                rels.insert(
+                    id,
+                    Rel {
+                        table,
+                        full,
+                        readers,
+                    },
+                );
             }
             Message::Insert { rel, new } => {
-                for (i, at) in rels.get(&rel).into_iter().flatten() {
-                    let table = tables.get(&rel).map_or("", String::as_str);
-                    let row = outs[*i].row(*i, table, at, &new, None, false)?;
+                let Some(r) = rels.get(&rel) else { continue };
+                for (i, at) in &r.readers {
+                    let row = outs[*i].row(*i, &r.table, at, &new, None, false)?;
                     txn.push(first(&outs[*i], row, false));
                 }
             }
             Message::Update { rel, old, new } => {
-                for (i, at) in rels.get(&rel).into_iter().flatten() {
-                    let table = tables.get(&rel).map_or("", String::as_str);
+                let Some(r) = rels.get(&rel) else { continue };
+                for (i, at) in &r.readers {
                     let o = &outs[*i];
-                    let Some(old) = &old else {
-                        return Err(cdc(format!(
-                            "an update of {table} without its old row: its replica \
-                                     identity is no longer FULL"
-                        )));
+                    let (Some(old), true) = (&old, r.full) else {
+                        partial.push(*i);
+                        continue;
                     };
-                    let was = o.row(*i, table, at, old, None, false)?;
-                    let now = o.row(*i, table, at, &new, Some(old), false)?;
+                    let was = o.row(*i, &r.table, at, old, None, false)?;
+                    let now = o.row(*i, &r.table, at, &new, Some(old), false)?;
                     let moved = o.key_of(&was) != o.key_of(&now);
                     txn.push(first(o, was, true));
-                    // A key the update moved the row to had no row.
+                    // The key the update moved the row to had no row.
                     if moved {
                         txn.push(first(o, now, false));
                     }
                 }
             }
             Message::Delete { rel, old } => {
-                for (i, at) in rels.get(&rel).into_iter().flatten() {
-                    let table = tables.get(&rel).map_or("", String::as_str);
-                    let was = outs[*i].row(*i, table, at, &old, None, false)?;
+                let Some(r) = rels.get(&rel) else { continue };
+                for (i, at) in &r.readers {
+                    if !r.full {
+                        partial.push(*i);
+                        continue;
+                    }
+                    let was = outs[*i].row(*i, &r.table, at, &old, None, false)?;
                     txn.push(first(&outs[*i], was, true));
                 }
             }
-            Message::Truncate { .. } | Message::Other(_) => {}
+            Message::Truncate { rels: truncated } => {
+                for r in truncated.iter().filter_map(|t| rels.get(t)) {
+                    partial.extend(r.readers.iter().map(|(i, _)| *i));
+                }
+            }
+            Message::Other(_) => {}
         }
     }
     Ok(Ok(firsts))
+}
+
+/// A relation as the slot described it.
+struct Rel {
+    table: String,
+    /// Its replica identity was FULL when the changes after it were made.
+    full: bool,
+    readers: Readers,
 }
 
 /// A change's key, and the row before it if `existed`.
