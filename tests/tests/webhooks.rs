@@ -120,12 +120,14 @@ fn verify(secret: &str, dir: &Path, what: &str) -> String {
 #[tokio::test]
 async fn relays_deliver_every_event_signed_at_least_once() {
     let db = TestDb::new().await;
-    // Quick backoff and a short patience for the dead endpoint below.
+    // Quick backoff and a short patience for the dead endpoint below, yet
+    // longer than the receiver's restart takes on a busy machine (Python
+    // starting), or the live endpoint is disabled too.
     db.pool
         .execute(
             format!(
                 "ALTER DATABASE \"{}\" SET orca.webhook_backoff_max_seconds = 1; \
-                 ALTER DATABASE \"{}\" SET orca.webhook_disable_after_seconds = 3",
+                 ALTER DATABASE \"{}\" SET orca.webhook_disable_after_seconds = 8",
                 db.name, db.name
             )
             .as_str(),
@@ -150,6 +152,7 @@ async fn relays_deliver_every_event_signed_at_least_once() {
     let start: i64 = db.scalar_i64("SELECT max(id) FROM orca.events").await;
     // A receiver that fails its first three deliveries, and two relays.
     let r = receiver(port, &secret, &dir, 3);
+    orca_tests::stores::wait_port(port, "the webhook receiver");
     let relays = [relay(&db, "relay-a"), relay(&db, "relay-b")];
     c.execute("SELECT orca.backfill('lake', '2024-01..2024-12')")
         .await
@@ -191,6 +194,7 @@ async fn relays_deliver_every_event_signed_at_least_once() {
     drop(r);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let _r = receiver(port, &secret, &dir, 0);
+    orca_tests::stores::wait_port(port, "the restarted webhook receiver");
     wait_all(&db, &dir, mark, "the events after the receiver's restart").await;
 
     // A dead endpoint is disabled, with an event, once it failed long enough.
