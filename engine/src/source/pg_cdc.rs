@@ -227,7 +227,8 @@ struct Out {
     /// The parts of its snapshot read later than the slot's point, in key
     /// order.
     windows: Vec<Window>,
-    /// Its key columns' collations, once a window needs them.
+    /// Its key columns' collations, once a window or a part as of its
+    /// point needs them.
     collations: Option<Vec<Option<String>>>,
 }
 
@@ -243,6 +244,30 @@ impl Out {
             .iter()
             .enumerate()
             .filter(|(_, c)| !CDC_COLUMNS.contains(&c.name.as_str()))
+    }
+
+    /// Whether it reads `table` (`schema.name`).
+    fn reads(&self, table: &str) -> bool {
+        qualified(&self.table.spec.table) == qualified(table)
+    }
+
+    /// Where each of its columns is in a relation's tuples (None: a column
+    /// the description lacks), once per description rather than per row.
+    fn places(&self, columns: &[RelColumn]) -> Vec<Option<usize>> {
+        self.source_columns()
+            .map(|(_, c)| columns.iter().position(|r| r.name == c.name))
+            .collect()
+    }
+
+    /// Its key columns' collations, read once.
+    fn collations(
+        &mut self,
+        client: &mut postgres::Client,
+    ) -> Result<Vec<Option<String>>, ReadError> {
+        if self.collations.is_none() {
+            self.collations = Some(self.key_collations(client)?);
+        }
+        Ok(self.collations.clone().unwrap_or_default())
     }
 
     /// Sends what this round brought (maybe nothing) up to the stream's
@@ -945,19 +970,13 @@ impl Cdc {
                     outs: Vec::new(),
                 };
                 for (i, o) in outs.iter_mut().enumerate() {
-                    if qualified(&o.table.spec.table) != qualified(&table) {
+                    if !o.reads(&table) {
                         continue;
                     }
                     if let Some(why) = o.fit(columns)? {
                         return Ok(Step::Evolve(why));
                     }
-                    // Where each of the stream's columns is in a tuple, once
-                    // per description rather than per row.
-                    let at = o
-                        .source_columns()
-                        .map(|(_, c)| columns.iter().position(|r| r.name == c.name))
-                        .collect();
-                    rel.outs.push((i, at));
+                    rel.outs.push((i, o.places(columns)));
                 }
                 rels.insert(*id, rel);
             }
@@ -1231,13 +1250,9 @@ impl Out {
                 ),
             });
         }
-        if self.collations.is_none() {
-            self.collations = Some(self.key_collations(client)?);
-        }
         let collate: Vec<String> = self
-            .collations
+            .collations(client)?
             .iter()
-            .flatten()
             .map(|c| {
                 c.as_ref()
                     .map(|c| format!(" COLLATE {c}"))

@@ -533,25 +533,23 @@ impl PgTable {
             q.push_str(&format!(" ORDER BY {}", self.key_list()));
             return Ok(format!("COPY ({q}) TO STDOUT (FORMAT binary)"));
         }
-        {
-            let values: Vec<String> = rows
-                .iter()
-                .map(|r| {
-                    let v: Vec<String> = own.iter().zip(r).map(|(&i, v)| typed(v, i)).collect();
-                    format!("({})", v.join(", "))
-                })
-                .collect();
-            let names: Vec<String> = own
-                .iter()
-                .map(|&i| quote_ident(&self.columns[i].name))
-                .collect();
-            q.push_str(&format!(
-                " UNION ALL SELECT {select} FROM (VALUES {}) AS {}({})",
-                values.join(", "),
-                quote_ident(&self.spec.name),
-                names.join(", ")
-            ));
-        }
+        let values: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                let v: Vec<String> = own.iter().zip(r).map(|(&i, v)| typed(v, i)).collect();
+                format!("({})", v.join(", "))
+            })
+            .collect();
+        let names: Vec<String> = own
+            .iter()
+            .map(|&i| quote_ident(&self.columns[i].name))
+            .collect();
+        q.push_str(&format!(
+            " UNION ALL SELECT {select} FROM (VALUES {}) AS {}({})",
+            values.join(", "),
+            quote_ident(&self.spec.name),
+            names.join(", ")
+        ));
         // The two parts' text columns have different collations (the
         // column's, the type's default): the order names the column's.
         let order: Vec<String> = self

@@ -96,7 +96,7 @@ impl Cdc {
             parts.push(Some(AsOf {
                 changed,
                 rows,
-                collate: outs[i].key_collations(client)?,
+                collate: outs[i].collations(client)?,
             }));
         }
         Ok(parts)
@@ -209,14 +209,9 @@ fn read_changes(
                 let table = format!("{namespace}.{name}");
                 let mut readers = Vec::new();
                 for (i, o) in outs.iter().enumerate() {
-                    if since[i].is_none() || qualified(&o.table.spec.table) != qualified(&table) {
-                        continue;
+                    if since[i].is_some() && o.reads(&table) {
+                        readers.push((i, o.places(&columns)));
                     }
-                    let at = o
-                        .source_columns()
-                        .map(|(_, c)| columns.iter().position(|r| r.name == c.name))
-                        .collect();
-                    readers.push((i, at));
                 }
                 rels.insert(
                     id,
