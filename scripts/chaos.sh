@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The chaos suite (tests/tests/chaos): seeded rounds of backfills and a
-# continuous change stream while runners, pipeline binaries and engines are
-# SIGKILLed, PostgreSQL crashes and runners are cut off from the control
-# plane; each round checked (every row once, outputs as undisturbed, nothing
-# left behind, no retry spent by an infrastructure fault). Prints the seeds'
+# continuous change stream (into Postgres and an Iceberg table) while
+# runners, pipeline binaries and engines are SIGKILLed, PostgreSQL crashes,
+# runners are cut off from the control plane, the S3 bucket fails (500s,
+# slow answers, dropped connections) and a store's own disk fills; each
+# round checked (every row once, outputs as undisturbed, nothing left
+# behind, no retry spent by an infrastructure fault). Run as root, as CI
+# is: a store's own disk is a tmpfs it mounts. Prints the seeds'
 # trace and the figures; a failure prints its seed and how to replay it.
 #
 #   scripts/chaos.sh                          30 minutes of seeds (3 rounds each)
@@ -11,7 +14,8 @@
 #   CHAOS_SEED=4242 scripts/chaos.sh          replay one seed (its trace is the same)
 #   CHAOS_SEED=4242 CHAOS_SEEDS=10 CHAOS_ROUNDS=2 scripts/chaos.sh
 #
-# CI runs the same test with its default budget: one seed, two rounds. The
+# CI runs the same test with its default budget: seeds 1 and 2 (one store
+# in the bucket, one on its own disk), two rounds each. The
 # binaries it runs are the end-to-end tests' (tests/src/procs.rs builds them).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -66,6 +66,26 @@ pub enum LakeError {
 }
 
 impl LakeError {
+    /// Whether the object store did not answer (see
+    /// [`objstore::unavailable`]): the work failed for the store's sake,
+    /// and may be tried again as it was.
+    pub fn unavailable(&self) -> bool {
+        let LakeError::Iceberg { source, .. } = self else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+        while let Some(e) = next {
+            if e.downcast_ref::<iceberg::Error>()
+                .is_some_and(iceberg::Error::retryable)
+            {
+                return true;
+            }
+            next = e.source();
+        }
+        // A local warehouse's full disk.
+        objstore::disk_full(source.as_ref())
+    }
+
     /// An Iceberg error with what was being done when it happened.
     pub fn iceberg(what: impl Into<String>) -> impl FnOnce(iceberg::Error) -> LakeError {
         let what = what.into();

@@ -72,6 +72,77 @@ fn io_error(what: &str, path: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Unexpected, format!("{what} {path}: {e}"))
 }
 
+/// How a store's client retries a request the store failed (a 5xx, a
+/// dropped connection): up to 15 times in 3 minutes, from 200 ms apart up
+/// to 15 s. object_store's default (10 times from 100 ms) can spend its
+/// retries in a few seconds of a store's hiccup; this rides out about a
+/// minute of outage before the work stops (a sync's attempt is then
+/// handed back, spending no retry).
+fn patience() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 15,
+        retry_timeout: std::time::Duration::from_secs(180),
+        backoff: object_store::BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(200),
+            max_backoff: std::time::Duration::from_secs(15),
+            base: 2.0,
+        },
+    }
+}
+
+/// Whether an error, or one it was caused by, is a file system's "no space
+/// left on the device" (or "disk quota exceeded").
+pub fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            )
+        }) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// A store's error, marked retryable when the store did not answer.
+fn os_error(what: &str, path: &str, e: object_store::Error) -> Error {
+    io_error(what, path, &e).with_retryable(unavailable(&e))
+}
+
+/// Whether an object store's error says that the store did not answer,
+/// after its client's own retries: a connection refused, dropped or timed
+/// out, or a status a server sends when it is failing or overloaded (5xx,
+/// 429, 408); or that a local store's disk is full. Such a failure is the
+/// store's, not the work's: the work may be tried again as it was. A
+/// refusal (403, 404, a failed precondition) is not one.
+pub fn unavailable(e: &object_store::Error) -> bool {
+    if disk_full(e) {
+        return true;
+    }
+    let object_store::Error::Generic { source, .. } = e else {
+        return false;
+    };
+    // The client's transport errors (refused, dropped, timed out) carry
+    // the HTTP client's error.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(err) = next {
+        if err.downcast_ref::<reqwest::Error>().is_some() {
+            return true;
+        }
+        next = err.source();
+    }
+    // A status the client gave up on is named only in its text: the
+    // error's type is private to object_store.
+    let text = e.to_string();
+    ["status code: 5", "status code: 429", "status code: 408"]
+        .iter()
+        .any(|s| text.contains(s))
+}
+
 /// The object stores a URL can name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Cloud {
@@ -245,7 +316,9 @@ pub fn bucket_store(
     let failed = |e: object_store::Error| io_error("cannot open bucket", bucket, e);
     match cloud {
         Cloud::S3 => {
-            let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(patience());
             if let Some(v) = prop("s3.endpoint") {
                 b = b
                     .with_endpoint(v)
@@ -269,6 +342,7 @@ pub fn bucket_store(
         Cloud::Azure { account } => {
             let account = azure_account_of(account.as_deref(), props)?;
             let mut b = MicrosoftAzureBuilder::from_env()
+                .with_retry(patience())
                 .with_container_name(bucket)
                 .with_account(account);
             if let Some(v) = prop("adls.account-key") {
@@ -302,6 +376,7 @@ pub fn bucket_store(
         }
         Cloud::Gcs => Ok(Arc::new(
             GoogleCloudStorageBuilder::from_env()
+                .with_retry(patience())
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(failed)?,
@@ -345,7 +420,7 @@ impl FileRead for ObjectRead {
         self.store
             .get_range(&self.key, range)
             .await
-            .map_err(|e| io_error("cannot read", self.key.as_ref(), e))
+            .map_err(|e| os_error("cannot read", self.key.as_ref(), e))
     }
 }
 
@@ -377,7 +452,7 @@ impl FileWrite for ObjectWrite {
         self.store
             .put(&self.key, body.into())
             .await
-            .map_err(|e| io_error("cannot write", self.key.as_ref(), e))?;
+            .map_err(|e| os_error("cannot write", self.key.as_ref(), e))?;
         Ok(())
     }
 }
@@ -392,7 +467,7 @@ impl Storage for ObjectStorage {
         match store.head(&key).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(io_error("cannot look up", path, e)),
+            Err(e) => Err(os_error("cannot look up", path, e)),
         }
     }
 
@@ -403,7 +478,7 @@ impl Storage for ObjectStorage {
         let meta = store
             .head(&key)
             .await
-            .map_err(|e| io_error("cannot look up", path, e))?;
+            .map_err(|e| os_error("cannot look up", path, e))?;
         Ok(FileMetadata { size: meta.size })
     }
 
@@ -414,10 +489,10 @@ impl Storage for ObjectStorage {
         store
             .get(&key)
             .await
-            .map_err(|e| io_error("cannot read", path, e))?
+            .map_err(|e| os_error("cannot read", path, e))?
             .bytes()
             .await
-            .map_err(|e| io_error("cannot read", path, e))
+            .map_err(|e| os_error("cannot read", path, e))
     }
 
     async fn reader(&self, path: &str) -> Result<Box<dyn FileRead>> {
@@ -434,7 +509,7 @@ impl Storage for ObjectStorage {
         store
             .put(&key, bs.into())
             .await
-            .map_err(|e| io_error("cannot write", path, e))?;
+            .map_err(|e| os_error("cannot write", path, e))?;
         Ok(())
     }
 
@@ -456,7 +531,7 @@ impl Storage for ObjectStorage {
         };
         match store.delete(&key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(io_error("cannot delete", path, e)),
+            Err(e) => Err(os_error("cannot delete", path, e)),
         }
     }
 
@@ -469,12 +544,12 @@ impl Storage for ObjectStorage {
             .map_ok(|m| m.location)
             .try_collect()
             .await
-            .map_err(|e| io_error("cannot list", path, e))?;
+            .map_err(|e| os_error("cannot list", path, e))?;
         for k in keys {
             store
                 .delete(&k)
                 .await
-                .map_err(|e| io_error("cannot delete", k.as_ref(), e))?;
+                .map_err(|e| os_error("cannot delete", k.as_ref(), e))?;
         }
         Ok(())
     }
@@ -588,6 +663,54 @@ mod tests {
             Ok(Place::Local) => panic!("{url} is not local"),
             Err(e) => panic!("{url}: {e}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_refuses_connections_is_unavailable_and_a_missing_object_is_not() {
+        // A loopback port nothing listens on: every connection is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let store = AmazonS3Builder::new()
+            .with_bucket_name("b")
+            .with_region("us-east-1")
+            .with_access_key_id("k")
+            .with_secret_access_key("s")
+            .with_endpoint(format!("http://127.0.0.1:{port}"))
+            .with_allow_http(true)
+            .with_retry(object_store::RetryConfig {
+                max_retries: 1,
+                retry_timeout: std::time::Duration::from_secs(5),
+                backoff: Default::default(),
+            })
+            .build()
+            .expect("an S3 client");
+        let Err(e) = store.get(&Path::from("k")).await else {
+            panic!("nothing listens, yet a read succeeded");
+        };
+        assert!(unavailable(&e), "{e}");
+        let missing = object_store::Error::NotFound {
+            path: "k".into(),
+            source: "no such key".into(),
+        };
+        assert!(!unavailable(&missing));
+        let refused = object_store::Error::Generic {
+            store: "S3",
+            source: "Server returned non-2xx status code: 403 Forbidden".into(),
+        };
+        assert!(!unavailable(&refused));
+        let failing = object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT k - Server returned non-2xx status code: 503 Slow Down"
+                .into(),
+        };
+        assert!(unavailable(&failing));
+        let full = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(std::io::Error::from(std::io::ErrorKind::StorageFull)),
+        };
+        assert!(disk_full(&full) && unavailable(&full));
     }
 
     #[test]

@@ -497,8 +497,9 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
     match status {
         Ok(s) if s.success() => report(&shared, &l, true, None).await,
         // The engine asks for a new attempt at HEAD (a continuous change
-        // stream met a table's new shape): handed back, not failed, so the
-        // run's retries are not spent on a change the next attempt takes.
+        // stream met a table's new shape, or an object store did not
+        // answer): handed back, not failed, so the run's retries are not
+        // spent on what the next attempt takes or the store's outage.
         Ok(s) if l.command == Work::Sync && s.code() == Some(ENGINE_RESTART) => {
             let why = last
                 .lock()

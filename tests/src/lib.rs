@@ -20,6 +20,7 @@ pub mod orgs;
 pub mod procs;
 pub mod releases;
 pub mod s3;
+pub mod s3proxy;
 pub mod serve;
 pub mod spark;
 pub mod stores;

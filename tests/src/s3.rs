@@ -42,6 +42,15 @@ impl S3Server {
         server
     }
 
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the S3 server's endpoint ends with its port")
+    }
+
     /// The `AWS_*` environment a client of this server needs.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![

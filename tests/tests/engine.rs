@@ -1471,7 +1471,21 @@ async fn files_into_postgres_widen_the_table_as_the_stream_widens() {
 /// an engine killed after its HEAD moved and a second one recovering: the
 /// store served by `server` (an emulator of its cloud's API, since no cloud
 /// is reachable here) and read back by another client.
-async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
+/// Inserts 100 orders from id `first`.
+async fn hundred_more(db: &TestDb, first: i64) {
+    sqlx::query(
+        "INSERT INTO public.orders (id, updated_at) \
+         SELECT g, now() FROM generate_series($1::bigint, $1::bigint + 99) g",
+    )
+    .bind(first)
+    .execute(&db.pool)
+    .await
+    .expect("more rows");
+}
+
+/// A source of 30,000 orders and a sync of them into Parquet files under
+/// `out/` of bucket `orca`; returns the database and the row count.
+async fn orders_into_bucket(server: &dyn orca_tests::stores::ObjectServer) -> (TestDb, i64) {
     let db = TestDb::new().await;
     let rows = 30_000i64;
     make_source(&db, rows).await;
@@ -1483,6 +1497,11 @@ async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
         "at_least_once",
     )
     .await;
+    (db, rows)
+}
+
+async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
+    let (db, rows) = orders_into_bucket(server).await;
     let store = server.url("orca", "store");
     let run = |crash: Option<&str>| {
         let mut c = Command::new(bin("orca-engine"));
@@ -1536,14 +1555,7 @@ async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
         width = file.find('-').unwrap_or(10)
     );
     server.put("orca", &next, b"{\"written by\": \"another engine\"}");
-    sqlx::query(
-        "INSERT INTO public.orders (id, updated_at) \
-         SELECT g, now() FROM generate_series($1::bigint, $1::bigint + 99) g",
-    )
-    .bind(rows + 1)
-    .execute(&db.pool)
-    .await
-    .expect("more rows");
+    hundred_more(&db, rows + 1).await;
     let o = run(None);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("exists already"), "{}", text(&o));
@@ -1562,6 +1574,81 @@ async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
 #[tokio::test]
 async fn checkpoints_staging_and_parquet_files_live_in_s3() {
     a_sync_lives_in(&orca_tests::s3::S3Server::start("orca")).await;
+}
+
+/// The object store failing under a sync, on moto's S3 behind the fault
+/// proxy (no real S3 is reachable here). A checkpoint record is created
+/// with a conditional write; when the write lands and its answer is lost
+/// (a 500), the client's retry finds the object there: the engine must see
+/// its own bytes and go on, not stop as if another engine had written it.
+/// A store that does not answer at all (each record's write held past the
+/// client's timeout) stops the attempt with exit 4, which a runner hands
+/// back without spending a retry; the next attempt goes on from HEAD.
+#[tokio::test]
+async fn a_lost_answer_or_a_silent_moto_s3_store_costs_no_commit_and_no_retry() {
+    use orca_tests::s3proxy::{Fault, S3Proxy};
+    use orca_tests::stores::ObjectServer;
+    let server = orca_tests::s3::S3Server::start("orca");
+    let proxy = S3Proxy::start(server.port());
+    let (db, rows) = orders_into_bucket(&server).await;
+    let through = format!("http://127.0.0.1:{}", proxy.port);
+    let run = |timeout: Option<&str>| {
+        let mut c = Command::new(bin("orca-engine"));
+        c.args([
+            "sync",
+            "shop",
+            "--batch-rows",
+            "10000",
+            "--store",
+            "s3://orca/store",
+        ])
+        .env("DATABASE_URL", db.url())
+        .envs(server.env())
+        .env("AWS_ENDPOINT", &through);
+        if let Some(t) = timeout {
+            c.env("AWS_TIMEOUT", t);
+        }
+        c.output().expect("engine")
+    };
+
+    proxy.fail_conditional_puts(Some(Fault::Error));
+    let o = run(None);
+    assert!(o.status.success(), "{}", text(&o));
+    let records = server.keys("orca", "store/default/shop/_checkpoints/");
+    assert_eq!(records.len(), 3, "{records:?}");
+    let (lost, landed) = proxy.hits();
+    assert!(
+        lost >= records.len() && landed == lost,
+        "each record's first write landed and its answer was lost: {lost} lost, {landed} landed"
+    );
+
+    hundred_more(&db, rows + 1).await;
+    proxy.hold(Duration::from_secs(6));
+    proxy.fail_conditional_puts(Some(Fault::Slow));
+    let o = run(Some("2s"));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(
+        text(&o).contains("the object store did not answer"),
+        "{}",
+        text(&o)
+    );
+    proxy.fail_conditional_puts(None);
+    let o = run(None);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Every row once, fetched from the bucket by another client.
+    let local = scratch("s3-faults-copy");
+    let _ = std::fs::remove_dir_all(&local);
+    std::fs::create_dir_all(local.join("orders")).expect("copy dir");
+    for key in server.keys("orca", "out/orders/") {
+        if key.ends_with(".parquet") {
+            server.download("orca", &key, &local.join(&key["out/".len()..]));
+        }
+    }
+    let (n, ids, _, _) = tally(&published(&local, "orders"));
+    assert_eq!(ids, rows as usize + 100);
+    assert!(n >= ids, "{n} rows for {ids} ids");
+    let _ = std::fs::remove_dir_all(local);
 }
 
 #[tokio::test]

@@ -77,6 +77,20 @@ pub enum EngineError {
     },
 }
 
+impl EngineError {
+    /// Whether the attempt stopped because an object store (the sync's
+    /// store, a parquet or Iceberg destination's, a files source's) did
+    /// not answer. A runner hands such an attempt back (exit 4): the run's
+    /// retries are for its own failures, not the store's.
+    pub fn store_unavailable(&self) -> bool {
+        match self {
+            EngineError::Store(e) | EngineError::Files(FilesError::Store(e)) => e.unavailable(),
+            EngineError::Dest(e) => e.unavailable(),
+            _ => false,
+        }
+    }
+}
+
 impl From<Missing> for EngineError {
     fn from(m: Missing) -> Self {
         EngineError::Definition(m.to_string())

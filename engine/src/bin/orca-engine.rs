@@ -240,6 +240,13 @@ fn main() -> ExitCode {
                     eprintln!("orca-engine: {e}");
                     ExitCode::from(4)
                 }
+                Err(e) if e.store_unavailable() => {
+                    eprintln!(
+                        "orca-engine: the object store did not answer: {e}; what was committed \
+                         stays, and the next attempt goes on from HEAD"
+                    );
+                    ExitCode::from(4)
+                }
                 Err(e) => {
                     eprintln!("orca-engine: {e}");
                     ExitCode::FAILURE

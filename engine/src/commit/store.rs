@@ -11,6 +11,7 @@
 //! cannot both commit one epoch. The engine is synchronous, so each call
 //! blocks on a small runtime of its own.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,6 +35,23 @@ pub enum StoreError {
     #[error("starting the store's runtime: {0}")]
     Runtime(#[from] std::io::Error),
 }
+
+impl StoreError {
+    /// Whether the store did not answer, after its client's own retries
+    /// ([`orca_lake::objstore::unavailable`]): the attempt failed for the
+    /// store's sake, not its work's.
+    pub fn unavailable(&self) -> bool {
+        match self {
+            StoreError::Object { source, .. } => orca_lake::objstore::unavailable(source),
+            _ => false,
+        }
+    }
+}
+
+/// How long a write waits for a full local disk to have room again before
+/// the attempt stops (and is handed back): as long as an object store's
+/// client retries a store that does not answer.
+pub const FULL_DISK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// A store and the prefix everything of this use lives under.
 pub struct Store {
@@ -136,18 +154,64 @@ impl Store {
         }
     }
 
+    /// Writes an object, waiting out a local store's full disk: a write
+    /// that finds no space is made again, at growing intervals, for up to
+    /// [`FULL_DISK_PATIENCE`] (as long as an object store's client retries
+    /// a failing store), each wait said on stderr, the attempt's log.
+    fn put_patiently(
+        &self,
+        p: &Path,
+        data: &Bytes,
+        opts: PutOptions,
+    ) -> Result<(), object_store::Error> {
+        let t0 = std::time::Instant::now();
+        let mut wait = std::time::Duration::from_millis(250);
+        loop {
+            let put = self
+                .os
+                .put_opts(p, PutPayload::from(data.clone()), opts.clone());
+            match self.rt.block_on(put) {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if self.local.is_some()
+                        && orca_lake::objstore::disk_full(&e)
+                        && t0.elapsed() + wait < FULL_DISK_PATIENCE =>
+                {
+                    let line = serde_json::json!({
+                        "at": chrono::Utc::now()
+                            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                        "event": "store_disk_full",
+                        "path": self.url_of(p.as_ref()),
+                        "waiting_ms": wait.as_millis() as u64,
+                    });
+                    // Stderr may be a dead runner's pipe: eprintln! would panic.
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Writes an object that must not exist yet.
+    ///
+    /// An object store's client retries a write whose answer it did not
+    /// get (a 500, a dropped connection), and the write may have landed the
+    /// first time: the retry then finds the object there. One holding
+    /// exactly these bytes is this write's own, and the write succeeded;
+    /// one holding others is another writer's.
     pub fn create(&self, rel: &str, data: Bytes) -> Result<(), StoreError> {
         let p = self.path(rel);
         let opts = PutOptions::from(PutMode::Create);
-        match self
-            .rt
-            .block_on(self.os.put_opts(&p, PutPayload::from(data), opts))
-        {
-            Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. }) => Err(StoreError::Exists {
-                path: p.to_string(),
-            }),
+        match self.put_patiently(&p, &data, opts) {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => match self.get(rel)? {
+                Some(there) if there == data => Ok(()),
+                _ => Err(StoreError::Exists {
+                    path: p.to_string(),
+                }),
+            },
             Err(e) => Err(Self::err("writing", &p)(e)),
         }
     }
@@ -155,9 +219,7 @@ impl Store {
     /// Writes (or replaces) an object.
     pub fn put(&self, rel: &str, data: Bytes) -> Result<(), StoreError> {
         let p = self.path(rel);
-        self.rt
-            .block_on(self.os.put(&p, PutPayload::from(data)))
-            .map(|_| ())
+        self.put_patiently(&p, &data, PutOptions::default())
             .map_err(Self::err("writing", &p))
     }
 
@@ -293,6 +355,9 @@ mod tests {
             s.create("a/b/c.json", Bytes::from_static(b"2")),
             Err(StoreError::Exists { .. })
         ));
+        // The same bytes again: a client's retry of a write that landed.
+        s.create("a/b/c.json", Bytes::from_static(b"1"))
+            .expect("a write that finds its own bytes succeeded");
         assert_eq!(
             s.get("a/b/c.json").expect("get"),
             Some(Bytes::from_static(b"1"))

@@ -19,6 +19,9 @@ pub enum DestError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error("iceberg destination: {0}")]
     Iceberg(String),
+    /// The warehouse's object store did not answer.
+    #[error("iceberg destination: {0}")]
+    IcebergUnavailable(String),
     #[error("postgres destination: {0}")]
     Postgres(String),
     #[error("destination: {0}")]
@@ -29,4 +32,15 @@ pub enum DestError {
     Netguard(#[from] NetError),
     #[error("destination connector {name}: {reason}")]
     Connector { name: String, reason: String },
+}
+
+impl DestError {
+    /// Whether the destination's object store did not answer.
+    pub fn unavailable(&self) -> bool {
+        match self {
+            DestError::Store(e) => e.unavailable(),
+            DestError::IcebergUnavailable(_) => true,
+            _ => false,
+        }
+    }
 }

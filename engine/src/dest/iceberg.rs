@@ -12,7 +12,11 @@ use crate::dest::staged::read_parquet;
 
 /// An error of the lake SDK, as the destination's.
 pub(super) fn iceberg_error(e: orca_lake::LakeError) -> DestError {
-    DestError::Iceberg(e.to_string())
+    if e.unavailable() {
+        DestError::IcebergUnavailable(e.to_string())
+    } else {
+        DestError::Iceberg(e.to_string())
+    }
 }
 
 pub(super) fn committed(

@@ -2,7 +2,7 @@
 //! outputs, the rows the stream moved, the leases and slots, the retries.
 //! A failure names the seed's trace so far and how to replay it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use orca_tests::*;
@@ -103,6 +103,9 @@ pub async fn stream_converged(w: &World, trace: &[String], within: Duration) -> 
             return n;
         }
         if t0.elapsed() > within {
+            let (source, lake) = lake_sets(w).await.unwrap_or_default();
+            let lake_missing: Vec<&String> = source.difference(&lake).take(5).collect();
+            let lake_extra: Vec<&String> = lake.difference(&source).take(5).collect();
             let (logged, landed) = change_log_sets(&w.db.pool).await.unwrap_or_default();
             let missing: Vec<&String> = logged
                 .iter()
@@ -119,9 +122,13 @@ pub async fn stream_converged(w: &World, trace: &[String], within: Duration) -> 
                 trace,
                 &format!(
                     "the stream did not converge in {within:?}: {} logged, {} landed; \
-                     missing {missing:?}, not logged or twice {extra:?}",
+                     missing {missing:?}, not logged or twice {extra:?}; the Iceberg table: \
+                     {} rows of the source's {}, missing {lake_missing:?}, not in the source \
+                     {lake_extra:?}",
                     logged.len(),
-                    landed.len()
+                    landed.len(),
+                    lake.len(),
+                    source.len()
                 ),
             );
         }
@@ -142,12 +149,75 @@ async fn converged(w: &World) -> Option<u64> {
         return None;
     }
     let (logged, landed) = change_log_sets(&w.db.pool).await.ok()?;
-    (logged == landed).then(|| {
+    if logged != landed {
+        return None;
+    }
+    // Last, being the slowest to read: the Iceberg table in the bucket.
+    let (source, lake) = lake_sets(w).await?;
+    (source == lake).then(|| {
         logged
             .iter()
             .filter_map(|l| l.rsplit_once(" x").and_then(|(_, n)| n.parse::<u64>().ok()))
             .sum()
     })
+}
+
+/// The source's rows and the Iceberg table's (`lake.orders`, read from the
+/// bucket by PyIceberg, not through the fault proxy), each as
+/// `id customer amount qty`; None while the table cannot be read.
+async fn lake_sets(w: &World) -> Option<(BTreeSet<String>, BTreeSet<String>)> {
+    let source: Vec<(i64, String, Option<String>, Option<i32>)> =
+        sqlx::query_as("SELECT id, customer, amount::text, qty FROM public.orders")
+            .fetch_all(&w.db.pool)
+            .await
+            .ok()?;
+    let source = source
+        .into_iter()
+        .map(|(id, c, a, q)| row_key(id, &c, a.as_deref(), q.map(i64::from)))
+        .collect();
+    let script = repo_root().join("tests/py/iceberg.py");
+    let (url, warehouse) = (w.db.url(), w.warehouse());
+    let env = w.s3.env();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(orca_tests::s3::python())
+            .arg(script)
+            .args(["read", &url, &warehouse, "lake.orders"])
+            .envs(env)
+            .output()
+    })
+    .await
+    .ok()?
+    .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let read: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let text = |v: &Value| match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    };
+    let lake = read["rows"]
+        .as_array()?
+        .iter()
+        .map(|r| {
+            row_key(
+                r["id"].as_i64().unwrap_or(-1),
+                r["customer"].as_str().unwrap_or("?"),
+                text(&r["amount"]).as_deref(),
+                r["qty"].as_i64(),
+            )
+        })
+        .collect();
+    Some((source, lake))
+}
+
+fn row_key(id: i64, customer: &str, amount: Option<&str>, qty: Option<i64>) -> String {
+    format!(
+        "{id} {customer} {} {}",
+        amount.unwrap_or("null"),
+        qty.map_or("null".into(), |q| q.to_string())
+    )
 }
 
 /// Each succeeded run's step outputs are the undisturbed run's; a run that
@@ -170,6 +240,13 @@ pub async fn outputs_as_undisturbed(
             ),
         }
     }
+    failed_only_with_retries_spent(w, runs, trace).await;
+    got.len() as u64
+}
+
+/// Each of `runs` that did not succeed failed more attempts than it had
+/// retries (the checks of failed attempts say what may fail one).
+async fn failed_only_with_retries_spent(w: &World, runs: &[i64], trace: &[String]) {
     let failed: Vec<(i64, i32, i64)> = sqlx::query_as(
         "SELECT r.id, r.run_retries,
                 (SELECT count(*) FROM orca.attempts a WHERE a.run_id = r.id AND a.status = 'failed')
@@ -188,14 +265,14 @@ pub async fn outputs_as_undisturbed(
             );
         }
     }
-    got.len() as u64
 }
 
-/// Every failed attempt of every run was a killed binary or engine: the
-/// only fault that may spend a retry. Returns the count of the others (and
-/// fails the round if there is one).
+/// Every failed attempt of every run was a killed binary, engine or
+/// connector: the only faults that may spend a retry (no more attempts
+/// failed on a connector than connectors were killed). Returns the count of
+/// the others (and fails the round if there is one).
 pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u32 {
-    let others: Vec<(i64, i32, Option<String>)> = sqlx::query_as(
+    let mut others: Vec<(i64, i32, Option<String>)> = sqlx::query_as(
         "SELECT a.run_id, a.number, a.error FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
          WHERE a.status = 'failed' AND r.kind <> 'sense'
            AND coalesce(a.error, '') NOT LIKE 'killed by a signal%'
@@ -204,6 +281,14 @@ pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u3
     .fetch_all(&w.db.pool)
     .await
     .expect("failed attempts");
+    let connector = |e: &Option<String>| {
+        e.as_deref()
+            .is_some_and(|e| e.contains("connector nats_jetstream"))
+    };
+    let on_connector = others.iter().filter(|(_, _, e)| connector(e)).count();
+    if on_connector <= w.events.kills as usize {
+        others.retain(|(_, _, e)| !connector(e));
+    }
     if !others.is_empty() {
         fail(
             w,
@@ -212,6 +297,48 @@ pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u3
         );
     }
     others.len() as u32
+}
+
+/// Every run of the connector's sync ended, failed only with its retries
+/// spent on kills; then one more run, with no fault, succeeds, and every
+/// message published (ids 1 to `published`) is in the table exactly once.
+pub async fn events_landed_once(w: &mut World, published: i64, trace: &[String]) {
+    let runs = w.events.runs.clone();
+    runs_finished(w, &runs, trace, Duration::from_secs(240)).await;
+    failed_only_with_retries_spent(w, &runs, trace).await;
+    let before = w.events.runs.len();
+    w.events.run_now(&w.db).await;
+    let Some(&last) = w.events.runs.get(before) else {
+        fail(w, trace, "no run of the connector's sync could be started");
+    };
+    runs_finished(w, &[last], trace, Duration::from_secs(240)).await;
+    let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(last)
+        .fetch_one(&w.db.pool)
+        .await
+        .expect("the last run");
+    if status != "succeeded" {
+        fail(
+            w,
+            trace,
+            &format!("the connector sync's run {last}, with no fault, ended {status}"),
+        );
+    }
+    let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM raw.events")
+            .fetch_one(&w.db.pool)
+            .await
+            .expect("raw.events");
+    if (rows, ids, min, max) != (published, published, Some(1), Some(published)) {
+        fail(
+            w,
+            trace,
+            &format!(
+                "the connector's messages 1..{published} did not land once each: {rows} rows, \
+                 {ids} ids, from {min:?} to {max:?}"
+            ),
+        );
+    }
 }
 
 /// No lease or queued attempt outlives its run; once the stream is paused,

@@ -2,23 +2,33 @@
 //! after each round as a user would check them.
 //!
 //! Each seed gets a private cluster, two runners (each behind a fault proxy
-//! of its own), a continuous change stream with a writer, and backfills of
-//! the probe pipeline's typed steps. Each round the seed picks faults and
+//! of its own), a continuous change stream with a writer, merged into
+//! Postgres (with a change log) and into an Iceberg table, and backfills of
+//! the probe pipeline's typed steps. Odd seeds keep the syncs' store and
+//! the warehouse in an S3 bucket (moto's server, behind an HTTP fault
+//! proxy: no real S3 is reachable here); even seeds keep the store on a
+//! small disk of its own (a tmpfs). Each round the seed picks faults and
 //! their moments: SIGKILL of a runner (with everything it started, as a
 //! host dies), of a pipeline binary, of an engine; a crash of PostgreSQL
 //! (`pg_ctl -m immediate`); a runner cut off from the control plane for
-//! longer than its lease. Then it checks: every backfill run finished, each
-//! succeeded step's output is what an undisturbed run gave, every change of
-//! the source landed exactly once, no lease or queued attempt is left, and
-//! an infrastructure fault spent no retry (only a killed binary may).
+//! longer than its lease; the bucket answering 500s, answering too slowly
+//! or dropping connections (some after the request landed), or, for a
+//! store on its own disk, that disk filling to the last byte. Then it
+//! checks: every backfill run finished, each succeeded step's output is
+//! what an undisturbed run gave, every change of the source landed exactly
+//! once in the change log and the Postgres and Iceberg merges equal the
+//! source, no lease or queued attempt is left, and an infrastructure fault
+//! spent no retry (only a killed binary may).
 //!
 //! Budget (scripts/chaos.sh sets it): CHAOS_SEED replays one seed (1 by
-//! default), CHAOS_SEEDS seeds (1), CHAOS_ROUNDS rounds each (2),
-//! CHAOS_MINUTES runs seeds from a time-derived one until that much time
-//! has passed. Not covered yet: the object
-//! store's faults, a full disk, file and connector sources.
+//! default), CHAOS_SEEDS seeds (2 by default: one of each store),
+//! CHAOS_ROUNDS rounds each (2), CHAOS_MINUTES runs seeds from a
+//! time-derived one until that much time has passed. Not covered yet:
+//! file and connector sources, a connector killed.
 
 mod checks;
+mod disk;
+mod events;
 mod proxy;
 mod rng;
 mod world;
@@ -38,21 +48,30 @@ pub struct Figures {
     /// Faults the seed chose when nothing was there to hit (no binary ran).
     pub missed: u32,
     pub changes_checked: u64,
+    /// Messages of the connector's stream, each seen landed exactly once.
+    pub messages_checked: i64,
     pub outputs_checked: u64,
     pub longest_recovery: Duration,
     pub infra_retries: u32,
+    /// Object-store requests the S3 proxy failed, and how many of them had
+    /// reached the bucket first.
+    pub s3_failed: usize,
+    pub s3_landed: usize,
 }
 
 impl Figures {
     /// The figures on one line.
     fn line(&self) -> String {
         format!(
-            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} distinct changes and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
+            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} object-store requests failed ({} after landing); {} distinct changes, {} connector messages and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
             self.seeds,
             self.rounds,
             self.faults,
             self.missed,
+            self.s3_failed,
+            self.s3_landed,
             self.changes_checked,
+            self.messages_checked,
             self.outputs_checked,
             self.longest_recovery.as_secs_f64(),
             self.infra_retries
@@ -60,12 +79,16 @@ impl Figures {
     }
 }
 
-const FAULTS: [&str; 5] = [
+const FAULTS: [&str; 9] = [
     "kill-runner",
     "kill-binary",
     "kill-engine",
+    "kill-connector",
     "crash-postgres",
     "cut-runner",
+    "s3-errors",
+    "s3-slow",
+    "s3-drop",
 ];
 
 struct Budget {
@@ -81,8 +104,8 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn budget() -> Budget {
     let until = env_u64("CHAOS_MINUTES").map(|m| Instant::now() + Duration::from_secs(m * 60));
-    // A time budget explores new seeds; the default budget (CI's) is seed
-    // 1, so that a red CI names a seed anyone can replay.
+    // A time budget explores new seeds; the default budget (CI's) is
+    // seeds 1 and 2, so that a red CI names a seed anyone can replay.
     let first = env_u64("CHAOS_SEED").unwrap_or_else(|| match until {
         Some(_) => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -94,7 +117,7 @@ fn budget() -> Budget {
     } else if std::env::var("CHAOS_SEED").is_ok() && env_u64("CHAOS_SEEDS").is_none() {
         1
     } else {
-        env_u64("CHAOS_SEEDS").unwrap_or(1)
+        env_u64("CHAOS_SEEDS").unwrap_or(2)
     };
     Budget {
         seeds: (0..count.min(1_000_000)).map(|i| first + i).collect(),
@@ -132,7 +155,12 @@ async fn seeded_rounds_of_work_under_faults_keep_every_row_once_and_spend_no_ret
         println!("  faults {k:<17} {n}");
     }
     println!("  faults with no target:   {}", figures.missed);
+    println!(
+        "  object-store requests failed: {} ({} after they landed)",
+        figures.s3_failed, figures.s3_landed
+    );
     println!("  distinct changes checked: {}", figures.changes_checked);
+    println!("  connector messages checked: {}", figures.messages_checked);
     println!("  step outputs checked:    {}", figures.outputs_checked);
     println!(
         "  longest recovery:        {:.1} s",
@@ -173,6 +201,8 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
             format!("round {round}: backfill 2024-01..2024-0{months}, {faults} faults"),
         );
         w.start_writer(u64::from(round) * 100_000);
+        w.events.start_publishing();
+        w.events.run_now(&w.db).await;
         let runs: Vec<i64> = sqlx::query_scalar(&format!(
             "SELECT orca.backfill('probe', '2024-01..2024-0{months}')"
         ))
@@ -181,7 +211,12 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         .expect("backfill");
         for _ in 0..faults {
             tokio::time::sleep(Duration::from_millis(rng.between(500, 4000))).await;
-            let kind = *rng.pick(&FAULTS);
+            let mut kind = *rng.pick(&FAULTS);
+            // A store on a disk of its own has no bucket to fail: its disk
+            // fills instead.
+            if w.disk.is_some() && kind.starts_with("s3-") {
+                kind = "disk-full";
+            }
             let hit = inject(&mut w, kind, &mut rng).await;
             match hit {
                 Some(target) => {
@@ -193,11 +228,14 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
                     say(&mut trace, format!("round {round}: {kind}: nothing to hit"));
                 }
             }
+            w.events.run_now(&w.db).await;
         }
         let healed = Instant::now();
         checks::runs_finished(&w, &runs, &trace, Duration::from_secs(240)).await;
         let written = w.stop_writer().await;
+        let published = w.events.stop_publishing().await;
         changes = checks::stream_converged(&w, &trace, Duration::from_secs(240)).await;
+        checks::events_landed_once(&mut w, published, &trace).await;
         let recovery = healed.elapsed();
         figures.longest_recovery = figures.longest_recovery.max(recovery);
         figures.outputs_checked +=
@@ -208,7 +246,7 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         say(
             &mut trace,
             format!(
-                "round {round} passed: {written} transactions written, {changes} changes checked, recovered in {:.1} s",
+                "round {round} passed: {written} transactions written, {changes} changes checked, {published} messages landed once, recovered in {:.1} s",
                 recovery.as_secs_f64()
             ),
         );
@@ -216,7 +254,12 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
     // Each round checks every change so far again: the seed's last count is
     // how many distinct changes it checked.
     figures.changes_checked += changes;
-    w.exec("SELECT orca.pause_sync('live')").await;
+    figures.messages_checked += w.events.published();
+    let (failed, landed) = w.s3_proxy.hits();
+    figures.s3_failed += failed;
+    figures.s3_landed += landed;
+    w.exec("SELECT orca.pause_sync('live'), orca.pause_sync('lake')")
+        .await;
     checks::nothing_left_behind(&w, &trace, true).await;
     say(
         &mut trace,
@@ -242,23 +285,13 @@ async fn inject(w: &mut World, kind: &str, rng: &mut Rng) -> Option<String> {
             } else {
                 "orca-engine"
             };
-            // What runs now, or within two seconds (between two attempts).
-            let mut pids = w.processes(program);
-            for _ in 0..20 {
-                if !pids.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                pids = w.processes(program);
-            }
-            if pids.is_empty() {
-                return None;
-            }
-            let pid = *rng.pick(&pids);
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
+            let pid = kill_one(|| w.processes(program), rng).await?;
             Some(format!("{program} pid {pid}"))
+        }
+        "kill-connector" => {
+            let pid = kill_one(|| w.events.pids(&w.tag), rng).await?;
+            w.events.kills += 1;
+            Some(format!("nats_jetstream pid {pid}"))
         }
         "crash-postgres" => {
             tokio::task::block_in_place(|| w.crash_postgres());
@@ -271,6 +304,45 @@ async fn inject(w: &mut World, kind: &str, rng: &mut Rng) -> Option<String> {
             w.proxies[i].heal();
             Some(format!("chaos-r{i} for {} s", LEASE_SECONDS + 5))
         }
+        "s3-errors" | "s3-slow" | "s3-drop" => {
+            let (fault, seconds) = match kind {
+                "s3-errors" => (orca_tests::s3proxy::Fault::Error, rng.between(2, 10)),
+                "s3-slow" => (orca_tests::s3proxy::Fault::Slow, rng.between(1, 4)),
+                _ => (orca_tests::s3proxy::Fault::Drop, rng.between(2, 8)),
+            };
+            w.s3_proxy.fail(fault, Duration::from_secs(seconds));
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            Some(format!("every object-store request for {seconds} s"))
+        }
+        "disk-full" => {
+            let disk = w.disk.as_ref()?;
+            let seconds = rng.between(2, 12);
+            let filler = disk.fill();
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            let _ = std::fs::remove_file(filler);
+            Some(format!("the store's disk for {seconds} s"))
+        }
         _ => None,
     }
+}
+
+/// SIGKILLs one of the processes `find` finds, now or within two seconds
+/// (between two attempts); None when there is none.
+async fn kill_one(find: impl Fn() -> Vec<i32>, rng: &mut Rng) -> Option<i32> {
+    let mut pids = find();
+    for _ in 0..20 {
+        if !pids.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pids = find();
+    }
+    if pids.is_empty() {
+        return None;
+    }
+    let pid = *rng.pick(&pids);
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    Some(pid)
 }

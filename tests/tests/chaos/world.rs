@@ -10,10 +10,17 @@ use std::time::Duration;
 
 use orca_tests::cluster::PrivateCluster;
 use orca_tests::procs::{bin, processes_with_env, register, Runner};
+use orca_tests::s3::S3Server;
+use orca_tests::s3proxy::S3Proxy;
 use orca_tests::*;
 use serde_json::json;
 
+use crate::disk::Disk;
+use crate::events::Events;
 use crate::proxy::Proxy;
+
+/// The bucket of the store and the warehouse.
+pub const BUCKET: &str = "chaos";
 
 /// How long a lease lasts here: a runner cut off for longer loses its work.
 pub const LEASE_SECONDS: u64 = 10;
@@ -27,6 +34,14 @@ pub struct World {
     pub tag: String,
     pub runners: Vec<Option<Runner>>,
     pub proxies: Vec<Proxy>,
+    /// The bucket the runners keep the syncs' store and the warehouse in,
+    /// read by the checks directly, and the fault proxy they reach it by.
+    pub s3: S3Server,
+    pub s3_proxy: S3Proxy,
+    /// The store's own disk, when the store is local.
+    pub disk: Option<Disk>,
+    /// The external connector's stream and its sync's runs.
+    pub events: Events,
     writer: Option<(Arc<AtomicBool>, tokio::task::JoinHandle<u64>)>,
 }
 
@@ -58,13 +73,28 @@ impl World {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("chaos dir");
         register(&db, "probe");
+        let s3 = S3Server::start(BUCKET);
+        let s3_proxy = S3Proxy::start(s3.port());
+        // Even seeds keep the store on a small disk of its own (and the
+        // warehouse beside it), odd ones in the bucket.
+        let disk = if seed.is_multiple_of(2) {
+            Disk::mount(&dir.join("disk"))
+        } else {
+            None
+        };
+        let tag = format!("{seed}-{}", uuid::Uuid::new_v4().simple());
+        let events = Events::new(&dir, &tag);
         let mut w = World {
             cluster,
             db,
             dir,
-            tag: format!("{seed}-{}", uuid::Uuid::new_v4().simple()),
+            tag,
             runners: Vec::new(),
             proxies: Vec::new(),
+            s3,
+            s3_proxy,
+            disk,
+            events,
             writer: None,
         };
         for i in 0..2 {
@@ -85,21 +115,54 @@ impl World {
             "postgres://postgres@127.0.0.1:{}/{}",
             self.proxies[i].port, self.db.name
         );
-        let store = self.dir.join("store").to_string_lossy().into_owned();
         let engine = bin("orca-engine").to_string_lossy().into_owned();
-        let runner = Runner::start(
-            &url,
-            &Self::runner_name(i),
-            2,
-            &self.dir.join("logs"),
-            &[
-                ("ORCA_STORE", store.as_str()),
-                ("ORCA_ENGINE", engine.as_str()),
-                ("PROBE_SLEEP_MS", "800"),
-                ("ORCA_CHAOS_TAG", self.tag.as_str()),
-            ],
-        );
+        // The bucket as the runners (and the engines and binaries they
+        // start) reach it: through the fault proxy.
+        let through = format!("http://127.0.0.1:{}", self.s3_proxy.port);
+        let mut env: Vec<(&str, String)> = self
+            .s3
+            .env()
+            .into_iter()
+            .map(|(k, v)| {
+                if k == "AWS_ENDPOINT" {
+                    (k, through.clone())
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        env.extend([
+            ("ORCA_STORE", self.store()),
+            (
+                "ORCA_CONNECTORS",
+                self.events.dir.to_string_lossy().into_owned(),
+            ),
+            ("ORCA_WAREHOUSE", self.warehouse()),
+            ("ORCA_ENGINE", engine),
+            ("PROBE_SLEEP_MS", "800".into()),
+            ("ORCA_CHAOS_TAG", self.tag.clone()),
+        ]);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let runner = Runner::start(&url, &Self::runner_name(i), 2, &self.dir.join("logs"), &env);
         self.runners[i] = Some(runner);
+    }
+
+    /// Where the syncs keep their checkpoints and staged epochs.
+    pub fn store(&self) -> String {
+        match &self.disk {
+            Some(d) => d.mount.join("store").to_string_lossy().into_owned(),
+            None => format!("s3://{BUCKET}/store"),
+        }
+    }
+
+    /// Where the Iceberg tables live, as the runners name it: beside a
+    /// local store, not on its disk (a full store must not stop the
+    /// catalog's commits of what was staged before).
+    pub fn warehouse(&self) -> String {
+        match &self.disk {
+            Some(_) => self.dir.join("warehouse").to_string_lossy().into_owned(),
+            None => format!("s3://{BUCKET}/warehouse"),
+        }
     }
 
     pub fn output(&self) -> String {
@@ -124,8 +187,9 @@ impl World {
     }
 
     /// The source table, its trigger's log of every change, and the
-    /// continuous sync that merges it and appends each change, with no
-    /// retries of its run: every fault it survives must spend none.
+    /// continuous syncs that merge it (into Postgres, with a change log, and
+    /// into an Iceberg table), with no retries of their runs: every fault
+    /// they survive must spend none. And the external connector's sync.
     pub async fn define_stream(&self) {
         self.exec(
             "CREATE TABLE public.orders (id bigint PRIMARY KEY, customer text NOT NULL,
@@ -164,6 +228,23 @@ impl World {
         .execute(&self.db.pool)
         .await
         .expect("create_sync");
+        // The same changes merged into an Iceberg table in the bucket, its
+        // checkpoints and staged epochs in the bucket too.
+        sqlx::query(
+            "SELECT orca.create_sync('lake', $1, $2, $3, NULL, 'exactly_once', 'default', 0)",
+        )
+        .bind(
+            json!({"type": "postgres_cdc", "url": self.db.url(), "continuous": true,
+                     "epoch_seconds": 2}),
+        )
+        .bind(json!({"type": "iceberg", "namespace": "lake"}))
+        .bind(json!([
+            {"name": "orders", "table": "public.orders", "primary_key": ["id"], "mode": "merge"}
+        ]))
+        .execute(&self.db.pool)
+        .await
+        .expect("create_sync lake");
+        self.events.define(&self.db).await;
     }
 
     /// Starts writing transactions of an insert, an update and a delete.
