@@ -66,23 +66,20 @@ pub enum LakeError {
 }
 
 impl LakeError {
-    /// Whether the object store did not answer (see
-    /// [`objstore::unavailable`]): the work failed for the store's sake,
-    /// and may be tried again as it was.
+    /// Whether the object store did not answer, or a local warehouse's
+    /// disk is full (see [`objstore::unavailable`]): the work failed for
+    /// the store's sake, and may be tried again as it was.
     pub fn unavailable(&self) -> bool {
         let LakeError::Iceberg { source, .. } = self else {
             return false;
         };
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
         while let Some(e) = next {
-            if e.downcast_ref::<iceberg::Error>()
-                .is_some_and(iceberg::Error::retryable)
-            {
-                return true;
+            if let Some(os) = e.downcast_ref::<object_store::Error>() {
+                return objstore::unavailable(os);
             }
             next = e.source();
         }
-        // A local warehouse's full disk.
         objstore::disk_full(source.as_ref())
     }
 

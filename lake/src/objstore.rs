@@ -73,15 +73,17 @@ fn io_error(what: &str, path: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// How a store's client retries a request the store failed (a 5xx, a
-/// dropped connection): up to 15 times in 3 minutes, from 200 ms apart up
-/// to 15 s. object_store's default (10 times from 100 ms) can spend its
-/// retries in a few seconds of a store's hiccup; this rides out about a
-/// minute of outage before the work stops (a sync's attempt is then
-/// handed back, spending no retry).
+/// dropped connection): up to 15 times, from 200 ms apart up to 15 s, and
+/// none once 45 s have passed. object_store's default (10 times from
+/// 100 ms) can spend its retries in a few seconds of a store's hiccup;
+/// this rides out most of a minute before the work stops (a sync's attempt
+/// is then handed back, spending no retry). Not longer: a sync's change
+/// stream waits while its engine does, and a replication connection left
+/// silent for a minute (`wal_sender_timeout`) is dropped by its server.
 fn patience() -> object_store::RetryConfig {
     object_store::RetryConfig {
         max_retries: 15,
-        retry_timeout: std::time::Duration::from_secs(180),
+        retry_timeout: std::time::Duration::from_secs(45),
         backoff: object_store::BackoffConfig {
             init_backoff: std::time::Duration::from_millis(200),
             max_backoff: std::time::Duration::from_secs(15),
@@ -108,9 +110,11 @@ pub fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// A store's error, marked retryable when the store did not answer.
+/// A store's error, kept as the source (so that [`crate::LakeError::unavailable`]
+/// can tell an outage). Not marked retryable: iceberg's commit would try
+/// its whole transaction again on top of the client's own retries.
 fn os_error(what: &str, path: &str, e: object_store::Error) -> Error {
-    io_error(what, path, &e).with_retryable(unavailable(&e))
+    Error::new(ErrorKind::Unexpected, format!("{what} {path}")).with_source(e)
 }
 
 /// Whether an object store's error says that the store did not answer,
@@ -126,21 +130,31 @@ pub fn unavailable(e: &object_store::Error) -> bool {
     let object_store::Error::Generic { source, .. } = e else {
         return false;
     };
-    // The client's transport errors (refused, dropped, timed out) carry
-    // the HTTP client's error.
+    // The client's transport errors carry the HTTP client's error: a
+    // connection refused, dropped or timed out is the store's; a request
+    // that could not be built, or an answer that could not be read as one,
+    // is not.
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
     while let Some(err) = next {
-        if err.downcast_ref::<reqwest::Error>().is_some() {
-            return true;
+        if let Some(r) = err.downcast_ref::<reqwest::Error>() {
+            return r.is_timeout() || r.is_connect() || r.is_request() || r.is_body();
         }
         next = err.source();
     }
     // A status the client gave up on is named only in its text: the
-    // error's type is private to object_store.
+    // error's type is private to object_store. 501 (a store without a
+    // feature) and the other 5xx that no retry mends are not outages.
     let text = e.to_string();
-    ["status code: 5", "status code: 429", "status code: 408"]
-        .iter()
-        .any(|s| text.contains(s))
+    [
+        "status code: 500",
+        "status code: 502",
+        "status code: 503",
+        "status code: 504",
+        "status code: 429",
+        "status code: 408",
+    ]
+    .iter()
+    .any(|s| text.contains(s))
 }
 
 /// The object stores a URL can name.
@@ -706,6 +720,17 @@ mod tests {
                 .into(),
         };
         assert!(unavailable(&failing));
+        let lacking = object_store::Error::Generic {
+            store: "S3",
+            source: "Server returned non-2xx status code: 501 Not Implemented".into(),
+        };
+        assert!(!unavailable(&lacking), "a missing feature is no outage");
+        // Through an Iceberg error, as the warehouse's storage reports it.
+        let lake = crate::LakeError::Iceberg {
+            what: "commit".into(),
+            source: Box::new(os_error("cannot write", "k", e)),
+        };
+        assert!(lake.unavailable(), "{lake}");
         let full = object_store::Error::Generic {
             store: "LocalFileSystem",
             source: Box::new(std::io::Error::from(std::io::ErrorKind::StorageFull)),

@@ -30,6 +30,12 @@ fn err(dataset: &str, what: impl std::fmt::Display) -> LakeError {
     LakeError::Table(format!("commit to {dataset}: {what}"))
 }
 
+/// An Iceberg error of a commit, kept whole: a store that did not answer
+/// is told by it ([`LakeError::unavailable`]).
+fn failed(dataset: &str) -> impl FnOnce(iceberg::Error) -> LakeError {
+    LakeError::iceberg(format!("commit to {dataset}"))
+}
+
 /// A commit: what it adds and removes, as which operation, with which
 /// summary properties and table properties (set in the same metadata).
 pub struct Change {
@@ -63,7 +69,9 @@ pub(crate) fn commit_if<T>(
         }
         table =
             t.rt.block_on(t.catalog.load_table(ident))
-                .map_err(|e| err(dataset, format!("reloading after a conflict: {e}")))?;
+                .map_err(LakeError::iceberg(format!(
+                    "commit to {dataset}: reloading after a conflict"
+                )))?;
     }
     Err(err(
         dataset,
@@ -107,7 +115,7 @@ async fn stage(
     let writer = |counter: &mut i32| -> Result<_, LakeError> {
         *counter += 1;
         let path = format!("{}/metadata/{commit_uuid}-m{counter}.avro", meta.location());
-        let out = io.new_output(path).map_err(|e| err(dataset, e))?;
+        let out = io.new_output(path).map_err(failed(dataset))?;
         Ok(ManifestWriterBuilder::new(
             out,
             Some(snapshot_id),
@@ -125,7 +133,7 @@ async fn stage(
             .manifest_list_reader(current)
             .load()
             .await
-            .map_err(|e| err(dataset, e))?
+            .map_err(failed(dataset))?
             .consume_entries()
             .into_iter()
             .collect(),
@@ -136,7 +144,7 @@ async fn stage(
             manifests.push(mf);
             continue;
         }
-        let manifest = mf.load_manifest(io).await.map_err(|e| err(dataset, e))?;
+        let manifest = mf.load_manifest(io).await.map_err(failed(dataset))?;
         let touched = manifest
             .entries()
             .iter()
@@ -160,9 +168,9 @@ async fn stage(
                     file_seq,
                 )
             }
-            .map_err(|e| err(dataset, e))?;
+            .map_err(failed(dataset))?;
         }
-        manifests.push(w.write_manifest_file().await.map_err(|e| err(dataset, e))?);
+        manifests.push(w.write_manifest_file().await.map_err(failed(dataset))?);
     }
     if let Some(missing) = removed.iter().find(|f| !found.contains(f.file_path())) {
         return Err(err(
@@ -178,28 +186,26 @@ async fn stage(
         let mut w = writer(&mut counter)?;
         for f in added {
             // A negative sequence number is inherited from the manifest list.
-            w.add_file(f.clone(), -1).map_err(|e| err(dataset, e))?;
+            w.add_file(f.clone(), -1).map_err(failed(dataset))?;
         }
-        manifests.push(w.write_manifest_file().await.map_err(|e| err(dataset, e))?);
+        manifests.push(w.write_manifest_file().await.map_err(failed(dataset))?);
     }
 
     let list_path = format!(
         "{}/metadata/snap-{snapshot_id}-0-{commit_uuid}.avro",
         meta.location()
     );
-    let out = io
-        .new_output(list_path.clone())
-        .map_err(|e| err(dataset, e))?;
+    let out = io.new_output(list_path.clone()).map_err(failed(dataset))?;
     let mut list_writer = ManifestListWriter::v2(
-        out.writer().await.map_err(|e| err(dataset, e))?,
+        out.writer().await.map_err(failed(dataset))?,
         snapshot_id,
         current.map(|c| c.snapshot_id()),
         sequence,
     );
     list_writer
         .add_manifests(manifests.into_iter())
-        .map_err(|e| err(dataset, e))?;
-    list_writer.close().await.map_err(|e| err(dataset, e))?;
+        .map_err(failed(dataset))?;
+    list_writer.close().await.map_err(failed(dataset))?;
 
     let snapshot = Snapshot::builder()
         .with_manifest_list(list_path)
@@ -210,11 +216,9 @@ async fn stage(
         .with_schema_id(meta.current_schema_id())
         .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
         .build();
-    let old = table
-        .metadata_location_result()
-        .map_err(|e| err(dataset, e))?;
+    let old = table.metadata_location_result().map_err(failed(dataset))?;
     let next = MetadataLocation::from_str(old)
-        .map_err(|e| err(dataset, e))?
+        .map_err(failed(dataset))?
         .with_next_version();
     let metadata = meta
         .clone()
@@ -228,12 +232,12 @@ async fn stage(
             }
         })
         .and_then(|b| b.build())
-        .map_err(|e| err(dataset, e))?
+        .map_err(failed(dataset))?
         .metadata;
     metadata
         .write_to(io, &next)
         .await
-        .map_err(|e| err(dataset, e))?;
+        .map_err(failed(dataset))?;
     Ok((snapshot_id, next))
 }
 

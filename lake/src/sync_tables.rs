@@ -20,7 +20,7 @@ use iceberg::Catalog;
 
 use crate::catalog::{ident, Lake, LakeConfig};
 use crate::table::{self, Table};
-use crate::Result;
+use crate::{LakeError, Result};
 
 /// What a commit of an epoch did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,11 +67,13 @@ impl SyncTables {
 
     fn load(&self, dataset: &str) -> Result<Table> {
         let id = ident(dataset)?;
-        let inner = self
-            .t
-            .rt
-            .block_on(self.t.catalog.load_table(&id))
-            .map_err(|e| format!("table {dataset} cannot be loaded: {e}"))?;
+        let inner =
+            self.t
+                .rt
+                .block_on(self.t.catalog.load_table(&id))
+                .map_err(LakeError::iceberg(format!(
+                    "table {dataset} cannot be loaded"
+                )))?;
         Ok(Table::new(dataset, id, inner))
     }
 
@@ -228,7 +230,9 @@ impl SyncTables {
             self.t
                 .rt
                 .block_on(metadata.write_to(io, &next))
-                .map_err(|e| format!("writing the new schema of {dataset}: {e}"))?;
+                .map_err(LakeError::iceberg(format!(
+                    "writing the new schema of {dataset}"
+                )))?;
             // Lost the swap to another commit: look again at what it left.
             self.t
                 .rt

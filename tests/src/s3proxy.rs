@@ -131,8 +131,8 @@ impl S3Proxy {
         }
     }
 
-    /// How many requests met a fault so far, and how many of those had
-    /// reached the server first.
+    /// How many requests met a fault so far, and how many of those the
+    /// server had carried out (answered 2xx) first.
     pub fn hits(&self) -> (usize, usize) {
         self.state.hits.lock().map_or((0, 0), |h| {
             (h.len(), h.iter().filter(|(_, landed)| *landed).count())
@@ -159,6 +159,7 @@ fn rewrite_head(head: &[u8]) -> (Vec<u8>, Option<usize>) {
     let text = String::from_utf8_lossy(head);
     let mut out = String::new();
     let mut length = Some(0);
+    let mut chunked = false;
     for (i, line) in text.split("\r\n").filter(|l| !l.is_empty()).enumerate() {
         let lower = line.to_ascii_lowercase();
         if i > 0 && lower.starts_with("connection:") {
@@ -167,14 +168,12 @@ fn rewrite_head(head: &[u8]) -> (Vec<u8>, Option<usize>) {
         if let Some(v) = lower.strip_prefix("content-length:") {
             length = v.trim().parse().ok();
         }
-        if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-            length = None;
-        }
+        chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
         out.push_str(line);
         out.push_str("\r\n");
     }
     out.push_str("Connection: close\r\n\r\n");
-    (out.into_bytes(), length)
+    (out.into_bytes(), if chunked { None } else { length })
 }
 
 /// Whether a head has a header (its name lower-cased, with the colon).
@@ -232,7 +231,7 @@ async fn serve(mut down: TcpStream, upstream: u16, s: &State) -> std::io::Result
         body.extend_from_slice(&chunk[..n]);
     }
     body.truncate(length);
-    let conditional = head_has(&head, "if-none-match:")
+    let conditional = (head.starts_with(b"PUT ") && head_has(&head, "if-none-match:"))
         .then(|| s.conditional.lock().ok().and_then(|c| *c))
         .flatten();
     let fault = conditional.or_else(|| s.fault());
@@ -259,7 +258,7 @@ async fn serve(mut down: TcpStream, upstream: u16, s: &State) -> std::io::Result
     };
     if let Some(f) = fault {
         if let Ok(mut h) = s.hits.lock() {
-            h.push((f, forward));
+            h.push((f, landed));
         }
     }
     match fault {
@@ -296,6 +295,10 @@ mod tests {
         assert_eq!(n, Some(12));
         let (_, n) = rewrite_head(b"PUT /b/k HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
         assert_eq!(n, None);
+        let (_, n) = rewrite_head(
+            b"PUT /b/k HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        );
+        assert_eq!(n, None, "chunked wins, whatever the order");
         let e = error_500();
         let end = head_end(&e).unwrap_or(0);
         let (_, n) = rewrite_head(&e[..end]);

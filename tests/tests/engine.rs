@@ -1616,10 +1616,11 @@ async fn a_lost_answer_or_a_silent_moto_s3_store_costs_no_commit_and_no_retry() 
     assert!(o.status.success(), "{}", text(&o));
     let records = server.keys("orca", "store/default/shop/_checkpoints/");
     assert_eq!(records.len(), 3, "{records:?}");
-    let (lost, landed) = proxy.hits();
+    let (lost, _) = proxy.hits();
     assert!(
-        lost >= records.len() && landed == lost,
-        "each record's first write landed and its answer was lost: {lost} lost, {landed} landed"
+        lost >= records.len(),
+        "each record's first write landed and its answer was lost: {lost} answers lost for {} records",
+        records.len()
     );
 
     hundred_more(&db, rows + 1).await;

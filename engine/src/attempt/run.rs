@@ -41,6 +41,17 @@ pub fn run(opts: &Options) -> Result<Outcome, EngineError> {
             }
         }),
     }
-    a.log.flush(&a.store)?;
-    result
+    match result {
+        Ok(o) => {
+            a.log.flush(&a.store)?;
+            Ok(o)
+        }
+        // The attempt's own error is what it ends with: a store that fails
+        // the log's last write too (it may be why the attempt failed) must
+        // not put its error in that one's place.
+        Err(e) => {
+            let _ = a.log.flush(&a.store);
+            Err(e)
+        }
+    }
 }

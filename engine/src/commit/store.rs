@@ -50,8 +50,9 @@ impl StoreError {
 
 /// How long a write waits for a full local disk to have room again before
 /// the attempt stops (and is handed back): as long as an object store's
-/// client retries a store that does not answer.
-pub const FULL_DISK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(180);
+/// client retries a store that does not answer, and under the minute after
+/// which a silent replication connection is dropped.
+pub const FULL_DISK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(45);
 
 /// A store and the prefix everything of this use lives under.
 pub struct Store {

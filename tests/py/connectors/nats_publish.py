@@ -2,7 +2,9 @@
 
   nats_publish.py STREAM FIRST COUNT
 Publishes {"id": i, "amount": i % 1000, "note": ...} for i in FIRST..FIRST+COUNT-1
-to subject STREAM.orders; prints {"last_seq": N}. `nats_publish.py STREAM
+to subject STREAM.orders; prints {"last_seq": N}. Each message carries its id
+as its Nats-Msg-Id, so that a batch published again after a failure part way
+is stored once (JetStream's duplicate window). `nats_publish.py STREAM
 --delete` removes the stream.
 """
 import asyncio
@@ -33,7 +35,8 @@ async def main():
     for i in range(first, first + count):
         note = None if i % 10 == 0 else f"order {i}"
         ack = await js.publish(f"{name}.orders",
-                               json.dumps({"id": i, "amount": i % 1000, "note": note}).encode())
+                               json.dumps({"id": i, "amount": i % 1000, "note": note}).encode(),
+                               headers={"Nats-Msg-Id": str(i)})
         last = ack.seq
     await nc.close()
     print(json.dumps({"last_seq": last}))

@@ -108,13 +108,19 @@ impl Events {
     }
 
     /// Publishes a batch of 100 messages every half second until stopped.
+    /// A batch that failed part way is published again (its messages are
+    /// stored once: each carries its id as its `Nats-Msg-Id`) before the
+    /// publisher stops, so that ids 1 to `published` are exactly what the
+    /// stream holds.
     pub fn start_publishing(&mut self) {
         let stop = Arc::new(AtomicBool::new(false));
         let (s, published, stream) = (stop.clone(), self.published.clone(), self.stream.clone());
         let task = tokio::task::spawn_blocking(move || {
-            while !s.load(Ordering::Relaxed) {
+            let mut pending = false;
+            while pending || !s.load(Ordering::Relaxed) {
                 let first = published.load(Ordering::Acquire) + 1;
-                if publish(&stream, first, 100) {
+                pending = !publish(&stream, first, 100);
+                if !pending {
                     published.store(first + 99, Ordering::Release);
                 }
                 std::thread::sleep(Duration::from_millis(500));

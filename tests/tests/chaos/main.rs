@@ -79,7 +79,7 @@ impl Figures {
     }
 }
 
-const FAULTS: [&str; 9] = [
+const FAULTS: [&str; 10] = [
     "kill-runner",
     "kill-binary",
     "kill-engine",
@@ -89,6 +89,7 @@ const FAULTS: [&str; 9] = [
     "s3-errors",
     "s3-slow",
     "s3-drop",
+    "s3-outage",
 ];
 
 struct Budget {
@@ -215,7 +216,11 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
             // A store on a disk of its own has no bucket to fail: its disk
             // fills instead.
             if w.disk.is_some() && kind.starts_with("s3-") {
-                kind = "disk-full";
+                kind = if kind == "s3-outage" {
+                    "disk-full-long"
+                } else {
+                    "disk-full"
+                };
             }
             let hit = inject(&mut w, kind, &mut rng).await;
             match hit {
@@ -304,19 +309,26 @@ async fn inject(w: &mut World, kind: &str, rng: &mut Rng) -> Option<String> {
             w.proxies[i].heal();
             Some(format!("chaos-r{i} for {} s", LEASE_SECONDS + 5))
         }
-        "s3-errors" | "s3-slow" | "s3-drop" => {
+        "s3-errors" | "s3-slow" | "s3-drop" | "s3-outage" => {
             let (fault, seconds) = match kind {
                 "s3-errors" => (orca_tests::s3proxy::Fault::Error, rng.between(2, 10)),
                 "s3-slow" => (orca_tests::s3proxy::Fault::Slow, rng.between(1, 4)),
-                _ => (orca_tests::s3proxy::Fault::Drop, rng.between(2, 8)),
+                "s3-drop" => (orca_tests::s3proxy::Fault::Drop, rng.between(2, 8)),
+                // Longer than the clients' retries: attempts are handed back.
+                _ => (orca_tests::s3proxy::Fault::Error, rng.between(50, 70)),
             };
             w.s3_proxy.fail(fault, Duration::from_secs(seconds));
             tokio::time::sleep(Duration::from_secs(seconds)).await;
             Some(format!("every object-store request for {seconds} s"))
         }
-        "disk-full" => {
+        "disk-full" | "disk-full-long" => {
             let disk = w.disk.as_ref()?;
-            let seconds = rng.between(2, 12);
+            let seconds = if kind == "disk-full" {
+                rng.between(2, 12)
+            } else {
+                // Longer than a write waits for room: attempts are handed back.
+                rng.between(50, 70)
+            };
             let filler = disk.fill();
             tokio::time::sleep(Duration::from_secs(seconds)).await;
             let _ = std::fs::remove_file(filler);
