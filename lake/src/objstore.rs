@@ -73,16 +73,19 @@ fn io_error(what: &str, path: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// How a store's client retries a request the store failed (a 5xx, a
-/// dropped connection): up to 15 times, from 200 ms apart up to 15 s, and
-/// none once 45 s have passed. object_store's default (10 times from
-/// 100 ms) can spend its retries in a few seconds of a store's hiccup;
-/// this rides out most of a minute before the work stops (a sync's attempt
-/// is then handed back, spending no retry). Not longer: a sync's change
-/// stream waits while its engine does, and a replication connection left
-/// silent for a minute (`wal_sender_timeout`) is dropped by its server.
+/// dropped connection): from 200 ms apart up to 15 s, until 45 s have
+/// passed. object_store's default (10 times from 100 ms) spends its
+/// retries in a few seconds of a store's outage (its waits are drawn at
+/// random and grow slowly), and so would any count: the time bounds it.
+/// This rides out most of a minute before the work stops (a sync's attempt
+/// is then handed back, spending no retry; a run handed back 10 times in
+/// 10 minutes fails, so about 8 minutes of outage are ridden out). Not
+/// longer: a sync's change stream waits while its engine does, and a
+/// replication connection left silent for a minute (`wal_sender_timeout`)
+/// is dropped by its server.
 fn patience() -> object_store::RetryConfig {
     object_store::RetryConfig {
-        max_retries: 15,
+        max_retries: 1000,
         retry_timeout: std::time::Duration::from_secs(45),
         backoff: object_store::BackoffConfig {
             init_backoff: std::time::Duration::from_millis(200),

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use orca_tests::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::world::World;
 
@@ -299,30 +299,36 @@ pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u3
     others.len() as u32
 }
 
-/// Every run of the connector's sync ended, failed only with its retries
-/// spent on kills; then one more run, with no fault, succeeds, and every
-/// message published (ids 1 to `published`) is in the table exactly once.
-pub async fn events_landed_once(w: &mut World, published: i64, trace: &[String]) {
-    let runs = w.events.runs.clone();
-    runs_finished(w, &runs, trace, Duration::from_secs(240)).await;
-    failed_only_with_retries_spent(w, &runs, trace).await;
-    let before = w.events.runs.len();
-    w.events.run_now(&w.db).await;
-    let Some(&last) = w.events.runs.get(before) else {
-        fail(w, trace, "no run of the connector's sync could be started");
-    };
-    runs_finished(w, &[last], trace, Duration::from_secs(240)).await;
-    let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
-        .bind(last)
-        .fetch_one(&w.db.pool)
-        .await
-        .expect("the last run");
-    if status != "succeeded" {
-        fail(
-            w,
-            trace,
-            &format!("the connector sync's run {last}, with no fault, ended {status}"),
-        );
+/// Every run of each batch sync (the connector's and the table's) ended,
+/// failed only with its retries spent on kills; then one more run of each,
+/// with no fault, succeeds; and each message published (ids 1 to
+/// `published`) is in the connector's table exactly once, each row of the
+/// table in the Parquet files at least once, as declared (read by pyarrow,
+/// from the bucket or the disk, not through the fault proxy).
+/// Returns how many rows of the table it checked.
+pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]) -> i64 {
+    let (events, ledger) = (w.events.runs.clone(), w.ledger_runs.clone());
+    for runs in [&events, &ledger] {
+        runs_finished(w, runs, trace, Duration::from_secs(240)).await;
+        failed_only_with_retries_spent(w, runs, trace).await;
+    }
+    for sync in ["events", "ledger"] {
+        let Some(last) = crate::events::start_run(&w.db, sync).await else {
+            fail(w, trace, &format!("no run of sync {sync} could be started"));
+        };
+        runs_finished(w, &[last], trace, Duration::from_secs(240)).await;
+        let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+            .bind(last)
+            .fetch_one(&w.db.pool)
+            .await
+            .expect("the last run");
+        if status != "succeeded" {
+            fail(
+                w,
+                trace,
+                &format!("sync {sync}'s run {last}, with no fault, ended {status}"),
+            );
+        }
     }
     let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) =
         sqlx::query_as("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM raw.events")
@@ -339,6 +345,44 @@ pub async fn events_landed_once(w: &mut World, published: i64, trace: &[String])
             ),
         );
     }
+    let source: (i64, Option<i64>, Option<i64>) =
+        sqlx::query_as("SELECT count(*), min(id), max(id) FROM public.ledger")
+            .fetch_one(&w.db.pool)
+            .await
+            .expect("public.ledger");
+    let landed = parquet_ids(w, &format!("{}/ledger", w.parquet())).await;
+    let want = json!({"ids": source.0, "min": source.1, "max": source.2});
+    let got = json!({"ids": landed["ids"], "min": landed["min"], "max": landed["max"]});
+    let rows = landed["rows"].as_i64().unwrap_or(-1);
+    if got != want || rows < source.0 {
+        fail(
+            w,
+            trace,
+            &format!(
+                "the table's rows did not land in Parquet at least once each: {got} of {want} \
+                 ({landed})"
+            ),
+        );
+    }
+    source.0
+}
+
+/// What `tests/py/parquet_ids.py` reads of the Parquet files under `folder`.
+async fn parquet_ids(w: &World, folder: &str) -> Value {
+    let script = repo_root().join("tests/py/parquet_ids.py");
+    let (folder, env) = (folder.to_string(), w.s3.env());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(orca_tests::s3::python())
+            .arg(script)
+            .arg(folder)
+            .envs(env)
+            .output()
+    })
+    .await
+    .expect("the reader's thread")
+    .expect("run parquet_ids.py");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| json!({"error": String::from_utf8_lossy(&out.stderr).to_string()}))
 }
 
 /// No lease or queued attempt outlives its run; once the stream is paused,

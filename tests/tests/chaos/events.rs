@@ -55,6 +55,16 @@ fn publish(stream: &str, first: i64, count: i64) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Starts a run of batch sync `sync` unless one is queued or running.
+pub async fn start_run(db: &TestDb, sync: &str) -> Option<i64> {
+    sqlx::query_scalar("SELECT orca.run($1, 'now')")
+        .bind(sync)
+        .fetch_optional(&db.pool)
+        .await
+        .ok()
+        .flatten()
+}
+
 impl Events {
     /// A connectors directory under `world_dir` holding `nats_jetstream`,
     /// and a stream named for the world's tag.
@@ -141,16 +151,6 @@ impl Events {
     /// The last message id published.
     pub fn published(&self) -> i64 {
         self.published.load(Ordering::Acquire)
-    }
-
-    /// Starts a run of the sync unless one is queued or running.
-    pub async fn run_now(&mut self, db: &TestDb) {
-        let run: Option<i64> = sqlx::query_scalar("SELECT orca.run('events', 'now')")
-            .fetch_optional(&db.pool)
-            .await
-            .ok()
-            .flatten();
-        self.runs.extend(run);
     }
 
     /// The connector processes of this world's runners.

@@ -50,6 +50,8 @@ pub struct Figures {
     pub changes_checked: u64,
     /// Messages of the connector's stream, each seen landed exactly once.
     pub messages_checked: i64,
+    /// Rows of the table sync, each seen in its Parquet files exactly once.
+    pub parquet_rows_checked: i64,
     pub outputs_checked: u64,
     pub longest_recovery: Duration,
     pub infra_retries: u32,
@@ -63,7 +65,7 @@ impl Figures {
     /// The figures on one line.
     fn line(&self) -> String {
         format!(
-            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} object-store requests failed ({} after landing); {} distinct changes, {} connector messages and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
+            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} object-store requests failed ({} after landing); {} distinct changes, {} connector messages, {} Parquet rows and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
             self.seeds,
             self.rounds,
             self.faults,
@@ -72,6 +74,7 @@ impl Figures {
             self.s3_landed,
             self.changes_checked,
             self.messages_checked,
+            self.parquet_rows_checked,
             self.outputs_checked,
             self.longest_recovery.as_secs_f64(),
             self.infra_retries
@@ -162,6 +165,10 @@ async fn seeded_rounds_of_work_under_faults_keep_every_row_once_and_spend_no_ret
     );
     println!("  distinct changes checked: {}", figures.changes_checked);
     println!("  connector messages checked: {}", figures.messages_checked);
+    println!(
+        "  table rows checked in Parquet: {}",
+        figures.parquet_rows_checked
+    );
     println!("  step outputs checked:    {}", figures.outputs_checked);
     println!(
         "  longest recovery:        {:.1} s",
@@ -185,6 +192,7 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
     };
     let mut w = World::start(seed).await;
     let mut changes = 0;
+    let mut ledger_rows = 0;
     // The reference: one undisturbed backfill of every month a round may run.
     let reference = checks::reference(&w).await;
     say(
@@ -203,7 +211,7 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         );
         w.start_writer(u64::from(round) * 100_000);
         w.events.start_publishing();
-        w.events.run_now(&w.db).await;
+        w.run_batches().await;
         let runs: Vec<i64> = sqlx::query_scalar(&format!(
             "SELECT orca.backfill('probe', '2024-01..2024-0{months}')"
         ))
@@ -233,14 +241,15 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
                     say(&mut trace, format!("round {round}: {kind}: nothing to hit"));
                 }
             }
-            w.events.run_now(&w.db).await;
+            w.run_batches().await;
         }
         let healed = Instant::now();
         checks::runs_finished(&w, &runs, &trace, Duration::from_secs(240)).await;
         let written = w.stop_writer().await;
         let published = w.events.stop_publishing().await;
         changes = checks::stream_converged(&w, &trace, Duration::from_secs(240)).await;
-        checks::events_landed_once(&mut w, published, &trace).await;
+        let ledger = checks::batches_landed_once(&mut w, published, &trace).await;
+        ledger_rows = ledger;
         let recovery = healed.elapsed();
         figures.longest_recovery = figures.longest_recovery.max(recovery);
         figures.outputs_checked +=
@@ -251,7 +260,7 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         say(
             &mut trace,
             format!(
-                "round {round} passed: {written} transactions written, {changes} changes checked, {published} messages landed once, recovered in {:.1} s",
+                "round {round} passed: {written} transactions written, {changes} changes checked, {published} messages landed once and {ledger} table rows at least once, recovered in {:.1} s",
                 recovery.as_secs_f64()
             ),
         );
@@ -260,6 +269,7 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
     // how many distinct changes it checked.
     figures.changes_checked += changes;
     figures.messages_checked += w.events.published();
+    figures.parquet_rows_checked += ledger_rows;
     let (failed, landed) = w.s3_proxy.hits();
     figures.s3_failed += failed;
     figures.s3_landed += landed;

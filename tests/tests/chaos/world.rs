@@ -16,7 +16,7 @@ use orca_tests::*;
 use serde_json::json;
 
 use crate::disk::Disk;
-use crate::events::Events;
+use crate::events::{start_run, Events};
 use crate::proxy::Proxy;
 
 /// The bucket of the store and the warehouse.
@@ -42,6 +42,8 @@ pub struct World {
     pub disk: Option<Disk>,
     /// The external connector's stream and its sync's runs.
     pub events: Events,
+    /// The runs of the table sync into Parquet (`ledger`).
+    pub ledger_runs: Vec<i64>,
     writer: Option<(Arc<AtomicBool>, tokio::task::JoinHandle<u64>)>,
 }
 
@@ -95,6 +97,7 @@ impl World {
             s3_proxy,
             disk,
             events,
+            ledger_runs: Vec::new(),
             writer: None,
         };
         for i in 0..2 {
@@ -155,6 +158,15 @@ impl World {
         }
     }
 
+    /// Where the table sync writes its Parquet files: on the store's disk,
+    /// or in the bucket.
+    pub fn parquet(&self) -> String {
+        match &self.disk {
+            Some(d) => d.mount.join("out").to_string_lossy().into_owned(),
+            None => format!("s3://{BUCKET}/out"),
+        }
+    }
+
     /// Where the Iceberg tables live, as the runners name it: beside a
     /// local store, not on its disk (a full store must not stop the
     /// catalog's commits of what was staged before).
@@ -210,7 +222,9 @@ impl World {
                  RETURN NULL;
              END $$;
              CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON public.orders
-                 FOR EACH ROW EXECUTE FUNCTION public.audit();",
+                 FOR EACH ROW EXECUTE FUNCTION public.audit();
+             CREATE TABLE public.ledger (id bigint PRIMARY KEY, amount bigint NOT NULL,
+                 updated_at timestamptz NOT NULL DEFAULT clock_timestamp());",
         )
         .await;
         sqlx::query(
@@ -245,6 +259,30 @@ impl World {
         .await
         .expect("create_sync lake");
         self.events.define(&self.db).await;
+        // A table read by its cursor into Parquet files beside the store,
+        // at least once (what a table into Parquet can promise: a file
+        // cannot skip rows it holds), the writer appending a row to it in
+        // each transaction; its runs may be retried (a killed engine
+        // spends one).
+        sqlx::query(
+            "SELECT orca.create_sync('ledger', $1, $2, $3, NULL, 'at_least_once', 'default', $4)",
+        )
+        .bind(json!({"type": "postgres", "url": self.db.url()}))
+        .bind(json!({"type": "parquet", "url": self.parquet()}))
+        .bind(
+            json!([{"name": "ledger", "table": "public.ledger", "cursor": "updated_at",
+                      "primary_key": ["id"]}]),
+        )
+        .bind(crate::events::RUN_RETRIES)
+        .execute(&self.db.pool)
+        .await
+        .expect("create_sync ledger");
+    }
+
+    /// Starts a run of each batch sync that has none queued or running.
+    pub async fn run_batches(&mut self) {
+        self.events.runs.extend(start_run(&self.db, "events").await);
+        self.ledger_runs.extend(start_run(&self.db, "ledger").await);
     }
 
     /// Starts writing transactions of an insert, an update and a delete.
@@ -309,6 +347,7 @@ async fn writer(url: String, stop: Arc<AtomicBool>, from: u64) -> u64 {
              INSERT INTO public.orders (id, customer, amount, qty) VALUES ({id}, 'w', {n}, 1);
              UPDATE public.orders SET amount = amount + 1, qty = qty + 1 WHERE id = {};
              DELETE FROM public.orders WHERE id = {};
+             INSERT INTO public.ledger (id, amount) VALUES ({id}, {n});
              COMMIT;",
             1 + (n * 37) % 2000,
             if n.is_multiple_of(3) {
