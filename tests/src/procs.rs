@@ -546,17 +546,27 @@ pub async fn run_to_failure(
 /// and whose environment holds `entry` (`NAME=value`): how a test finds the
 /// children a runner started with that entry, to send them a fault.
 pub fn processes_with_env(program: &str, entry: &str) -> Vec<i32> {
+    processes_where(
+        |cmdline| {
+            cmdline
+                .split(|b| *b == 0)
+                .next()
+                .is_some_and(|argv0| argv0.ends_with(program.as_bytes()))
+        },
+        entry,
+    )
+}
+
+/// The processes whose command line (NUL-separated) `named` accepts and
+/// whose environment holds `entry`.
+pub fn processes_where(named: impl Fn(&[u8]) -> bool, entry: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let named = cmdline
-            .split(|b| *b == 0)
-            .next()
-            .is_some_and(|argv0| argv0.ends_with(program.as_bytes()));
-        if !named {
+        if !named(&cmdline) {
             continue;
         }
         let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();

@@ -21,7 +21,7 @@
 //!
 //! A request whose body is chunked is passed through untouched.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,11 +44,12 @@ struct State {
     /// The fault every conditional write meets, while set.
     conditional: Mutex<Option<Fault>>,
     hold: Mutex<Duration>,
-    /// Requests that met a fault: odd and even ones are failed before and
-    /// after they reach the server.
+    /// Requests that met a fault in a window: odd and even ones are failed
+    /// before and after they reach the server.
     hit: AtomicU64,
-    /// Requests that met a fault, by kind: what a round reports.
-    hits: Mutex<Vec<(Fault, bool)>>,
+    /// Requests failed, and how many of them the server had carried out.
+    failed: AtomicUsize,
+    landed: AtomicUsize,
 }
 
 impl State {
@@ -89,7 +90,8 @@ impl S3Proxy {
             conditional: Mutex::default(),
             hold: Mutex::new(SLOW),
             hit: AtomicU64::default(),
-            hits: Mutex::default(),
+            failed: AtomicUsize::default(),
+            landed: AtomicUsize::default(),
         });
         let s = state.clone();
         rt.spawn(async move {
@@ -134,9 +136,10 @@ impl S3Proxy {
     /// How many requests met a fault so far, and how many of those the
     /// server had carried out (answered 2xx) first.
     pub fn hits(&self) -> (usize, usize) {
-        self.state.hits.lock().map_or((0, 0), |h| {
-            (h.len(), h.iter().filter(|(_, landed)| *landed).count())
-        })
+        (
+            self.state.failed.load(Ordering::Acquire),
+            self.state.landed.load(Ordering::Acquire),
+        )
     }
 }
 
@@ -256,10 +259,9 @@ async fn serve(mut down: TcpStream, upstream: u16, s: &State) -> std::io::Result
         (Some(Fault::Error), _) if !landed => None,
         (_, f) => f,
     };
-    if let Some(f) = fault {
-        if let Ok(mut h) = s.hits.lock() {
-            h.push((f, landed));
-        }
+    if fault.is_some() {
+        s.failed.fetch_add(1, Ordering::AcqRel);
+        s.landed.fetch_add(usize::from(landed), Ordering::AcqRel);
     }
     match fault {
         Some(Fault::Error) => down.write_all(&error_500()).await?,

@@ -155,22 +155,10 @@ impl Events {
 
     /// The connector processes of this world's runners.
     pub fn pids(&self, tag: &str) -> Vec<i32> {
-        let entry = format!("ORCA_CHAOS_TAG={tag}");
-        let mut pids = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            if !String::from_utf8_lossy(&cmdline).contains(PROGRAM) {
-                continue;
-            }
-            let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
-            if environ.split(|b| *b == 0).any(|v| v == entry.as_bytes()) {
-                pids.push(pid);
-            }
-        }
-        pids
+        orca_tests::procs::processes_where(
+            |cmdline| String::from_utf8_lossy(cmdline).contains(PROGRAM),
+            &format!("ORCA_CHAOS_TAG={tag}"),
+        )
     }
 }
 
