@@ -593,8 +593,9 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION orca.release(uuid, text) IS
-'Hands a leased attempt back unfinished, for a runner that is shutting down or an engine that '
-'asks for a new attempt (a continuous sync meeting a new table shape): the run gets a new '
+'Hands a leased attempt back unfinished, for a runner that is shutting down, an engine that '
+'asks for a new attempt (a continuous sync meeting a new table shape), or an engine or pipeline '
+'binary whose object store did not answer: the run gets a new '
 'pending attempt at once, and neither run_retries nor the lost-attempt budget is spent. A run '
 'handed back 10 times in 10 minutes is in a loop: the 11th attempt fails instead (its error '
 'says so), and the run''s retries decide. Errors: OR012/OR014/OR015 for the lease.';

@@ -87,7 +87,7 @@ GRANT EXECUTE ON FUNCTION
     orca.create_playbook(text, text, jsonb),
     orca.drop_playbook(bigint),
     orca.resolve_incident(bigint, text),
-    orca.set_incident_threshold(text, bigint)
+    orca.set_incident_threshold(text, bigint, text)
     TO orca_operator;
 -- What an attempt's lease allows: the functions a pipeline binary or an
 -- engine calls. orca_attempt is what a runner's children log in with

@@ -57,19 +57,23 @@ COMMENT ON TABLE orca.playbooks IS
 'sync''s writer lanes doubled, up to options.max_lanes), page (an incident.page event for a '
 'pager''s webhook) or open_only.';
 
--- The thresholds of an org's measured incidents (orca.set_incident_threshold);
--- a name without a row has its default (orca._incident_threshold).
+-- The thresholds of an org's measured incidents (orca.set_incident_threshold),
+-- the org's own (no sync) or one sync's, which wins over the org's; a name
+-- without a row has its default (orca._incident_threshold).
 CREATE TABLE orca.incident_thresholds (
     org_id     bigint NOT NULL REFERENCES orca.orgs (id),
     name       text NOT NULL,
     value      bigint NOT NULL CHECK (value > 0),
     set_at     timestamptz NOT NULL DEFAULT now(),
     set_by     name NOT NULL DEFAULT session_user,
-    PRIMARY KEY (org_id, name)
+    sync_id    bigint REFERENCES orca.syncs (id) ON DELETE CASCADE
 );
+CREATE UNIQUE INDEX incident_thresholds_key
+    ON orca.incident_thresholds (org_id, name, coalesce(sync_id, 0));
 COMMENT ON TABLE orca.incident_thresholds IS
 'An org''s thresholds for the incidents that are measured (orca.set_incident_threshold): '
-'sync_stalled_seconds, cdc_lag_bytes, slot_safe_wal_bytes. A name without a row has its default.';
+'sync_stalled_seconds, cdc_lag_bytes, slot_safe_wal_bytes; the org''s own (sync_id null) or one '
+'sync''s, which wins over the org''s. A name without a row has its default.';
 
 DO $incidents$
 DECLARE
@@ -265,11 +269,14 @@ LANGUAGE sql IMMUTABLE AS $$
                        WHEN 'slot_safe_wal_bytes' THEN 1073741824 END::bigint
 $$;
 
--- An org's threshold: its own, or the default.
-CREATE FUNCTION orca._incident_threshold(p_org bigint, p_name text) RETURNS bigint
+-- A threshold: the sync's own, else its org's, else the default.
+CREATE FUNCTION orca._incident_threshold(p_org bigint, p_name text, p_sync bigint DEFAULT NULL)
+RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT t.value FROM orca.incident_thresholds t
-                     WHERE t.org_id = p_org AND t.name = p_name),
+                     WHERE t.org_id = p_org AND t.name = p_name AND t.sync_id = p_sync),
+                    (SELECT t.value FROM orca.incident_thresholds t
+                     WHERE t.org_id = p_org AND t.name = p_name AND t.sync_id IS NULL),
                     orca._incident_threshold_default(p_name))
 $$;
 
@@ -321,7 +328,7 @@ BEGIN
     FOR q IN
         SELECT y.org_id, y.id, y.name, y.head_epoch, y.head_at, p.id AS pipeline_id, a.run_id,
                greatest(y.head_at, a.leased_at) AS since,
-               orca._incident_threshold(y.org_id, 'sync_stalled_seconds') AS limit_s
+               orca._incident_threshold(y.org_id, 'sync_stalled_seconds', y.id) AS limit_s
         FROM orca.syncs y
         JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
         JOIN orca.runs r ON r.pipeline_id = p.id AND r.status = 'running'
@@ -354,8 +361,8 @@ BEGIN
                rs.slot_name, rs.wal_status, rs.safe_wal_size,
                pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
                pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
-               orca._incident_threshold(y.org_id, 'cdc_lag_bytes') AS lag_limit,
-               orca._incident_threshold(y.org_id, 'slot_safe_wal_bytes') AS safe_limit
+               orca._incident_threshold(y.org_id, 'cdc_lag_bytes', y.id) AS lag_limit,
+               orca._incident_threshold(y.org_id, 'slot_safe_wal_bytes', y.id) AS safe_limit
         FROM orca.syncs y
         LEFT JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
         JOIN pg_replication_slots rs ON rs.slot_name = orca._cdc_slot(y.org_id, y.name)
@@ -542,13 +549,16 @@ COMMENT ON FUNCTION orca.create_playbook(text, text, jsonb) IS
 '"low"|"high"|"critical"}, for a pager''s webhook) or open_only. Operators. Errors: OR105 '
 'unknown kind or action, or a pair that cannot act.';
 
-CREATE FUNCTION orca.set_incident_threshold(name text, value bigint) RETURNS bigint
+CREATE FUNCTION orca.set_incident_threshold(name text, value bigint, sync text DEFAULT NULL)
+RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    v_bounded boolean := orca._bound('set_incident_threshold', 'name', octet_length(set_incident_threshold.name), 1024);
-    v_org bigint := orca.current_org_id();
-    v_was bigint;
+    v_bounded boolean := orca._bound('set_incident_threshold', 'name', octet_length(set_incident_threshold.name), 1024)
+                         AND orca._bound('set_incident_threshold', 'sync', octet_length(set_incident_threshold.sync), 1024);
+    v_org  bigint := orca.current_org_id();
+    v_sync bigint;
+    v_was  bigint;
 BEGIN
     IF orca._incident_threshold_default(name) IS NULL THEN
         RAISE EXCEPTION 'unknown incident threshold %', quote_nullable(name)
@@ -560,26 +570,41 @@ BEGIN
                         name, orca._incident_threshold_default(name), value
             USING ERRCODE = 'OR109';
     END IF;
-    v_was := orca._incident_threshold(v_org, name);
+    IF sync IS NOT NULL THEN
+        v_sync := (orca._sync(v_org, sync)).id;
+    END IF;
+    v_was := orca._incident_threshold(v_org, name, v_sync);
     IF value IS NULL THEN
-        DELETE FROM orca.incident_thresholds t WHERE t.org_id = v_org AND t.name = name;
+        DELETE FROM orca.incident_thresholds t
+        WHERE t.org_id = v_org AND t.name = name AND t.sync_id IS NOT DISTINCT FROM v_sync;
     ELSE
-        INSERT INTO orca.incident_thresholds AS t (org_id, name, value) VALUES (v_org, name, value)
-        ON CONFLICT ON CONSTRAINT incident_thresholds_pkey DO UPDATE
-            SET value = excluded.value, set_at = now(), set_by = session_user;
+        -- Not ON CONFLICT: the key is an expression index, and its column
+        -- "name" would read as this function's argument.
+        UPDATE orca.incident_thresholds t
+        SET value = set_incident_threshold.value, set_at = now(), set_by = session_user
+        WHERE t.org_id = v_org AND t.name = set_incident_threshold.name
+          AND t.sync_id IS NOT DISTINCT FROM v_sync;
+        IF NOT FOUND THEN
+            INSERT INTO orca.incident_thresholds (org_id, name, value, sync_id)
+            VALUES (v_org, set_incident_threshold.name, set_incident_threshold.value, v_sync);
+        END IF;
     END IF;
     PERFORM orca._event(v_org, 'incident.threshold_set', NULL, NULL, NULL,
-        jsonb_build_object('name', name, 'value', orca._incident_threshold(v_org, name),
-                           'was', v_was, 'by', session_user));
+        jsonb_strip_nulls(jsonb_build_object('name', name, 'sync', sync,
+                                             'value', orca._incident_threshold(v_org, name, v_sync),
+                                             'was', v_was, 'by', session_user)));
     RETURN v_was;
 END
 $$;
-COMMENT ON FUNCTION orca.set_incident_threshold(text, bigint) IS
+COMMENT ON FUNCTION orca.set_incident_threshold(text, bigint, text) IS
 'Sets one of the session''s org''s incident thresholds and returns the value it had: '
 'sync_stalled_seconds (HEAD not moved while the sync''s run holds a lease; 900 by default), '
 'cdc_lag_bytes (a change stream''s slot behind the WAL; 1 GiB) or slot_safe_wal_bytes (WAL '
-'left before PostgreSQL may invalidate the slot, under max_slot_wal_keep_size; 1 GiB). NULL '
-'sets it back to its default. Operators. Errors: OR109 unknown name or a value below 1.';
+'left before PostgreSQL may invalidate the slot, under max_slot_wal_keep_size; 1 GiB). With a '
+'sync, that sync''s own, which wins over the org''s (dropped with the sync). NULL sets it back '
+'(to the org''s, for a sync; else to the default). Operators. Errors: OR109 unknown name or a '
+'value below 1, OR064 unknown sync. Example: '
+'SELECT orca.set_incident_threshold(''cdc_lag_bytes'', 8 * 1024^3, sync => ''orders_cdc'');';
 
 CREATE FUNCTION orca.drop_playbook(id bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -63,6 +63,11 @@ pub enum LakeError {
     /// The table, its data or a commit to it is not what was asked.
     #[error("{0}")]
     Table(String),
+    /// The rows given to be written failed to come: the error of whatever
+    /// produced them (a query reading another table), kept whole so that
+    /// an outage of its store can still be told.
+    #[error(transparent)]
+    Input(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl LakeError {
@@ -70,8 +75,10 @@ impl LakeError {
     /// disk is full (see [`objstore::unavailable`]): the work failed for
     /// the store's sake, and may be tried again as it was.
     pub fn unavailable(&self) -> bool {
-        let LakeError::Iceberg { source, .. } = self else {
-            return false;
+        let source = match self {
+            LakeError::Iceberg { source, .. } => source,
+            LakeError::Input(e) => return outage(e.as_ref()),
+            _ => return false,
         };
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
         while let Some(e) = next {
@@ -91,6 +98,27 @@ impl LakeError {
             source: Box::new(source),
         }
     }
+}
+
+/// Whether any error in `e`'s chain says that the object store did not
+/// answer or a local warehouse's disk is full: a [`LakeError`] or an
+/// [`object_store::Error`] that is [`LakeError::unavailable`] or
+/// [`objstore::unavailable`], or a disk-full I/O error. For code that holds
+/// a boxed error of any kind (a step's, DataFusion's), where the store's
+/// error may sit several wrappers down.
+pub fn outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(l) = err.downcast_ref::<LakeError>() {
+            if l.unavailable() {
+                return true;
+            }
+        } else if let Some(os) = err.downcast_ref::<object_store::Error>() {
+            return objstore::unavailable(os);
+        }
+        next = err.source();
+    }
+    objstore::disk_full(e)
 }
 
 impl From<iceberg::Error> for LakeError {

@@ -147,7 +147,8 @@ fn pump<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
-/// `orca-engine sync`'s exit status for "start a new attempt at HEAD".
+/// `orca-engine sync`'s exit status for "start a new attempt at HEAD", and a
+/// pipeline binary's for "the object store did not answer".
 const ENGINE_RESTART: i32 = 4;
 
 /// What to run for a lease: this runner's engine for a sync, a discovery
@@ -499,13 +500,21 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         // The engine asks for a new attempt at HEAD (a continuous change
         // stream met a table's new shape, or an object store did not
         // answer): handed back, not failed, so the run's retries are not
-        // spent on what the next attempt takes or the store's outage.
-        Ok(s) if l.command == Work::Sync && s.code() == Some(ENGINE_RESTART) => {
-            let why = last
-                .lock()
-                .ok()
-                .and_then(|g| g.clone())
-                .unwrap_or_else(|| "the engine asked for a new attempt".into());
+        // spent on what the next attempt takes or the store's outage. A
+        // pipeline binary's steps met the same outage.
+        Ok(s)
+            if matches!(l.command, Work::Sync | Work::Attempt)
+                && s.code() == Some(ENGINE_RESTART) =>
+        {
+            let last = last.lock().ok().and_then(|g| g.clone());
+            let why = match (l.command, last) {
+                (Work::Sync, Some(line)) => line,
+                (Work::Sync, None) => "the engine asked for a new attempt".into(),
+                // Its error (stderr) may be read before its summary
+                // (stdout): the line that says why, else what the code means.
+                (_, Some(line)) if line.contains("did not answer") => line,
+                _ => format!("{}: the object store did not answer", l.pipeline),
+            };
             say(
                 &prefix,
                 &file,

@@ -81,6 +81,10 @@ enum Cmd {
 const EXIT_STEP_FAILED: i32 = 1;
 const EXIT_USAGE: i32 = 2;
 const EXIT_CONTROL: i32 = 3;
+/// The object store did not answer (or the warehouse's disk is full): the
+/// runner hands the attempt back instead of failing it, as it does for
+/// `orca-engine`'s same code.
+const EXIT_STORE_UNAVAILABLE: i32 = 4;
 
 fn binary_path() -> String {
     std::env::current_exe()
@@ -116,6 +120,7 @@ pub fn main<P: Pipeline>() -> ! {
             match e {
                 SdkError::Control(_) => EXIT_CONTROL,
                 SdkError::StepFailed { .. } => EXIT_STEP_FAILED,
+                SdkError::StoreUnavailable(_) => EXIT_STORE_UNAVAILABLE,
                 _ => EXIT_USAGE,
             }
         }

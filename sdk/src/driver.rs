@@ -216,6 +216,14 @@ fn run_pair(
                     error: msg,
                 });
             }
+            Err(StepError::StoreUnavailable(msg)) => {
+                // Left running: the next attempt runs it again, as it does a
+                // step whose process was killed.
+                log.line(&format!(
+                    "{tag} the object store did not answer: {msg}; handing the attempt back"
+                ));
+                return Err(SdkError::StoreUnavailable(msg));
+            }
             Err(StepError::Failed(msg)) => {
                 if tries <= step.retries {
                     log.line(&format!(

@@ -31,6 +31,49 @@ pub enum SdkError {
     Tables(String),
     #[error("{what}: {error}")]
     Io { what: String, error: std::io::Error },
+    /// The object store did not answer through its client's retries, or
+    /// the local warehouse's disk is full: the attempt is handed back to
+    /// the control plane, spending none of the run's retries.
+    #[error("the object store did not answer: {0}")]
+    StoreUnavailable(String),
+}
+
+/// What was being done, with the error it met kept as its source: an
+/// outage of the store several wrappers down can still be told
+/// ([`store_outage`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct Context {
+    what: String,
+    #[source]
+    source: Error,
+}
+
+/// `map_err(context("scan of lake.clean"))`.
+pub(crate) fn context<E: Into<Error>>(what: impl Into<String>) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| {
+        Box::new(Context {
+            what,
+            source: e.into(),
+        })
+    }
+}
+
+/// Whether `e`, or an error in its chain, says that the object store did
+/// not answer or the warehouse's disk is full ([`orca_lake::outage`]).
+pub fn store_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if matches!(
+            err.downcast_ref::<SdkError>(),
+            Some(SdkError::StoreUnavailable(_))
+        ) {
+            return true;
+        }
+        next = err.source();
+    }
+    orca_lake::outage(e)
 }
 
 impl From<orca_client::ClientError> for SdkError {
@@ -44,6 +87,47 @@ impl From<orca_client::ClientError> for SdkError {
 
 impl From<orca_lake::LakeError> for SdkError {
     fn from(e: orca_lake::LakeError) -> Self {
-        SdkError::Tables(e.to_string())
+        if e.unavailable() {
+            SdkError::StoreUnavailable(e.to_string())
+        } else {
+            SdkError::Tables(e.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full_disk() -> std::io::Error {
+        std::io::Error::from(std::io::ErrorKind::StorageFull)
+    }
+
+    #[test]
+    fn an_outage_is_told_however_deep_a_step_wrapped_it() {
+        // A write under a full local warehouse, as the lake returns it for
+        // rows that failed to come, inside a query's context, boxed by `?`.
+        let lake = orca_lake::LakeError::Input(Box::new(full_disk()));
+        let wrapped: Error = context("step load SQL")(lake);
+        assert!(store_outage(wrapped.as_ref()));
+        assert_eq!(
+            wrapped.to_string(),
+            "step load SQL: no storage space",
+            "the message reads as it did before the context kept the source"
+        );
+        let told: Error = Box::new(SdkError::StoreUnavailable("timed out".into()));
+        assert!(store_outage(context("step load")(told).as_ref()));
+        let sdk: SdkError = orca_lake::LakeError::Input(Box::new(full_disk())).into();
+        assert!(matches!(sdk, SdkError::StoreUnavailable(_)), "{sdk:?}");
+    }
+
+    #[test]
+    fn a_steps_own_failure_is_not_an_outage() {
+        let own: Error = "no rows for 2024-01".into();
+        assert!(!store_outage(own.as_ref()));
+        let refused = orca_lake::LakeError::Table("dataset lake.x does not exist".into());
+        assert!(!store_outage(context("scan of lake.x")(refused).as_ref()));
+        let sdk: SdkError = orca_lake::LakeError::Config("no catalog".into()).into();
+        assert!(matches!(sdk, SdkError::Tables(_)), "{sdk:?}");
     }
 }

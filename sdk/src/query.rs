@@ -22,7 +22,7 @@ use orca_lake::query::{self as lake_query, PinnedTable, Reference, ScanLog};
 use orca_lake::{Lake, LakeError, ScanStats};
 
 use crate::ctx::{Ctx, LogSink};
-use crate::error::Result;
+use crate::error::{context, Result};
 use crate::keys::{Day, Month, Name};
 use crate::pins::pinned;
 use orca_lake::Table;
@@ -172,7 +172,7 @@ impl<'a> Query<'a> {
             .lake
             .rt
             .block_on(self.df.execute_stream())
-            .map_err(|e| format!("{} query: {e}", self.tag))?;
+            .map_err(context(format!("{} query", self.tag)))?;
         report(&self.log, &self.tag, &self.scans);
         Ok(Batches {
             lake: self.lake,
@@ -229,7 +229,7 @@ impl Iterator for Batches<'_> {
         self.lake
             .rt
             .block_on(self.stream.next())
-            .map(|r| r.map_err(|e| format!("{} reading: {e}", self.tag).into()))
+            .map(|r| r.map_err(context(format!("{} reading", self.tag))))
     }
 }
 
@@ -263,9 +263,7 @@ impl<'a> IntoBatches<'a> for RecordBatch {
 
 impl<'a> IntoBatches<'a> for Batches<'a> {
     fn into_batches(self) -> Result<BatchIter<'a>> {
-        Ok(Box::new(
-            self.map(|r| r.map_err(|e| LakeError::Table(e.to_string()))),
-        ))
+        Ok(Box::new(self.map(|r| r.map_err(LakeError::Input))))
     }
 }
 
@@ -337,7 +335,7 @@ impl<'c, 'a> Scan<'c, 'a> {
             .get()?
             .rt
             .block_on(s.table(reference))
-            .map_err(|e| format!("scan of {dataset}: {e}"))?;
+            .map_err(context(format!("scan of {dataset}")))?;
         if let Some(f) = filter {
             frame = frame
                 .filter(f)
@@ -373,7 +371,7 @@ impl<'a> Ctx<'a> {
     /// Read-only: no DDL, no INSERT or COPY.
     pub fn sql(&mut self, query: &str, params: impl SqlParams) -> Result<Query<'a>> {
         let refs = lake_query::references(session(self)?, query)
-            .map_err(|e| format!("step {}: {e}", self.step))?;
+            .map_err(context(format!("step {}", self.step)))?;
         for r in refs {
             match r {
                 Reference::Dataset(d) => register_pinned(self, &d)?,
@@ -405,7 +403,7 @@ impl<'a> Ctx<'a> {
                     df.with_param_values(params)
                 }
             })
-            .map_err(|e| format!("step {} SQL: {e}", self.step))?;
+            .map_err(context(format!("step {} SQL", self.step)))?;
         Query::new(self, df)
     }
 
@@ -417,7 +415,10 @@ impl<'a> Ctx<'a> {
         let lake = self.io.tables.get()?;
         lake.rt
             .block_on(s.register_csv(name, path, datafusion::prelude::CsvReadOptions::new()))
-            .map_err(|e| format!("step {}: reading {path} as {name}: {e}", self.step).into())
+            .map_err(context(format!(
+                "step {}: reading {path} as {name}",
+                self.step
+            )))
     }
 }
 

@@ -66,7 +66,13 @@ pub fn run_erased<S: Step>(
             error: e.to_string(),
         })
     })?;
-    let output = S::call(ctx, input).map_err(|e| StepError::Failed(e.to_string()))?;
+    let output = S::call(ctx, input).map_err(|e| {
+        if crate::error::store_outage(e.as_ref()) {
+            StepError::StoreUnavailable(e.to_string())
+        } else {
+            StepError::Failed(e.to_string())
+        }
+    })?;
     serde_json::to_value(output).map_err(|e| {
         StepError::Codec(SdkError::Codec {
             step: S::NAME.to_string(),
@@ -83,4 +89,8 @@ pub enum StepError {
     Failed(String),
     /// Its input or output does not fit its types (not retried).
     Codec(SdkError),
+    /// The object store did not answer, or the warehouse's disk is full:
+    /// not the step's fault, so neither its retries nor the run's are
+    /// spent (the attempt is handed back).
+    StoreUnavailable(String),
 }

@@ -430,6 +430,15 @@ pub async fn wait_run(db: &crate::TestDb, run: i64, status: &str, runner: &Runne
     .await
 }
 
+/// A run's attempts in order: each one's status and error.
+pub async fn attempts_of(db: &crate::TestDb, run: i64) -> Vec<(String, Option<String>)> {
+    sqlx::query_as("SELECT status, error FROM orca.attempts WHERE run_id = $1 ORDER BY number")
+        .bind(run)
+        .fetch_all(&db.pool)
+        .await
+        .expect("the run's attempts")
+}
+
 /// Runs `tests/py/iceberg.py` (PyIceberg, which scripts/setup.sh installs)
 /// and returns what it printed, as JSON.
 pub fn pyiceberg(args: &[&str]) -> serde_json::Value {

@@ -464,7 +464,8 @@ async fn bad_playbooks_and_resolutions_are_refused_and_change_nothing() {
 }
 
 /// Thresholds: set, read back through what the tick uses, reset to the
-/// default with NULL; each change is an event naming the old value.
+/// default with NULL; each change is an event naming the old value. A
+/// sync's own threshold wins over its org's and goes with the sync.
 #[tokio::test]
 async fn incident_thresholds_are_set_per_org_and_reset_to_their_default() {
     let db = TestDb::new().await;
@@ -490,6 +491,67 @@ async fn incident_thresholds_are_set_per_org_and_reset_to_their_default() {
     assert_eq!(set.len(), 2, "{set:?}");
     assert_eq!(set[1]["value"], 900, "{set:?}");
     assert_eq!(set[1]["was"], 60, "{set:?}");
+    // A sync's own threshold wins over the org's, is reset to the org's
+    // with NULL, and goes with the sync.
+    let root = scratch_root();
+    sqlx::query("SELECT orca.create_sync('mirror', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": format!("{root}/thresholds-in"), "format": "jsonl"}))
+        .bind(json!({"type": "parquet", "url": format!("{root}/thresholds-out")}))
+        .bind(json!([{"name": "events", "pattern": "*.jsonl"}]))
+        .execute(&db.pool)
+        .await
+        .expect("a sync");
+    db.pool
+        .execute("SELECT orca.set_incident_threshold('cdc_lag_bytes', 1000)")
+        .await
+        .expect("the org's threshold");
+    let was: i64 = sqlx::query_scalar(
+        "SELECT orca.set_incident_threshold('cdc_lag_bytes', 50, sync => 'mirror')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("a sync's threshold");
+    assert_eq!(was, 1000, "a sync without its own has the org's");
+    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT y.name, t.value FROM orca.incident_thresholds t
+         LEFT JOIN orca.syncs y ON y.id = t.sync_id WHERE t.name = 'cdc_lag_bytes' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("thresholds");
+    assert_eq!(rows, [(Some("mirror".to_string()), 50), (None, 1000)]);
+    let set = events(&db, "incident.threshold_set").await;
+    assert_eq!(
+        set.last().map(|e| e["sync"].clone()),
+        Some(json!("mirror")),
+        "{set:?}"
+    );
+    let was: i64 =
+        sqlx::query_scalar("SELECT orca.set_incident_threshold('cdc_lag_bytes', NULL, 'mirror')")
+            .fetch_one(&db.pool)
+            .await
+            .expect("reset a sync's threshold");
+    assert_eq!(was, 50);
+    let (c, msg) = expect_error(
+        &db.pool,
+        "SELECT orca.set_incident_threshold('cdc_lag_bytes', 10, 'no_such_sync')",
+    )
+    .await;
+    assert_eq!(c, "OR064", "{msg}");
+    assert!(msg.contains("no_such_sync"), "{msg}");
+    db.pool
+        .execute(
+            "SELECT orca.set_incident_threshold('sync_stalled_seconds', 30, 'mirror');
+             SELECT orca.drop_sync('mirror');",
+        )
+        .await
+        .expect("a sync's threshold, then the sync dropped");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.incident_thresholds WHERE sync_id IS NOT NULL")
+            .await,
+        0,
+        "a dropped sync's thresholds go with it"
+    );
     // Playbooks for the new kinds are accepted where they can act.
     for sql in [
         "SELECT orca.create_playbook('cdc_lag', 'scale_sync', '{\"max_lanes\": 4}')",

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use orca_tests::cluster::PrivateCluster;
-use orca_tests::procs::{register, wait_run, Runner};
+use orca_tests::procs::{attempts_of, register, wait_run, Runner};
 use orca_tests::*;
 
 #[tokio::test]
@@ -54,12 +54,7 @@ async fn an_attempt_failed_across_a_crash_of_the_control_plane_spends_no_retry()
         "no retry and no lost attempt spent\n{}",
         runner.output()
     );
-    let attempts: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, error FROM orca.attempts WHERE run_id = $1 ORDER BY number")
-            .bind(run)
-            .fetch_all(&db.pool)
-            .await
-            .expect("attempts");
+    let attempts = attempts_of(&db, run).await;
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     assert_eq!(attempts[0].0, "released", "{attempts:?}");
     let why = attempts[0].1.clone().unwrap_or_default();

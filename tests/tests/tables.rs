@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use orca_tests::procs::{bin, orca, outputs, register, wait_run, Runner};
+use orca_tests::procs::{attempts_of, bin, orca, outputs, register, wait_run, Runner};
 use orca_tests::sqlx::{self, Executor};
 use orca_tests::*;
 use serde_json::{json, Value};
@@ -973,4 +973,69 @@ async fn an_s3_warehouse_keeps_data_and_metadata_in_the_bucket() {
     assert_eq!(pieces["rows"].as_array().map(Vec::len), Some(31));
     let current = current_snapshot(&pieces);
     assert_eq!(current["operation"], "replace");
+}
+
+/// A bucket that does not answer for longer than its client retries (every
+/// request failing with 500, half of them after they landed: moto's server,
+/// the stand-in for S3 here, behind the fault proxy) stops a pipeline's
+/// attempt with its step unfinished. The runner hands the attempt back,
+/// spending none of the run's retries, and the next attempt, once the
+/// bucket answers, writes each table once: PyIceberg reads the month's
+/// aggregate from the bucket itself, not through the proxy.
+#[tokio::test]
+async fn a_bucket_that_does_not_answer_hands_the_attempt_back_and_spends_no_retry_moto_s3() {
+    use orca_tests::s3proxy::{Fault, S3Proxy};
+    let s3 = orca_tests::s3::S3Server::start("orca-lake");
+    let proxy = S3Proxy::start(s3.port());
+    let warehouse = "s3://orca-lake/warehouse";
+    let db = TestDb::new().await;
+    register(&db, "lake");
+    let mut env: Vec<(&str, String)> = s3
+        .env()
+        .into_iter()
+        .filter(|(k, _)| *k != "AWS_ENDPOINT")
+        .collect();
+    env.push(("AWS_ENDPOINT", format!("http://127.0.0.1:{}", proxy.port)));
+    env.push(("ORCA_WAREHOUSE", warehouse.to_string()));
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Longer than the clients' 45 s of retries: the first attempt gives up.
+    proxy.fail(Fault::Error, Duration::from_secs(70));
+    let runner = Runner::start(&db.url(), "r", 1, &scratch("s3-outage"), &env_refs);
+    let run: i64 = sqlx::query_scalar("SELECT orca.run('lake', '2013-01')")
+        .fetch_one(&db.pool)
+        .await
+        .expect("run");
+    wait_for_sql(
+        &db,
+        &format!("run {run} to succeed"),
+        &format!("SELECT status = 'succeeded' FROM orca.runs WHERE id = {run}"),
+        Duration::from_secs(240),
+        || runner.output(),
+    )
+    .await;
+    let attempts = attempts_of(&db, run).await;
+    let released: Vec<&Option<String>> = attempts
+        .iter()
+        .filter(|(s, _)| s == "released")
+        .map(|(_, e)| e)
+        .collect();
+    assert!(
+        !released.is_empty()
+            && released.iter().all(|e| e
+                .as_deref()
+                .is_some_and(|e| e.contains("the object store did not answer"))),
+        "{attempts:?}\n{}",
+        runner.output()
+    );
+    assert!(
+        attempts.iter().all(|(s, _)| s != "failed"),
+        "a store outage spent a retry: {attempts:?}"
+    );
+    let (failed, landed) = proxy.hits();
+    assert!(failed > 0 && landed > 0, "{failed} failed, {landed} landed");
+    let monthly = py_env(&["read", &db.url(), warehouse, "lake.monthly"], &s3.env());
+    assert_eq!(
+        pairs(&monthly, "month", "flights"),
+        [("2013-01".into(), 27004)]
+    );
 }

@@ -13,7 +13,7 @@ use crate::world::World;
 /// (run's partitions, step, partition) -> the step's output.
 pub type Outputs = BTreeMap<(String, String, String), Value>;
 
-fn fail(w: &World, trace: &[String], what: &str) -> ! {
+pub fn fail(w: &World, trace: &[String], what: &str) -> ! {
     let seed = trace
         .first()
         .and_then(|l| l.split_whitespace().nth(1))
@@ -175,23 +175,10 @@ async fn lake_sets(w: &World) -> Option<(BTreeSet<String>, BTreeSet<String>)> {
         .into_iter()
         .map(|(id, c, a, q)| row_key(id, &c, a.as_deref(), q.map(i64::from)))
         .collect();
-    let script = repo_root().join("tests/py/iceberg.py");
     let (url, warehouse) = (w.db.url(), w.warehouse());
-    let env = w.s3.env();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(orca_tests::s3::python())
-            .arg(script)
-            .args(["read", &url, &warehouse, "lake.orders"])
-            .envs(env)
-            .output()
-    })
-    .await
-    .ok()?
-    .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let read: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let read = python(w, "iceberg.py", &["read", &url, &warehouse, "lake.orders"])
+        .await
+        .ok()?;
     let text = |v: &Value| match v {
         Value::Null => None,
         Value::String(s) => Some(s.clone()),
@@ -244,9 +231,34 @@ pub async fn outputs_as_undisturbed(
     got.len() as u64
 }
 
+/// How many tasks `probe_tasks` fans out in the chaos world (the runners'
+/// `PROBE_TASKS`).
+pub const TASKS: u64 = 40;
+
+/// Every `probe_tasks` run ended, failed only with its retries spent, and
+/// each succeeded fan-out returned the sum of the squares of 0..TASKS, as
+/// every task ran once to its end however many workers died. Returns how
+/// many fan-outs it compared.
+pub async fn tasks_summed(w: &World, runs: &[i64], trace: &[String]) -> u64 {
+    runs_finished(w, runs, trace, Duration::from_secs(240)).await;
+    let want = (0..TASKS).map(|i| i * i).sum::<u64>();
+    let got = outputs_of(w, runs).await;
+    for (k, v) in &got {
+        if v.as_u64() != Some(want) {
+            fail(
+                w,
+                trace,
+                &format!("{k:?}: the fan-out gave {v} under faults, not {want}"),
+            );
+        }
+    }
+    failed_only_with_retries_spent(w, runs, trace).await;
+    got.len() as u64
+}
+
 /// Each of `runs` that did not succeed failed more attempts than it had
 /// retries (the checks of failed attempts say what may fail one).
-async fn failed_only_with_retries_spent(w: &World, runs: &[i64], trace: &[String]) {
+pub async fn failed_only_with_retries_spent(w: &World, runs: &[i64], trace: &[String]) {
     let failed: Vec<(i64, i32, i64)> = sqlx::query_as(
         "SELECT r.id, r.run_retries,
                 (SELECT count(*) FROM orca.attempts a WHERE a.run_id = r.id AND a.status = 'failed')
@@ -267,15 +279,17 @@ async fn failed_only_with_retries_spent(w: &World, runs: &[i64], trace: &[String
     }
 }
 
-/// Every failed attempt of every run was a killed binary, engine or
-/// connector: the only faults that may spend a retry (no more attempts
-/// failed on a connector than connectors were killed). Returns the count of
-/// the others (and fails the round if there is one).
+/// Every failed attempt of every run was a killed binary, task worker,
+/// engine or connector: the only faults that may spend a retry (no more
+/// attempts failed on a connector than connectors were killed; a task
+/// fails its step only when its every try's worker was killed). Returns
+/// the count of the others (and fails the round if there is one).
 pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u32 {
     let mut others: Vec<(i64, i32, Option<String>)> = sqlx::query_as(
         "SELECT a.run_id, a.number, a.error FROM orca.attempts a JOIN orca.runs r ON r.id = a.run_id
          WHERE a.status = 'failed' AND r.kind <> 'sense'
            AND coalesce(a.error, '') NOT LIKE 'killed by a signal%'
+           AND coalesce(a.error, '') NOT LIKE '%task worker % died while running task %SIGKILL%'
          ORDER BY a.id",
     )
     .fetch_all(&w.db.pool)
@@ -299,20 +313,32 @@ pub async fn no_retry_spent_by_infrastructure(w: &World, trace: &[String]) -> u3
     others.len() as u32
 }
 
-/// Every run of each batch sync (the connector's and the table's) ended,
-/// failed only with its retries spent on kills; then one more run of each,
-/// with no fault, succeeds; and each message published (ids 1 to
-/// `published`) is in the connector's table exactly once, each row of the
-/// table in the Parquet files at least once, as declared (read by pyarrow,
-/// from the bucket or the disk, not through the fault proxy).
-/// Returns how many rows of the table it checked.
-pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]) -> i64 {
-    let (events, ledger) = (w.events.runs.clone(), w.ledger_runs.clone());
-    for runs in [&events, &ledger] {
+/// What [`batches_landed_once`] checked.
+pub struct Landed {
+    /// Rows of the table sync, each in its Parquet files at least once.
+    pub parquet_rows: i64,
+    /// Records of the dropped files, each in Postgres exactly once.
+    pub file_records: i64,
+}
+
+/// Every run of each batch sync (the connector's, the table's, the files')
+/// ended, failed only with its retries spent on kills; then one more run
+/// of each, with no fault, succeeds; and each message published (ids 1 to
+/// `published`) is in the connector's table exactly once, each record of
+/// the dropped files in theirs exactly once, each row of the table in the
+/// Parquet files at least once, as declared (read by pyarrow, from the
+/// bucket or the disk, not through the fault proxy).
+pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]) -> Landed {
+    let (events, ledger, drops) = (
+        w.events.runs.clone(),
+        w.ledger_runs.clone(),
+        w.drops.runs.clone(),
+    );
+    for runs in [&events, &ledger, &drops] {
         runs_finished(w, runs, trace, Duration::from_secs(240)).await;
         failed_only_with_retries_spent(w, runs, trace).await;
     }
-    for sync in ["events", "ledger"] {
+    for sync in ["events", "ledger", "drops"] {
         let Some(last) = crate::events::start_run(&w.db, sync).await else {
             fail(w, trace, &format!("no run of sync {sync} could be started"));
         };
@@ -345,6 +371,24 @@ pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]
             ),
         );
     }
+    let written = w.drops.written();
+    let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT (data->>'id')::bigint), min((data->>'id')::bigint),
+                max((data->>'id')::bigint) FROM (SELECT to_jsonb(d) AS data FROM raw.drops d) x",
+    )
+    .fetch_one(&w.db.pool)
+    .await
+    .expect("raw.drops");
+    if (rows, ids, min, max) != (written, written, Some(1), Some(written)) {
+        fail(
+            w,
+            trace,
+            &format!(
+                "the dropped files' records 1..{written} did not land once each: {rows} rows, \
+                 {ids} ids, from {min:?} to {max:?}"
+            ),
+        );
+    }
     let source: (i64, Option<i64>, Option<i64>) =
         sqlx::query_as("SELECT count(*), min(id), max(id) FROM public.ledger")
             .fetch_one(&w.db.pool)
@@ -364,25 +408,39 @@ pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]
             ),
         );
     }
-    source.0
+    Landed {
+        parquet_rows: source.0,
+        file_records: written,
+    }
 }
 
 /// What `tests/py/parquet_ids.py` reads of the Parquet files under `folder`.
 async fn parquet_ids(w: &World, folder: &str) -> Value {
-    let script = repo_root().join("tests/py/parquet_ids.py");
-    let (folder, env) = (folder.to_string(), w.s3.env());
+    python(w, "parquet_ids.py", &[folder])
+        .await
+        .unwrap_or_else(|e| json!({ "error": e }))
+}
+
+/// What a reader of `tests/py/` printed, as JSON, or why it could not. It
+/// reaches the bucket directly, not through the fault proxy.
+pub async fn python(w: &World, script: &str, args: &[&str]) -> Result<Value, String> {
+    let script = repo_root().join("tests/py").join(script);
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let env = w.s3.env();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(orca_tests::s3::python())
             .arg(script)
-            .arg(folder)
+            .args(args)
             .envs(env)
             .output()
     })
     .await
-    .expect("the reader's thread")
-    .expect("run parquet_ids.py");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| json!({"error": String::from_utf8_lossy(&out.stderr).to_string()}))
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
 }
 
 /// No lease or queued attempt outlives its run; once the stream is paused,

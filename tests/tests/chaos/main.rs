@@ -1,36 +1,44 @@
 //! The chaos suite: seeded rounds of real work under real faults, checked
 //! after each round as a user would check them.
 //!
-//! Each seed gets a private cluster, two runners (each behind a fault proxy
-//! of its own), a continuous change stream with a writer, merged into
-//! Postgres (with a change log) and into an Iceberg table, and backfills of
-//! the probe pipeline's typed steps. Odd seeds keep the syncs' store and
-//! the warehouse in an S3 bucket (moto's server, behind an HTTP fault
-//! proxy: no real S3 is reachable here); even seeds keep the store on a
-//! small disk of its own (a tmpfs). Each round the seed picks faults and
-//! their moments: SIGKILL of a runner (with everything it started, as a
-//! host dies), of a pipeline binary, of an engine; a crash of PostgreSQL
-//! (`pg_ctl -m immediate`); a runner cut off from the control plane for
-//! longer than its lease; the bucket answering 500s, answering too slowly
-//! or dropping connections (some after the request landed), or, for a
-//! store on its own disk, that disk filling to the last byte. Then it
-//! checks: every backfill run finished, each succeeded step's output is
-//! what an undisturbed run gave, every change of the source landed exactly
-//! once in the change log and the Postgres and Iceberg merges equal the
-//! source, no lease or queued attempt is left, and an infrastructure fault
-//! spent no retry (only a killed binary may).
+//! Each seed gets a private cluster and two runners, each behind a fault
+//! proxy of its own. The work: backfills of the probe pipeline's typed
+//! steps, of `probe_tasks`, whose step fans tasks out to worker processes,
+//! and of `probe_tables`, which commits to an Iceberg table; two continuous
+//! change streams with a writer, merged into Postgres (with a change log)
+//! and into an Iceberg table; and batch syncs run again after every fault:
+//! an external connector (NATS JetStream) into Postgres, dropped JSON-lines
+//! files into Postgres, a table into Parquet. Odd seeds keep the syncs'
+//! store, the warehouse and the dropped files in an S3 bucket (moto's
+//! server, behind an HTTP fault proxy: no real S3 is reachable here); even
+//! seeds keep the store on a small disk of its own (a tmpfs) and the files
+//! in a directory. Each round the seed picks faults and their moments:
+//! SIGKILL of a runner (with everything it started, as a host dies), of a
+//! pipeline binary or a task worker, of an engine, of a connector; a crash
+//! of PostgreSQL (`pg_ctl -m immediate`); a runner cut off from the control
+//! plane for longer than its lease; the bucket answering 500s, answering
+//! too slowly or dropping connections (some after the request landed), or,
+//! for a store on its own disk, that disk filling to the last byte. Then it
+//! checks: every run finished, each succeeded step's output is what an
+//! undisturbed run gave (a fan-out's, the sum its tasks must give; each
+//! table commit made once), every change of the source landed exactly once
+//! in the change log and the Postgres and Iceberg merges equal the source,
+//! every message and file record landed exactly once and every table row at
+//! least once, no lease or queued attempt is left, and an infrastructure
+//! fault spent no retry (only a killed binary, worker or connector may).
 //!
 //! Budget (scripts/chaos.sh sets it): CHAOS_SEED replays one seed (1 by
 //! default), CHAOS_SEEDS seeds (2 by default: one of each store),
 //! CHAOS_ROUNDS rounds each (2), CHAOS_MINUTES runs seeds from a
-//! time-derived one until that much time has passed. Not covered yet:
-//! file and connector sources, a connector killed.
+//! time-derived one until that much time has passed.
 
 mod checks;
 mod disk;
 mod events;
+mod files;
 mod proxy;
 mod rng;
+mod tables;
 mod world;
 
 use std::collections::BTreeMap;
@@ -50,8 +58,14 @@ pub struct Figures {
     pub changes_checked: u64,
     /// Messages of the connector's stream, each seen landed exactly once.
     pub messages_checked: i64,
-    /// Rows of the table sync, each seen in its Parquet files exactly once.
+    /// Rows of the table sync, each seen in its Parquet files at least once.
     pub parquet_rows_checked: i64,
+    /// Records of the dropped files, each seen in Postgres exactly once.
+    pub file_records_checked: i64,
+    /// Steps that fanned out tasks, each seen to sum its tasks' results.
+    pub task_steps_checked: u64,
+    /// A pipeline's Iceberg commits, each seen once with its rows.
+    pub table_commits_checked: u64,
     pub outputs_checked: u64,
     pub longest_recovery: Duration,
     pub infra_retries: u32,
@@ -65,7 +79,7 @@ impl Figures {
     /// The figures on one line.
     fn line(&self) -> String {
         format!(
-            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} object-store requests failed ({} after landing); {} distinct changes, {} connector messages, {} Parquet rows and {} step outputs checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
+            "so far: {} seeds, {} rounds passed; faults {:?} ({} with no target); {} object-store requests failed ({} after landing); {} distinct changes, {} connector messages, {} file records, {} Parquet rows, {} step outputs, {} task fan-outs and {} table commits checked; longest recovery {:.1} s; retries spent by infrastructure faults {}",
             self.seeds,
             self.rounds,
             self.faults,
@@ -74,8 +88,11 @@ impl Figures {
             self.s3_landed,
             self.changes_checked,
             self.messages_checked,
+            self.file_records_checked,
             self.parquet_rows_checked,
             self.outputs_checked,
+            self.task_steps_checked,
+            self.table_commits_checked,
             self.longest_recovery.as_secs_f64(),
             self.infra_retries
         )
@@ -166,10 +183,19 @@ async fn seeded_rounds_of_work_under_faults_keep_every_row_once_and_spend_no_ret
     println!("  distinct changes checked: {}", figures.changes_checked);
     println!("  connector messages checked: {}", figures.messages_checked);
     println!(
+        "  file records checked:    {}",
+        figures.file_records_checked
+    );
+    println!(
         "  table rows checked in Parquet: {}",
         figures.parquet_rows_checked
     );
     println!("  step outputs checked:    {}", figures.outputs_checked);
+    println!("  task fan-outs checked:   {}", figures.task_steps_checked);
+    println!(
+        "  table commits checked:   {}",
+        figures.table_commits_checked
+    );
     println!(
         "  longest recovery:        {:.1} s",
         figures.longest_recovery.as_secs_f64()
@@ -192,13 +218,18 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
     };
     let mut w = World::start(seed).await;
     let mut changes = 0;
-    let mut ledger_rows = 0;
+    let mut commits = 0;
+    let mut landed = checks::Landed {
+        parquet_rows: 0,
+        file_records: 0,
+    };
     // The reference: one undisturbed backfill of every month a round may run.
     let reference = checks::reference(&w).await;
     say(
         &mut trace,
         format!("reference backfill: {} step outputs", reference.len()),
     );
+    tables::create_source(&w).await;
     w.define_stream().await;
     checks::stream_converged(&w, &trace, Duration::from_secs(120)).await;
     say(&mut trace, "the change stream's snapshot landed".into());
@@ -218,6 +249,20 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         .fetch_all(&w.db.pool)
         .await
         .expect("backfill");
+        // Steps that fan out tasks to worker processes of their binary.
+        let task_runs: Vec<i64> =
+            sqlx::query_scalar("SELECT orca.backfill('probe_tasks', '2024-01..2024-02')")
+                .fetch_all(&w.db.pool)
+                .await
+                .expect("backfill probe_tasks");
+        // A pipeline committing to Iceberg tables in the failing store.
+        let table_runs: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT orca.backfill('probe_tables', '{}')",
+            tables::MONTHS
+        ))
+        .fetch_all(&w.db.pool)
+        .await
+        .expect("backfill probe_tables");
         for _ in 0..faults {
             tokio::time::sleep(Duration::from_millis(rng.between(500, 4000))).await;
             let mut kind = *rng.pick(&FAULTS);
@@ -245,11 +290,12 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         }
         let healed = Instant::now();
         checks::runs_finished(&w, &runs, &trace, Duration::from_secs(240)).await;
+        figures.task_steps_checked += checks::tasks_summed(&w, &task_runs, &trace).await;
+        commits = tables::committed_once(&w, &table_runs, &trace).await;
         let written = w.stop_writer().await;
         let published = w.events.stop_publishing().await;
         changes = checks::stream_converged(&w, &trace, Duration::from_secs(240)).await;
-        let ledger = checks::batches_landed_once(&mut w, published, &trace).await;
-        ledger_rows = ledger;
+        landed = checks::batches_landed_once(&mut w, published, &trace).await;
         let recovery = healed.elapsed();
         figures.longest_recovery = figures.longest_recovery.max(recovery);
         figures.outputs_checked +=
@@ -260,7 +306,9 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
         say(
             &mut trace,
             format!(
-                "round {round} passed: {written} transactions written, {changes} changes checked, {published} messages landed once and {ledger} table rows at least once, recovered in {:.1} s",
+                "round {round} passed: {written} transactions written, {changes} changes checked, {published} messages and {} file records landed once and {} table rows at least once, recovered in {:.1} s",
+                landed.file_records,
+                landed.parquet_rows,
                 recovery.as_secs_f64()
             ),
         );
@@ -269,7 +317,9 @@ async fn one_seed(seed: u64, rounds: u32, figures: &mut Figures) {
     // how many distinct changes it checked.
     figures.changes_checked += changes;
     figures.messages_checked += w.events.published();
-    figures.parquet_rows_checked += ledger_rows;
+    figures.parquet_rows_checked += landed.parquet_rows;
+    figures.table_commits_checked += commits;
+    figures.file_records_checked += landed.file_records;
     let (failed, landed) = w.s3_proxy.hits();
     figures.s3_failed += failed;
     figures.s3_landed += landed;
@@ -295,13 +345,19 @@ async fn inject(w: &mut World, kind: &str, rng: &mut Rng) -> Option<String> {
             Some(format!("chaos-r{i} (restarted)"))
         }
         "kill-binary" | "kill-engine" => {
-            let program = if kind == "kill-binary" {
-                "probe"
+            // A pipeline binary: a step's process, or one of its task
+            // workers (the same binary in its worker role).
+            let programs: &[&str] = if kind == "kill-binary" {
+                &["probe", "probe_tasks", "probe_tables"]
             } else {
-                "orca-engine"
+                &["orca-engine"]
             };
-            let pid = kill_one(|| w.processes(program), rng).await?;
-            Some(format!("{program} pid {pid}"))
+            let pid = kill_one(
+                || programs.iter().flat_map(|p| w.processes(p)).collect(),
+                rng,
+            )
+            .await?;
+            Some(format!("{} pid {pid}", programs.join(" or ")))
         }
         "kill-connector" => {
             let pid = kill_one(|| w.events.pids(&w.tag), rng).await?;

@@ -17,6 +17,7 @@ use serde_json::json;
 
 use crate::disk::Disk;
 use crate::events::{start_run, Events};
+use crate::files::Drops;
 use crate::proxy::Proxy;
 
 /// The bucket of the store and the warehouse.
@@ -44,6 +45,8 @@ pub struct World {
     pub events: Events,
     /// The runs of the table sync into Parquet (`ledger`).
     pub ledger_runs: Vec<i64>,
+    /// The files dropped for the files source's sync, and its runs.
+    pub drops: Drops,
     writer: Option<(Arc<AtomicBool>, tokio::task::JoinHandle<u64>)>,
 }
 
@@ -75,6 +78,8 @@ impl World {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("chaos dir");
         register(&db, "probe");
+        register(&db, "probe_tasks");
+        register(&db, "probe_tables");
         let s3 = S3Server::start(BUCKET);
         let s3_proxy = S3Proxy::start(s3.port());
         // Even seeds keep the store on a small disk of its own (and the
@@ -86,6 +91,8 @@ impl World {
         };
         let tag = format!("{seed}-{}", uuid::Uuid::new_v4().simple());
         let events = Events::new(&dir, &tag);
+        // Files beside the store on disk seeds, else in the bucket.
+        let drops = Drops::new(disk.is_some().then(|| dir.join("in")));
         let mut w = World {
             cluster,
             db,
@@ -98,6 +105,7 @@ impl World {
             disk,
             events,
             ledger_runs: Vec::new(),
+            drops,
             writer: None,
         };
         for i in 0..2 {
@@ -143,10 +151,12 @@ impl World {
             ("ORCA_WAREHOUSE", self.warehouse()),
             ("ORCA_ENGINE", engine),
             ("PROBE_SLEEP_MS", "800".into()),
+            ("PROBE_TASKS", crate::checks::TASKS.to_string()),
+            ("PROBE_TASK_SLEEP_MS", "100".into()),
             ("ORCA_CHAOS_TAG", self.tag.clone()),
         ]);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let runner = Runner::start(&url, &Self::runner_name(i), 2, &self.dir.join("logs"), &env);
+        let runner = Runner::start(&url, &Self::runner_name(i), 3, &self.dir.join("logs"), &env);
         self.runners[i] = Some(runner);
     }
 
@@ -277,12 +287,16 @@ impl World {
         .execute(&self.db.pool)
         .await
         .expect("create_sync ledger");
+        self.drops.define(&self.db).await;
     }
 
-    /// Starts a run of each batch sync that has none queued or running.
+    /// Drops a file for the files source, and starts a run of each batch
+    /// sync that has none queued or running.
     pub async fn run_batches(&mut self) {
+        tokio::task::block_in_place(|| self.drops.drop_file(&self.s3));
         self.events.runs.extend(start_run(&self.db, "events").await);
         self.ledger_runs.extend(start_run(&self.db, "ledger").await);
+        self.drops.runs.extend(start_run(&self.db, "drops").await);
     }
 
     /// Starts writing transactions of an insert, an update and a delete.
