@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The chaos suite (tests/tests/chaos): seeded rounds of backfills and a
-# continuous change stream (into Postgres and an Iceberg table) while
-# runners, pipeline binaries and engines are SIGKILLed, PostgreSQL crashes,
+# The chaos suite (tests/tests/chaos): seeded rounds of backfills (typed
+# steps, tasks fanned out, commits to an Iceberg table), a continuous
+# change stream (into Postgres and an Iceberg table) and batch syncs (a
+# connector, dropped files, a table into Parquet) while runners, pipeline
+# binaries, task workers, engines and connectors are SIGKILLed, PostgreSQL crashes,
 # runners are cut off from the control plane, the S3 bucket fails (500s,
 # slow answers, dropped connections) and a store's own disk fills; each
 # round checked (every row once, outputs as undisturbed, nothing left

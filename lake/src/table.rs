@@ -121,8 +121,9 @@ pub fn create_or_load(t: &Lake, dataset: &str, spec: impl Into<TableSpec>) -> Re
             Err(e) => Err(e),
         }
     });
+    // Most calls find the table and only load it: the label names both.
     let inner = inner.map_err(LakeError::iceberg(format!(
-        "table {dataset} cannot be created"
+        "table {dataset} cannot be loaded or created"
     )))?;
     let table = Table::new(dataset, id, inner);
     let have = table.arrow_schema()?;
