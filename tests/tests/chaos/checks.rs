@@ -356,39 +356,26 @@ pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]
             );
         }
     }
-    let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) =
-        sqlx::query_as("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM raw.events")
-            .fetch_one(&w.db.pool)
-            .await
-            .expect("raw.events");
-    if (rows, ids, min, max) != (published, published, Some(1), Some(published)) {
-        fail(
-            w,
-            trace,
-            &format!(
-                "the connector's messages 1..{published} did not land once each: {rows} rows, \
-                 {ids} ids, from {min:?} to {max:?}"
-            ),
-        );
-    }
-    let written = w.drops.written();
-    let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) = sqlx::query_as(
-        "SELECT count(*), count(DISTINCT (data->>'id')::bigint), min((data->>'id')::bigint),
-                max((data->>'id')::bigint) FROM (SELECT to_jsonb(d) AS data FROM raw.drops d) x",
+    ids_landed_once(
+        w,
+        trace,
+        "raw.events",
+        "d.id",
+        published,
+        "the connector's messages",
     )
-    .fetch_one(&w.db.pool)
-    .await
-    .expect("raw.drops");
-    if (rows, ids, min, max) != (written, written, Some(1), Some(written)) {
-        fail(
-            w,
-            trace,
-            &format!(
-                "the dropped files' records 1..{written} did not land once each: {rows} rows, \
-                 {ids} ids, from {min:?} to {max:?}"
-            ),
-        );
-    }
+    .await;
+    // A files stream's columns are inferred: the id is read as the record has it.
+    let written = w.drops.written();
+    ids_landed_once(
+        w,
+        trace,
+        "raw.drops",
+        "(to_jsonb(d) ->> 'id')::bigint",
+        written,
+        "the dropped files' records",
+    )
+    .await;
     let source: (i64, Option<i64>, Option<i64>) =
         sqlx::query_as("SELECT count(*), min(id), max(id) FROM public.ledger")
             .fetch_one(&w.db.pool)
@@ -411,6 +398,25 @@ pub async fn batches_landed_once(w: &mut World, published: i64, trace: &[String]
     Landed {
         parquet_rows: source.0,
         file_records: written,
+    }
+}
+
+/// Fails unless `table` (aliased `d`) holds ids 1..=`n` by `id`, each once.
+async fn ids_landed_once(w: &World, trace: &[String], table: &str, id: &str, n: i64, what: &str) {
+    let (rows, ids, min, max): (i64, i64, Option<i64>, Option<i64>) = sqlx::query_as(&format!(
+        "SELECT count(*), count(DISTINCT {id}), min({id}), max({id}) FROM {table} d"
+    ))
+    .fetch_one(&w.db.pool)
+    .await
+    .unwrap_or_else(|e| panic!("{table}: {e}"));
+    if (rows, ids, min, max) != (n, n, Some(1), Some(n)) {
+        fail(
+            w,
+            trace,
+            &format!(
+                "{what} 1..{n} did not land once each: {rows} rows, {ids} ids, from {min:?} to {max:?}"
+            ),
+        );
     }
 }
 

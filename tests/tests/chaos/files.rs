@@ -23,7 +23,6 @@ pub struct Drops {
     local: Option<PathBuf>,
     /// The last record id written (ids run from 1).
     written: i64,
-    files: u32,
     /// Every run of the sync started so far.
     pub runs: Vec<i64>,
 }
@@ -41,7 +40,6 @@ impl Drops {
             url,
             local,
             written: 0,
-            files: 0,
             runs: Vec::new(),
         }
     }
@@ -63,15 +61,16 @@ impl Drops {
     /// to sort after every file before it.
     pub fn drop_file(&mut self, s3: &S3Server) {
         let first = self.written + 1;
+        let file = self.written / RECORDS;
         let body: String = (first..first + RECORDS)
             .map(|id| {
                 format!(
                     "{}\n",
-                    json!({"id": id, "file": self.files, "note": format!("record {id}")})
+                    json!({"id": id, "file": file, "note": format!("record {id}")})
                 )
             })
             .collect();
-        let name = format!("drops/{:06}.jsonl", self.files);
+        let name = format!("drops/{file:06}.jsonl");
         match &self.local {
             Some(dir) => {
                 let tmp = dir.join(format!("{name}.partial"));
@@ -84,7 +83,6 @@ impl Drops {
                 ));
             }
         }
-        self.files += 1;
         self.written += RECORDS;
     }
 
