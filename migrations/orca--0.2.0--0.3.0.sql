@@ -2923,23 +2923,39 @@ BEGIN
 
     FOR q IN
         SELECT y.org_id, y.id, y.name, p.id AS pipeline_id, coalesce(p.paused, false) AS paused,
-               rs.slot_name, rs.wal_status, rs.safe_wal_size,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
+               m.slot_name, m.wal_status, m.safe_wal_size, m.lag_bytes, m.retained_bytes,
+               m.measured_at,
+               CASE WHEN m.measured_at IS NULL THEN ''
+                    ELSE format(' (measured on its source server at %s)', m.measured_at) END AS seen,
                orca._incident_threshold(y.org_id, 'cdc_lag_bytes', y.id) AS lag_limit,
                orca._incident_threshold(y.org_id, 'slot_safe_wal_bytes', y.id) AS safe_limit
         FROM orca.syncs y
         LEFT JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
-        JOIN pg_replication_slots rs ON rs.slot_name = orca._cdc_slot(y.org_id, y.name)
+        CROSS JOIN LATERAL orca._cdc_slot(y.org_id, y.name) AS x(slot)
+        -- This server's slot, measured now; else the last measure the
+        -- sync's runner reported from the source's server.
+        JOIN LATERAL (
+            SELECT rs.slot_name, rs.wal_status, rs.safe_wal_size,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
+                   NULL::timestamptz AS measured_at
+            FROM pg_replication_slots rs WHERE rs.slot_name = x.slot
+            UNION ALL
+            SELECT ss.slot, ss.wal_status, ss.safe_wal_size, ss.lag_bytes, ss.retained_bytes,
+                   ss.measured_at
+            FROM orca.sync_slots ss
+            WHERE ss.sync_id = y.id AND ss.slot = x.slot
+              AND NOT EXISTS (SELECT 1 FROM pg_replication_slots rs WHERE rs.slot_name = x.slot)
+        ) m ON true
         WHERE y.org_id = ANY (p_orgs) AND y.definition -> 'source' ->> 'type' = 'postgres_cdc'
     LOOP
         v_key := 'cdc_lag:' || q.id;
         IF NOT q.paused AND q.lag_bytes > q.lag_limit THEN
             IF orca._incident_open(q.org_id, 'cdc_lag', v_key,
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'lag_bytes', q.lag_bytes,
-                                   'threshold_bytes', q.lag_limit),
-                format('the change stream of sync %s is %s behind the WAL (cdc_lag_bytes %s)',
-                       q.name, pg_size_pretty(q.lag_bytes), pg_size_pretty(q.lag_limit)),
+                                   'threshold_bytes', q.lag_limit, 'measured_at', q.measured_at),
+                format('the change stream of sync %s is %s behind the WAL (cdc_lag_bytes %s)%s',
+                       q.name, pg_size_pretty(q.lag_bytes), pg_size_pretty(q.lag_limit), q.seen),
                 q.pipeline_id) THEN
                 v_opened := v_opened + 1;
             END IF;
@@ -2955,16 +2971,16 @@ BEGIN
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'wal_status', q.wal_status,
                                    'safe_wal_size', q.safe_wal_size,
                                    'retained_bytes', q.retained_bytes, 'paused', q.paused,
-                                   'threshold_bytes', q.safe_limit),
+                                   'threshold_bytes', q.safe_limit, 'measured_at', q.measured_at),
                 CASE WHEN q.wal_status = 'lost'
-                     THEN format('the slot %s of sync %s is lost: its WAL was removed, and the '
+                     THEN format('the slot %s of sync %s is lost%s: its WAL was removed, and the '
                                  'sync needs a new snapshot (orca.drop_sync, then create it again)',
-                                 q.slot_name, q.name)
+                                 q.slot_name, q.name, q.seen)
                      ELSE format('the slot %s of sync %s keeps %s of WAL and %s before PostgreSQL '
-                                 'may invalidate it (wal_status %s, slot_safe_wal_bytes %s)%s',
+                                 'may invalidate it (wal_status %s, slot_safe_wal_bytes %s)%s%s',
                                  q.slot_name, q.name, pg_size_pretty(q.retained_bytes),
                                  coalesce(pg_size_pretty(q.safe_wal_size), 'nothing is left'),
-                                 q.wal_status, pg_size_pretty(q.safe_limit),
+                                 q.wal_status, pg_size_pretty(q.safe_limit), q.seen,
                                  CASE WHEN q.paused THEN ': the sync is paused' ELSE '' END) END,
                 q.pipeline_id) THEN
                 v_opened := v_opened + 1;
@@ -2982,6 +2998,8 @@ BEGIN
           AND i.resolved_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM pg_replication_slots rs
                           WHERE rs.slot_name = i.subject ->> 'slot')
+          AND NOT EXISTS (SELECT 1 FROM orca.sync_slots ss
+                          WHERE ss.org_id = i.org_id AND ss.slot = i.subject ->> 'slot')
     LOOP
         PERFORM orca._incident_resolve(q.org_id, q.key, 'the slot is gone');
         v_resolved := v_resolved + 1;
@@ -3181,3 +3199,183 @@ REVOKE ALL ON FUNCTION orca._incident_threshold_default(text), orca._incident_th
     orca.set_incident_threshold(text, bigint, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.set_incident_threshold(text, bigint, text) TO orca_operator;
+
+-- A change stream's slot on another server: measured there by the sync's
+-- source pump, reported by its runner, judged by the tick.
+-- How the slot of a sync whose source is another server stands, as the
+-- source pump of the sync's attempt measured it there and its runner
+-- reported it (orca.report_slot): the tick sees only its own server's
+-- slots. One row per sync, the latest measure.
+CREATE TABLE orca.sync_slots (
+    sync_id             bigint PRIMARY KEY REFERENCES orca.syncs (id) ON DELETE CASCADE,
+    org_id              bigint NOT NULL REFERENCES orca.orgs (id),
+    slot                text NOT NULL,
+    wal_status          text CHECK (wal_status IN ('reserved', 'extended', 'unreserved', 'lost')),
+    safe_wal_size       bigint,
+    lag_bytes           bigint,
+    retained_bytes      bigint,
+    confirmed_flush_lsn pg_lsn,
+    measured_at         timestamptz NOT NULL,
+    reported_at         timestamptz NOT NULL DEFAULT now(),
+    attempt_id          bigint NOT NULL
+);
+COMMENT ON TABLE orca.sync_slots IS
+'The latest measure of each change stream''s slot on its source server, taken by the source pump '
+'of the sync''s attempt (every 10 s while it reads) and reported by its runner at a heartbeat '
+'(orca.report_slot): wal_status, safe_wal_size, lag_bytes and retained_bytes as the source''s '
+'pg_replication_slots has them, measured_at on the source''s clock. The tick judges cdc_lag and '
+'slot_at_risk by it when the slot is not on the control plane''s own server. Nothing measures a '
+'sync no attempt reads (paused, or between runs): its last measure stands.';
+ALTER TABLE orca.sync_slots ENABLE ROW LEVEL SECURITY;
+CREATE POLICY org_scope ON orca.sync_slots USING (org_id = (SELECT orca.current_org_id()));
+SELECT pg_catalog.pg_extension_config_dump('orca.sync_slots', '');
+
+CREATE OR REPLACE VIEW orca.cdc_slots WITH (security_invoker = true) AS
+SELECT sy.id                                                   AS sync_id,
+       o.name                                                  AS org,
+       sy.name                                                 AS sync,
+       x.slot,
+       rs.slot_name IS NOT NULL                                AS on_this_server,
+       rs.active,
+       coalesce(rs.confirmed_flush_lsn, m.confirmed_flush_lsn) AS confirmed_flush_lsn,
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint,
+                m.lag_bytes)                                   AS lag_bytes,
+       CASE WHEN coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn),
+                          m.lag_bytes) > 0
+            THEN extract(epoch FROM now() - coalesce(sy.head_at, sy.created_at))::bigint
+            ELSE 0 END                                          AS lag_seconds,
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint,
+                m.retained_bytes)                              AS retained_bytes,
+       coalesce(rs.wal_status, m.wal_status)                   AS wal_status,
+       -- Nothing will read the slot again unless someone acts: the sync is
+       -- paused, or has no schedule and no run queued or running.
+       (rs.slot_name IS NOT NULL AND NOT rs.active
+        AND pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn) > 0
+        AND (coalesce(p.paused, true)
+             OR (sy.definition->>'schedule' IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM orca.runs r
+                                 WHERE r.pipeline_id = p.id
+                                   AND r.status IN ('queued', 'running')))))
+                                                               AS held_back,
+       coalesce(rs.safe_wal_size, m.safe_wal_size)            AS safe_wal_size,
+       -- When the values of a slot on another server were measured there.
+       CASE WHEN rs.slot_name IS NULL THEN m.measured_at END   AS measured_at
+FROM orca.syncs sy
+JOIN orca.orgs o ON o.id = sy.org_id
+-- orca._cdc_slot's name, spelled out: the view runs as its reader.
+CROSS JOIN LATERAL (
+    SELECT 'orca_' || left(sy.name, 40) || '_'
+           || encode(substr(sha256(convert_to(current_database(), 'UTF8') || '\x00'::bytea
+                                   || convert_to(o.name, 'UTF8') || '\x00'::bytea
+                                   || convert_to(sy.name, 'UTF8') || '\x00'::bytea), 1, 8), 'hex')
+           AS slot) x
+LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name
+LEFT JOIN pg_replication_slots rs ON rs.slot_name = x.slot
+LEFT JOIN orca.sync_slots m ON m.sync_id = sy.id AND m.slot = x.slot
+WHERE sy.definition->'source'->>'type' = 'postgres_cdc';
+COMMENT ON VIEW orca.cdc_slots IS
+'One row per postgres_cdc sync: its replication slot, whether this server holds it, whether a '
+'session reads it, how far its confirmed position is behind the WAL (lag_bytes; lag_seconds since '
+'HEAD last moved while there is lag), how much WAL it keeps (retained_bytes), held_back: a slot '
+'nothing will read again unless someone acts (the sync paused, or unscheduled with no run), which '
+'pins WAL, and safe_wal_size: WAL left before the server may invalidate it. A slot on another '
+'server shows the last measure its sync''s runner reported (orca.sync_slots), taken there at '
+'measured_at; for it active is null and held_back is false.';
+
+-- For runners: the source pump of a change stream's attempt measures the
+-- sync's slot on the source server (pg_replication_slots there) and its
+-- runner reports the latest measure at a heartbeat.
+CREATE FUNCTION orca.report_slot(lease uuid, measured jsonb) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('report_slot', 'measured', octet_length(report_slot.measured::text), 4096);
+    t      orca.runner_tokens := orca._runner_session();
+    v_org  bigint := t.org_id;
+    a      orca.attempts;
+    y      orca.syncs;
+    v_slot text;
+    v_key  text;
+    v_num  jsonb;
+    v_bad  boolean;
+    v_at   timestamptz;
+    v_lsn  pg_lsn;
+BEGIN
+    PERFORM orca._lease_holder(t, report_slot.lease);
+    a := orca._leased_attempt(v_org, report_slot.lease);
+    SELECT s.* INTO y
+    FROM orca.runs r
+    JOIN orca.pipelines p ON p.id = r.pipeline_id
+    JOIN orca.syncs s ON s.org_id = p.org_id AND s.name = p.name
+    WHERE r.id = a.run_id;
+    IF y.id IS NULL OR y.definition -> 'source' ->> 'type' IS DISTINCT FROM 'postgres_cdc' THEN
+        RAISE EXCEPTION 'attempt % is not one of a change stream (a postgres_cdc sync): it has no slot to report',
+                        a.id
+            USING ERRCODE = 'OR050';
+    END IF;
+    v_slot := orca._cdc_slot(y.org_id, y.name);
+    IF jsonb_typeof(report_slot.measured) IS DISTINCT FROM 'object'
+       OR report_slot.measured ->> 'slot' IS DISTINCT FROM v_slot THEN
+        RAISE EXCEPTION 'measured must be an object whose slot is the sync''s slot %, got %',
+                        v_slot, left(coalesce(report_slot.measured ->> 'slot', report_slot.measured::text, 'NULL'), 200)
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF coalesce(report_slot.measured ->> 'wal_status', 'reserved')
+       NOT IN ('reserved', 'extended', 'unreserved', 'lost') THEN
+        RAISE EXCEPTION 'measured.wal_status must be reserved, extended, unreserved or lost, got %',
+                        quote_literal(left(report_slot.measured ->> 'wal_status', 200))
+            USING ERRCODE = 'OR050';
+    END IF;
+    FOREACH v_key IN ARRAY ARRAY['safe_wal_size', 'lag_bytes', 'retained_bytes'] LOOP
+        v_num := coalesce(report_slot.measured -> v_key, 'null');
+        -- A number is cast only once it is known to be one.
+        v_bad := jsonb_typeof(v_num) NOT IN ('number', 'null');
+        IF NOT v_bad AND jsonb_typeof(v_num) = 'number' THEN
+            v_bad := v_num::numeric <> trunc(v_num::numeric)
+                     OR abs(v_num::numeric) > 9223372036854775807;
+        END IF;
+        IF v_bad THEN
+            RAISE EXCEPTION 'measured.% must be a whole number of bytes or null, got %',
+                            v_key, left(v_num::text, 200)
+                USING ERRCODE = 'OR050';
+        END IF;
+    END LOOP;
+    BEGIN
+        v_at := (report_slot.measured ->> 'measured_at')::timestamptz;
+        v_lsn := (report_slot.measured ->> 'confirmed_flush_lsn')::pg_lsn;
+    EXCEPTION WHEN data_exception THEN
+        v_at := NULL;
+    END;
+    IF v_at IS NULL OR NOT isfinite(v_at) THEN
+        RAISE EXCEPTION 'measured.measured_at must be a time and confirmed_flush_lsn an LSN or null, got % and %',
+                        coalesce(left(report_slot.measured ->> 'measured_at', 200), 'NULL'),
+                        coalesce(left(report_slot.measured ->> 'confirmed_flush_lsn', 200), 'NULL')
+            USING ERRCODE = 'OR050';
+    END IF;
+    INSERT INTO orca.sync_slots AS ss (sync_id, org_id, slot, wal_status, safe_wal_size, lag_bytes,
+                                       retained_bytes, confirmed_flush_lsn, measured_at, attempt_id)
+    VALUES (y.id, y.org_id, v_slot, report_slot.measured ->> 'wal_status',
+            (report_slot.measured ->> 'safe_wal_size')::bigint,
+            (report_slot.measured ->> 'lag_bytes')::bigint,
+            (report_slot.measured ->> 'retained_bytes')::bigint,
+            v_lsn, least(v_at, now()), a.id)
+    ON CONFLICT (sync_id) DO UPDATE
+    SET slot = EXCLUDED.slot, wal_status = EXCLUDED.wal_status,
+        safe_wal_size = EXCLUDED.safe_wal_size, lag_bytes = EXCLUDED.lag_bytes,
+        retained_bytes = EXCLUDED.retained_bytes,
+        confirmed_flush_lsn = EXCLUDED.confirmed_flush_lsn, measured_at = EXCLUDED.measured_at,
+        reported_at = now(), attempt_id = EXCLUDED.attempt_id
+    -- A late report of an earlier attempt does not hide a newer measure.
+    WHERE ss.measured_at <= EXCLUDED.measured_at;
+END
+$$;
+COMMENT ON FUNCTION orca.report_slot(uuid, jsonb) IS
+'For runners: records how the slot of the leased change stream''s sync stands on its source '
+'server (orca.sync_slots), as the attempt''s source pump measured it there: {slot, wal_status, '
+'safe_wal_size, lag_bytes, retained_bytes, confirmed_flush_lsn, measured_at}. The tick judges '
+'cdc_lag and slot_at_risk of a slot on another server by it. Errors: OR050 (the attempt is not a '
+'change stream''s, another slot, a malformed value), OR051 (over 4 KiB), OR012, OR014.';
+REVOKE ALL ON FUNCTION orca.report_slot(uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.report_slot(uuid, jsonb) TO orca_runner;
+REVOKE ALL ON orca.sync_slots FROM PUBLIC;
+GRANT SELECT ON orca.sync_slots TO orca_viewer;

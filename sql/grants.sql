@@ -126,6 +126,7 @@ GRANT EXECUTE ON FUNCTION
     orca.release(uuid, text),
     orca.register_runner(text, text, integer, text),
     orca.append_log(uuid, integer, text[]),
+    orca.report_slot(uuid, jsonb),
     orca.claim_tasks(text, text, integer),
     orca.heartbeat_tasks(uuid[]),
     orca.finish_tasks(uuid, jsonb, text[], integer[]),

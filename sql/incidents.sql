@@ -315,8 +315,9 @@ $$;
 --   unreserved or lost) or that has less than slot_safe_wal_bytes of WAL left
 --   before it would (safe_wal_size, under max_slot_wal_keep_size), paused or
 --   not: a paused sync's slot is the one most at risk.
--- Each resolves when a tick measures it below its threshold again, or when
--- the slot is gone. A slot on another server is not seen here.
+-- A slot on another server is judged by the last measure the sync's
+-- runner reported from there (orca.sync_slots). Each resolves when a
+-- measure is below its threshold again, or when the slot is gone.
 CREATE FUNCTION orca._tick_sync_incidents(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -358,23 +359,39 @@ BEGIN
 
     FOR q IN
         SELECT y.org_id, y.id, y.name, p.id AS pipeline_id, coalesce(p.paused, false) AS paused,
-               rs.slot_name, rs.wal_status, rs.safe_wal_size,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
-               pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
+               m.slot_name, m.wal_status, m.safe_wal_size, m.lag_bytes, m.retained_bytes,
+               m.measured_at,
+               CASE WHEN m.measured_at IS NULL THEN ''
+                    ELSE format(' (measured on its source server at %s)', m.measured_at) END AS seen,
                orca._incident_threshold(y.org_id, 'cdc_lag_bytes', y.id) AS lag_limit,
                orca._incident_threshold(y.org_id, 'slot_safe_wal_bytes', y.id) AS safe_limit
         FROM orca.syncs y
         LEFT JOIN orca.pipelines p ON p.org_id = y.org_id AND p.name = y.name
-        JOIN pg_replication_slots rs ON rs.slot_name = orca._cdc_slot(y.org_id, y.name)
+        CROSS JOIN LATERAL orca._cdc_slot(y.org_id, y.name) AS x(slot)
+        -- This server's slot, measured now; else the last measure the
+        -- sync's runner reported from the source's server.
+        JOIN LATERAL (
+            SELECT rs.slot_name, rs.wal_status, rs.safe_wal_size,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint AS lag_bytes,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint AS retained_bytes,
+                   NULL::timestamptz AS measured_at
+            FROM pg_replication_slots rs WHERE rs.slot_name = x.slot
+            UNION ALL
+            SELECT ss.slot, ss.wal_status, ss.safe_wal_size, ss.lag_bytes, ss.retained_bytes,
+                   ss.measured_at
+            FROM orca.sync_slots ss
+            WHERE ss.sync_id = y.id AND ss.slot = x.slot
+              AND NOT EXISTS (SELECT 1 FROM pg_replication_slots rs WHERE rs.slot_name = x.slot)
+        ) m ON true
         WHERE y.org_id = ANY (p_orgs) AND y.definition -> 'source' ->> 'type' = 'postgres_cdc'
     LOOP
         v_key := 'cdc_lag:' || q.id;
         IF NOT q.paused AND q.lag_bytes > q.lag_limit THEN
             IF orca._incident_open(q.org_id, 'cdc_lag', v_key,
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'lag_bytes', q.lag_bytes,
-                                   'threshold_bytes', q.lag_limit),
-                format('the change stream of sync %s is %s behind the WAL (cdc_lag_bytes %s)',
-                       q.name, pg_size_pretty(q.lag_bytes), pg_size_pretty(q.lag_limit)),
+                                   'threshold_bytes', q.lag_limit, 'measured_at', q.measured_at),
+                format('the change stream of sync %s is %s behind the WAL (cdc_lag_bytes %s)%s',
+                       q.name, pg_size_pretty(q.lag_bytes), pg_size_pretty(q.lag_limit), q.seen),
                 q.pipeline_id) THEN
                 v_opened := v_opened + 1;
             END IF;
@@ -390,16 +407,16 @@ BEGIN
                 jsonb_build_object('sync', q.name, 'slot', q.slot_name, 'wal_status', q.wal_status,
                                    'safe_wal_size', q.safe_wal_size,
                                    'retained_bytes', q.retained_bytes, 'paused', q.paused,
-                                   'threshold_bytes', q.safe_limit),
+                                   'threshold_bytes', q.safe_limit, 'measured_at', q.measured_at),
                 CASE WHEN q.wal_status = 'lost'
-                     THEN format('the slot %s of sync %s is lost: its WAL was removed, and the '
+                     THEN format('the slot %s of sync %s is lost%s: its WAL was removed, and the '
                                  'sync needs a new snapshot (orca.drop_sync, then create it again)',
-                                 q.slot_name, q.name)
+                                 q.slot_name, q.name, q.seen)
                      ELSE format('the slot %s of sync %s keeps %s of WAL and %s before PostgreSQL '
-                                 'may invalidate it (wal_status %s, slot_safe_wal_bytes %s)%s',
+                                 'may invalidate it (wal_status %s, slot_safe_wal_bytes %s)%s%s',
                                  q.slot_name, q.name, pg_size_pretty(q.retained_bytes),
                                  coalesce(pg_size_pretty(q.safe_wal_size), 'nothing is left'),
-                                 q.wal_status, pg_size_pretty(q.safe_limit),
+                                 q.wal_status, pg_size_pretty(q.safe_limit), q.seen,
                                  CASE WHEN q.paused THEN ': the sync is paused' ELSE '' END) END,
                 q.pipeline_id) THEN
                 v_opened := v_opened + 1;
@@ -417,6 +434,8 @@ BEGIN
           AND i.resolved_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM pg_replication_slots rs
                           WHERE rs.slot_name = i.subject ->> 'slot')
+          AND NOT EXISTS (SELECT 1 FROM orca.sync_slots ss
+                          WHERE ss.org_id = i.org_id AND ss.slot = i.subject ->> 'slot')
     LOOP
         PERFORM orca._incident_resolve(q.org_id, q.key, 'the slot is gone');
         v_resolved := v_resolved + 1;

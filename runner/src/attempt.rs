@@ -20,7 +20,7 @@ use crate::engine;
 use crate::log::AttemptLog;
 use orca_core::api::Command as Work;
 
-use orca_engine::pump::{self, PumpError, Pumped};
+use orca_engine::pump::{self, PumpError, Pumped, SlotGauge};
 
 /// What the runner shares with every attempt it runs.
 pub struct Shared {
@@ -302,12 +302,14 @@ async fn stop_child(child: &mut Child, socket: Option<&Path>, prefix: &str) {
 fn start_source_pump(
     edge: PathBuf,
     gone: Arc<AtomicBool>,
+    gauge: SlotGauge,
 ) -> tokio::sync::oneshot::Receiver<Result<Pumped, PumpError>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("source-pump".into())
         .spawn(move || {
-            let done = pump::connect(&edge, EDGE_CONNECT_WAIT, &gone).and_then(pump::serve);
+            let done =
+                pump::connect(&edge, EDGE_CONNECT_WAIT, &gone).and_then(|c| pump::serve(c, &gauge));
             let _ = tx.send(done);
         });
     if let Err(e) = spawned {
@@ -399,7 +401,12 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
         }
     };
     let engine_gone = SetOnDrop(Arc::new(AtomicBool::new(false)));
-    let source_pump = edge.map(|e| start_source_pump(e, engine_gone.0.clone()));
+    // A change stream's slot as the pump measures it on its source server,
+    // reported at each heartbeat: the control plane sees no slot of
+    // another server itself.
+    let gauge = SlotGauge::default();
+    let source_pump = edge.map(|e| start_source_pump(e, engine_gone.0.clone(), gauge.clone()));
+    let mut slot_unreported = false;
     let last = Arc::new(Mutex::new(None));
     let (overlong_tx, mut overlong) = tokio::sync::mpsc::channel::<String>(2);
     let mut pumps = Vec::new();
@@ -448,6 +455,17 @@ pub async fn run(shared: Arc<Shared>, l: Lease, mut release: watch::Receiver<boo
             _ = beat.tick() => match control::heartbeat(&shared.db, l.lease).await {
                 Ok(d) => {
                     deadline = d;
+                    // Before the engine is asked: a stopped engine's
+                    // silence must not hold back the slot's report.
+                    if let Some(r) = gauge.take() {
+                        if let Err(e) = control::report_slot(&shared.db, l.lease, &r).await {
+                            // Said once an attempt: the next report may
+                            // well go through.
+                            if !std::mem::replace(&mut slot_unreported, true) {
+                                say(&prefix, &file, &format!("runner: cannot report slot {}: {e}", r.slot)).await;
+                            }
+                        }
+                    }
                     if let Some(s) = socket {
                         engine_progress(s, &mut seen, &prefix, &file).await;
                     }

@@ -102,6 +102,22 @@ pub async fn heartbeat(db: &PgPool, lease: LeaseToken) -> Result<DateTime<Utc>, 
         .map_err(ControlError::classify)
 }
 
+/// Reports how a change stream's slot stands on its source server, as the
+/// leased attempt's source pump measured it.
+pub async fn report_slot(
+    db: &PgPool,
+    lease: LeaseToken,
+    reading: &orca_engine::pump::SlotReading,
+) -> Result<(), ControlError> {
+    sqlx::query("SELECT orca.report_slot($1, $2)")
+        .bind(lease.0)
+        .bind(sqlx::types::Json(reading))
+        .execute(db)
+        .await
+        .map(|_| ())
+        .map_err(ControlError::classify)
+}
+
 /// Ships lines of the leased attempt's log, numbered from `first`.
 pub async fn append_log(
     db: &PgPool,

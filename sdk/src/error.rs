@@ -38,6 +38,28 @@ pub enum SdkError {
     StoreUnavailable(String),
 }
 
+/// How [`SdkError::StoreUnavailable`] begins: a task's error that begins so
+/// met an outage (its error travels as text, from a worker process or
+/// through the control plane).
+pub(crate) const STORE_UNAVAILABLE: &str = "the object store did not answer: ";
+
+/// A task's error as text, marked as an outage when it is one.
+pub(crate) fn task_error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let text = e.to_string();
+    if store_outage(e) && !text.starts_with(STORE_UNAVAILABLE) {
+        format!("{STORE_UNAVAILABLE}{text}")
+    } else {
+        text
+    }
+}
+
+/// The outage a task's error text tells of, if it tells of one.
+pub(crate) fn task_outage(error: &str) -> Option<SdkError> {
+    error
+        .strip_prefix(STORE_UNAVAILABLE)
+        .map(|rest| SdkError::StoreUnavailable(rest.to_string()))
+}
+
 /// What was being done, with the error it met kept as its source: an
 /// outage of the store several wrappers down can still be told
 /// ([`store_outage`]).
@@ -119,6 +141,32 @@ mod tests {
         assert!(store_outage(context("step load")(told).as_ref()));
         let sdk: SdkError = orca_lake::LakeError::Input(Box::new(full_disk())).into();
         assert!(matches!(sdk, SdkError::StoreUnavailable(_)), "{sdk:?}");
+    }
+
+    #[test]
+    fn a_tasks_outage_survives_its_trip_as_text_and_fails_the_step_as_one() {
+        let lake: Error = Box::new(orca_lake::LakeError::Input(Box::new(full_disk())));
+        let text = task_error_text(context("task load #3")(lake).as_ref());
+        assert_eq!(
+            text,
+            "the object store did not answer: task load #3: no storage space"
+        );
+        let told: Error = Box::new(SdkError::StoreUnavailable("timed out".into()));
+        assert_eq!(
+            task_error_text(told.as_ref()),
+            "the object store did not answer: timed out",
+            "said once"
+        );
+        let failed = crate::tasks::TaskFailed::new("load".into(), 3, 2, text);
+        assert!(failed
+            .to_string()
+            .starts_with("task load #3 failed after 2 tries: the object store"));
+        let in_step: Error = context("step fan")(failed);
+        assert!(store_outage(in_step.as_ref()));
+        let own: Error = "bad input row 7".into();
+        let failed =
+            crate::tasks::TaskFailed::new("load".into(), 4, 1, task_error_text(own.as_ref()));
+        assert!(!store_outage(&failed));
     }
 
     #[test]

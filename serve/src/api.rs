@@ -795,7 +795,8 @@ pub struct SyncRow {
     /// A `postgres_cdc` sync's replication slot (`orca.cdc_slots`): its
     /// name, WAL since its confirmed position, seconds since HEAD moved
     /// while behind, and whether nothing will read it unless someone acts.
-    /// Null for other sources, and the lag for a slot on another server.
+    /// Null for other sources; for a slot on another server, what its
+    /// runner last reported from there (null before a first report).
     pub slot: Option<String>,
     pub slot_lag_bytes: Option<i64>,
     pub slot_lag_seconds: Option<i64>,

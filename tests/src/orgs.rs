@@ -370,5 +370,19 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
     .execute(&mut c)
     .await
     .expect("store the catalog");
+    // The last measure of the CDC sync's slot on its source server, as its
+    // runner reports it (orca.report_slot; written here, since no runner
+    // reads a source that does not exist).
+    sqlx::query(
+        "INSERT INTO orca.sync_slots (sync_id, org_id, slot, wal_status, safe_wal_size, lag_bytes,
+                                      retained_bytes, confirmed_flush_lsn, measured_at, attempt_id)
+         SELECT y.id, y.org_id, orca._cdc_slot(y.org_id, y.name), 'reserved', 1048576, 4096,
+                8192, '0/1', now(), 0
+         FROM orca.syncs y WHERE y.name = $1",
+    )
+    .bind(format!("{org}_cdc"))
+    .execute(&mut c)
+    .await
+    .expect("a reported slot");
     (runs, leases[1].lease, leases[0].run, leases[1].attempt)
 }

@@ -1601,6 +1601,27 @@ async fn tick_until(
     .await
 }
 
+/// Ticks until an incident of `kind` is open (or, `resolved`, has been
+/// resolved), and returns it.
+async fn tick_until_kind(
+    db: &TestDb,
+    runner: &orca_tests::procs::Runner,
+    kind: &str,
+    resolved: bool,
+    within: Duration,
+) -> SyncIncident {
+    let what = format!("{kind} to {}", if resolved { "resolve" } else { "open" });
+    tick_until(db, runner, &what, within, |got| {
+        got.iter().any(|i| i.0 == kind && i.1 == resolved)
+    })
+    .await;
+    sync_incidents(db)
+        .await
+        .into_iter()
+        .find(|i| i.0 == kind && i.1 == resolved)
+        .unwrap_or_else(|| panic!("{what}"))
+}
+
 /// A continuous sync whose engine is stopped (SIGSTOP) while its runner
 /// keeps the lease: HEAD stops moving and its slot falls behind the WAL, so
 /// ticks open sync_stalled and cdc_lag (whose scale_sync playbook doubles
@@ -1797,16 +1818,8 @@ async fn a_paused_syncs_slot_nearing_its_wal_limit_opens_slot_at_risk_until_it_i
     )
     .await;
     wal_segments(&db, 6).await;
-    tick_until(
-        &db,
-        &runner,
-        "slot_at_risk to open",
-        Duration::from_secs(30),
-        |got| got.iter().any(|i| i.0 == "slot_at_risk" && !i.1),
-    )
-    .await;
+    let risk = tick_until_kind(&db, &runner, "slot_at_risk", false, Duration::from_secs(30)).await;
     let got = sync_incidents(&db).await;
-    let risk = got.iter().find(|i| i.0 == "slot_at_risk").expect("risk");
     assert!(
         risk.2.starts_with("the slot orca_live_") && risk.2.ends_with(": the sync is paused"),
         "{}",
@@ -1850,4 +1863,280 @@ async fn a_paused_syncs_slot_nearing_its_wal_limit_opens_slot_at_risk_until_it_i
     exec(&db, "ALTER SYSTEM RESET max_slot_wal_keep_size").await;
     exec(&db, "SELECT pg_reload_conf()").await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Rows of the remote sync's raw.orders (-1 before it exists), and the
+/// source's orders.
+async fn remote_counts(db: &TestDb, source: &sqlx::PgPool) -> (i64, i64) {
+    let exists = db
+        .scalar_i64(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'raw' AND tablename = 'orders'",
+        )
+        .await;
+    let landed = if exists == 1 {
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await
+    } else {
+        -1
+    };
+    let there: i64 = sqlx::query_scalar("SELECT count(*) FROM public.orders")
+        .fetch_one(source)
+        .await
+        .expect("the source's count");
+    (landed, there)
+}
+
+/// (slot on this server, wal_status, safe_wal_size, lag_bytes, measured_at
+/// is set) of the remote sync's row of orca.cdc_slots.
+type RemoteSlot = (bool, Option<String>, Option<i64>, Option<i64>, bool);
+
+async fn remote_slot(db: &TestDb) -> RemoteSlot {
+    sqlx::query_as(
+        "SELECT on_this_server, wal_status, safe_wal_size, lag_bytes, measured_at IS NOT NULL
+         FROM orca.cdc_slots WHERE sync = 'remote'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the remote sync's slot")
+}
+
+/// A change stream whose source is another server (a private cluster with
+/// max_slot_wal_keep_size 64 MB): the control plane's tick cannot see that
+/// slot, so the source pump measures it there and the runner reports each
+/// measure at a heartbeat (orca.report_slot into orca.sync_slots).
+/// orca.cdc_slots shows it; ticks open and resolve slot_at_risk and
+/// cdc_lag by it as for a slot of their own server, the summaries saying
+/// when it was measured. A report for another slot or with a malformed
+/// value is refused by name.
+#[tokio::test]
+async fn a_source_on_another_server_has_its_slot_measured_there_and_judged_by_ticks() {
+    let db = TestDb::new().await;
+    exec(
+        &db,
+        &format!("ALTER DATABASE \"{}\" SET orca.lease_seconds = 15", db.name),
+    )
+    .await;
+    let cluster = orca_tests::cluster::PrivateCluster::start(&[
+        "wal_level = logical",
+        "max_wal_senders = 10",
+        "max_replication_slots = 10",
+        "max_slot_wal_keep_size = '64MB'",
+    ]);
+    let source_url = cluster.url("postgres");
+    let source = sqlx::PgPool::connect(&source_url)
+        .await
+        .expect("the source server");
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, customer text NOT NULL, qty integer);
+         ALTER TABLE public.orders REPLICA IDENTITY FULL;
+         INSERT INTO public.orders SELECT g, 'c' || g, 1 FROM generate_series(1, 300) g;",
+    )
+    .execute(&source)
+    .await
+    .expect("the source table");
+    let dir = scratch("cdc-remote-slot");
+    let store = dir.join("store");
+    let runner = sync_runner(&db, &store, &dir.join("logs"));
+    sqlx::query(
+        "SELECT orca.create_sync('remote', $1, $2, $3, NULL, 'at_least_once', 'default', 2)",
+    )
+    .bind(
+        json!({"type": "postgres_cdc", "url": source_url, "continuous": true,
+                 "epoch_seconds": 1}),
+    )
+    .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+    .bind(
+        json!([{"name": "orders", "table": "public.orders", "primary_key": ["id"],
+                  "mode": "merge"}]),
+    )
+    .execute(&db.pool)
+    .await
+    .expect("create_sync");
+    let landed = || async {
+        let (landed, there) = remote_counts(&db, &source).await;
+        (landed == there).then_some(())
+    };
+    wait_until(
+        "the snapshot to land",
+        Duration::from_secs(60),
+        landed,
+        || runner.output(),
+    )
+    .await;
+
+    // Not on this server: only the runner's report shows the slot.
+    let slot = wait_until(
+        "the runner to report the slot",
+        Duration::from_secs(60),
+        || async {
+            let s = remote_slot(&db).await;
+            s.4.then_some(s)
+        },
+        || runner.output(),
+    )
+    .await;
+    assert!(!slot.0, "the slot is on the source's server: {slot:?}");
+    assert!(
+        matches!(slot.1.as_deref(), Some("reserved" | "extended")),
+        "{slot:?}"
+    );
+    let safe = slot.2.expect("safe_wal_size under max_slot_wal_keep_size");
+    // PostgreSQL counts the limit from the start of the current 16 MB
+    // segment: up to one segment more than max_slot_wal_keep_size.
+    assert!(
+        safe > 0 && safe <= 80 * 1024 * 1024,
+        "safe_wal_size within the source's 64 MB and a segment: {slot:?}"
+    );
+    assert!(slot.3.is_some_and(|l| l >= 0), "{slot:?}");
+    let reported: (String, i64) = sqlx::query_as(
+        "SELECT ss.slot, ss.attempt_id FROM orca.sync_slots ss
+         JOIN orca.syncs y ON y.id = ss.sync_id WHERE y.name = 'remote'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the report");
+    assert!(reported.0.starts_with("orca_remote_"), "{reported:?}");
+    let on_source: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&reported.0)
+            .fetch_one(&source)
+            .await
+            .expect("the source's slots");
+    assert_eq!(on_source, 1, "the measured slot is the source's");
+
+    // The org's slot_safe_wal_bytes (1 GiB) is more than the source lets
+    // any slot keep: the reported slot is at risk.
+    let risk = tick_until_kind(&db, &runner, "slot_at_risk", false, Duration::from_secs(30)).await;
+    assert!(
+        risk.2
+            .starts_with(&format!("the slot {} of sync remote keeps ", reported.0))
+            && risk.2.contains("(measured on its source server at "),
+        "{}",
+        risk.2
+    );
+    exec(
+        &db,
+        "SELECT orca.set_incident_threshold('slot_safe_wal_bytes', 1024 * 1024, 'remote')",
+    )
+    .await;
+    // This sync's own threshold under what is left resolves it.
+    let risk = tick_until_kind(&db, &runner, "slot_at_risk", true, Duration::from_secs(30)).await;
+    assert!(
+        risk.3
+            .as_deref()
+            .is_some_and(|r| r.starts_with("the slot has ")),
+        "{risk:?}"
+    );
+
+    // The engine stopped, the pump's gauge goes on measuring while the
+    // slot falls behind the source's WAL.
+    let engines = engines_on(&store);
+    assert_eq!(engines.len(), 1, "one engine on the store: {engines:?}");
+    signal(&engines, "-STOP");
+    exec(
+        &db,
+        "SELECT orca.set_incident_threshold('cdc_lag_bytes', 8 * 1024 * 1024, 'remote')",
+    )
+    .await;
+    for _ in 0..2 {
+        sqlx::raw_sql(
+            "UPDATE public.orders SET qty = qty + 1 WHERE id <= 10; SELECT pg_switch_wal();",
+        )
+        .execute(&source)
+        .await
+        .expect("WAL on the source");
+    }
+    let lag = tick_until_kind(&db, &runner, "cdc_lag", false, Duration::from_secs(60)).await;
+    assert!(
+        lag.2.starts_with("the change stream of sync remote is ")
+            && lag.2.contains(
+                "behind the WAL (cdc_lag_bytes 8192 kB) (measured on its source server at "
+            ),
+        "{}",
+        lag.2
+    );
+
+    // Refused by name: a report of another slot, a malformed measure.
+    let lease: uuid::Uuid = sqlx::query_scalar(
+        "SELECT l.lease FROM orca.leases l JOIN orca.attempts a ON a.id = l.attempt_id
+         JOIN orca.runs r ON r.id = a.run_id JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = 'remote' AND a.status = 'leased'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the sync's lease");
+    for (measured, says) in [
+        (
+            json!({"slot": "orca_other_0000", "measured_at": "2026-01-01T00:00:00Z"}),
+            "whose slot is the sync's slot orca_remote_",
+        ),
+        (
+            json!({"slot": reported.0, "lag_bytes": "lots", "measured_at": "2026-01-01T00:00:00Z"}),
+            "measured.lag_bytes must be a whole number of bytes or null, got \"lots\"",
+        ),
+        (
+            json!({"slot": reported.0, "wal_status": "fine", "measured_at": "2026-01-01T00:00:00Z"}),
+            "measured.wal_status must be reserved, extended, unreserved or lost, got 'fine'",
+        ),
+        (
+            json!({"slot": reported.0, "measured_at": "yesterday-ish"}),
+            "measured.measured_at must be a time",
+        ),
+    ] {
+        let e = sqlx::query("SELECT orca.report_slot($1, $2)")
+            .bind(lease)
+            .bind(&measured)
+            .execute(&db.pool)
+            .await
+            .expect_err("a bad report");
+        let d = e.as_database_error().expect("a database error");
+        assert_eq!(
+            d.code().as_deref(),
+            Some("OR050"),
+            "{measured}: {}",
+            d.message()
+        );
+        assert!(d.message().contains(says), "{measured}: {}", d.message());
+    }
+
+    signal(&engines, "-CONT");
+    let lag = tick_until_kind(&db, &runner, "cdc_lag", true, Duration::from_secs(90)).await;
+    assert!(
+        lag.3
+            .as_deref()
+            .is_some_and(|r| r.starts_with("the change stream is ")),
+        "{lag:?}"
+    );
+    wait_until(
+        "the changes to land",
+        Duration::from_secs(60),
+        landed,
+        || runner.output(),
+    )
+    .await;
+    exec(&db, "SELECT orca.pause_sync('remote')").await;
+    wait_until(
+        "the remote attempt to stop",
+        Duration::from_secs(60),
+        || async { (runs_of_sync(&db, "remote", "running").await == 0).then_some(()) },
+        || runner.output(),
+    )
+    .await;
+    drop(runner);
+    exec(&db, "SELECT orca.drop_sync('remote')").await;
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.sync_slots").await,
+        0,
+        "the report goes with the sync"
+    );
+    drop(source);
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn runs_of_sync(db: &TestDb, sync: &str, status: &str) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT count(*) FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id
+         WHERE p.name = '{sync}' AND r.status = '{status}'"
+    ))
+    .await
 }

@@ -168,7 +168,8 @@ fn orca(url: &str, out: &std::path::Path, edge: bool, splits: Option<u32>) -> Re
     let source_pump = opts.edge.clone().map(|path| {
         std::thread::spawn(move || {
             let gone = AtomicBool::new(false);
-            pump::connect(&path, Duration::from_secs(30), &gone).and_then(pump::serve)
+            pump::connect(&path, Duration::from_secs(30), &gone)
+                .and_then(|c| pump::serve(c, &pump::SlotGauge::default()))
         })
     });
     let o = attempt::run(&opts)?;

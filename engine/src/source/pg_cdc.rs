@@ -35,7 +35,7 @@
 //! the attempt sets [`Acks`], and the thread passes it upstream.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +52,9 @@ use crate::source::readers::{Msg, Reader, Shape};
 use crate::util::quote_ident;
 
 mod as_of;
+mod gauge;
+
+pub use gauge::{SlotGauge, SlotReading};
 
 /// The LSN up to which the source may tell the slot it can forget, as the
 /// commit protocol acknowledged it (0: nothing yet).
@@ -312,22 +315,22 @@ struct Change {
     deleted: bool,
 }
 
-/// Starts the source's reader thread: a reader per stream, in `tables`'
-/// order, each from its resume point, and the acknowledgement cell the
-/// attempt moves.
+/// Starts the source's reader thread: a reader per stream, in `streams`'
+/// order, each from its resume point (none: its first read), and the
+/// acknowledgement cell the attempt moves.
 pub(crate) fn spawn_cdc(
     guard: Guard,
     url: String,
     slot: String,
-    tables: Vec<PgTable>,
-    starts: Vec<Option<Vec<String>>>,
+    streams: Vec<(PgTable, Option<Vec<String>>)>,
     batch_rows: usize,
     continuous: Option<Duration>,
+    gauge: &SlotGauge,
 ) -> Result<(Vec<Reader>, Acks), ReadError> {
     let acks: Acks = Arc::new(AtomicU64::new(0));
-    let mut readers = Vec::with_capacity(tables.len());
-    let mut outs = Vec::with_capacity(tables.len());
-    for (t, start) in tables.into_iter().zip(starts) {
+    let mut readers = Vec::with_capacity(streams.len());
+    let mut outs = Vec::with_capacity(streams.len());
+    for (t, start) in streams {
         let (pos, windows) = match start {
             Some(s) => {
                 let (p, w) = parse_resume(&t.spec.name, &s)?;
@@ -359,9 +362,19 @@ pub(crate) fn spawn_cdc(
         ));
     }
     let ack = acks.clone();
+    let read_done = Arc::new(AtomicBool::new(false));
+    gauge::watch(
+        guard.clone(),
+        url.clone(),
+        slot.clone(),
+        gauge,
+        read_done.clone(),
+    )
+    .map_err(|e| ReadError::Cdc(format!("starting its slot gauge: {e}")))?;
     let handle = std::thread::Builder::new()
         .name("read-cdc".into())
         .spawn(move || {
+            let _ended = SetOnDrop(read_done);
             let (mut outs, starts): (Vec<Out>, Vec<Option<Position>>) = outs.into_iter().unzip();
             let r = Cdc {
                 guard,
@@ -392,6 +405,15 @@ pub(crate) fn spawn_cdc(
         first.handle = Some(handle);
     }
     Ok((readers, acks))
+}
+
+/// Sets its flag when dropped: the reading thread ended, however it ended.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 struct Cdc {

@@ -10,7 +10,7 @@ use crate::netguard::Guard;
 use crate::source::connector::{spawn_connector, ConnectorAcks};
 use crate::source::error::ReadError;
 use crate::source::files::Format;
-use crate::source::pg_cdc::{lowest_acknowledged, spawn_cdc, Acks};
+use crate::source::pg_cdc::{lowest_acknowledged, spawn_cdc, Acks, SlotGauge};
 use crate::source::pg_table::{describe, PgTable, SourceError, StreamSpec};
 pub use crate::source::read_plan::{Plan, Start};
 use crate::source::readers::{spawn_file_reader, spawn_reader, Reader};
@@ -44,8 +44,12 @@ impl Upstream {
 /// Starts a reader thread per stream of the plan, reading the source
 /// itself (the engine reading without a runner does this too), and, for a
 /// source that confirms upstream (a change stream, an external connector),
-/// where its acknowledgements go.
-pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>), ReadError> {
+/// where its acknowledgements go. A change stream's slot is measured into
+/// `gauge` while its readers read.
+pub(crate) fn open_readers(
+    plan: &Plan,
+    gauge: &SlotGauge,
+) -> Result<(Vec<Reader>, Option<Upstream>), ReadError> {
     let guard = Guard::new(&plan.guard)?;
     let kind = str_of(&plan.source, "type")?;
     if kind == "connector" {
@@ -58,14 +62,12 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>
         "postgres_cdc" => {
             let specs = stream_specs(&definition, true)?;
             let mut probe = guard.postgres(&url)?;
-            let mut tables = Vec::new();
-            let mut starts = Vec::new();
+            let mut streams = Vec::new();
             for s in &plan.start {
                 let spec = specs.iter().find(|p| p.name == s.name).ok_or_else(|| {
                     ReadError::Definition(format!("stream {} is not defined", s.name))
                 })?;
-                tables.push(cdc_table(&mut probe, spec, &s.recorded)?);
-                starts.push(s.after.clone());
+                streams.push((cdc_table(&mut probe, spec, &s.recorded)?, s.after.clone()));
             }
             drop(probe);
             let slot = str_of(&plan.source, "slot")?;
@@ -82,10 +84,10 @@ pub(crate) fn open_readers(plan: &Plan) -> Result<(Vec<Reader>, Option<Upstream>
                 guard,
                 url,
                 slot,
-                tables,
-                starts,
+                streams,
                 plan.batch_rows,
                 continuous,
+                gauge,
             )?;
             Ok((readers, Some(Upstream::Slot(acks))))
         }

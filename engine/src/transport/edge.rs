@@ -440,6 +440,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::source::pg_cdc::SlotGauge;
     use crate::source::plan::{open_readers, Start};
     use crate::transport::pump;
     use crate::transport::wire::raw_schema;
@@ -529,7 +530,8 @@ mod tests {
         let path = dir.join("edge.sock");
         let pump = std::thread::spawn(move || {
             let gone = AtomicBool::new(false);
-            pump::connect(&path, Duration::from_secs(10), &gone).and_then(pump::serve)
+            pump::connect(&path, Duration::from_secs(10), &gone)
+                .and_then(|c| pump::serve(c, &SlotGauge::default()))
         });
         let readers = edge.open(plan, first_epoch, || false).expect("open");
         let seen = drain(readers);
@@ -545,12 +547,16 @@ mod tests {
             Some(vec!["orders/2024-01.jsonl".to_string(), "35".to_string()]),
         ] {
             let p = plan(&s.0, after);
-            let here = drain(open_readers(&p).expect("readers").0);
+            let here = drain(open_readers(&p, &SlotGauge::default()).expect("readers").0);
             let over_edge = with_pump(&s.0, &p, 7);
             assert_eq!(over_edge, here);
             assert!(here.iter().all(Result::is_ok), "{here:?}");
         }
-        let all = drain(open_readers(&plan(&s.0, None)).expect("readers").0);
+        let all = drain(
+            open_readers(&plan(&s.0, None), &SlotGauge::default())
+                .expect("readers")
+                .0,
+        );
         // Batches of two records, the line that is not JSON among them with
         // its reason, then the stream's end.
         assert_eq!(all.len(), 3, "{all:?}");

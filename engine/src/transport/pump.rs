@@ -40,6 +40,8 @@ use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_ST
 use crate::transport::wire::raw_batch;
 // The simulation builds the pump's batches by hand from these.
 pub use crate::transport::wire::{raw_schema, ORCA_ID};
+// The runner reports what the gauge measured.
+pub use crate::source::pg_cdc::{SlotGauge, SlotReading};
 use crate::util::str_of;
 
 #[derive(Debug, thiserror::Error)]
@@ -92,8 +94,10 @@ pub fn connect(path: &Path, wait: Duration, give_up: &AtomicBool) -> Result<Unix
 
 /// Serves one engine over its data edge: reads its plan, reads the source
 /// and sends the streams' frames until every stream ended. A source error
-/// goes to the engine as an error frame before it is returned.
-pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
+/// goes to the engine as an error frame before it is returned. A change
+/// stream's slot is measured into `gauge` meanwhile, for the runner to
+/// report.
+pub fn serve(conn: UnixStream, gauge: &SlotGauge) -> Result<Pumped, PumpError> {
     let mut input = BufReader::new(conn.try_clone().map_err(FrameError::Io)?);
     let mut out = BufWriter::with_capacity(1 << 20, conn);
     let (first_epoch, plan) = loop {
@@ -114,7 +118,7 @@ pub fn serve(conn: UnixStream) -> Result<Pumped, PumpError> {
         }
     };
     let plan: Plan = serde_json::from_value(plan).map_err(|e| PumpError::Plan(e.to_string()))?;
-    let (mut readers, acks) = match open_readers(&plan) {
+    let (mut readers, acks) = match open_readers(&plan, gauge) {
         Ok(r) => r,
         Err(e) => {
             tell(&mut out, ANY_STREAM, &e);

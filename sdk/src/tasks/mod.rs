@@ -101,7 +101,7 @@ impl TaskInfo {
 fn run_erased<T: Task>(input: Value) -> Result<Value, String> {
     let input: T::Input = serde_json::from_value(input)
         .map_err(|e| format!("task {}: cannot decode its input: {e}", T::NAME))?;
-    let output = T::call(input).map_err(|e| e.to_string())?;
+    let output = T::call(input).map_err(|e| crate::error::task_error_text(e.as_ref()))?;
     serde_json::to_value(output)
         .map_err(|e| format!("task {}: cannot encode its output: {e}", T::NAME))
 }
@@ -134,6 +134,23 @@ pub struct TaskFailed {
     pub index: u32,
     pub tries: u32,
     pub error: String,
+    /// The object store did not answer the task: the step that gathers it
+    /// hands its attempt back rather than failing it.
+    #[source]
+    pub outage: Option<crate::error::SdkError>,
+}
+
+impl TaskFailed {
+    pub fn new(task: String, index: u32, tries: u32, error: String) -> Self {
+        let outage = crate::error::task_outage(&error);
+        TaskFailed {
+            task,
+            index,
+            tries,
+            error,
+            outage,
+        }
+    }
 }
 
 /// Where this process's tasks run, set up by the binary's command line
@@ -381,12 +398,7 @@ impl<S: TaskSet> Runtime<S> {
                         std::any::type_name::<O>()
                     ))
                 }),
-                Err(error) => Err(Error::from(TaskFailed {
-                    task,
-                    index,
-                    tries,
-                    error,
-                })),
+                Err(error) => Err(Error::from(TaskFailed::new(task, index, tries, error))),
             })
             .collect()
     }
