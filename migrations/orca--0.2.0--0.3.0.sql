@@ -3237,16 +3237,16 @@ SELECT sy.id                                                   AS sync_id,
        x.slot,
        rs.slot_name IS NOT NULL                                AS on_this_server,
        rs.active,
-       coalesce(rs.confirmed_flush_lsn, m.confirmed_flush_lsn) AS confirmed_flush_lsn,
-       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint,
-                m.lag_bytes)                                   AS lag_bytes,
-       CASE WHEN coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn),
-                          m.lag_bytes) > 0
+       CASE WHEN rs.slot_name IS NULL THEN m.confirmed_flush_lsn
+            ELSE rs.confirmed_flush_lsn END                    AS confirmed_flush_lsn,
+       v.lag_bytes,
+       CASE WHEN v.lag_bytes > 0
             THEN extract(epoch FROM now() - coalesce(sy.head_at, sy.created_at))::bigint
             ELSE 0 END                                          AS lag_seconds,
-       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint,
-                m.retained_bytes)                              AS retained_bytes,
-       coalesce(rs.wal_status, m.wal_status)                   AS wal_status,
+       CASE WHEN rs.slot_name IS NULL THEN m.retained_bytes
+            ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn)::bigint END
+                                                               AS retained_bytes,
+       CASE WHEN rs.slot_name IS NULL THEN m.wal_status ELSE rs.wal_status END AS wal_status,
        -- Nothing will read the slot again unless someone acts: the sync is
        -- paused, or has no schedule and no run queued or running.
        (rs.slot_name IS NOT NULL AND NOT rs.active
@@ -3257,7 +3257,8 @@ SELECT sy.id                                                   AS sync_id,
                                  WHERE r.pipeline_id = p.id
                                    AND r.status IN ('queued', 'running')))))
                                                                AS held_back,
-       coalesce(rs.safe_wal_size, m.safe_wal_size)            AS safe_wal_size,
+       CASE WHEN rs.slot_name IS NULL THEN m.safe_wal_size ELSE rs.safe_wal_size END
+                                                               AS safe_wal_size,
        -- When the values of a slot on another server were measured there.
        CASE WHEN rs.slot_name IS NULL THEN m.measured_at END   AS measured_at
 FROM orca.syncs sy
@@ -3272,6 +3273,11 @@ CROSS JOIN LATERAL (
 LEFT JOIN orca.pipelines p ON p.org_id = sy.org_id AND p.name = sy.name
 LEFT JOIN pg_replication_slots rs ON rs.slot_name = x.slot
 LEFT JOIN orca.sync_slots m ON m.sync_id = sy.id AND m.slot = x.slot
+-- This server's slot, measured now, else the last report from the source's.
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN rs.slot_name IS NULL THEN m.lag_bytes
+                ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), rs.confirmed_flush_lsn)::bigint END
+           AS lag_bytes) v
 WHERE sy.definition->'source'->>'type' = 'postgres_cdc';
 COMMENT ON VIEW orca.cdc_slots IS
 'One row per postgres_cdc sync: its replication slot, whether this server holds it, whether a '
@@ -3340,6 +3346,11 @@ BEGIN
                 USING ERRCODE = 'OR050';
         END IF;
     END LOOP;
+    IF coalesce(jsonb_typeof(report_slot.measured -> 'absent'), 'null') NOT IN ('boolean', 'null') THEN
+        RAISE EXCEPTION 'measured.absent must be true, false or null, got %',
+                        left((report_slot.measured -> 'absent')::text, 200)
+            USING ERRCODE = 'OR050';
+    END IF;
     BEGIN
         v_at := (report_slot.measured ->> 'measured_at')::timestamptz;
         v_lsn := (report_slot.measured ->> 'confirmed_flush_lsn')::pg_lsn;
@@ -3352,29 +3363,38 @@ BEGIN
                         coalesce(left(report_slot.measured ->> 'confirmed_flush_lsn', 200), 'NULL')
             USING ERRCODE = 'OR050';
     END IF;
+    -- A slot gone from its server has no measure to judge; a slot of this
+    -- server is measured by the tick itself, never by an older report.
+    IF coalesce((report_slot.measured ->> 'absent')::boolean, false)
+       OR EXISTS (SELECT 1 FROM pg_replication_slots rs WHERE rs.slot_name = v_slot) THEN
+        DELETE FROM orca.sync_slots ss WHERE ss.sync_id = y.id;
+        RETURN;
+    END IF;
+    -- Only the attempt that holds the sync's lease reports: the last
+    -- report is the newest measure.
     INSERT INTO orca.sync_slots AS ss (sync_id, org_id, slot, wal_status, safe_wal_size, lag_bytes,
                                        retained_bytes, confirmed_flush_lsn, measured_at, attempt_id)
     VALUES (y.id, y.org_id, v_slot, report_slot.measured ->> 'wal_status',
-            (report_slot.measured ->> 'safe_wal_size')::bigint,
-            (report_slot.measured ->> 'lag_bytes')::bigint,
-            (report_slot.measured ->> 'retained_bytes')::bigint,
+            (report_slot.measured -> 'safe_wal_size')::numeric::bigint,
+            (report_slot.measured -> 'lag_bytes')::numeric::bigint,
+            (report_slot.measured -> 'retained_bytes')::numeric::bigint,
             v_lsn, least(v_at, now()), a.id)
     ON CONFLICT (sync_id) DO UPDATE
     SET slot = EXCLUDED.slot, wal_status = EXCLUDED.wal_status,
         safe_wal_size = EXCLUDED.safe_wal_size, lag_bytes = EXCLUDED.lag_bytes,
         retained_bytes = EXCLUDED.retained_bytes,
         confirmed_flush_lsn = EXCLUDED.confirmed_flush_lsn, measured_at = EXCLUDED.measured_at,
-        reported_at = now(), attempt_id = EXCLUDED.attempt_id
-    -- A late report of an earlier attempt does not hide a newer measure.
-    WHERE ss.measured_at <= EXCLUDED.measured_at;
+        reported_at = now(), attempt_id = EXCLUDED.attempt_id;
 END
 $$;
 COMMENT ON FUNCTION orca.report_slot(uuid, jsonb) IS
 'For runners: records how the slot of the leased change stream''s sync stands on its source '
 'server (orca.sync_slots), as the attempt''s source pump measured it there: {slot, wal_status, '
-'safe_wal_size, lag_bytes, retained_bytes, confirmed_flush_lsn, measured_at}. The tick judges '
-'cdc_lag and slot_at_risk of a slot on another server by it. Errors: OR050 (the attempt is not a '
-'change stream''s, another slot, a malformed value), OR051 (over 4 KiB), OR012, OR014.';
+'safe_wal_size, lag_bytes, retained_bytes, confirmed_flush_lsn, measured_at, absent}. The tick '
+'judges cdc_lag and slot_at_risk of a slot on another server by it; a slot absent there, or one '
+'on this server (which the tick measures itself), leaves no row. Errors: OR050 (the attempt is '
+'not a change stream''s, another slot, a malformed value), OR051 (over 4 KiB), and the lease''s '
+'errors as for orca.heartbeat (OR012, OR014, OR015, OR080, OR082).';
 REVOKE ALL ON FUNCTION orca.report_slot(uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.report_slot(uuid, jsonb) TO orca_runner;
 REVOKE ALL ON orca.sync_slots FROM PUBLIC;

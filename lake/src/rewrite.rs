@@ -58,14 +58,30 @@ pub(crate) fn commit_if<T>(
     change: &Change,
     stop: impl Fn(&IcebergTable) -> Option<T>,
 ) -> Result<Result<i64, T>, LakeError> {
+    swap_if(t, ident, dataset, fresh, stop, |table| {
+        t.rt.block_on(stage(table, dataset, change))
+    })
+}
+
+/// Writes the next metadata (`next`: what it returns and where it is) and
+/// swaps it in, unless `stop`, asked about the table before each try, says
+/// why not; a lost swap starts again from the state that won it.
+fn swap_if<R, T>(
+    t: &Lake,
+    ident: &TableIdent,
+    dataset: &str,
+    fresh: IcebergTable,
+    stop: impl Fn(&IcebergTable) -> Option<T>,
+    next: impl Fn(&IcebergTable) -> Result<(R, MetadataLocation), LakeError>,
+) -> Result<Result<R, T>, LakeError> {
     let mut table = fresh;
     for _ in 0..CONFLICT_RETRIES {
         if let Some(why) = stop(&table) {
             return Ok(Err(why));
         }
-        let (id, metadata_location) = t.rt.block_on(stage(&table, dataset, change))?;
-        if t.rt.block_on(t.swap(ident, &table, &metadata_location))? {
-            return Ok(Ok(id));
+        let (done, location) = next(&table)?;
+        if t.rt.block_on(t.swap(ident, &table, &location))? {
+            return Ok(Ok(done));
         }
         table =
             t.rt.block_on(t.catalog.load_table(ident))
@@ -77,6 +93,37 @@ pub(crate) fn commit_if<T>(
         dataset,
         format!("{CONFLICT_RETRIES} concurrent commits won the race; giving up"),
     ))
+}
+
+/// Sets table properties (no snapshot) unless `stop`, asked about the table
+/// before each try, says why not, as [`commit_if`] does: a property that
+/// guards something (a sync's fence, its epoch marker) is never set over a
+/// state it was not checked against, as a blind retry would.
+pub(crate) fn set_properties_if<T>(
+    t: &Lake,
+    ident: &TableIdent,
+    dataset: &str,
+    fresh: IcebergTable,
+    props: &HashMap<String, String>,
+    stop: impl Fn(&IcebergTable) -> Option<T>,
+) -> Result<Result<(), T>, LakeError> {
+    swap_if(t, ident, dataset, fresh, stop, |table| {
+        let old = table.metadata_location_result().map_err(failed(dataset))?;
+        let next = MetadataLocation::from_str(old)
+            .map_err(failed(dataset))?
+            .with_next_version();
+        let metadata = table
+            .metadata()
+            .clone()
+            .into_builder(Some(old.to_string()))
+            .set_properties(props.clone())
+            .and_then(|b| b.build())
+            .map_err(failed(dataset))?
+            .metadata;
+        t.rt.block_on(metadata.write_to(table.file_io(), &next))
+            .map_err(failed(dataset))?;
+        Ok(((), next))
+    })
 }
 
 /// Writes the manifests, manifest list and metadata of the new snapshot;

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::Schema as ArrowSchema;
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::Catalog;
 
 use crate::catalog::{ident, Lake, LakeConfig};
@@ -54,9 +53,24 @@ impl SyncTables {
     pub fn open(database_url: &str, org: &str) -> Result<SyncTables> {
         let mut config = LakeConfig::from_env(Some(database_url));
         config.org = org.to_string();
+        SyncTables::with_config(&config)
+    }
+
+    /// The catalog and warehouse `config` names.
+    pub fn with_config(config: &LakeConfig) -> Result<SyncTables> {
         Ok(SyncTables {
-            t: Lake::open(&config)?,
+            t: Lake::open(config)?,
         })
+    }
+
+    /// The generation that fences `sync`'s writes to the table, and the last
+    /// epoch of it the table holds (0, 0 for a table that does not exist).
+    pub fn fence_and_marker(&self, dataset: &str, sync: &str) -> Result<(i32, u64)> {
+        if !self.exists(dataset)? {
+            return Ok((0, 0));
+        }
+        let table = self.load(dataset)?;
+        Ok((fence_of(&table.inner, sync), marker_of(&table.inner, sync)))
     }
 
     /// Creates the table (and its namespace) with this schema unless it
@@ -104,21 +118,21 @@ impl SyncTables {
             return Ok(EpochCommit::AlreadyApplied);
         }
         let table = self.load(dataset)?;
-        let fence = fence_of(&table.inner, sync);
-        if fence > generation {
-            return Ok(EpochCommit::Fenced { fence });
-        }
-        if fence == generation {
-            return Ok(EpochCommit::AlreadyApplied);
-        }
-        self.t.rt.block_on(async {
-            let tx = Transaction::new(&table.inner);
-            let action = tx
-                .update_table_properties()
-                .set(fence_key(sync), generation.to_string());
-            action.apply(tx)?.commit(&self.t.catalog).await
-        })?;
-        Ok(EpochCommit::Committed { snapshot: 0 })
+        // Looked at again on every try, against the state the swap
+        // replaces: a newer attempt's fence is never lowered.
+        let done = table::set_properties_if(
+            &self.t,
+            &table.ident,
+            dataset,
+            table.inner.clone(),
+            &HashMap::from([(fence_key(sync), generation.to_string())]),
+            |now| match fence_of(now, sync) {
+                fence if fence > generation => Some(EpochCommit::Fenced { fence }),
+                fence if fence == generation => Some(EpochCommit::AlreadyApplied),
+                _ => None,
+            },
+        )?;
+        Ok(done.err().unwrap_or(EpochCommit::Committed { snapshot: 0 }))
     }
 
     /// Commits a stream's epoch as one snapshot with its marker, unless the
@@ -248,17 +262,15 @@ impl SyncTables {
     /// of a refresh, whose rows wait in the sync's store).
     pub fn mark_epoch(&self, at: &EpochAt<'_>) -> Result<EpochCommit> {
         let table = self.load(at.dataset)?;
-        if let Some(done) = settled(&table, at) {
-            return Ok(done);
-        }
-        self.t.rt.block_on(async {
-            let tx = Transaction::new(&table.inner);
-            let marker = tx
-                .update_table_properties()
-                .set(epoch_key(at.sync), at.epoch.to_string());
-            marker.apply(tx)?.commit(&self.t.catalog).await
-        })?;
-        Ok(EpochCommit::Committed { snapshot: 0 })
+        let done = table::set_properties_if(
+            &self.t,
+            &table.ident,
+            at.dataset,
+            table.inner.clone(),
+            &HashMap::from([(epoch_key(at.sync), at.epoch.to_string())]),
+            |now| settled_inner(now, at),
+        )?;
+        Ok(done.err().unwrap_or(EpochCommit::Committed { snapshot: 0 }))
     }
 
     /// Replaces every data file of the table with the rows of `parts` (a

@@ -247,6 +247,19 @@ pub fn commit_change<T>(
     rewrite::commit_if(t, ident, dataset, fresh, change, stop)
 }
 
+/// Sets table properties unless `stop`, asked about the table before each
+/// try, says why not: then `Ok(Err(why))` and nothing is set.
+pub fn set_properties_if<T>(
+    t: &Lake,
+    ident: &TableIdent,
+    dataset: &str,
+    fresh: iceberg::table::Table,
+    props: &HashMap<String, String>,
+    stop: impl Fn(&iceberg::table::Table) -> Option<T>,
+) -> Result<std::result::Result<(), T>> {
+    rewrite::set_properties_if(t, ident, dataset, fresh, props, stop)
+}
+
 pub use crate::rewrite::Change;
 
 /// What a removing commit does; `Append` never comes here.

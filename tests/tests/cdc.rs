@@ -1769,6 +1769,11 @@ async fn a_stopped_engine_opens_sync_stalled_and_cdc_lag_until_it_goes_on() {
         "{lag:?}"
     );
     live_equal(&db, &runner, "the changes made while stopped to land").await;
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.sync_slots").await,
+        0,
+        "a slot of this server is the tick's to measure, not a report's"
+    );
     exec(&db, "SELECT orca.pause_sync('live')").await;
     stopped(&db, &runner).await;
     drop(runner);
@@ -2081,6 +2086,10 @@ async fn a_source_on_another_server_has_its_slot_measured_there_and_judged_by_ti
             json!({"slot": reported.0, "measured_at": "yesterday-ish"}),
             "measured.measured_at must be a time",
         ),
+        (
+            json!({"slot": reported.0, "absent": "yes", "measured_at": "2026-01-01T00:00:00Z"}),
+            "measured.absent must be true, false or null, got \"yes\"",
+        ),
     ] {
         let e = sqlx::query("SELECT orca.report_slot($1, $2)")
             .bind(lease)
@@ -2110,6 +2119,22 @@ async fn a_source_on_another_server_has_its_slot_measured_there_and_judged_by_ti
         "the changes to land",
         Duration::from_secs(60),
         landed,
+        || runner.output(),
+    )
+    .await;
+    // A slot its server no longer holds leaves no measure to judge; the
+    // next measure of the live slot is reported again.
+    sqlx::query("SELECT orca.report_slot($1, $2)")
+        .bind(lease)
+        .bind(json!({"slot": reported.0, "absent": true, "measured_at": "2026-01-01T00:00:00Z"}))
+        .execute(&db.pool)
+        .await
+        .expect("an absent slot");
+    assert_eq!(remote_slot(&db).await, (false, None, None, None, false));
+    wait_until(
+        "the runner to report the slot again",
+        Duration::from_secs(60),
+        || async { remote_slot(&db).await.4.then_some(()) },
         || runner.output(),
     )
     .await;

@@ -1039,3 +1039,98 @@ async fn a_bucket_that_does_not_answer_hands_the_attempt_back_and_spends_no_retr
         [("2013-01".into(), 27004)]
     );
 }
+
+/// Attempts of one sync raising their fences on one Iceberg table at once
+/// (a zombie racing the attempt that replaced it), through orca's catalog in
+/// Postgres: however the compare-and-swap orders them, the table ends at the
+/// newest generation, and the same for the epoch markers of racing
+/// attempts. A commit that loses the swap looks at the fence again before
+/// it tries again; a blind retry could have set an older one over a newer.
+#[test]
+fn racing_fences_and_epoch_markers_of_a_syncs_iceberg_table_only_move_forward() {
+    use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables};
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let db = rt.block_on(TestDb::new());
+    let wh = scratch("fence-race-wh");
+    let config = orca_lake::LakeConfig {
+        catalog_url: Some(db.url()),
+        warehouse: format!("file://{}", wh.display()),
+        org: "default".into(),
+        lease: None,
+    };
+    let open = || SyncTables::with_config(&config).expect("the sync's catalog");
+    let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+        "id",
+        arrow_schema::DataType::Int64,
+        false,
+    )]);
+    open().ensure("raw.fenced", &schema).expect("the table");
+    const RACERS: i32 = 6;
+    for round in 0..3 {
+        let base = round * 10;
+        let barrier = std::sync::Barrier::new(RACERS as usize);
+        let told: Vec<EpochCommit> = std::thread::scope(|s| {
+            let racers: Vec<_> = (1..=RACERS)
+                .map(|g| {
+                    let (open, barrier) = (&open, &barrier);
+                    s.spawn(move || {
+                        let tables = open();
+                        barrier.wait();
+                        tables
+                            .raise_fence("raw.fenced", "shop", base + g)
+                            .expect("raise the fence")
+                    })
+                })
+                .collect();
+            racers
+                .into_iter()
+                .map(|r| r.join().expect("racer"))
+                .collect()
+        });
+        let (fence, _) = open()
+            .fence_and_marker("raw.fenced", "shop")
+            .expect("the fence");
+        assert_eq!(fence, base + RACERS, "round {round}: {told:?}");
+        assert!(
+            matches!(told.last(), Some(EpochCommit::Committed { .. })),
+            "the newest raised it: {told:?}"
+        );
+        // The epochs of the newest generation, marked by racing writers.
+        let generation = base + RACERS;
+        let first = (round as u64) * 10;
+        std::thread::scope(|s| {
+            for e in 1..=(RACERS as u64) {
+                let (open, barrier) = (&open, &barrier);
+                s.spawn(move || {
+                    let tables = open();
+                    barrier.wait();
+                    let at = EpochAt {
+                        dataset: "raw.fenced",
+                        sync: "shop",
+                        stream: "orders",
+                        generation,
+                        epoch: first + e,
+                    };
+                    tables.mark_epoch(&at).expect("mark the epoch")
+                });
+            }
+        });
+        let (_, marker) = open()
+            .fence_and_marker("raw.fenced", "shop")
+            .expect("the marker");
+        assert_eq!(marker, first + RACERS as u64, "round {round}");
+        // A zombie of an older generation is told, and changes nothing.
+        let zombie = EpochAt {
+            dataset: "raw.fenced",
+            sync: "shop",
+            stream: "orders",
+            generation: generation - 1,
+            epoch: first + 100,
+        };
+        assert_eq!(
+            open().mark_epoch(&zombie).expect("the zombie's mark"),
+            EpochCommit::Fenced { fence: generation }
+        );
+    }
+    let _ = std::fs::remove_dir_all(wh);
+}

@@ -12,7 +12,6 @@ use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::StreamState;
 use crate::commit::route::Router;
 use crate::source::normalize::{ColType, StreamSchema};
-use crate::source::pg_cdc::SlotGauge;
 use crate::source::plan::{open_readers, Plan, Start};
 use crate::source::readers::{Reader, Shape};
 
@@ -49,7 +48,7 @@ impl Attempt {
             None => {
                 // Without a runner no one reports the slot: the control
                 // plane's tick measures a slot of its own server itself.
-                let (readers, acks) = open_readers(&plan, &SlotGauge::default())?;
+                let (readers, acks) = open_readers(&plan, None)?;
                 self.acks = acks;
                 readers
             }

@@ -325,7 +325,7 @@ pub(crate) fn spawn_cdc(
     streams: Vec<(PgTable, Option<Vec<String>>)>,
     batch_rows: usize,
     continuous: Option<Duration>,
-    gauge: &SlotGauge,
+    gauge: Option<&SlotGauge>,
 ) -> Result<(Vec<Reader>, Acks), ReadError> {
     let acks: Acks = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::with_capacity(streams.len());
@@ -363,18 +363,22 @@ pub(crate) fn spawn_cdc(
     }
     let ack = acks.clone();
     let read_done = Arc::new(AtomicBool::new(false));
-    gauge::watch(
-        guard.clone(),
-        url.clone(),
-        slot.clone(),
-        gauge,
-        read_done.clone(),
-    )
-    .map_err(|e| ReadError::Cdc(format!("starting its slot gauge: {e}")))?;
+    if let Some(gauge) = gauge {
+        gauge::watch(
+            guard.clone(),
+            url.clone(),
+            slot.clone(),
+            gauge,
+            read_done.clone(),
+        )
+        .map_err(|e| ReadError::Cdc(format!("starting its slot gauge: {e}")))?;
+    }
+    // Set when the reading thread ends, or was never started.
+    let ended = SetOnDrop(read_done);
     let handle = std::thread::Builder::new()
         .name("read-cdc".into())
         .spawn(move || {
-            let _ended = SetOnDrop(read_done);
+            let _ended = ended;
             let (mut outs, starts): (Vec<Out>, Vec<Option<Position>>) = outs.into_iter().unzip();
             let r = Cdc {
                 guard,

@@ -45,10 +45,10 @@ impl Upstream {
 /// itself (the engine reading without a runner does this too), and, for a
 /// source that confirms upstream (a change stream, an external connector),
 /// where its acknowledgements go. A change stream's slot is measured into
-/// `gauge` while its readers read.
+/// `gauge`, if one is given, while its readers read.
 pub(crate) fn open_readers(
     plan: &Plan,
-    gauge: &SlotGauge,
+    gauge: Option<&SlotGauge>,
 ) -> Result<(Vec<Reader>, Option<Upstream>), ReadError> {
     let guard = Guard::new(&plan.guard)?;
     let kind = str_of(&plan.source, "type")?;

@@ -547,16 +547,12 @@ mod tests {
             Some(vec!["orders/2024-01.jsonl".to_string(), "35".to_string()]),
         ] {
             let p = plan(&s.0, after);
-            let here = drain(open_readers(&p, &SlotGauge::default()).expect("readers").0);
+            let here = drain(open_readers(&p, None).expect("readers").0);
             let over_edge = with_pump(&s.0, &p, 7);
             assert_eq!(over_edge, here);
             assert!(here.iter().all(Result::is_ok), "{here:?}");
         }
-        let all = drain(
-            open_readers(&plan(&s.0, None), &SlotGauge::default())
-                .expect("readers")
-                .0,
-        );
+        let all = drain(open_readers(&plan(&s.0, None), None).expect("readers").0);
         // Batches of two records, the line that is not JSON among them with
         // its reason, then the stream's end.
         assert_eq!(all.len(), 3, "{all:?}");

@@ -118,7 +118,7 @@ pub fn serve(conn: UnixStream, gauge: &SlotGauge) -> Result<Pumped, PumpError> {
         }
     };
     let plan: Plan = serde_json::from_value(plan).map_err(|e| PumpError::Plan(e.to_string()))?;
-    let (mut readers, acks) = match open_readers(&plan, gauge) {
+    let (mut readers, acks) = match open_readers(&plan, Some(gauge)) {
         Ok(r) => r,
         Err(e) => {
             tell(&mut out, ANY_STREAM, &e);

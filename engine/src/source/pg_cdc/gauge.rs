@@ -35,6 +35,9 @@ pub struct SlotReading {
     pub confirmed_flush_lsn: Option<String>,
     /// The source server's clock when it was measured (RFC 3339, UTC).
     pub measured_at: String,
+    /// The server holds no such slot (dropped there, or lost in a
+    /// failover): the control plane forgets its last measure.
+    pub absent: bool,
 }
 
 /// The latest measure, shared by the thread that measures and whoever
@@ -77,12 +80,20 @@ pub(crate) fn watch(
                     return;
                 }
                 if client.is_none() {
-                    client = guard.postgres(&url).ok();
+                    client = guard.postgres(&url).ok().and_then(|mut c| {
+                        // A source that hangs must not hold the gauge.
+                        c.batch_execute(
+                            "SET statement_timeout = '10s'; \
+                             SET application_name = 'orca slot gauge'",
+                        )
+                        .ok()
+                        .map(|_| c)
+                    });
                 }
                 match client.as_mut().map(|c| measure(c, &slot)) {
-                    Some(Ok(Some(r))) => SlotGauge::set(&held, r),
-                    Some(Ok(None)) | None => {}
+                    Some(Ok(r)) => SlotGauge::set(&held, r),
                     Some(Err(_)) => client = None,
+                    None => {}
                 }
                 drop(held);
                 let next = Instant::now() + MEASURE_EVERY;
@@ -97,21 +108,19 @@ pub(crate) fn watch(
         .map(|_| ())
 }
 
-/// The slot as its server sees it now; none if the slot does not exist.
-fn measure(
-    client: &mut postgres::Client,
-    slot: &str,
-) -> Result<Option<SlotReading>, postgres::Error> {
-    let row = client.query_opt(
-        "SELECT wal_status, safe_wal_size,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
-                confirmed_flush_lsn::text,
-                to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
-         FROM pg_replication_slots WHERE slot_name = $1",
+/// The slot as its server sees it now.
+fn measure(client: &mut postgres::Client, slot: &str) -> Result<SlotReading, postgres::Error> {
+    let r = client.query_one(
+        "SELECT s.wal_status, s.safe_wal_size,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+                s.confirmed_flush_lsn::text,
+                to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                s.slot_name IS NULL
+         FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = $1",
         &[&slot],
     )?;
-    Ok(row.map(|r| SlotReading {
+    Ok(SlotReading {
         slot: slot.to_string(),
         wal_status: r.get(0),
         safe_wal_size: r.get(1),
@@ -119,5 +128,6 @@ fn measure(
         retained_bytes: r.get(3),
         confirmed_flush_lsn: r.get(4),
         measured_at: r.get(5),
-    }))
+        absent: r.get(6),
+    })
 }
