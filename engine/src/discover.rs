@@ -9,9 +9,9 @@ use orca_core::api::LeaseToken;
 use orca_core::sync::Source;
 use serde_json::{json, Value};
 
-use crate::attempt::EngineError;
+use crate::error::EngineError;
 use crate::netguard::{Guard, Scope};
-use crate::source::connector;
+use crate::source::external::connector;
 
 /// What a discovery attempt needs.
 #[derive(Debug, Clone)]

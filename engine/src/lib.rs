@@ -10,12 +10,15 @@
 //! - [`transport`]: the control channel a runner talks to, and the data edge
 //!   over which a runner's source pump sends what it reads to the engine;
 //! - [`netguard`]: what the connectors may reach (the org's allowlist);
+//! - [`error`]: why an attempt (or a discovery or maintenance task)
+//!   stopped, each part's own error in it;
 //! - [`release`] of held cells.
 
 pub mod attempt;
 pub mod commit;
 pub mod dest;
 pub mod discover;
+pub mod error;
 pub mod maintain;
 pub mod netguard;
 pub mod release;

@@ -19,7 +19,7 @@ use orca_lake::maintain::{self, CompactOptions, ExpireOptions, Keep, Watcher};
 use orca_lake::{Lake, LakeConfig, Table};
 use serde_json::{json, Value};
 
-use crate::attempt::EngineError;
+use crate::error::EngineError;
 
 /// What a maintenance attempt needs.
 #[derive(Debug, Clone)]

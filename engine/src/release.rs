@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use orca_core::sync::{Destination, SyncDef};
 use serde_json::{json, Value};
 
 use crate::commit::record::Layout;
@@ -155,24 +156,19 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
                 opts.sync, opts.org
             ))
         })?;
-    let dest = def.get("destination").cloned().unwrap_or(Value::Null);
-    if dest.get("type").and_then(Value::as_str) != Some("postgres") {
+    let def: SyncDef = serde_json::from_value(def)
+        .map_err(|e| definition(&format!("sync '{}': {e}", opts.sync)))?;
+    let Destination::Postgres { url, schema, .. } = &def.destination else {
         return Err(definition(&format!(
             "sync '{}' writes to {}: releasing held cells is built for the postgres destination only",
             opts.sync,
-            dest.get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("nothing")
+            def.destination.kind()
         )));
-    }
-    let url = dest
-        .get("url")
-        .and_then(Value::as_str)
-        .ok_or_else(|| definition("destination.url is missing"))?;
-    let schema = dest
-        .get("schema")
-        .and_then(Value::as_str)
-        .unwrap_or("public");
+    };
+    let url = url
+        .plain()
+        .map_err(|e| definition(&format!("destination.url: {e}")))?;
+    let schema = schema.as_deref().unwrap_or("public");
     // The destination under the org's netguard, as the sync's attempts
     // reach it.
     let allowlist: Vec<String> = control

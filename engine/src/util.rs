@@ -1,9 +1,7 @@
-//! Small helpers every part of the engine shares: reading a sync
-//! definition's JSON, Postgres errors as text, SQL identifiers.
+//! Small helpers every part of the engine shares: a definition's missing
+//! part, Postgres errors as text, SQL identifiers.
 
-use serde_json::Value;
-
-/// A key a definition's object must have, missing (or not a string).
+/// A part a definition's stream must have for its source, missing.
 #[derive(Debug, thiserror::Error)]
 #[error("'{key}' is missing in {value}")]
 pub struct Missing {
@@ -23,30 +21,6 @@ impl Missing {
                 .unwrap_or_default(),
         }
     }
-}
-
-/// A string in a definition's object.
-pub(crate) fn str_of(v: &Value, key: &str) -> Result<String, Missing> {
-    v.get(key)
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| Missing {
-            key: key.to_string(),
-            value: v.to_string(),
-        })
-}
-
-/// A list of strings in a definition's object (empty when absent).
-pub(crate) fn strings(v: &Value, key: &str) -> Vec<String> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// A Postgres error with the server's message and SQLSTATE, which the
@@ -87,14 +61,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_key_names_the_key_and_the_object() {
-        let v = json!({"type": "files", "n": 3});
-        assert_eq!(str_of(&v, "type").ok().as_deref(), Some("files"));
-        // Not a string counts as missing: a definition's url is text.
-        let e = str_of(&v, "n").expect_err("n is a number");
-        assert_eq!(e.to_string(), r#"'n' is missing in {"n":3,"type":"files"}"#);
-        assert_eq!(strings(&json!({"k": ["a", 1, "b"]}), "k"), ["a", "b"]);
-        assert!(strings(&v, "k").is_empty());
+    fn a_missing_part_names_the_key_and_shows_the_part_as_stored() {
+        let e = Missing::of(
+            "cursor",
+            &json!({"name": "orders", "table": "public.orders"}),
+        );
+        assert_eq!(
+            e.to_string(),
+            r#"'cursor' is missing in {"name":"orders","table":"public.orders"}"#
+        );
     }
 
     #[test]

@@ -226,7 +226,10 @@ fn spawn_child(
         cmd.env("ORCA_STORE", store);
     }
     if let Some(dir) = &shared.connectors {
-        cmd.env(orca_engine::source::connector::CONNECTORS_ENV, dir);
+        cmd.env(
+            orca_engine::source::external::connector::CONNECTORS_ENV,
+            dir,
+        );
     }
     if let Some(bytes) = l.resources.and_then(|r| r.memory_bytes) {
         crate::sizing::limit_memory(&mut cmd, bytes);

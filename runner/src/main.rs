@@ -269,7 +269,7 @@ async fn main() -> anyhow::Result<()> {
             let dir = dir
                 .canonicalize()
                 .with_context(|| format!("connectors directory {}", dir.display()))?;
-            orca_engine::source::connector::set_directory(dir.clone());
+            orca_engine::source::external::connector::set_directory(dir.clone());
             Some(dir)
         }
         None => None,

@@ -456,7 +456,7 @@ fn main() -> Result<()> {
             "RATIO orca-split2 / orca-engine = {:.2} (what splitting the read over two \
              connections gains here; the default is half the cores: {})",
             two / o,
-            orca_engine::source::splits::default_splits()
+            orca_engine::source::postgres::splits::default_splits()
         );
     }
     for orca in ["orca-engine", "orca-edge"] {

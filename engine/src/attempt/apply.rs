@@ -9,13 +9,13 @@ use orca_core::api::{Epoch, Generation};
 use orca_core::sqlstate;
 use serde_json::json;
 
-use crate::attempt::error::EngineError;
-use crate::attempt::options::CrashPoint;
 use crate::attempt::state::{Attempt, Progress};
+use crate::commit::protocol::CrashPoint;
 use crate::commit::protocol::{Action, Committable, ProtocolError};
 use crate::commit::record::{Record, Staged};
 use crate::dest::destination::How;
 use crate::dest::error::DestError;
+use crate::error::EngineError;
 
 /// A test hook: the epoch at whose commit point the engine aborts, after
 /// HEAD moved and before lane 0 commits, as a crash would

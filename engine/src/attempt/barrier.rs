@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use arrow_array::ArrayRef;
 
-use crate::attempt::error::EngineError;
 use crate::commit::protocol::Positions;
 use crate::commit::record::StreamState;
+use crate::error::EngineError;
 use crate::source::normalize::Raw;
-use crate::source::pg_table::destination_schema;
+use crate::source::postgres::table::destination_schema;
 use crate::source::readers::{Msg, Reader, Shape};
 
 /// A chunk of one stream at a barrier, before it is staged.
@@ -131,7 +131,7 @@ mod tests {
 
     use super::*;
     use crate::source::error::ReadError;
-    use crate::source::files::FileChunk;
+    use crate::source::msg::RawChunk;
     use crate::source::normalize::StreamSchema;
 
     type Tx = SyncSender<Result<Msg, ReadError>>;
@@ -150,7 +150,7 @@ mod tests {
     }
 
     fn raw(tx: &Tx, last: &[&str]) {
-        let chunk = FileChunk {
+        let chunk = RawChunk {
             records: vec![Ok(Raw {
                 position: last.join(":"),
                 seq: 0,

@@ -9,17 +9,18 @@ use orca_core::delivery::WriteMode;
 use orca_core::sync::{Destination, Source as SourceDef, Stream, SyncDef};
 use serde_json::{json, Value};
 
-use crate::attempt::error::EngineError;
 use crate::attempt::log::Log;
 use crate::attempt::options::{Options, DEFAULT_BATCH_ROWS};
 use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::Layout;
 use crate::commit::store::Store;
 use crate::dest::destination::Dest;
+use crate::error::EngineError;
 use crate::netguard::{Guard, Scope};
 use crate::source::normalize::Policy;
-use crate::source::pg_table::{self, PgTable};
-use crate::source::plan::{table_specs, Plan};
+use crate::source::plan::{Describe, Plan};
+use crate::source::postgres::open::table_specs;
+use crate::source::postgres::table::{self, PgTable};
 use crate::transport::control::{Control, Phase};
 use crate::transport::edge::Edge;
 use crate::util::Missing;
@@ -119,7 +120,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
             },
             Some(planned),
         ) => {
-            let found = crate::source::connector::discover(
+            let found = crate::source::external::connector::discover(
                 connector,
                 &Value::Object(config.clone()),
                 &guard,
@@ -187,26 +188,21 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         .raise_fence(generation, &a.streams)
         .map_err(|e| a.dest_error(e))?;
     let lanes = lanes_of(opts.lanes, &def.destination);
-    // The source and streams go to a runner's pump as the definition
-    // stores them.
-    let mut plan_source = to_json(&def.source);
-    if def.source.is_cdc() {
-        // The slot is the sync's own in this control plane and org.
+    // The slot is the sync's own in this control plane and org.
+    let slot = def.source.is_cdc().then(|| {
         let control_db = opts
             .database_url
             .parse::<postgres::Config>()
             .ok()
             .and_then(|c| c.get_dbname().or(c.get_user()).map(str::to_string))
             .unwrap_or_else(|| "postgres".into());
-        let slot = orca_core::sync::cdc_slot(&control_db, &opts.org, &opts.sync);
-        if let Some(o) = plan_source.as_object_mut() {
-            o.insert("slot".into(), Value::String(slot));
-        }
-    }
+        orca_core::sync::cdc_slot(&control_db, &opts.org, &opts.sync)
+    });
     let plan = Plan {
         sync: opts.sync.clone(),
-        source: plan_source,
-        streams: to_json(&def.streams),
+        source: def.source.clone(),
+        streams: def.streams.clone(),
+        slot,
         batch_rows,
         start: Vec::new(),
         guard: scope,
@@ -291,10 +287,12 @@ fn look_up(
             let specs = table_specs(&def.streams, def.source.is_cdc())?;
             let tables = match edge {
                 Some(e) => {
-                    let asked = json!({"source": to_json(&def.source),
-                                       "streams": to_json(&def.streams),
-                                       "guard": scope});
-                    let tables = e.describe(asked, stop)?;
+                    let asked = Describe {
+                        source: def.source.clone(),
+                        streams: def.streams.clone(),
+                        guard: scope.clone(),
+                    };
+                    let tables = e.describe(&asked, stop)?;
                     let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
                     let want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
                     if names != want {
@@ -311,7 +309,7 @@ fn look_up(
                     let mut probe = guard.postgres(url)?;
                     specs
                         .iter()
-                        .map(|spec| pg_table::describe(&mut probe, spec))
+                        .map(|spec| table::describe(&mut probe, spec))
                         .collect::<Result<Vec<_>, _>>()?
                 }
             };
@@ -392,11 +390,6 @@ fn lanes_of(asked: Option<usize>, destination: &Destination) -> usize {
         .clamp(1, orca_core::sync::MAX_LANES as usize)
 }
 
-/// A part of the definition as JSON, as it is stored.
-fn to_json(part: &impl serde::Serialize) -> Value {
-    serde_json::to_value(part).unwrap_or(Value::Null)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_carries_the_source_and_streams_as_the_definition_stores_them() {
+    fn the_plan_carries_the_definition_typed_through_the_open_frame() {
         let def: SyncDef = serde_json::from_value(json!({
             "name": "shop",
             "source": {"type": "files", "url": "/in", "format": "jsonl"},
@@ -476,11 +469,24 @@ mod tests {
             "delivery": "at_least_once",
         }))
         .expect("a definition");
-        let stored = def.to_json();
-        assert_eq!(to_json(&def.source), stored["source"]);
-        assert_eq!(to_json(&def.streams), stored["streams"]);
-        // The pump reads the plan's JSON with the same lookups as before.
-        assert_eq!(to_json(&def.source)["format"], "jsonl");
-        assert_eq!(to_json(&def.streams)[0]["pattern"], "orders/*.jsonl");
+        let plan = Plan {
+            sync: def.name.clone(),
+            source: def.source.clone(),
+            streams: def.streams.clone(),
+            slot: None,
+            batch_rows: 10,
+            start: Vec::new(),
+            guard: Scope::default(),
+        };
+        // The open frame carries the plan as JSON; the pump reads it back
+        // into the same types, the source as the definition stores it.
+        let sent = serde_json::to_value(&plan).expect("json");
+        assert_eq!(sent["source"], def.to_json()["source"]);
+        assert!(sent.get("slot").is_none());
+        let read: Plan = serde_json::from_value(sent).expect("the pump's plan");
+        assert_eq!(read, plan);
+        assert_eq!(read.stream("orders").ok(), def.streams.first());
+        let e = read.stream("refunds").expect_err("not defined").to_string();
+        assert_eq!(e, "sync definition: stream refunds is not defined");
     }
 }

@@ -8,12 +8,12 @@ use serde_json::json;
 
 use crate::attempt::apply::crash_after_head;
 use crate::attempt::barrier::take_round;
-use crate::attempt::error::EngineError;
 use crate::attempt::open::Opened;
 use crate::attempt::options::Outcome;
 use crate::attempt::recover::Recovered;
 use crate::attempt::state::{Attempt, Progress, Source};
 use crate::commit::protocol::Coordinator;
+use crate::error::EngineError;
 use crate::source::plan::Plan;
 use crate::transport::control::Phase;
 
@@ -38,8 +38,7 @@ pub(super) fn stream_epochs(
     let crash_after = crash_after_head();
     // A continuous attempt follows the definition's lanes between epochs
     // (orca.scale_sync), unless the command line fixed them.
-    let follows_lanes =
-        plan.source.get("continuous") == Some(&json!(true)) && a.opts.lanes.is_none();
+    let follows_lanes = plan.source.continuous().is_some() && a.opts.lanes.is_none();
     let mut opened = a.open(plan, source, lanes, head, &states)?;
     let mut p = Progress {
         out: Outcome {

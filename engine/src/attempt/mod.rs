@@ -25,7 +25,6 @@ mod apply;
 mod barrier;
 mod claim;
 mod epochs;
-mod error;
 mod log;
 mod open;
 mod options;
@@ -34,7 +33,8 @@ mod run;
 mod stage;
 mod state;
 
+pub use crate::commit::protocol::CrashPoint;
+pub use crate::error::EngineError;
 pub use crate::util::pg_text;
-pub use error::EngineError;
-pub use options::{Crash, CrashPoint, Options, Outcome, DEFAULT_BATCH_ROWS};
+pub use options::{Crash, Options, Outcome, DEFAULT_BATCH_ROWS};
 pub use run::run;

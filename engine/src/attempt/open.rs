@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use crate::attempt::error::EngineError;
 use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::StreamState;
 use crate::commit::route::Router;
+use crate::error::EngineError;
 use crate::source::normalize::{ColType, StreamSchema};
-use crate::source::plan::{open_readers, Plan, Start};
+use crate::source::open::open_readers;
+use crate::source::plan::{Plan, Start};
 use crate::source::readers::{Reader, Shape};
 
 /// The streams opened: a reader each, in the plan's order, and a router

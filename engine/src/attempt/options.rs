@@ -1,5 +1,7 @@
 //! What an attempt is asked to do, and what it did.
 
+use crate::commit::protocol::CrashPoint;
+
 /// Rows per stream per epoch unless the source's `batch_rows` says otherwise.
 pub const DEFAULT_BATCH_ROWS: usize = 100_000;
 
@@ -35,19 +37,6 @@ impl Options {
     pub fn lease_token(&self) -> Option<orca_core::api::LeaseToken> {
         self.lease.as_deref().and_then(|l| l.parse().ok())
     }
-}
-
-/// Where in an epoch an injected crash strikes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrashPoint {
-    /// The epoch's files are staged; its record is not written.
-    Staged,
-    /// The record is in the store; HEAD has not moved to it.
-    Recorded,
-    /// HEAD moved (the commit point); lane 0 has not committed.
-    HeadMoved,
-    /// The destination applied the epoch; its staged files are still there.
-    Applied,
 }
 
 /// An injected crash: at `at` of epoch `epoch`.

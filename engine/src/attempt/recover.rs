@@ -7,10 +7,10 @@ use orca_core::api::{Epoch, Generation};
 use orca_core::sqlstate;
 use serde_json::json;
 
-use crate::attempt::error::EngineError;
 use crate::attempt::state::Attempt;
 use crate::commit::record::{Record, StreamState};
 use crate::commit::recovery::{decide, HeadState, Recovery};
+use crate::error::EngineError;
 
 /// Where an attempt resumes after recovery.
 pub(super) struct Recovered {

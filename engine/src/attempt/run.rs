@@ -4,8 +4,8 @@ use serde_json::json;
 
 use crate::attempt::claim::{claim, Claimed};
 use crate::attempt::epochs::stream_epochs;
-use crate::attempt::error::EngineError;
 use crate::attempt::options::{Options, Outcome};
+use crate::error::EngineError;
 use crate::transport::control::Phase;
 
 /// Runs one attempt of a sync until its source has no more rows.

@@ -11,12 +11,12 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::attempt::barrier::{Chunk, Taken};
-use crate::attempt::error::EngineError;
 use crate::attempt::open::Opened;
 use crate::attempt::state::{Attempt, Progress};
 use crate::commit::record::{LaneCommittable, Record, Refresh, Staged};
 use crate::commit::route::{LaneInput, Router};
 use crate::dest::parquet::encode;
+use crate::error::EngineError;
 use crate::source::normalize::normalize;
 use crate::source::readers::Shape;
 

@@ -3,16 +3,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::attempt::error::EngineError;
 use crate::attempt::log::Log;
-use crate::attempt::options::{CrashPoint, Options, Outcome};
+use crate::attempt::options::{Options, Outcome};
 use crate::commit::protocol::Coordinator;
+use crate::commit::protocol::CrashPoint;
 use crate::commit::record::{Layout, Record, StreamState};
 use crate::commit::store::Store;
 use crate::dest::destination::Dest;
 use crate::dest::error::DestError;
+use crate::error::EngineError;
 use crate::source::normalize::Policy;
-use crate::source::pg_table::PgTable;
+use crate::source::postgres::table::PgTable;
 use crate::transport::control::{Control, Status};
 use crate::transport::edge::Edge;
 
@@ -35,7 +36,7 @@ pub(super) struct Attempt {
     /// A source read here that confirms upstream (a change stream, an
     /// external connector): where the commit protocol's acknowledgements
     /// go (with a runner's pump, they go over the edge).
-    pub(super) acks: Option<crate::source::plan::Upstream>,
+    pub(super) acks: Option<crate::source::open::Upstream>,
     /// The source takes acknowledgements (a change stream, an external
     /// connector).
     pub(super) takes_acks: bool,

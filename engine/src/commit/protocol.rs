@@ -240,6 +240,19 @@ impl Coordinator {
     }
 }
 
+/// Where in an epoch an injected crash strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The epoch's files are staged; its record is not written.
+    Staged,
+    /// The record is in the store; HEAD has not moved to it.
+    Recorded,
+    /// HEAD moved (the commit point); lane 0 has not committed.
+    HeadMoved,
+    /// The destination applied the epoch; its staged files are still there.
+    Applied,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,11 +21,11 @@ use serde_json::{json, Map, Value};
 
 use crate::dest::error::DestError;
 use crate::netguard::Guard;
-use crate::source::connector::{
+use crate::source::error::ReadError;
+use crate::source::external::connector::{
     accept, check_reaches, command, keep_last_words, last_words, private_dir, program, spec,
     LastWords, Running, HOST_SOCKET, PROTOCOL, SOCKET_ENV,
 };
-use crate::source::error::ReadError;
 use crate::transport::frame::{read_frame, write_frame, Frame};
 
 /// The most rows one batch frame carries (a frame's payload is bounded).
@@ -117,12 +117,12 @@ impl ConnectorDest {
         let socket = dir.join("connector.sock");
         let listener = UnixListener::bind(&socket)
             .map_err(|e| failed(name, format!("cannot listen on {}: {e}", socket.display())))?;
-        crate::source::host_http::serve(name, &socket.with_file_name(HOST_SOCKET), guard)
+        crate::source::external::host_http::serve(name, &socket.with_file_name(HOST_SOCKET), guard)
             .map_err(|r| failed(name, r))?;
         let mut child = command(&path, "write")
             .env(SOCKET_ENV, &socket)
             .env(
-                crate::source::host_http::HOST_SOCKET_ENV,
+                crate::source::external::host_http::HOST_SOCKET_ENV,
                 socket.with_file_name(HOST_SOCKET),
             )
             .stdout(Stdio::null())

@@ -23,7 +23,7 @@ use crate::dest::parquet::ParquetDest;
 use crate::dest::postgres::{self, PgDest, StreamMode};
 use crate::dest::staged::read_all;
 use crate::netguard::Guard;
-use crate::source::pg_table::{self, PgTable};
+use crate::source::postgres::table::{self, PgTable};
 
 /// How an epoch of a stream is applied.
 #[derive(Debug, Clone, Copy, Default)]
@@ -125,7 +125,7 @@ impl Dest {
                 for t in tables {
                     let dataset = format!("{namespace}.{}", t.spec.name);
                     sync_tables
-                        .ensure(&dataset, &pg_table::destination_schema(t))
+                        .ensure(&dataset, &table::destination_schema(t))
                         .map_err(iceberg_error)?;
                 }
                 let merge_keys = streams

@@ -593,7 +593,7 @@ impl PgDest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::pg_copy::numeric;
+    use crate::source::postgres::copy::numeric;
 
     #[test]
     fn numerics_round_trip_through_the_send_format() {

@@ -6,8 +6,8 @@
 use crate::commit::store::StoreError;
 use crate::netguard::NetError;
 use crate::source::files::FilesError;
-use crate::source::pg_copy::CopyError;
-use crate::source::pg_table::SourceError;
+use crate::source::postgres::copy::CopyError;
+use crate::source::postgres::table::SourceError;
 use crate::util::{pg_text, Missing};
 
 #[derive(Debug, thiserror::Error)]

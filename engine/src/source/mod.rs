@@ -1,19 +1,20 @@
-//! Reading a sync's source: a Postgres table ([`pg_table`]) as binary COPY
-//! decoded into Arrow ([`pg_copy`]); files as raw records ([`files`]),
-//! normalized into columns ([`normalize`]); one reader thread per stream
-//! (`readers`) for the streams a [`plan::Plan`] asks for.
+//! Reading a sync's source, by family:
+//! - [`postgres`]: a table as binary COPY decoded into Arrow, split over
+//!   several connections for a big read, or a change stream from a slot;
+//! - [`files`]: JSON lines or CSV files as raw records;
+//! - [`external`]: an external connector program on a Unix socket.
+//!
+//! What the families share: the [`plan`] an engine asks to read (typed by
+//! `orca_core::sync`), the one dispatcher ([`open`]), a reader thread per
+//! stream (`readers`) and what it hands the attempt (`msg`), raw records
+//! [`normalize`]d into columns, and why reading failed ([`error`]).
 
-pub mod connector;
 pub mod error;
+pub mod external;
 pub mod files;
-pub mod host_http;
-mod msg;
+pub(crate) mod msg;
 pub mod normalize;
-pub mod pg_cdc;
-pub mod pg_copy;
-pub mod pg_table;
-pub mod pgoutput;
+pub(crate) mod open;
 pub mod plan;
-pub mod read_plan;
+pub mod postgres;
 pub(crate) mod readers;
-pub mod splits;

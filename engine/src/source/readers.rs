@@ -7,15 +7,10 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-use crate::commit::store::Store;
-use crate::netguard::Guard;
 use crate::source::error::ReadError;
-use crate::source::files::{FileReader, Format};
 pub(crate) use crate::source::msg::Msg;
 use crate::source::normalize::StreamSchema;
-use crate::source::pg_copy::CopyReader;
-use crate::source::pg_table::PgTable;
-use crate::source::splits;
+use crate::source::postgres::table::PgTable;
 
 /// What a stream's rows become columns by.
 pub(crate) enum Shape {
@@ -59,7 +54,7 @@ pub(crate) fn fed_readers(names: impl Iterator<Item = String>) -> (Vec<Sender>, 
 /// Starts a stream's reader thread: `read` sends chunks until the stream
 /// ends (or the attempt stops listening); an error it returns goes down the
 /// same channel. One chunk waits in the channel while the next is read.
-fn spawn(
+pub(crate) fn spawn(
     name: String,
     shape: Shape,
     read: impl FnOnce(&Sender) -> Result<(), ReadError> + Send + 'static,
@@ -82,99 +77,5 @@ fn spawn(
         rx,
         handle: Some(handle),
         done: false,
-    })
-}
-
-/// Reads a files stream as raw records, from its resume point.
-pub(crate) fn spawn_file_reader(
-    url: String,
-    root: Option<std::path::PathBuf>,
-    format: Format,
-    name: String,
-    pattern: String,
-    after: Option<Vec<String>>,
-    batch_rows: usize,
-) -> Result<Reader, ReadError> {
-    let stream = name.clone();
-    spawn(name, Shape::Inferred(StreamSchema::default()), move |tx| {
-        let store = Store::open_existing(&url)?;
-        let root = root.or_else(|| store.local_dir().map(std::path::Path::to_path_buf));
-        let mut r =
-            FileReader::open_under(store, root, format, &stream, &pattern, after.as_deref())?;
-        while let Some(chunk) = r.next_chunk(batch_rows)? {
-            if tx.send(Ok(Msg::Raw(chunk))).is_err() {
-                return Ok(());
-            }
-        }
-        let _ = tx.send(Ok(Msg::End { bytes: 0 }));
-        Ok(())
-    })
-}
-
-/// Reads a table over a connection of its own, as binary COPY into Arrow,
-/// from its resume point; a big read (or one a split read left off) over
-/// several connections, split by ranges of the cursor.
-pub(crate) fn spawn_reader(
-    guard: Guard,
-    url: String,
-    table: PgTable,
-    after: Option<Vec<String>>,
-    batch_rows: usize,
-) -> Result<Reader, ReadError> {
-    let resumed = after.as_deref().and_then(splits::decode);
-    let query = match resumed {
-        Some(_) => String::new(),
-        None => table.copy_query(after.as_deref())?,
-    };
-    let t = table.clone();
-    let stream = table.spec.name.clone();
-    spawn(stream.clone(), Shape::Table(table), move |tx| {
-        let copy = |source| ReadError::Copy {
-            stream: stream.clone(),
-            source,
-        };
-        let mut client = guard.postgres(&url)?;
-        let planned = match resumed {
-            Some(s) => Some(s),
-            None => {
-                let want = t
-                    .spec
-                    .splits
-                    .map_or_else(splits::default_splits, usize::from);
-                splits::plan(&mut client, &t, after.as_deref(), want, batch_rows)?
-            }
-        };
-        if let Some(s) = planned {
-            return splits::read_split(tx, &guard, &url, client, &t, s, batch_rows);
-        }
-        let input = client.copy_out(query.as_str())?;
-        let mut r = CopyReader::new(input, t.columns.clone())
-            .map_err(copy)?
-            .with_ids(&stream, &t.key);
-        loop {
-            let more = r.read_row().map_err(copy)?;
-            if r.pending() > 0 && (!more || r.pending() >= batch_rows) {
-                let rows = r.pending();
-                let ids = r.take_ids().ok_or_else(|| ReadError::Stream {
-                    stream: stream.clone(),
-                    reason: "no record ids".into(),
-                })?;
-                let arrays = r.take();
-                let last = t.position_at(&arrays, rows - 1)?;
-                let msg = Msg::Chunk {
-                    arrays,
-                    ids,
-                    last,
-                    rows,
-                };
-                if tx.send(Ok(msg)).is_err() {
-                    return Ok(());
-                }
-            }
-            if !more {
-                let _ = tx.send(Ok(Msg::End { bytes: r.bytes }));
-                return Ok(());
-            }
-        }
     })
 }

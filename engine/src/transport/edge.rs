@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use arrow_array::{ArrayRef, RecordBatch};
 
 use crate::source::error::{ReadError, RESTART};
-use crate::source::files::FileChunk;
-use crate::source::pg_table::PgTable;
-use crate::source::plan::Plan;
+use crate::source::msg::RawChunk;
+use crate::source::plan::{Describe, Plan};
+use crate::source::postgres::table::PgTable;
 use crate::source::readers::{fed_readers, Msg, Reader};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::{raw_records, ORCA_ID};
@@ -108,11 +108,10 @@ impl Edge {
     }
 
     /// Asks the runner to look the streams' tables up in the source's
-    /// catalog (`{"source", "streams"}` of the definition): the engine
-    /// never connects to a source a runner hosts.
+    /// catalog: the engine never connects to a source a runner hosts.
     pub(crate) fn describe(
         &mut self,
-        request: serde_json::Value,
+        request: &Describe,
         stop: impl Fn() -> bool,
     ) -> Result<Vec<PgTable>, EdgeError> {
         let conn = match self.conn(stop)?.try_clone() {
@@ -124,6 +123,8 @@ impl Edge {
             Err(e) => return Err(self.err(e.to_string())),
         });
         let mut out = BufWriter::new(conn);
+        let request =
+            serde_json::to_value(request).map_err(|e| self.err(format!("the request: {e}")))?;
         let answer = write_frame(&mut out, &Frame::Describe { request })
             .and_then(|()| out.flush().map_err(Into::into))
             .and_then(|()| read_frame(&mut input))
@@ -411,7 +412,7 @@ impl Demux {
         let batch = arrow_select::concat::concat_batches(&schema, &batches)
             .map_err(|e| format!("the batches before a barrier: {e}"))?;
         if !self.typed {
-            return Ok(Msg::Raw(FileChunk {
+            return Ok(Msg::Raw(RawChunk {
                 records: raw_records(&batch)?,
                 last,
             }));
@@ -440,8 +441,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::source::pg_cdc::SlotGauge;
-    use crate::source::plan::{open_readers, Start};
+    use crate::source::open::open_readers;
+    use crate::source::plan::Start;
+    use crate::source::postgres::cdc::SlotGauge;
     use crate::transport::pump;
     use crate::transport::wire::raw_schema;
 
@@ -473,8 +475,17 @@ mod tests {
     fn plan(dir: &Path, after: Option<Vec<String>>) -> Plan {
         Plan {
             sync: "mirror".into(),
-            source: json!({"type": "files", "format": "jsonl", "url": dir.display().to_string()}),
-            streams: json!([{"name": "orders", "pattern": "orders/*.jsonl"}]),
+            source: orca_core::sync::Source::Files {
+                url: dir.display().to_string().as_str().into(),
+                format: orca_core::sync::FileFormat::Jsonl,
+            },
+            streams: vec![serde_json::from_value(json!({
+                "name": "orders", "mode": "append", "primary_key": [],
+                "schema_policy": "evolve", "delivery": "at_least_once",
+                "pattern": "orders/*.jsonl",
+            }))
+            .expect("a stream")],
+            slot: None,
             batch_rows: 2,
             start: vec![Start {
                 name: "orders".into(),
@@ -570,12 +581,16 @@ mod tests {
     fn a_source_the_pump_cannot_read_fails_the_stream_with_its_reason() {
         let s = scratch();
         let mut p = plan(&s.0, None);
-        p.source["format"] = json!("xml");
+        // A place outside what the plan's guard allows.
+        p.source = orca_core::sync::Source::Files {
+            url: "/etc/orca-not-allowed".into(),
+            format: orca_core::sync::FileFormat::Jsonl,
+        };
         let seen = with_pump(&s.0, &p, 1);
         assert_eq!(seen.len(), 1);
         let e = seen[0].as_ref().expect_err("an error");
         assert!(
-            e.contains("the runner's source") && e.contains("xml"),
+            e.contains("the runner's source") && e.contains("/etc/orca-not-allowed"),
             "{e}"
         );
     }
@@ -707,10 +722,20 @@ mod describe_tests {
             write_frame(&mut out, &answer).expect("answer");
             out.flush().expect("flush");
         });
-        let got = edge.describe(
-            json!({"source": {"type": "postgres"}, "streams": [{"name": "orders"}]}),
-            || false,
-        );
+        let asked = Describe {
+            source: orca_core::sync::Source::Postgres {
+                url: "postgres://127.0.0.1/shop".into(),
+                batch_rows: None,
+            },
+            streams: vec![serde_json::from_value(json!({
+                "name": "orders", "mode": "append", "primary_key": ["id"],
+                "schema_policy": "evolve", "delivery": "at_least_once",
+                "table": "public.orders", "cursor": "updated_at",
+            }))
+            .expect("a stream")],
+            guard: crate::netguard::Scope::default(),
+        };
+        let got = edge.describe(&asked, || false);
         runner.join().expect("runner");
         let _ = std::fs::remove_dir_all(dir);
         got

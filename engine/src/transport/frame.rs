@@ -29,7 +29,7 @@
 //!   JSON `{"source", "streams"}`: the runner looks the streams' tables up in
 //!   the source's catalog.
 //! - kind 7, **catalog** (runner to engine): the answer, a JSON array of the
-//!   tables (`crate::source::pg_table::PgTable`), in the streams' order.
+//!   tables (`crate::source::postgres::table::PgTable`), in the streams' order.
 //! - kind 8, **ack** (engine to runner, after open): the commit protocol
 //!   acknowledged these resume points (a JSON object, stream to the point's
 //!   values joined by U+001F): a source that confirms what it sent upstream

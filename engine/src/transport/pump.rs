@@ -31,18 +31,17 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{Field, Schema};
 use serde_json::Value;
 
-use crate::netguard::{Guard, Scope};
 use crate::source::error::ReadError;
-use crate::source::pg_table;
-use crate::source::plan::{open_readers, stream_specs, Plan, Upstream};
+use crate::source::open::{open_readers, Upstream};
+use crate::source::plan::{Describe, Plan};
+use crate::source::postgres;
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::raw_batch;
 // The simulation builds the pump's batches by hand from these.
 pub use crate::transport::wire::{raw_schema, ORCA_ID};
 // The runner reports what the gauge measured.
-pub use crate::source::pg_cdc::{SlotGauge, SlotReading};
-use crate::util::str_of;
+pub use crate::source::postgres::cdc::{SlotGauge, SlotReading};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
@@ -219,27 +218,11 @@ fn take_acks(mut input: BufReader<UnixStream>, acks: &Upstream) {
 }
 
 /// The source's catalog entry of each stream's table, in the streams'
-/// order, as JSON (`{"source", "streams"}` of a definition asked).
+/// order, as JSON, for a describe frame's request ([`Describe`]).
 pub fn describe(request: &Value) -> Result<Value, ReadError> {
-    let source = request.get("source").cloned().unwrap_or(Value::Null);
-    let url = str_of(&source, "url")?;
-    let cdc = source.get("type").and_then(Value::as_str) == Some("postgres_cdc");
-    let specs = stream_specs(
-        &serde_json::json!({ "streams": request.get("streams") }),
-        cdc,
-    )?;
-    let scope: Scope = request
-        .get("guard")
-        .cloned()
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| ReadError::Definition(format!("the request's guard: {e}")))?
-        .ok_or_else(|| ReadError::Definition("the request names no guard".into()))?;
-    let mut client = Guard::new(&scope)?.postgres(&url)?;
-    let tables = specs
-        .iter()
-        .map(|spec| pg_table::describe(&mut client, spec))
-        .collect::<Result<Vec<_>, _>>()?;
+    let request: Describe = serde_json::from_value(request.clone())
+        .map_err(|e| ReadError::Definition(format!("the describe request: {e}")))?;
+    let tables = postgres::open::describe(&request)?;
     serde_json::to_value(tables).map_err(|e| ReadError::Definition(e.to_string()))
 }
 

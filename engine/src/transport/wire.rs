@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{ArrowError, DataType, Field, Schema};
 
-use crate::source::files::{FileChunk, RawRecords};
+use crate::source::msg::{RawChunk, RawRecords};
 use crate::source::normalize::Raw;
 
 /// The `_orca_id` column of a typed batch on the edge.
@@ -22,7 +22,7 @@ pub fn raw_schema() -> Schema {
 }
 
 /// A files chunk as a batch of raw records, and its resume point.
-pub(crate) fn raw_batch(chunk: FileChunk) -> Result<(RecordBatch, Vec<String>), ArrowError> {
+pub(crate) fn raw_batch(chunk: RawChunk) -> Result<(RecordBatch, Vec<String>), ArrowError> {
     let n = chunk.records.len();
     let (mut position, mut record, mut error) = (
         Vec::with_capacity(n),

@@ -9,7 +9,11 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+/// The files' format, as the definition gives it.
+pub use orca_core::sync::FileFormat as Format;
+
 use crate::commit::store::{Store, StoreError};
+use crate::source::msg::RawChunk;
 use crate::source::normalize::Raw;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,22 +48,6 @@ pub enum FilesError {
         offset: usize,
         limit: usize,
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Jsonl,
-    Csv,
-}
-
-impl Format {
-    pub fn parse(s: &str) -> Option<Format> {
-        match s {
-            "jsonl" => Some(Format::Jsonl),
-            "csv" => Some(Format::Csv),
-            _ => None,
-        }
-    }
 }
 
 /// One stream's reader.
@@ -102,16 +90,6 @@ pub const WINDOW: usize = 8 << 20;
 /// The longest record a files source reads: a file with no line ends (or
 /// a CSV quote left open) must not make the reader hold all of it.
 pub const RECORD_BYTES_MAX: usize = 64 << 20;
-
-/// Records read, or lines that are not records with the reason.
-pub type RawRecords = Vec<Result<Raw, (Raw, String)>>;
-
-/// What a chunk read: raw records (or the reason a line is not a record)
-/// and the resume point after the last of them.
-pub struct FileChunk {
-    pub records: RawRecords,
-    pub last: Vec<String>,
-}
 
 impl FileReader {
     /// A reader of `store`'s files; a local store's are read only if they
@@ -340,7 +318,7 @@ impl FileReader {
     }
 
     /// Reads up to `max` records; `None` when every file is read.
-    pub fn next_chunk(&mut self, max: usize) -> Result<Option<FileChunk>, FilesError> {
+    pub fn next_chunk(&mut self, max: usize) -> Result<Option<RawChunk>, FilesError> {
         let mut records = Vec::new();
         let mut last = Vec::new();
         while records.len() < max {
@@ -394,7 +372,7 @@ impl FileReader {
                 }
             }
         }
-        Ok((!records.is_empty()).then_some(FileChunk { records, last }))
+        Ok((!records.is_empty()).then_some(RawChunk { records, last }))
     }
 }
 
@@ -538,7 +516,7 @@ mod tests {
         (s, dir)
     }
 
-    fn positions(chunk: &FileChunk) -> Vec<String> {
+    fn positions(chunk: &RawChunk) -> Vec<String> {
         chunk
             .records
             .iter()

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::msg::Msg;
-use crate::source::pg_copy::CopyReader;
-use crate::source::pg_table::{qualified, quote_literal, PgTable, Range, SourceError};
+use crate::source::postgres::copy::CopyReader;
+use crate::source::postgres::table::{qualified, quote_literal, PgTable, Range, SourceError};
 
 /// The first value of a resume point that is a list of splits.
 const TAG: &str = "splits";

@@ -26,12 +26,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use orca_core::sync::{ConnectorReplay, Source, CONNECTOR_TIMEOUT_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
-use crate::source::files::FileChunk;
-use crate::source::read_plan::Plan;
+use crate::source::msg::RawChunk;
+use crate::source::plan::Plan;
 use crate::source::readers::{fed_readers, Msg, Reader, Sender};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::{raw_records, raw_schema};
@@ -177,8 +178,8 @@ pub fn spec(name: &str, path: &Path) -> Result<Spec, ReadError> {
              at_least_once: a destination): {raw}"
         )));
     }
-    let reaches = crate::util::strings(&raw, "reaches");
-    let modes = crate::util::strings(&raw, "modes");
+    let reaches = strings(&raw, "reaches");
+    let modes = strings(&raw, "modes");
     Ok(Spec {
         replay,
         commits,
@@ -275,6 +276,19 @@ pub(crate) fn check_reaches<'a>(
     Ok(())
 }
 
+/// A list of strings of a connector's answer (empty when absent).
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The longest a connector's `discover` may take.
 const DISCOVER_WAIT: Duration = Duration::from_secs(120);
 
@@ -304,10 +318,10 @@ pub fn discover(name: &str, config: &Value, guard: &Guard) -> Result<Value, Read
         }
     }
     let _gone = Gone(dir.clone());
-    crate::source::host_http::serve(name, &dir.join(HOST_SOCKET), guard).map_err(fail)?;
+    crate::source::external::host_http::serve(name, &dir.join(HOST_SOCKET), guard).map_err(fail)?;
     let mut child = command(&path, "discover")
         .env(
-            crate::source::host_http::HOST_SOCKET_ENV,
+            crate::source::external::host_http::HOST_SOCKET_ENV,
             dir.join(HOST_SOCKET),
         )
         .stdin(Stdio::piped())
@@ -381,60 +395,54 @@ pub(crate) fn spawn_connector(
     plan: &Plan,
     guard: &Guard,
 ) -> Result<(Vec<Reader>, ConnectorAcks), ReadError> {
-    let name = plan
-        .source
-        .get("connector")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let Source::Connector {
+        connector: name,
+        config,
+        replay: promised,
+        timeout_seconds,
+        ..
+    } = &plan.source
+    else {
+        return Err(ReadError::Definition(format!(
+            "a {} source is not an external connector",
+            plan.source.kind()
+        )));
+    };
+    let name = name.clone();
     let fail = |why: String| ReadError::Connector {
         name: name.clone(),
         reason: why,
     };
     let path = program(&name)?;
     let spec = spec(&name, &path)?;
-    let promised = plan
-        .source
-        .get("replay")
-        .and_then(Value::as_str)
-        .unwrap_or("superset");
     let Some(replay) = spec.replay.as_deref() else {
         return Err(fail(
             "is not a source: its spec names no replay (a destination connector's names commits)"
                 .into(),
         ));
     };
-    if promised == "exact" && replay != "exact" {
+    if *promised == ConnectorReplay::Exact && replay != "exact" {
         return Err(fail(format!(
             "the sync takes its replay for exact, and the connector's spec says {replay}: \
              redefine the sync with \"replay\": \"superset\""
         )));
     }
-    let config = plan
-        .source
-        .get("config")
-        .cloned()
-        .unwrap_or_else(|| json!({}));
+    let config = Value::Object(config.clone());
     // What the org's allowlist must allow before the connector starts: the
     // servers its spec says its options name, in the source's config and in
     // each stream's.
-    let stream_defs: Vec<Value> = plan
-        .start
+    let started = plan.started()?;
+    let stream_configs: Vec<(String, Value)> = started
         .iter()
-        .map(|s| {
-            plan.streams
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|d| d.get("name").and_then(Value::as_str) == Some(s.name.as_str()))
-                .cloned()
-                .ok_or_else(|| ReadError::Definition(format!("stream {} is not defined", s.name)))
+        .map(|(s, d)| {
+            let config = Value::Object(d.config.clone().unwrap_or_default());
+            (s.name.clone(), config)
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
     let configs = std::iter::once(("source.config".to_string(), &config)).chain(
-        stream_defs
+        stream_configs
             .iter()
-            .map(|d| (format!("stream {}'s config", d["name"]), &d["config"])),
+            .map(|(n, c)| (format!("stream \"{n}\"'s config"), c)),
     );
     check_reaches(&name, &spec, configs, guard)?;
 
@@ -442,21 +450,17 @@ pub(crate) fn spawn_connector(
     let socket = dir.join("connector.sock");
     let listener = UnixListener::bind(&socket)
         .map_err(|e| fail(format!("cannot listen on {}: {e}", socket.display())))?;
-    crate::source::host_http::serve(&name, &dir.join(HOST_SOCKET), guard).map_err(fail)?;
-    let timeout = Duration::from_secs(
-        plan.source
-            .get("timeout_seconds")
-            .and_then(Value::as_u64)
-            .unwrap_or(orca_core::sync::CONNECTOR_TIMEOUT_DEFAULT),
-    );
+    crate::source::external::host_http::serve(&name, &dir.join(HOST_SOCKET), guard)
+        .map_err(fail)?;
+    let timeout = Duration::from_secs(timeout_seconds.unwrap_or(CONNECTOR_TIMEOUT_DEFAULT));
     let open = json!({
         "protocol": PROTOCOL,
         "sync": plan.sync,
         "config": config,
         "batch_rows": plan.batch_rows,
-        "streams": plan.start.iter().zip(&stream_defs).map(|(s, d)| json!({
+        "streams": plan.start.iter().zip(&stream_configs).map(|(s, (_, config))| json!({
             "name": s.name,
-            "config": d.get("config").cloned().unwrap_or_else(|| json!({})),
+            "config": config,
             "after": s.after,
         })).collect::<Vec<_>>(),
     });
@@ -751,7 +755,7 @@ impl Relay {
         let mut child = command(path, "read")
             .env(SOCKET_ENV, socket)
             .env(
-                crate::source::host_http::HOST_SOCKET_ENV,
+                crate::source::external::host_http::HOST_SOCKET_ENV,
                 socket.with_file_name(HOST_SOCKET),
             )
             .stdout(Stdio::null())
@@ -970,7 +974,7 @@ impl Relay {
                         );
                     }
                     let records = std::mem::take(&mut chunk);
-                    let msg = Msg::Raw(FileChunk {
+                    let msg = Msg::Raw(RawChunk {
                         records,
                         last: position,
                     });

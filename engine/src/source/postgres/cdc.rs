@@ -43,11 +43,13 @@ use std::time::{Duration, Instant};
 use arrow_array::{ArrayRef, StringArray};
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent};
 
+use orca_core::sync::SchemaPolicy;
+
 use crate::netguard::{Guard, ReplicationTarget};
 use crate::source::error::ReadError;
-use crate::source::pg_copy::{CopyReader, PgKind, TextRows};
-use crate::source::pg_table::{PgTable, CDC_COLUMNS};
-use crate::source::pgoutput::{decode, Lsn, Message, RelColumn, Value};
+use crate::source::postgres::copy::{CopyReader, PgKind, TextRows};
+use crate::source::postgres::pgoutput::{decode, Lsn, Message, RelColumn, Value};
+use crate::source::postgres::table::{PgTable, CDC_COLUMNS};
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::util::quote_ident;
 
@@ -241,7 +243,9 @@ impl Out {
     }
 
     /// The table's own columns (the change stream's extra two left out).
-    fn source_columns(&self) -> impl Iterator<Item = (usize, &crate::source::pg_copy::PgColumn)> {
+    fn source_columns(
+        &self,
+    ) -> impl Iterator<Item = (usize, &crate::source::postgres::copy::PgColumn)> {
         self.table
             .columns
             .iter()
@@ -1163,7 +1167,7 @@ impl Out {
     /// `freeze` either is an error; a column that was there and is gone is
     /// always an error.
     fn fit(&mut self, columns: &[RelColumn]) -> Result<Option<String>, ReadError> {
-        let policy = self.table.spec.schema_policy.clone();
+        let policy = self.table.spec.schema_policy;
         let stream = self.name().to_string();
         let table = self.table.spec.table.clone();
         let err = |reason: String| ReadError::Stream {
@@ -1180,16 +1184,16 @@ impl Out {
         for c in columns {
             let have = self.source_columns().find(|(_, t)| t.name == c.name);
             let Some((i, col)) = have else {
-                match policy.as_str() {
-                    "discard" => continue,
-                    "evolve" => {
+                match policy {
+                    SchemaPolicy::Discard => continue,
+                    SchemaPolicy::Evolve => {
                         return Ok(Some(format!("{table} has a new column {}", c.name)));
                     }
-                    _ => {
+                    SchemaPolicy::Freeze => {
                         return Err(err(format!(
-                        "{table} has a new column {} and the stream's schema policy is {policy}",
-                        c.name
-                    )))
+                            "{table} has a new column {} and the stream's schema policy is freeze",
+                            c.name
+                        )))
                     }
                 }
             };
@@ -1199,7 +1203,7 @@ impl Out {
                 Some(col.kind)
             };
             if PgKind::of(c.type_oid, c.typmod) != kind {
-                if policy == "evolve" {
+                if policy == SchemaPolicy::Evolve {
                     return Ok(Some(format!(
                         "column {} of {table} changed its type",
                         c.name
@@ -1207,8 +1211,9 @@ impl Out {
                 }
                 return Err(err(format!(
                     "column {} of {table} changed its type and the stream's schema policy is \
-                     {policy}",
-                    c.name
+                     {}",
+                    c.name,
+                    policy.name()
                 )));
             }
         }
@@ -1266,7 +1271,7 @@ impl Out {
         after: &[String],
         changes: impl Iterator<Item = &'a Change>,
     ) -> Result<Vec<usize>, ReadError> {
-        use crate::source::pg_table::quote_literal;
+        use crate::source::postgres::table::quote_literal;
         if after.len() != self.table.key.len() {
             return Err(ReadError::Stream {
                 stream: self.name().to_string(),

@@ -2,7 +2,7 @@
 //! tests; its variants by the simulation (`Reader`, `Crashed`, `Fenced`) and
 //! the binary (`Fenced` exits with 3).
 
-use crate::attempt::options::CrashPoint;
+use crate::commit::protocol::CrashPoint;
 use crate::commit::protocol::ProtocolError;
 use crate::commit::recovery::RecoveryError;
 use crate::commit::store::StoreError;
@@ -10,8 +10,8 @@ use crate::dest::error::DestError;
 use crate::netguard::NetError;
 use crate::source::error::ReadError;
 use crate::source::files::FilesError;
-use crate::source::pg_copy::CopyError;
-use crate::source::pg_table::SourceError;
+use crate::source::postgres::copy::CopyError;
+use crate::source::postgres::table::SourceError;
 use crate::transport::edge::EdgeError;
 use crate::util::{pg_text, Missing};
 

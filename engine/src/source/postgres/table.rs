@@ -10,8 +10,9 @@ use std::sync::Arc;
 use arrow_array::ArrayRef;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
+use orca_core::sync::SchemaPolicy;
 
-use crate::source::pg_copy::{PgColumn, PgKind};
+use crate::source::postgres::copy::{PgColumn, PgKind};
 use crate::util::{pg_text, quote_ident};
 
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +102,7 @@ pub struct StreamSpec {
     /// What happens when the table's columns change: `evolve` (new columns
     /// join), `freeze` (the attempt stops with an error), `discard` (new
     /// columns are not read).
-    pub schema_policy: String,
+    pub schema_policy: SchemaPolicy,
     /// Read again, at each attempt's start, the rows whose cursor is this
     /// much (a Postgres interval: `10 minutes`) before the resume point:
     /// rows a long transaction committed late with an older cursor value.
@@ -359,7 +360,7 @@ impl PgTable {
             .map(|(n, _)| n.as_str())
             .filter(|n| !n.starts_with("_orca_"))
             .collect();
-        if recorded.is_empty() || self.spec.schema_policy == "evolve" {
+        if recorded.is_empty() || self.spec.schema_policy == SchemaPolicy::Evolve {
             return Ok(self);
         }
         let now: Vec<&str> = self
@@ -378,11 +379,13 @@ impl PgTable {
             .filter(|c| !now.contains(c))
             .copied()
             .collect();
-        if !missing.is_empty() || (self.spec.schema_policy == "freeze" && !added.is_empty()) {
+        if !missing.is_empty()
+            || (self.spec.schema_policy == SchemaPolicy::Freeze && !added.is_empty())
+        {
             return Err(SourceError::SchemaChanged {
                 stream: self.spec.name.clone(),
                 table: self.spec.table.clone(),
-                policy: self.spec.schema_policy.clone(),
+                policy: self.spec.schema_policy.name().to_string(),
                 added: added.join(", "),
                 missing: missing.join(", "),
             });
@@ -686,7 +689,7 @@ mod tests {
                 table: "public.orders".into(),
                 cursor: "updated_at".into(),
                 primary_key: vec!["id".into()],
-                schema_policy: "evolve".into(),
+                schema_policy: SchemaPolicy::Evolve,
                 lookback: None,
                 cdc: false,
                 splits: None,

@@ -18,7 +18,7 @@ use postgres::fallible_iterator::FallibleIterator;
 
 use super::{cdc, qualified, slot_holder, Cdc, Change, Out, Position, TAKE_OVER_TRIES};
 use crate::source::error::ReadError;
-use crate::source::pgoutput::{decode, Lsn, Message};
+use crate::source::postgres::pgoutput::{decode, Lsn, Message};
 
 /// A stream's later part as of its own point.
 pub(super) struct AsOf {

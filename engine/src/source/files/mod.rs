@@ -1,0 +1,8 @@
+//! The files source: JSON lines or CSV files read in name order as raw
+//! records ([`reader`]), which the attempt normalizes into columns
+//! (`source::normalize`). [`open`] starts a plan's readers.
+
+pub(crate) mod open;
+pub mod reader;
+
+pub use reader::{FileReader, FilesError, Format};
