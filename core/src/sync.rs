@@ -2,6 +2,8 @@
 //! delivery level each stream can keep. `orca.create_sync` validates through
 //! [`check`]; every error names the connector, option or stream at fault.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -332,6 +334,43 @@ impl From<Lookback> for String {
     }
 }
 
+/// The type a files or connector stream declares for a column: its values
+/// are coerced to it (`"7"` to 7 for `int64`), and one that cannot be is
+/// quarantined with the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    Boolean,
+    Int64,
+    Float64,
+    String,
+}
+
+impl ColumnType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ColumnType::Boolean => "boolean",
+            ColumnType::Int64 => "int64",
+            ColumnType::Float64 => "float64",
+            ColumnType::String => "string",
+        }
+    }
+
+    fn parse(name: &str) -> Option<ColumnType> {
+        [
+            ColumnType::Boolean,
+            ColumnType::Int64,
+            ColumnType::Float64,
+            ColumnType::String,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
+}
+
+/// The most columns a stream may declare.
+pub const DECLARED_COLUMNS_MAX: usize = 1000;
+
 /// One stream of a sync: what it reads (a table by a cursor, or files by a
 /// pattern), how it writes, and the delivery level it keeps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -361,6 +400,10 @@ pub struct Stream {
     /// An external connector's options for this stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Map<String, Value>>,
+    /// A files or connector stream's declared column types (a table's
+    /// columns have the table's types).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<BTreeMap<String, ColumnType>>,
 }
 
 /// The most connections one table's read is split over.
@@ -974,7 +1017,11 @@ fn check_rules(
             pattern: None,
             splits: None,
             config: None,
+            columns: None,
         };
+        if let Some(c) = obj.get("columns") {
+            stream.columns = declared_columns(c, &format!("{at}.columns"), src.name)?;
+        }
         if let Some(n) = obj.get("splits") {
             if src.name != "postgres" {
                 return Err(bad(
@@ -1175,6 +1222,66 @@ fn resolve_config(
         }
     }
     Ok(())
+}
+
+/// A stream's declared column types (`{"amount": "float64"}`), for the
+/// sources whose records carry no types of their own: files and external
+/// connectors. An empty object declares nothing.
+fn declared_columns(
+    c: &Value,
+    at: &str,
+    source: &str,
+) -> Result<Option<BTreeMap<String, ColumnType>>> {
+    if !matches!(source, "files" | "connector") {
+        return Err(bad(
+            at,
+            format!(
+                "declares the types of a files or connector stream's columns; a {source} \
+                 stream's columns have its table's types"
+            ),
+        ));
+    }
+    let Value::Object(m) = c else {
+        return Err(bad(
+            at,
+            format!(
+                "must be an object of column names and types, such as {{\"amount\": \"float64\"}}, \
+                 got {c}"
+            ),
+        ));
+    };
+    if m.len() > DECLARED_COLUMNS_MAX {
+        return Err(bad(
+            at,
+            format!(
+                "declares {} columns; a stream declares at most {DECLARED_COLUMNS_MAX}",
+                m.len()
+            ),
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (name, t) in m {
+        if name.trim().is_empty() || name.chars().count() > 255 {
+            return Err(bad(
+                at,
+                format!("{name:?} is not a column name (1 to 255 characters)"),
+            ));
+        }
+        if name.starts_with("_orca_") {
+            return Err(bad(
+                format!("{at}.{name}"),
+                "uses the reserved prefix _orca_ (the engine's own columns)",
+            ));
+        }
+        let ty = t.as_str().and_then(ColumnType::parse).ok_or_else(|| {
+            bad(
+                format!("{at}.{name}"),
+                format!("{t} is not a column type (boolean, int64, float64, string)"),
+            )
+        })?;
+        out.insert(name.clone(), ty);
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 /// A continuous sync's epoch interval unless it sets `epoch_seconds`.
@@ -1514,6 +1621,81 @@ mod tests {
         )
         .expect_err("name");
         assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn files_and_connector_streams_declare_column_types_by_name() {
+        let files = json!({"type": "files", "url": "/in", "format": "csv"});
+        let out = json!({"type": "parquet", "url": "/out"});
+        let with = |columns: Value| {
+            check(
+                "s",
+                &files,
+                &out,
+                &json!([{"name": "a", "pattern": "*.csv", "columns": columns}]),
+                None,
+                "exactly_once",
+            )
+        };
+        let def =
+            with(json!({"amount": "float64", "id": "int64", "ok": "boolean", "note": "string"}))
+                .expect("valid");
+        assert_eq!(def["streams"][0]["columns"]["amount"], "float64");
+        assert_eq!(def["streams"][0]["columns"]["ok"], "boolean");
+        // Nothing declared is the same as no declaration.
+        let def = with(json!({})).expect("empty");
+        assert!(def["streams"][0].get("columns").is_none());
+        for (columns, field, says) in [
+            (
+                json!({"amount": "decimal"}),
+                "streams[0].columns.amount",
+                "\"decimal\" is not a column type",
+            ),
+            (
+                json!({"amount": 3}),
+                "streams[0].columns.amount",
+                "3 is not a column type",
+            ),
+            (
+                json!({"_orca_id": "string"}),
+                "streams[0].columns._orca_id",
+                "reserved prefix",
+            ),
+            (
+                json!({"": "string"}),
+                "streams[0].columns",
+                "is not a column name",
+            ),
+            (
+                json!(["amount"]),
+                "streams[0].columns",
+                "must be an object of column names and types",
+            ),
+        ] {
+            let e = with(columns.clone()).expect_err("refused").to_string();
+            assert!(e.contains(field) && e.contains(says), "{columns}: {e}");
+        }
+        let many: Map<String, Value> = (0..=DECLARED_COLUMNS_MAX)
+            .map(|i| (format!("c{i}"), json!("string")))
+            .collect();
+        let e = with(Value::Object(many)).expect_err("too many").to_string();
+        assert!(e.contains("declares 1001 columns"), "{e}");
+        // A table's columns have the table's types.
+        let e = check(
+            "s",
+            &json!({"type": "postgres", "url": "postgres://127.0.0.1/shop"}),
+            &out,
+            &json!([{"name": "a", "table": "public.a", "cursor": "id", "primary_key": ["id"],
+                     "columns": {"id": "int64"}}]),
+            None,
+            "at_least_once",
+        )
+        .expect_err("postgres")
+        .to_string();
+        assert!(
+            e.contains("a postgres stream's columns have its table's types"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use arrow_array::{Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{
+    Array, BooleanArray, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
+};
 use orca_tests::procs::{bin, pyiceberg, sync_runner, sync_runner_with, text};
 use orca_tests::sqlx;
 use orca_tests::*;
@@ -1276,6 +1278,117 @@ async fn csv_files_resume_after_a_sigkill_by_file_and_offset() {
     }
     assert_eq!((rows, ids.len()), (200_000, 200_000), "every row once");
     assert_eq!(head(&db).await.0, 40);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn define_typed_csv(db: &TestDb, input: &Path, out: &Path, columns: Value) {
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "csv"}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "events", "pattern": "*.csv", "columns": columns}]))
+        .execute(&db.pool)
+        .await
+        .expect("a files sync with declared columns");
+}
+
+#[tokio::test]
+async fn declared_column_types_coerce_csv_values_and_quarantine_those_that_do_not_fit() {
+    let db = TestDb::new().await;
+    let dir = scratch("declared");
+    let (input, out, store) = (dir.join("in"), dir.join("out"), dir.join("store"));
+    std::fs::create_dir_all(&input).expect("input dir");
+    std::fs::write(
+        input.join("a.csv"),
+        "id,amount,paid,note\n1,10.5,true,first\n2,7,f,\n3,x,true,bad amount\n4,3,maybe,bad paid\n",
+    )
+    .expect("csv");
+    // A type the engine does not know is refused when the sync is defined.
+    let e = sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "csv"}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "events", "pattern": "*.csv", "columns": {"amount": "decimal"}}]))
+        .execute(&db.pool)
+        .await
+        .expect_err("an unknown type");
+    assert!(
+        e.to_string().contains("streams[0].columns.amount")
+            && e.to_string().contains("\"decimal\" is not a column type"),
+        "{e}"
+    );
+    define_typed_csv(
+        &db,
+        &input,
+        &out,
+        json!({"id": "int64", "amount": "float64", "paid": "boolean"}),
+    )
+    .await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+
+    // CSV values are text; the declared columns land typed, the rest
+    // (note) inferred as text.
+    let batches = published(&out, "events");
+    assert_eq!(batches.len(), 1, "one epoch, one file");
+    let b = &batches[0];
+    let ty = |n: &str| {
+        b.schema()
+            .field_with_name(n)
+            .map(|f| f.data_type().clone())
+            .ok()
+    };
+    use arrow_schema::DataType;
+    assert_eq!(
+        (ty("id"), ty("amount"), ty("paid"), ty("note")),
+        (
+            Some(DataType::Int64),
+            Some(DataType::Float64),
+            Some(DataType::Boolean),
+            Some(DataType::Utf8)
+        )
+    );
+    assert_eq!(column::<Int64Array>(b, "id").values().to_vec(), [1, 2]);
+    assert_eq!(
+        column::<Float64Array>(b, "amount").values().to_vec(),
+        [10.5, 7.0]
+    );
+    let paid = column::<BooleanArray>(b, "paid");
+    assert_eq!((paid.value(0), paid.value(1)), (true, false));
+    assert!(
+        column::<StringArray>(b, "note").is_null(1),
+        "an empty field is null"
+    );
+
+    // The rows whose values do not fit, set aside with the reason.
+    let q = jsonl_records(&store.join("default/shop/_quarantine"));
+    let reasons: Vec<&str> = q.iter().filter_map(|r| r["reason"].as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "column amount: \"x\" is not a number",
+            "column paid: \"maybe\" is not a boolean"
+        ],
+        "{q:?}"
+    );
+
+    // A declaration may not narrow what the stream delivered: note went out
+    // as text; declared int64 stops the next attempt before anything moves.
+    std::fs::write(input.join("b.csv"), "id,amount,paid,note\n5,1,t,5\n").expect("csv");
+    define_typed_csv(&db, &input, &out, json!({"id": "int64", "note": "int64"})).await;
+    let before = head(&db).await.0;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("stream events: column note was delivered as string and is declared int64"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(head(&db).await.0, before, "nothing moved");
+    // Declared as text again, the file lands.
+    define_typed_csv(&db, &input, &out, json!({"id": "int64", "note": "string"})).await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(tally(&published(&out, "events")).0, 3);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -11,13 +11,13 @@ use serde_json::{json, Value};
 
 use crate::attempt::log::Log;
 use crate::attempt::options::{Options, DEFAULT_BATCH_ROWS};
-use crate::attempt::state::{Attempt, Source};
+use crate::attempt::state::{Attempt, RawStream, Source};
 use crate::commit::record::Layout;
 use crate::commit::store::Store;
 use crate::dest::destination::Dest;
 use crate::error::EngineError;
 use crate::netguard::{Guard, Scope};
-use crate::source::normalize::Policy;
+use crate::source::normalize::{ColType, Policy};
 use crate::source::plan::{Describe, Plan};
 use crate::source::postgres::open::table_specs;
 use crate::source::postgres::table::{self, PgTable};
@@ -106,7 +106,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
     let source = look_up(def, edge.as_mut(), stop, &guard, &scope)?;
     let tables: &[PgTable] = match &source {
         Source::Tables(t) => t,
-        Source::Files { .. } => &[],
+        Source::Raw(_) => &[],
     };
     let drift = match (
         &def.source,
@@ -161,7 +161,7 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         generation,
         streams: match &source {
             Source::Tables(t) => t.iter().map(|t| t.spec.name.clone()).collect(),
-            Source::Files { streams, .. } => streams.iter().map(|s| s.0.clone()).collect(),
+            Source::Raw(streams) => streams.iter().map(|s| s.name.clone()).collect(),
         },
         overwrite: overwrite_streams(&def.streams),
         channel,
@@ -320,26 +320,35 @@ fn look_up(
                 url.plain()
                     .map_err(|e| EngineError::Definition(e.to_string()))?,
             )?;
-            let streams = def
-                .streams
-                .iter()
-                .map(|s| {
-                    let pattern = s.pattern.clone().ok_or_else(|| Missing::of("pattern", s))?;
-                    Ok((s.name.clone(), pattern, Policy::from(s.schema_policy)))
-                })
-                .collect::<Result<Vec<_>, EngineError>>()?;
-            Ok(Source::Files { streams })
+            for s in &def.streams {
+                s.pattern
+                    .as_ref()
+                    .ok_or_else(|| Missing::of("pattern", s))?;
+            }
+            Ok(Source::Raw(raw_streams(&def.streams)))
         }
-        // Raw records, inferred as files are; the connector starts when the
-        // streams are opened (on the runner that hosts the source, or here).
-        SourceDef::Connector { .. } => Ok(Source::Files {
-            streams: def
-                .streams
-                .iter()
-                .map(|s| (s.name.clone(), String::new(), Policy::from(s.schema_policy)))
-                .collect(),
-        }),
+        // Raw records, as files are; the connector starts when the streams
+        // are opened (on the runner that hosts the source, or here).
+        SourceDef::Connector { .. } => Ok(Source::Raw(raw_streams(&def.streams))),
     }
+}
+
+/// The streams of a source of raw records, with their policies and the
+/// column types they declare.
+fn raw_streams(streams: &[Stream]) -> Vec<RawStream> {
+    streams
+        .iter()
+        .map(|s| RawStream {
+            name: s.name.clone(),
+            policy: Policy::from(s.schema_policy),
+            declared: s
+                .columns
+                .iter()
+                .flatten()
+                .map(|(n, t)| (n.clone(), ColType::from(*t)))
+                .collect(),
+        })
+        .collect()
 }
 
 /// The source's `batch_rows`, if it sets one.

@@ -72,11 +72,19 @@ impl Attempt {
                     r.shape = Shape::Table(table.under_policy(&recorded)?);
                 }
             }
-            Source::Files { streams, .. } => {
-                for (r, (name, _, policy)) in readers.iter_mut().zip(streams) {
-                    routers.insert(name.clone(), Router::new(lanes, Vec::new()));
-                    let cols = states.get(&name).map(inferred_so_far).unwrap_or_default();
-                    r.shape = Shape::Inferred(StreamSchema::inferred(cols).with_policy(policy));
+            Source::Raw(streams) => {
+                for (r, s) in readers.iter_mut().zip(streams) {
+                    routers.insert(s.name.clone(), Router::new(lanes, Vec::new()));
+                    let cols = states.get(&s.name).map(inferred_so_far).unwrap_or_default();
+                    let names = states.get(&s.name).map(|st| st.names.clone());
+                    let schema = StreamSchema::inferred(cols)
+                        .with_names(names.unwrap_or_default())
+                        .with_policy(s.policy)
+                        .declaring(&s.declared)
+                        .map_err(|reason| {
+                            EngineError::Definition(format!("stream {}: {reason}", s.name))
+                        })?;
+                    r.shape = Shape::Inferred(schema);
                 }
             }
         }

@@ -93,6 +93,9 @@ impl Attempt {
                         }
                     }
                     let (batch, set_aside) = normalize(&name, schema, &good, synced_at)?;
+                    // The columns named so far, kept with the stream's state.
+                    let names = schema.renamed().clone();
+                    p.states.entry(name.clone()).or_default().names = names;
                     bad.extend(
                         set_aside
                             .into_iter()

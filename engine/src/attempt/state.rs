@@ -12,7 +12,7 @@ use crate::commit::store::Store;
 use crate::dest::destination::Dest;
 use crate::dest::error::DestError;
 use crate::error::EngineError;
-use crate::source::normalize::Policy;
+use crate::source::normalize::{ColType, Policy};
 use crate::source::postgres::table::PgTable;
 use crate::transport::control::{Control, Status};
 use crate::transport::edge::Edge;
@@ -82,11 +82,19 @@ impl Attempt {
 
 /// Where the streams come from.
 pub(super) enum Source {
+    /// A Postgres table per stream, with its own types.
     Tables(Vec<PgTable>),
-    Files {
-        /// (stream, pattern, schema policy)
-        streams: Vec<(String, String, Policy)>,
-    },
+    /// Raw records (files, an external connector), made columns by what
+    /// each stream declares and what its records hold.
+    Raw(Vec<RawStream>),
+}
+
+/// A stream of raw records.
+pub(super) struct RawStream {
+    pub(super) name: String,
+    pub(super) policy: Policy,
+    /// The column types the definition declares.
+    pub(super) declared: Vec<(String, ColType)>,
 }
 
 /// What each epoch leaves to the next.

@@ -16,6 +16,11 @@ pub struct StreamState {
     pub rows: u64,
     /// The stream's destination schema, as `name: type` pairs.
     pub schema: Vec<(String, String)>,
+    /// A raw-record stream's keys whose destination column is named
+    /// otherwise (key → column): named once, when first taken, and kept
+    /// here, so a column's name never changes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub names: BTreeMap<String, String>,
     /// An `overwrite` stream's last refresh read the whole source and
     /// replaced the destination's rows: the next attempt begins another.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -168,7 +173,8 @@ mod tests {
                 StreamState {
                     position: Some(vec!["2024-01-01T00:00:00Z".into(), "17".into()]),
                     rows: 170,
-                    schema: vec![("id".into(), "Int64".into())],
+                    schema: vec![("order_id".into(), "Int64".into())],
+                    names: BTreeMap::from([("Order Id".into(), "order_id".into())]),
                     refreshed: true,
                     rereading: false,
                 },
@@ -207,8 +213,11 @@ mod tests {
         }
         if let Some(s) = old["streams"]["orders"].as_object_mut() {
             s.remove("refreshed");
+            s.remove("names");
         }
         let old: Record = serde_json::from_value(old).expect("an older record");
         assert!(old.refresh.is_empty() && !old.streams["orders"].refreshed);
+        // ... and one written before columns were named, as naming none.
+        assert!(old.streams["orders"].names.is_empty());
     }
 }

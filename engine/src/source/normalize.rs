@@ -9,13 +9,13 @@
 //! a string column, and a row without it gets null. New columns join the
 //! schema in name order at the end, so the order is the same on every replay.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use orca_core::sync::SchemaPolicy;
+use orca_core::sync::{ColumnType, SchemaPolicy};
 use serde_json::{Map, Value};
 
 /// A column's type.
@@ -35,6 +35,11 @@ impl ColType {
             Self::Float64 => DataType::Float64,
             Self::String => DataType::Utf8,
         }
+    }
+
+    /// The type's name in a definition (`columns`).
+    pub fn name(self) -> &'static str {
+        ColumnType::from(self).name()
     }
 
     /// The narrowest type that holds both.
@@ -66,6 +71,28 @@ impl ColType {
             Value::Number(n) if n.is_i64() => Some(Self::Int64),
             Value::Number(_) => Some(Self::Float64),
             _ => Some(Self::String),
+        }
+    }
+}
+
+impl From<ColumnType> for ColType {
+    fn from(t: ColumnType) -> ColType {
+        match t {
+            ColumnType::Boolean => ColType::Bool,
+            ColumnType::Int64 => ColType::Int64,
+            ColumnType::Float64 => ColType::Float64,
+            ColumnType::String => ColType::String,
+        }
+    }
+}
+
+impl From<ColType> for ColumnType {
+    fn from(t: ColType) -> ColumnType {
+        match t {
+            ColType::Bool => ColumnType::Boolean,
+            ColType::Int64 => ColumnType::Int64,
+            ColType::Float64 => ColumnType::Float64,
+            ColType::String => ColumnType::String,
         }
     }
 }
@@ -125,28 +152,181 @@ impl Policy {
 /// A stream's schema as far as it has seen: its columns in first-seen order.
 #[derive(Debug, Clone, Default)]
 pub struct StreamSchema {
+    /// The destination's columns, by their names there.
     columns: Vec<(String, ColType)>,
-    /// Types the source declared; values are coerced to them.
+    /// Types the definition declares, by column; values are coerced to them.
     declared: BTreeMap<String, ColType>,
     policy: Policy,
+    /// The records' keys whose column is named otherwise (the key
+    /// normalized, or a collision resolved). A key's column is named once,
+    /// when it is first taken, and kept in the checkpoint records, so it
+    /// never changes; a key not here names its column itself.
+    renamed: BTreeMap<String, String>,
+    /// Columns named after their keys in this attempt, not in `columns`
+    /// yet (a batch's new columns join it after its rows).
+    claimed: BTreeSet<String>,
+}
+
+/// The most bytes of a column's name (PostgreSQL's identifiers).
+const COLUMN_NAME_MAX: usize = 63;
+
+/// A record key as a destination column's name: lowercase letters, digits
+/// and `_` (a camelCase word boundary, spaces and punctuation become one
+/// `_`), not starting with a digit or `_orca_`, at most 63 bytes.
+/// `Order Total` → `order_total`, `userId` → `user_id`, `2nd` → `_2nd`.
+pub fn column_name(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut prev_lower = false;
+    for ch in key.chars() {
+        if ch.is_alphanumeric() {
+            if ch.is_uppercase() && prev_lower && !out.ends_with('_') {
+                out.push('_');
+            }
+            prev_lower = ch.is_lowercase() || ch.is_numeric();
+            out.extend(ch.to_lowercase());
+        } else {
+            prev_lower = false;
+            if !out.ends_with('_') {
+                out.push('_');
+            }
+        }
+    }
+    let trimmed = out.trim_end_matches('_');
+    let mut name = if trimmed.is_empty() || trimmed.chars().all(|c| c == '_') {
+        "column".to_string()
+    } else {
+        trimmed.to_string()
+    };
+    if name.starts_with(|c: char| c.is_numeric()) {
+        name.insert(0, '_');
+    }
+    if name.starts_with("_orca_") {
+        name.insert(0, 'c');
+    }
+    truncated(&name, COLUMN_NAME_MAX).to_string()
+}
+
+/// At most `max` bytes of `s`, cut at a character's boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 impl StreamSchema {
-    pub fn with_declared(declared: impl IntoIterator<Item = (String, ColType)>) -> Self {
-        let declared: BTreeMap<String, ColType> = declared.into_iter().collect();
-        StreamSchema {
-            columns: declared.iter().map(|(n, t)| (n.clone(), *t)).collect(),
-            declared,
-            policy: Policy::Evolve,
+    /// The columns named otherwise than their keys, as a checkpoint record
+    /// keeps them (key, column).
+    pub fn renamed(&self) -> &BTreeMap<String, String> {
+        &self.renamed
+    }
+
+    /// The names given before (from a checkpoint record).
+    pub fn with_names(mut self, renamed: BTreeMap<String, String>) -> Self {
+        self.renamed = renamed;
+        self
+    }
+
+    /// The column a key's values go to, if it has one yet.
+    fn column_of<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        if let Some(c) = self.renamed.get(key) {
+            return Some(c);
         }
+        let own = self.claimed.contains(key)
+            || (self.columns.iter().any(|(n, _)| n == key)
+                && !self.renamed.values().any(|c| c == key));
+        own.then_some(key)
+    }
+
+    fn is_taken(&self, column: &str) -> bool {
+        self.claimed.contains(column)
+            || self.columns.iter().any(|(n, _)| n == column)
+            || self.renamed.values().any(|c| c == column)
+    }
+
+    /// The column of a key, named now if it has none: the key normalized
+    /// ([`column_name`]), with `_2`, `_3`, ... when another key has that
+    /// name.
+    fn name_column(&mut self, key: &str) -> String {
+        if let Some(c) = self.column_of(key) {
+            return c.to_string();
+        }
+        let base = column_name(key);
+        let mut name = base.clone();
+        let mut n = 2;
+        while self.is_taken(&name) {
+            let suffix = format!("_{n}");
+            name = format!(
+                "{}{suffix}",
+                truncated(&base, COLUMN_NAME_MAX - suffix.len())
+            );
+            n += 1;
+        }
+        if name == key {
+            self.claimed.insert(name.clone());
+        } else {
+            self.renamed.insert(key.to_string(), name.clone());
+        }
+        name
+    }
+
+    /// Names the columns of a record's new keys: the keys already in their
+    /// normal form first, so that `order_total` keeps its name beside an
+    /// `Order Total` of the same record.
+    fn name_columns<'a>(&mut self, keys: impl Iterator<Item = &'a String> + Clone) {
+        let new = |s: &Self, k: &String| s.column_of(k).is_none() && !k.starts_with("_orca_");
+        let plain: Vec<&String> = keys
+            .clone()
+            .filter(|k| new(self, k) && column_name(k) == **k)
+            .collect();
+        for k in plain {
+            self.name_column(k);
+        }
+        let rest: Vec<&String> = keys.filter(|k| new(self, k)).collect();
+        for k in rest {
+            self.name_column(k);
+        }
+    }
+
+    /// The column types the definition declares, over the columns inferred
+    /// so far: a declared column not seen yet joins (in name order, after
+    /// those seen), and its values are coerced to its type from now on. A
+    /// column the stream already delivered keeps its type unless the
+    /// declared one widens it under `evolve`: the destination holds its
+    /// values, which a narrower type could not.
+    pub fn declaring(mut self, declared: &[(String, ColType)]) -> Result<Self, String> {
+        self.name_columns(declared.iter().map(|(k, _)| k));
+        for (key, t) in declared {
+            let name = self.name_column(key);
+            match self.columns.iter_mut().find(|(n, _)| *n == name) {
+                None => self.columns.push((name.clone(), *t)),
+                Some((_, have)) if *have == *t => {}
+                Some((_, have)) if self.policy == Policy::Evolve && have.widen(*t) == *t => {
+                    *have = *t;
+                }
+                Some((_, have)) => {
+                    return Err(format!(
+                        "column {key} was delivered as {} and is declared {}: a declared \
+                         type may only widen a delivered column, under schema policy evolve",
+                        have.name(),
+                        t.name()
+                    ))
+                }
+            }
+            self.declared.insert(name, *t);
+        }
+        Ok(self)
     }
 
     /// A schema inferred before (from a checkpoint record), to widen on.
     pub fn inferred(columns: Vec<(String, ColType)>) -> Self {
         StreamSchema {
             columns,
-            declared: BTreeMap::new(),
-            policy: Policy::Evolve,
+            ..StreamSchema::default()
         }
     }
 
@@ -262,29 +442,41 @@ pub fn normalize(
             });
             continue;
         };
+        if let Some(k) = obj.keys().find(|k| k.starts_with("_orca_")) {
+            quarantined.push(Quarantined {
+                position: raw.position.clone(),
+                record: raw.record.clone(),
+                reason: format!("column {k} uses the reserved prefix _orca_"),
+            });
+            continue;
+        }
+        let frozen = schema.policy != Policy::Evolve && !schema.columns.is_empty();
+        if !frozen {
+            schema.name_columns(obj.keys());
+        }
         let mut out = Map::new();
         for (k, v) in obj {
-            if k.starts_with("_orca_") {
+            let Some(col) = schema.column_of(k).map(str::to_string) else {
+                if schema.policy == Policy::Discard {
+                    continue;
+                }
                 quarantined.push(Quarantined {
                     position: raw.position.clone(),
                     record: raw.record.clone(),
-                    reason: format!("column {k} uses the reserved prefix _orca_"),
+                    reason: format!("column {k} is not in the stream's frozen schema"),
                 });
                 continue 'rows;
-            }
-            if schema.policy != Policy::Evolve && !schema.columns.is_empty() {
-                let have = schema.columns.iter().find(|(n, _)| n == k).map(|(_, t)| *t);
-                match (have, ColType::of(v)) {
-                    (None, _) if schema.policy == Policy::Discard => continue,
-                    (None, _) => {
-                        quarantined.push(Quarantined {
-                            position: raw.position.clone(),
-                            record: raw.record.clone(),
-                            reason: format!("column {k} is not in the stream's frozen schema"),
-                        });
-                        continue 'rows;
-                    }
-                    (Some(t), Some(vt)) if t.widen(vt) != t => {
+            };
+            let declared = schema.declared.get(&col).copied();
+            if frozen && declared.is_none() {
+                // A declared column's value is coerced below instead.
+                let have = schema
+                    .columns
+                    .iter()
+                    .find(|(n, _)| *n == col)
+                    .map(|(_, t)| *t);
+                if let (Some(t), Some(vt)) = (have, ColType::of(v)) {
+                    if t.widen(vt) != t {
                         quarantined.push(Quarantined {
                             position: raw.position.clone(),
                             record: raw.record.clone(),
@@ -296,11 +488,10 @@ pub fn normalize(
                         });
                         continue 'rows;
                     }
-                    _ => {}
                 }
             }
-            let v = match schema.declared.get(k) {
-                Some(t) => match coerce(v, *t) {
+            let v = match declared {
+                Some(t) => match coerce(v, t) {
                     Ok(c) => c,
                     Err(why) => {
                         quarantined.push(Quarantined {
@@ -313,7 +504,7 @@ pub fn normalize(
                 },
                 None => v.clone(),
             };
-            out.insert(k.clone(), v);
+            out.insert(col, v);
         }
         taken.push((raw, out));
     }
@@ -492,10 +683,12 @@ mod tests {
 
     #[test]
     fn declared_types_coerce_or_quarantine_with_a_reason() {
-        let mut s = StreamSchema::with_declared([
-            ("id".to_string(), ColType::Int64),
-            ("paid".to_string(), ColType::Bool),
-        ]);
+        let mut s = StreamSchema::default()
+            .declaring(&[
+                ("id".to_string(), ColType::Int64),
+                ("paid".to_string(), ColType::Bool),
+            ])
+            .expect("a new stream takes any declaration");
         let rows = [
             raw(1, json!({"id": "7", "paid": "true"})),
             raw(2, json!({"id": "seven", "paid": true})),
@@ -517,6 +710,153 @@ mod tests {
             ]
         );
         assert_eq!(q[0].position, "file-1:2");
+    }
+
+    #[test]
+    fn a_declaration_over_delivered_columns_may_only_widen_them() {
+        let delivered = || {
+            StreamSchema::inferred(vec![
+                ("amount".to_string(), ColType::Int64),
+                ("note".to_string(), ColType::String),
+            ])
+        };
+        // Widening under evolve: amount becomes float64; a new declared
+        // column joins after the delivered ones.
+        let s = delivered()
+            .declaring(&[
+                ("amount".to_string(), ColType::Float64),
+                ("zone".to_string(), ColType::Int64),
+            ])
+            .expect("widens");
+        assert_eq!(
+            s.columns(),
+            [
+                ("amount".to_string(), ColType::Float64),
+                ("note".to_string(), ColType::String),
+                ("zone".to_string(), ColType::Int64),
+            ]
+        );
+        let e = delivered()
+            .declaring(&[("note".to_string(), ColType::Int64)])
+            .expect_err("narrowing is refused");
+        assert_eq!(
+            e,
+            "column note was delivered as string and is declared int64: a declared type may \
+             only widen a delivered column, under schema policy evolve"
+        );
+        let e = delivered()
+            .with_policy(Policy::Freeze)
+            .declaring(&[("amount".to_string(), ColType::Float64)])
+            .expect_err("a frozen column does not widen");
+        assert!(e.contains("column amount was delivered as int64"), "{e}");
+
+        // Declared and frozen: the declared columns are the schema, and a
+        // value is coerced before it is judged.
+        let mut strict = StreamSchema::default()
+            .with_policy(Policy::Freeze)
+            .declaring(&[("qty".to_string(), ColType::Int64)])
+            .expect("declared");
+        let (b, q) = normalize(
+            "orders",
+            &mut strict,
+            &[
+                raw(1, json!({"qty": "3"})),
+                raw(2, json!({"qty": 4, "extra": true})),
+            ],
+            1,
+        )
+        .expect("batch");
+        assert_eq!(b.num_rows(), 1);
+        assert_eq!(q.len(), 1);
+        assert_eq!(
+            q[0].reason,
+            "column extra is not in the stream's frozen schema"
+        );
+    }
+
+    #[test]
+    fn keys_become_column_names_lowercase_and_safe() {
+        for (key, column) in [
+            ("Order Total", "order_total"),
+            ("userId", "user_id"),
+            ("amount", "amount"),
+            ("2nd", "_2nd"),
+            ("a--b", "a_b"),
+            ("price ($)", "price"),
+            ("", "column"),
+            ("!!", "column"),
+            ("_ORCA_id", "c_orca_id"),
+            ("_private", "_private"),
+            ("Ünïcode Straße", "ünïcode_straße"),
+        ] {
+            assert_eq!(column_name(key), column, "{key:?}");
+        }
+        let long = "x".repeat(100);
+        assert_eq!(column_name(&long).len(), 63);
+        assert_eq!(column_name(&"é".repeat(40)).len(), 62, "cut at a character");
+    }
+
+    #[test]
+    fn a_column_is_named_once_collisions_get_a_suffix_and_old_names_stay() {
+        let mut s = StreamSchema::default();
+        let rows = [
+            raw(1, json!({"Order Total": 1, "order_total": 2, "userId": 3})),
+            raw(2, json!({"ORDER-TOTAL": 4})),
+        ];
+        let (b, q) = normalize("orders", &mut s, &rows, 1).expect("batch");
+        assert!(q.is_empty(), "{q:?}");
+        let names: Vec<String> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        // The key already in its normal form keeps its name beside the one
+        // that normalizes to it.
+        assert_eq!(
+            names[..4],
+            ["order_total", "order_total_2", "user_id", "order_total_3"]
+        );
+        let total = b.column(0).as_primitive::<Int64Type>();
+        let spaced = b.column(1).as_primitive::<Int64Type>();
+        assert_eq!((total.value(0), spaced.value(0)), (2, 1));
+        assert_eq!(
+            s.renamed().clone(),
+            BTreeMap::from([
+                ("ORDER-TOTAL".to_string(), "order_total_3".to_string()),
+                ("Order Total".to_string(), "order_total_2".to_string()),
+                ("userId".to_string(), "user_id".to_string()),
+            ])
+        );
+        // The next attempt, from the checkpoint's columns and names, names
+        // every key as before, whatever order the keys come in now.
+        let mut again =
+            StreamSchema::inferred(s.columns().to_vec()).with_names(s.renamed().clone());
+        let (b2, _) = normalize(
+            "orders",
+            &mut again,
+            &[raw(
+                3,
+                json!({"userId": 5, "ORDER-TOTAL": 6, "order_total": 7, "Order Total": 8}),
+            )],
+            2,
+        )
+        .expect("batch");
+        let names2: Vec<String> = b2
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names2[..4], names[..4]);
+        assert_eq!(b2.column(3).as_primitive::<Int64Type>().value(0), 6);
+        // A column an older engine named after its key as it was (before
+        // names were normalized) keeps that name.
+        let mut old = StreamSchema::inferred(vec![("Order Total".to_string(), ColType::Int64)]);
+        let (b3, _) =
+            normalize("orders", &mut old, &[raw(4, json!({"Order Total": 9}))], 3).expect("batch");
+        assert_eq!(b3.schema().field(0).name(), "Order Total");
+        assert!(old.renamed().is_empty());
     }
 
     #[test]
