@@ -9,7 +9,8 @@
 #
 #   benches/sync/run.sh
 #   ROWS=200000 benches/sync/run.sh
-#   benches/sync/run.sh cdc      # the postgres_cdc source: changes/s and latency
+#   benches/sync/run.sh cdc      # the postgres_cdc source into Postgres and Iceberg:
+#                                # changes/s and latency
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
@@ -27,6 +28,9 @@ if ! "$DLT_VENV/bin/python" -c 'import dlt, sqlalchemy, psycopg2, pyarrow, duckd
 fi
 cargo build --release -q -p orca-bench-sync
 if [ "${1:-}" = cdc ]; then
+    # The Iceberg destination's warehouse, fresh each run.
+    export ORCA_WAREHOUSE="${ORCA_WAREHOUSE:-/var/tmp/orca-bench-cdc-warehouse}"
+    rm -rf "$ORCA_WAREHOUSE"
     exec "$CARGO_TARGET_DIR/release/orca-bench-sync" cdc
 fi
 DLT_PYTHON="$DLT_VENV/bin/python" DLT_SCRIPT="$ORCA_ROOT/benches/sync/dlt_load.py" \

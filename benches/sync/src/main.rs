@@ -21,12 +21,8 @@
 //!
 //! MB/s counts the table's binary COPY bytes for all three.
 //!
-//! `orca-bench-sync cdc` measures the postgres_cdc source instead: a table's
-//! changes (updates in transactions of 100) read by one attempt, in changes
-//! per second end to end into a merged Postgres table; then a writer at a
-//! steady rate (`CDC_RATE` changes/s for `CDC_SECONDS`) while attempts run
-//! back to back, with each change's latency from its commit to its epoch
-//! (`_orca_synced_at`), and the slot's lag in bytes after each attempt.
+//! `orca-bench-sync cdc` measures the postgres_cdc source instead, into a
+//! merged Postgres table and then into a merged Iceberg table (`cdc.rs`).
 
 use std::io::Read;
 use std::process::Command;
@@ -35,6 +31,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+mod cdc;
 use orca_engine::attempt::{self, Options};
 use orca_engine::pump;
 
@@ -216,153 +214,18 @@ fn peer(
     )))
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
 }
 
-/// One attempt of the CDC sync, in process; returns (rows, seconds).
-fn cdc_attempt(url: &str, sync: &str, store: &std::path::Path) -> Result<(u64, f64)> {
-    let opts = Options {
-        database_url: url.to_string(),
-        org: "default".into(),
-        sync: sync.to_string(),
-        store_url: store.to_string_lossy().into_owned(),
-        batch_rows: Some(env_or("BATCH_ROWS", 10_000)),
-        lanes: None,
-        lease: None,
-        control: None,
-        edge: None,
-        crash: None,
-    };
-    let started = Instant::now();
-    let o = attempt::run(&opts)?;
-    Ok((o.rows, started.elapsed().as_secs_f64()))
-}
-
-fn cdc(url: &str) -> Result<()> {
-    let keys: i64 = env_or("CDC_KEYS", 10_000);
-    let changes: i64 = env_or("CDC_CHANGES", 200_000);
-    let rate: u64 = env_or("CDC_RATE", 2_000);
-    let seconds: u64 = env_or("CDC_SECONDS", 20);
-    let work = std::env::temp_dir().join(format!("orca-bench-cdc-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let sync = format!("bench_cdc_{}", std::process::id());
-    let mut c = postgres::Client::connect(url, postgres::NoTls)?;
-    c.batch_execute(&format!(
-        "DROP TABLE IF EXISTS bench_cdc; DROP SCHEMA IF EXISTS bench_raw CASCADE;
-         CREATE TABLE bench_cdc (id bigint PRIMARY KEY, v int NOT NULL, amount numeric(12,2),
-                                 at timestamptz NOT NULL, note text);
-         ALTER TABLE bench_cdc REPLICA IDENTITY FULL;
-         INSERT INTO bench_cdc SELECT g, 0, g / 100.0, clock_timestamp(), 'n' || g
-         FROM generate_series(1, {keys}) g;
-         SELECT orca.allow('default', '127.0.0.1');"
-    ))?;
-    let source = serde_json::json!({"type": "postgres_cdc", "url": url});
-    let dest = serde_json::json!({"type": "postgres", "url": url, "schema": "bench_raw"});
-    let streams = serde_json::json!([{"name": "bench_cdc", "table": "public.bench_cdc",
-                                      "primary_key": ["id"], "mode": "merge"}]);
-    c.execute(
-        "SELECT orca.create_sync($1, $2, $3, $4)",
-        &[&sync, &source, &dest, &streams],
-    )?;
-    let store = work.join("store");
-    let (snap, snap_s) = cdc_attempt(url, &sync, &store)?;
-    println!("# cdc: snapshot of {snap} rows in {snap_s:.2} s");
-
-    // A backlog of changes, then one attempt reads it.
-    let per_txn = 100i64;
-    let mut sql = String::new();
-    for t in 0..changes / per_txn {
-        let from = 1 + (t * per_txn) % keys;
-        sql.push_str(&format!(
-            "UPDATE bench_cdc SET v = v + 1, at = clock_timestamp() WHERE id BETWEEN {from} AND {};\n",
-            from + per_txn - 1
-        ));
-    }
-    c.batch_execute(&sql)?;
-    let (rows, secs) = cdc_attempt(url, &sync, &store)?;
-    println!(
-        "RESULT cdc-backlog changes={rows}: {secs:.2} s, {:.0} changes/s end to end (transactions of {per_txn}, merged into Postgres)",
-        rows as f64 / secs
-    );
-
-    // A steady writer while attempts run back to back.
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (url, stop) = (url.to_string(), stop.clone());
-        std::thread::spawn(move || -> Result<u64> {
-            let mut w = postgres::Client::connect(&url, postgres::NoTls)?;
-            let per = 10u64;
-            let every = Duration::from_secs_f64(per as f64 / rate.max(1) as f64);
-            let started = Instant::now();
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let from = 1 + (n as i64 * 7) % keys;
-                w.batch_execute(&format!(
-                    "UPDATE bench_cdc SET v = v + 1, at = clock_timestamp() WHERE id BETWEEN {from} AND {}",
-                    from + per as i64 - 1
-                ))?;
-                n += per;
-                let due = every * (n / per) as u32;
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-            Ok(n)
-        })
-    };
-    let steady_from: String = c.query_one("SELECT clock_timestamp()::text", &[])?.get(0);
-    let started = Instant::now();
-    let mut attempts = 0u64;
-    let mut lags = Vec::new();
-    while started.elapsed() < Duration::from_secs(seconds) {
-        cdc_attempt(url, &sync, &store)?;
-        attempts += 1;
-        let lag: Option<i64> = c
-            .query_one(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-                 FROM pg_replication_slots WHERE slot_name LIKE $1",
-                &[&format!("orca_{}_%", &sync[..sync.len().min(40)])],
-            )?
-            .get(0);
-        lags.extend(lag);
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let written = writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the writer panicked"))??;
-    cdc_attempt(url, &sync, &store)?;
-    let row = c.query_one(
-        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s), percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s), count(*)
-         FROM (SELECT extract(epoch FROM _orca_synced_at - at)::float8 AS s
-               FROM bench_raw.bench_cdc WHERE at > $1::text::timestamptz) x",
-        &[&steady_from],
-    )?;
-    let (p50, p99, max, n): (Option<f64>, Option<f64>, Option<f64>, i64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
-    lags.sort_unstable();
-    let lag_p50 = lags.get(lags.len() / 2).copied().unwrap_or(0);
-    let lag_max = lags.last().copied().unwrap_or(0);
-    println!(
-        "RESULT cdc-steady rate={rate}/s for {seconds} s: {written} changes written, {attempts} attempts back to back; \
-         commit-to-epoch latency p50 {:.2} s, p99 {:.2} s, max {:.2} s (over the {n} keys' last changes); \
-         slot lag after an attempt p50 {lag_p50} B, max {lag_max} B",
-        p50.unwrap_or(f64::NAN),
-        p99.unwrap_or(f64::NAN),
-        max.unwrap_or(f64::NAN),
-    );
-    c.execute("SELECT orca.drop_sync($1)", &[&sync])?;
-    let _ = std::fs::remove_dir_all(&work);
-    Ok(())
-}
-
 fn main() -> Result<()> {
     if std::env::args().nth(1).as_deref() == Some("cdc") {
         let url = prepare(env_or("ROWS", 1_000_000))?;
-        return cdc(&url);
+        cdc::run(&url, cdc::Target::Postgres)?;
+        return cdc::run(&url, cdc::Target::Iceberg);
     }
     let rows: i64 = std::env::var("ROWS")
         .ok()

@@ -13,7 +13,7 @@ use arrow_array::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::commit::record::{Refresh, Staged};
@@ -22,12 +22,16 @@ use crate::dest::error::DestError;
 
 /// Encodes a batch as one Parquet file.
 pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {
-    // `_orca_id` is unique per row: a dictionary of it is built only to be
-    // thrown away, at a few percent of the epoch's encoding.
+    // `_orca_id` is unique per row and random: a dictionary of it would be
+    // built only to be thrown away, snappy cannot shrink it, and its
+    // min/max prune nothing.
+    let id = || ColumnPath::from("_orca_id");
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(1 << 20))
-        .set_column_dictionary_enabled(ColumnPath::from("_orca_id"), false)
+        .set_column_dictionary_enabled(id(), false)
+        .set_column_compression(id(), Compression::UNCOMPRESSED)
+        .set_column_statistics_enabled(id(), EnabledStatistics::None)
         .build();
     let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props))?;
     w.write(batch)?;
