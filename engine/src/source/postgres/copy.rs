@@ -508,6 +508,27 @@ fn row_in(held: &[u8], fields: usize) -> Option<usize> {
     Some(at)
 }
 
+/// One field of a row (None: NULL) into its column's builder, and into
+/// the row's `_orca_id` when it is a key column.
+fn put_field(
+    b: &mut Builder,
+    column: &PgColumn,
+    key: Option<&mut RowIds>,
+    v: Option<&[u8]>,
+) -> Result<(), CopyError> {
+    if let Some(ids) = key {
+        ids.field(v);
+    }
+    match v {
+        None => b.null(),
+        Some(v) => b.value(column.kind, v).map_err(|reason| CopyError::Value {
+            column: column.name.clone(),
+            reason,
+        })?,
+    }
+    Ok(())
+}
+
 /// Reads rows of a binary COPY stream into batches of columns.
 pub struct CopyReader<R> {
     input: R,
@@ -608,24 +629,9 @@ impl<R: BufRead> CopyReader<R> {
             for (i, b) in builders.iter_mut().enumerate() {
                 let len = i32::from_be_bytes([held[at], held[at + 1], held[at + 2], held[at + 3]]);
                 at += 4;
-                let key = ids.as_mut().filter(|ids| ids.is_key[i]);
-                if len < 0 {
-                    if let Some(ids) = key {
-                        ids.field(None);
-                    }
-                    b.null();
-                    continue;
-                }
-                let v = &held[at..at + len as usize];
-                at += len as usize;
-                if let Some(ids) = key {
-                    ids.field(Some(v));
-                }
-                let c = &columns[i];
-                b.value(c.kind, v).map_err(|reason| CopyError::Value {
-                    column: c.name.clone(),
-                    reason,
-                })?;
+                let v = (len >= 0).then(|| &held[at..at + len as usize]);
+                at += v.map_or(0, <[u8]>::len);
+                put_field(b, &columns[i], ids.as_mut().filter(|ids| ids.is_key[i]), v)?;
             }
             if let Some(ids) = ids.as_mut() {
                 ids.finish_row();
@@ -665,24 +671,13 @@ impl<R: BufRead> CopyReader<R> {
             self.bytes += 4;
             let key = self.ids.as_mut().filter(|ids| ids.is_key[i]);
             if len < 0 {
-                if let Some(ids) = key {
-                    ids.field(None);
-                }
-                b.null();
+                put_field(b, &self.columns[i], key, None)?;
                 continue;
             }
             self.buf.resize(len as usize, 0);
             self.input.read_exact(&mut self.buf)?;
             self.bytes += len as u64;
-            if let Some(ids) = key {
-                ids.field(Some(&self.buf));
-            }
-            let c = &self.columns[i];
-            b.value(c.kind, &self.buf)
-                .map_err(|reason| CopyError::Value {
-                    column: c.name.clone(),
-                    reason,
-                })?;
+            put_field(b, &self.columns[i], key, Some(&self.buf))?;
         }
         if let Some(ids) = &mut self.ids {
             ids.finish_row();
