@@ -3399,3 +3399,41 @@ REVOKE ALL ON FUNCTION orca.report_slot(uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.report_slot(uuid, jsonb) TO orca_runner;
 REVOKE ALL ON orca.sync_slots FROM PUBLIC;
 GRANT SELECT ON orca.sync_slots TO orca_viewer;
+
+-- Table maintenance of a dataset only a sync writes (an Iceberg destination's
+-- table) runs under the sync's pipeline (sql/maintenance.sql).
+-- The pipeline a dataset's maintenance runs under: one whose current
+-- version writes it (the oldest, when several do), else one that reads it
+-- (a table an outside writer fills), else the pipeline behind the sync
+-- that writes it (an Iceberg destination's `namespace.stream`).
+CREATE OR REPLACE FUNCTION orca._dataset_owner(p_org bigint, p_dataset text) RETURNS orca.pipelines
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    p orca.pipelines;
+BEGIN
+    IF p_dataset IS NULL OR NOT (p_dataset ~ '^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$') THEN
+        RAISE EXCEPTION 'malformed dataset %: write namespace.table in lowercase', quote_nullable(p_dataset)
+            USING ERRCODE = 'OR042';
+    END IF;
+    SELECT x.* INTO p FROM orca.pipelines x
+    JOIN orca.step_datasets d ON d.version_id = x.current_version AND d.dataset = p_dataset
+    WHERE x.org_id = p_org
+    ORDER BY d.mode = 'write' DESC, x.id LIMIT 1;
+    IF NOT FOUND THEN
+        SELECT x.* INTO p FROM orca.syncs s
+        JOIN orca.pipelines x ON x.org_id = s.org_id AND x.name = s.name
+        WHERE s.org_id = p_org
+          AND s.definition -> 'destination' ->> 'type' = 'iceberg'
+          AND s.definition -> 'destination' ->> 'namespace' = split_part(p_dataset, '.', 1)
+          AND EXISTS (SELECT 1 FROM jsonb_array_elements(s.definition -> 'streams') st
+                      WHERE st ->> 'name' = split_part(p_dataset, '.', 2))
+        ORDER BY s.id LIMIT 1;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no pipeline or sync of org ''%'' reads or writes dataset %: its maintenance runs under a pipeline or sync that does',
+            (SELECT o.name FROM orca.orgs o WHERE o.id = p_org), p_dataset
+            USING ERRCODE = 'OR043';
+    END IF;
+    RETURN p;
+END
+$$;

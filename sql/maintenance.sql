@@ -135,7 +135,8 @@ $$;
 
 -- The pipeline a dataset's maintenance runs under: one whose current
 -- version writes it (the oldest, when several do), else one that reads it
--- (a table an outside writer fills).
+-- (a table an outside writer fills), else the pipeline behind the sync
+-- that writes it (an Iceberg destination's `namespace.stream`).
 CREATE FUNCTION orca._dataset_owner(p_org bigint, p_dataset text) RETURNS orca.pipelines
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -150,7 +151,17 @@ BEGIN
     WHERE x.org_id = p_org
     ORDER BY d.mode = 'write' DESC, x.id LIMIT 1;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no pipeline of org ''%'' reads or writes dataset %: its maintenance runs under a pipeline that does',
+        SELECT x.* INTO p FROM orca.syncs s
+        JOIN orca.pipelines x ON x.org_id = s.org_id AND x.name = s.name
+        WHERE s.org_id = p_org
+          AND s.definition -> 'destination' ->> 'type' = 'iceberg'
+          AND s.definition -> 'destination' ->> 'namespace' = split_part(p_dataset, '.', 1)
+          AND EXISTS (SELECT 1 FROM jsonb_array_elements(s.definition -> 'streams') st
+                      WHERE st ->> 'name' = split_part(p_dataset, '.', 2))
+        ORDER BY s.id LIMIT 1;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no pipeline or sync of org ''%'' reads or writes dataset %: its maintenance runs under a pipeline or sync that does',
             (SELECT o.name FROM orca.orgs o WHERE o.id = p_org), p_dataset
             USING ERRCODE = 'OR043';
     END IF;

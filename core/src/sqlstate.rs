@@ -61,7 +61,7 @@ sqlstates! {
     BAD_MANIFEST = "OR040": "malformed manifest";
     DATASET_CYCLE = "OR041": "a registration would close a cycle of datasets across pipelines";
     BAD_MAINTENANCE = "OR042": "malformed dataset or options of table maintenance";
-    NO_WRITER = "OR043": "no pipeline of the org reads or writes the dataset, so none can maintain it";
+    NO_WRITER = "OR043": "no pipeline or sync of the org reads or writes the dataset, so none can maintain it";
     BAD_CATALOG_WRITE = "OR044": "a bad name, location or property in a write to the Iceberg catalog (`orca.catalog_*`)";
     NO_CATALOG_ENTRY = "OR045": "no such namespace or table in the org's Iceberg catalog, or the table exists already";
     INVALID_ARGUMENT = "OR050": "invalid argument";

@@ -14,6 +14,9 @@ use crate::manifest::NAME_MAX;
 use crate::netguard::Reach;
 use crate::secret::{self, Resolver, SecretError, SecretRef, Setting};
 
+pub mod partition_by;
+pub use partition_by::{PartitionBy, PartitionTransform, PARTITION_FIELDS_MAX};
+
 /// A sync's definition as [`check`] normalizes it and `orca.syncs.definition`
 /// stores it: what `orca.claim_sync` hands the engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -404,6 +407,10 @@ pub struct Stream {
     /// columns have the table's types).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<BTreeMap<String, ColumnType>>,
+    /// An Iceberg destination's partitioning of the stream's table, given
+    /// when the table is made (`["day(updated_at)"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_by: Option<Vec<PartitionBy>>,
 }
 
 /// The most connections one table's read is split over.
@@ -1018,9 +1025,13 @@ fn check_rules(
             splits: None,
             config: None,
             columns: None,
+            partition_by: None,
         };
         if let Some(c) = obj.get("columns") {
             stream.columns = declared_columns(c, &format!("{at}.columns"), src.name)?;
+        }
+        if let Some(p) = obj.get("partition_by") {
+            stream.partition_by = partition_fields(p, &format!("{at}.partition_by"), dst.name)?;
         }
         if let Some(n) = obj.get("splits") {
             if src.name != "postgres" {
@@ -1280,6 +1291,53 @@ fn declared_columns(
             )
         })?;
         out.insert(name.clone(), ty);
+    }
+    Ok((!out.is_empty()).then_some(out))
+}
+
+/// An Iceberg destination stream's partitioning (`["day(updated_at)"]`).
+/// An empty list asks for none.
+fn partition_fields(p: &Value, at: &str, destination: &str) -> Result<Option<Vec<PartitionBy>>> {
+    if destination != "iceberg" {
+        return Err(bad(
+            at,
+            format!(
+                "partitions an Iceberg destination's table; a {destination} destination has no \
+                 partitions"
+            ),
+        ));
+    }
+    let Value::Array(list) = p else {
+        return Err(bad(
+            at,
+            format!("must be a list of partition fields, such as [\"day(updated_at)\"], got {p}"),
+        ));
+    };
+    if list.len() > PARTITION_FIELDS_MAX {
+        return Err(bad(
+            at,
+            format!(
+                "has {} fields; a table is partitioned by at most {PARTITION_FIELDS_MAX}",
+                list.len()
+            ),
+        ));
+    }
+    let mut out: Vec<PartitionBy> = Vec::with_capacity(list.len());
+    for (i, f) in list.iter().enumerate() {
+        let field = f
+            .as_str()
+            .ok_or_else(|| {
+                format!("must be a partition field such as \"day(updated_at)\", got {f}")
+            })
+            .and_then(PartitionBy::parse)
+            .map_err(|reason| bad(format!("{at}[{i}]"), reason))?;
+        if out.iter().any(|o| o.same_field(&field)) {
+            return Err(bad(
+                format!("{at}[{i}]"),
+                format!("{field} partitions by a field given before it"),
+            ));
+        }
+        out.push(field);
     }
     Ok((!out.is_empty()).then_some(out))
 }
@@ -1621,6 +1679,77 @@ mod tests {
         )
         .expect_err("name");
         assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn iceberg_streams_declare_their_tables_partitioning() {
+        let pg = json!({"type": "postgres", "url": "postgres://127.0.0.1/shop"});
+        let with = |dest: Value, partition_by: Value| {
+            check(
+                "s",
+                &pg,
+                &dest,
+                &json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                         "primary_key": ["id"], "partition_by": partition_by}]),
+                None,
+                "exactly_once",
+            )
+        };
+        let lake = json!({"type": "iceberg", "namespace": "raw"});
+        let def = with(
+            lake.clone(),
+            json!(["day(updated_at)", " bucket(16,id)", "region"]),
+        )
+        .expect("valid");
+        assert_eq!(
+            def["streams"][0]["partition_by"],
+            json!(["day(updated_at)", "bucket(16, id)", "region"])
+        );
+        let typed: SyncDef = serde_json::from_value(def).expect("typed");
+        let fields = typed.streams[0].partition_by.clone().expect("fields");
+        assert_eq!(fields[1].transform, PartitionTransform::Bucket(16));
+        assert!(with(lake.clone(), json!([])).expect("none")["streams"][0]
+            .get("partition_by")
+            .is_none());
+        for (partition_by, field, says) in [
+            (
+                json!(["week(at)"]),
+                "streams[0].partition_by[0]",
+                "is not a partition transform",
+            ),
+            (
+                json!([3]),
+                "streams[0].partition_by[0]",
+                "must be a partition field",
+            ),
+            (
+                json!("day(at)"),
+                "streams[0].partition_by",
+                "must be a list",
+            ),
+            (
+                json!(["day(at)", "days(at)"]),
+                "streams[0].partition_by[1]",
+                "a field given before it",
+            ),
+            (
+                json!(["a", "b", "c", "d", "e", "f", "g", "h", "i"]),
+                "streams[0].partition_by",
+                "at most 8",
+            ),
+        ] {
+            let e = with(lake.clone(), partition_by.clone()).expect_err("refused");
+            assert_eq!(e.sqlstate(), "OR063");
+            let e = e.to_string();
+            assert!(e.contains(field) && e.contains(says), "{partition_by}: {e}");
+        }
+        let e = with(
+            json!({"type": "parquet", "url": "/out"}),
+            json!(["day(updated_at)"]),
+        )
+        .expect_err("parquet")
+        .to_string();
+        assert!(e.contains("a parquet destination has no partitions"), "{e}");
     }
 
     #[test]

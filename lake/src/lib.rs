@@ -63,6 +63,11 @@ pub enum LakeError {
     /// The table, its data or a commit to it is not what was asked.
     #[error("{0}")]
     Table(String),
+    /// A removing commit found a file it removes gone: another commit (a
+    /// compaction, a merge) replaced it first. Worked out again from the
+    /// table as it is now, the change may go through.
+    #[error("{0}")]
+    Conflict(String),
     /// The rows given to be written failed to come: the error of whatever
     /// produced them (a query reading another table), kept whole so that
     /// an outage of its store can still be told.

@@ -220,14 +220,12 @@ async fn stage(
         manifests.push(w.write_manifest_file().await.map_err(failed(dataset))?);
     }
     if let Some(missing) = removed.iter().find(|f| !found.contains(f.file_path())) {
-        return Err(err(
-            dataset,
-            format!(
-                "file {} is not in the current snapshot {} (another commit removed it?)",
-                missing.file_path(),
-                current.map(|c| c.snapshot_id()).unwrap_or_default()
-            ),
-        ));
+        return Err(LakeError::Conflict(format!(
+            "commit to {dataset}: file {} is not in the current snapshot {} (another commit \
+             removed it)",
+            missing.file_path(),
+            current.map(|c| c.snapshot_id()).unwrap_or_default()
+        )));
     }
     if !added.is_empty() {
         let mut w = writer(&mut counter)?;

@@ -18,6 +18,7 @@ use arrow_schema::Schema as ArrowSchema;
 use iceberg::Catalog;
 
 use crate::catalog::{ident, Lake, LakeConfig};
+use crate::spec::{PartitionField, TableSpec};
 use crate::table::{self, Table};
 use crate::{LakeError, Result};
 
@@ -31,6 +32,10 @@ pub enum EpochCommit {
     /// A newer attempt raised the fence; nothing was written.
     Fenced { fence: i32 },
 }
+
+/// How many times an epoch is worked out again when another commit
+/// replaced a file it rewrites.
+const MERGE_TRIES: usize = 5;
 
 /// The catalog, opened for a sync.
 pub struct SyncTables {
@@ -75,8 +80,10 @@ impl SyncTables {
 
     /// Creates the table (and its namespace) with this schema unless it
     /// exists; an existing table must have these columns.
-    pub fn ensure(&self, dataset: &str, schema: &ArrowSchema) -> Result<()> {
-        table::create_or_load(&self.t, dataset, schema).map(|_| ())
+    /// Creates the table with this spec (its columns and partitioning)
+    /// unless it exists: an existing table keeps the partitioning it has.
+    pub fn ensure(&self, dataset: &str, spec: impl Into<TableSpec>) -> Result<()> {
+        table::create_or_load(&self.t, dataset, spec).map(|_| ())
     }
 
     fn load(&self, dataset: &str) -> Result<Table> {
@@ -138,7 +145,27 @@ impl SyncTables {
     /// Commits a stream's epoch as one snapshot with its marker, unless the
     /// table holds it already or the fence is newer than the generation,
     /// written as [`Write`] says.
+    ///
+    /// A merge whose commit finds a file it rewrote replaced by another
+    /// commit (table maintenance compacting it) is worked out again from
+    /// the table as it is now: its files written so far are orphans that
+    /// maintenance removes later.
     pub fn apply_epoch(
+        &self,
+        at: &EpochAt<'_>,
+        batches: Vec<RecordBatch>,
+        write: Write<'_>,
+    ) -> Result<EpochCommit> {
+        let mut tries = 0;
+        loop {
+            match self.apply_once(at, batches.clone(), write) {
+                Err(LakeError::Conflict(_)) if tries + 1 < MERGE_TRIES => tries += 1,
+                done => return done,
+            }
+        }
+    }
+
+    fn apply_once(
         &self,
         at: &EpochAt<'_>,
         batches: Vec<RecordBatch>,
@@ -188,14 +215,21 @@ impl SyncTables {
     /// table is created with them if it does not exist, and columns the
     /// stream gained are added to it (optional, with new field ids) in a
     /// schema change swapped in like any commit. Existing columns keep their
-    /// type: a value that does not fit one is the caller's to hold.
+    /// type: a value that does not fit one is the caller's to hold. A table
+    /// made here is partitioned by `partition_by`.
     pub fn fit_columns(
         &self,
         dataset: &str,
         want: &ArrowSchema,
+        partition_by: &[PartitionField],
     ) -> Result<std::sync::Arc<ArrowSchema>> {
         if !self.exists(dataset)? {
-            return table::create_or_load(&self.t, dataset, want)?.arrow_schema();
+            let spec = partition_by
+                .iter()
+                .fold(TableSpec::new(want.clone()), |spec, f| {
+                    spec.partition_by(&f.column, f.transform)
+                });
+            return table::create_or_load(&self.t, dataset, spec)?.arrow_schema();
         }
         for _ in 0..10 {
             let table = self.load(dataset)?;

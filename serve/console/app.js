@@ -543,10 +543,43 @@ async function datasets() {
     { label: "datasets", empty: "No datasets yet." }));
 }
 
+// What a maintenance run did, from its dataset.* events.
+function maintenanceReport(r) {
+  const x = r.report || {};
+  const parts = [];
+  if (x["dataset.compacted"]) {
+    const c = x["dataset.compacted"];
+    parts.push(`compacted ${c.files_removed ?? 0} files into ${c.files_added ?? 0}`);
+  }
+  if (x["dataset.expired"]) {
+    parts.push(`expired ${(x["dataset.expired"].snapshots || []).length} snapshots`);
+  }
+  if (x["dataset.orphans_removed"]) {
+    parts.push(`removed ${(x["dataset.orphans_removed"].files || []).length} orphans`);
+  }
+  return parts.join("; ") || (r.error ? r.error : "-");
+}
+
 async function dataset(name) {
   const d = await get(`/datasets/${encodeURIComponent(name)}`);
+  const m = d.maintenance;
+  const maintain = h("p", {},
+    h("button", { type: "button", id: "maintain", onclick: async () => {
+      try {
+        const x = await api("POST", `/datasets/${encodeURIComponent(name)}/maintain`, {});
+        location.hash = `#/runs/${x.run}`;
+      } catch (e) { showError(e); }
+    } }, "Maintain now"),
+    h("span", { class: "muted" }, m.schedule
+      ? ` Scheduled: ${m.schedule.cron} (${m.schedule.tz}), next ${when(m.schedule.next_fire_at)}.`
+      : " No maintenance schedule."));
   page(`Dataset ${name}`,
     h("p", {}, `Written by ${d.writers.join(", ") || "nobody"}; read by ${d.readers.join(", ") || "nobody"}.`),
+    h("h2", {}, "Maintenance"), maintain,
+    table(["run", "under", "status", "trigger", "queued", "took", "what it did"],
+      m.runs.map((r) => [h("a", { href: `#/runs/${r.run}` }, String(r.run)), r.pipeline, status(r.status),
+        r.trigger, when(r.created_at), took(r.created_at, r.finished_at), maintenanceReport(r)]),
+      { label: "maintenance runs", empty: "Never maintained." }),
     h("h2", {}, "Snapshots"),
     table(["#snapshot", "operation", "pipeline", "run", "step", "partition", "committed"],
       d.snapshots.map((c) => [String(c.snapshot), c.operation, c.pipeline,

@@ -83,6 +83,7 @@ pub fn status_of(code: &str) -> StatusCode {
         || is(sqlstate::UNKNOWN_RUNNER_TOKEN)
         || is(sqlstate::UNKNOWN_SECRET)
         || is(sqlstate::UNKNOWN_INCIDENT)
+        || is(sqlstate::NO_WRITER)
     {
         StatusCode::NOT_FOUND
     } else if is(sqlstate::RUN_STATE)

@@ -124,6 +124,17 @@ with sync_playwright() as p:
     expect(page.get_by_role("img", name=re.compile("lineage"))).to_be_visible()
     expect(page.get_by_role("table", name="datasets")).to_contain_text(f"{parked}.clean")
     shot(page, "datasets")
+    # A dataset's page: its maintenance, and a button that queues a run of it
+    # (under the pipeline that writes it, in its pool: no runner takes it here).
+    page.get_by_role("table", name="datasets").get_by_role("link", name=f"{parked}.clean", exact=True).click()
+    runs = page.get_by_role("table", name="maintenance runs")
+    expect(runs).to_contain_text("Never maintained")
+    page.get_by_role("button", name="Maintain now").click()
+    expect(page.locator("#run-head")).to_contain_text(f"manual run of {parked}")
+    page.go_back()
+    expect(runs).to_contain_text("manual")
+    expect(runs).to_contain_text(parked)
+    shot(page, "dataset")
 
     # Webhooks: each delivery try a row, with the endpoint's answer.
     page.get_by_role("link", name="Webhooks", exact=True).click()

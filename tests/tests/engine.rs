@@ -2306,6 +2306,115 @@ async fn merge_changes(
     stats
 }
 
+/// A stream's `partition_by` makes its Iceberg table partitioned: every
+/// data file holds one year and one bucket of ids, so PyIceberg and DuckDB
+/// read only a day's year, and a merge that moves rows to another year
+/// keeps one per key.
+#[tokio::test]
+async fn an_iceberg_destination_partitioned_by_a_declared_transform_is_pruned_by_other_readers() {
+    let db = TestDb::new().await;
+    let rows = 3_000i64;
+    make_source(&db, rows).await;
+    // Five years of days. (Not month(day): DuckDB 1.4's Iceberg extension
+    // finds no rows for a filter on a date under a month transform, in
+    // PyIceberg's tables as in ours.)
+    sqlx::raw_sql("UPDATE public.orders SET day = '2020-01-01'::date + (id % 5)::int * 366")
+        .execute(&db.pool)
+        .await
+        .expect("five years");
+    let dir = scratch("icepart");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "iceberg", "namespace": "raw"}),
+        json!({"mode": "merge", "partition_by": ["year(day)", "bucket(4, id)"]}),
+        "effectively_once",
+    )
+    .await;
+    let run = || into_iceberg(&db, &store, 1_000, &wh);
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let wh_s = wh.to_string_lossy();
+    let on_day = "SELECT count(*) FROM public.orders WHERE day = '2022-01-02'";
+    let want = db.scalar_i64(on_day).await;
+    assert!(want > 0);
+    let pruned = pyiceberg(&["prune", &db.url(), &wh_s, "raw.orders", "day", "2022-01-02"]);
+    assert_eq!(pruned["spec"][0], json!(["day_year", "year"]), "{pruned}");
+    assert_eq!(pruned["spec"][1][0], "id_bucket", "{pruned}");
+    for reader in ["pyiceberg", "duckdb"] {
+        let r = &pruned[reader];
+        assert_eq!(r["rows"], want, "{reader}: {pruned}");
+        let (files, all) = (r["files"].as_i64(), r["all_files"].as_i64());
+        // Three epochs wrote a file per year and bucket each: 2022's are a
+        // fifth of them.
+        assert!(
+            files.zip(all).is_some_and(|(f, a)| f >= 1 && f * 4 <= a),
+            "{reader} reads only 2022's files: {pruned}"
+        );
+    }
+
+    // Rows moved into another year are merged out of the files of their
+    // old one: one row per key, each in its new year's files.
+    sqlx::raw_sql(
+        "UPDATE public.orders SET day = '2022-01-02', updated_at = '2031-01-01'
+         WHERE id % 100 = 0 AND day <> '2022-01-02'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("updates");
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let stats = pyiceberg(&["stats", &db.url(), &wh_s, "raw.orders", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"]),
+        (&json!(rows), &json!(rows))
+    );
+    let pruned = pyiceberg(&["prune", &db.url(), &wh_s, "raw.orders", "day", "2022-01-02"]);
+    let want = db.scalar_i64(on_day).await;
+    assert_eq!(pruned["pyiceberg"]["rows"], want, "{pruned}");
+    assert_eq!(pruned["duckdb"]["rows"], want, "{pruned}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A partition field the table cannot have stops the attempt before any
+/// epoch, naming the column and the columns there are.
+#[tokio::test]
+async fn a_partition_field_the_table_cannot_have_stops_the_sync_naming_it() {
+    let db = TestDb::new().await;
+    make_source(&db, 10).await;
+    let dir = scratch("icepartbad");
+    let (wh, store) = (dir.join("wh"), dir.join("store"));
+    for (field, says) in [
+        ("day(nope)", "column nope: it has no such column"),
+        (
+            "day(customer)",
+            "cannot be partitioned by day of column customer",
+        ),
+    ] {
+        sqlx::query("SELECT orca.drop_sync('shop')")
+            .execute(&db.pool)
+            .await
+            .ok();
+        define_orders(
+            &db,
+            json!({"type": "postgres", "url": db.url()}),
+            json!({"type": "iceberg", "namespace": "raw"}),
+            json!({"partition_by": [field]}),
+            "effectively_once",
+        )
+        .await;
+        let o = into_iceberg(&db, &store, 1_000, &wh)
+            .output()
+            .expect("engine");
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{field}: {err}");
+        assert_eq!(head(&db).await.0, 0, "nothing moved");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn a_merge_into_iceberg_keeps_one_row_per_key_across_a_sigkill_and_updates() {
     let db = TestDb::new().await;

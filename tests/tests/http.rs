@@ -574,6 +574,80 @@ async fn datasets_lineage_and_sensors_are_the_keys_orgs() {
     assert_eq!(status, 404);
     let (_, graph) = get(base, "/lineage", Some(&theirs)).await;
     assert_eq!(graph["edges"], json!([]), "{graph}");
+
+    // Maintenance: an operator queues a run of a dataset (the one queued
+    // already comes back), which its page then lists; a viewer may not, bad
+    // options are a 400 naming them, and another org's key finds no dataset
+    // of that name to maintain.
+    let operator = api_key(&db, "acme", "ops", "operator").await;
+    let (status, body) = post(base, "/datasets/lake.clean/maintain", &viewer, json!({})).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = post(
+        base,
+        "/datasets/lake.clean/maintain",
+        &operator,
+        json!({"compact": {"small_mb": "big"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("OR042")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("compact.small_mb")),
+        "{body}"
+    );
+    let (status, queued) = post(
+        base,
+        "/datasets/lake.clean/maintain",
+        &operator,
+        json!({"orphans": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{queued}");
+    let m_run = queued["run"].as_i64().expect("a run");
+    let (_, again) = post(base, "/datasets/lake.clean/maintain", &operator, json!({})).await;
+    assert_eq!(again["run"], m_run, "the one queued already: {again}");
+    let (status, detail) = get(base, "/datasets/lake.clean", Some(&viewer)).await;
+    assert_eq!(status, 200, "{detail}");
+    let runs = &detail["maintenance"]["runs"];
+    assert_eq!(runs[0]["run"], m_run, "{detail}");
+    assert_eq!(runs[0]["pipeline"], "lake", "{detail}");
+    assert_eq!(runs[0]["trigger"], "manual", "{detail}");
+    assert!(detail["maintenance"]["schedule"].is_null(), "{detail}");
+    sqlx::query("SELECT orca.schedule_maintenance('lake.clean', '0 4 * * *')")
+        .execute(&mut c)
+        .await
+        .expect("a schedule");
+    let (_, detail) = get(base, "/datasets/lake.clean", Some(&viewer)).await;
+    assert_eq!(
+        detail["maintenance"]["schedule"]["cron"], "0 4 * * *",
+        "{detail}"
+    );
+    assert_eq!(
+        detail["maintenance"]["schedule"]["options"]["compact"]["min_files"], 5,
+        "{detail}"
+    );
+    let their_operator = api_key(&db, "globex", "their-ops", "operator").await;
+    let (status, body) = post(
+        base,
+        "/datasets/lake.clean/maintain",
+        &their_operator,
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("OR043")),
+        "{body}"
+    );
+    let maintain_runs = db
+        .scalar_i64("SELECT count(*) FROM orca.runs WHERE kind = 'maintain'")
+        .await;
+    assert_eq!(maintain_runs, 1, "only the one run was queued");
     drop(server);
 }
 

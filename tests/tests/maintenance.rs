@@ -461,3 +461,124 @@ async fn bad_maintenance_input_is_refused_with_its_sqlstate_and_queues_nothing()
     assert_eq!(code, "OR043", "{message}");
     assert!(message.contains("org 'globex'"), "{message}");
 }
+
+/// A table only a sync writes (an Iceberg destination's) is maintained
+/// under the sync's pipeline: its epochs' small files are compacted and the
+/// old snapshots expired with every row kept once; the sync goes on from
+/// its marker afterwards, merging into the compacted file exactly once. A
+/// member of another org cannot maintain it.
+#[tokio::test]
+async fn a_table_only_a_sync_writes_is_maintained_and_the_sync_goes_on_exactly_once() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.orders (id bigint PRIMARY KEY, updated_at timestamptz NOT NULL,
+                                     qty int NOT NULL);
+         INSERT INTO public.orders
+         SELECT g, '2024-01-01'::timestamptz + g * interval '1 minute', g % 7
+         FROM generate_series(1, 600) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("source table");
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'effectively_once')")
+        .bind(json!({"type": "postgres", "url": db.url(), "batch_rows": 100}))
+        .bind(json!({"type": "iceberg", "namespace": "raw"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"], "mode": "merge"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("an Iceberg sync");
+    // No pipeline reads or writes raw.orders: before, this was OR043.
+    let dir = scratch("maintain-sync");
+    let (wh, store, logs) = (dir.join("wh"), dir.join("store"), dir.join("logs"));
+    let whs = wh.to_string_lossy().to_string();
+    let runner =
+        orca_tests::procs::sync_runner_with(&db, &store, &logs, &[("ORCA_WAREHOUSE", &whs)]);
+    let r = run(&db, "SELECT orca.run('shop', 'now')").await;
+    wait_run(&db, r, "succeeded", &runner).await;
+    let before = read(&db, &wh, "raw.orders");
+    assert_eq!(before["rows"].as_array().map(Vec::len), Some(600));
+    let epochs = snapshot_ids(&before).len();
+    assert!(epochs >= 6, "an epoch per 100 rows: {epochs}");
+
+    let m = run(
+        &db,
+        r#"SELECT orca.maintain('raw.orders', '{"compact": {"min_files": 2}, "orphans": false,
+              "expire": {"keep_last": 1, "older_than": "0 seconds", "grace": "0 seconds"}}')"#,
+    )
+    .await;
+    wait_run(&db, m, "succeeded", &runner).await;
+    let owner = db
+        .strings(&format!(
+            "SELECT p.name || ' ' || r.kind FROM orca.runs r \
+             JOIN orca.pipelines p ON p.id = r.pipeline_id WHERE r.id = {m}"
+        ))
+        .await;
+    assert_eq!(
+        owner,
+        ["shop maintain"],
+        "it runs under the sync's pipeline"
+    );
+    let after = read(&db, &wh, "raw.orders");
+    assert_eq!(rows(&after), rows(&before), "the rows changed");
+    let ids = snapshot_ids(&after);
+    assert_eq!(ids.len(), 1, "{after}");
+    let current = &after["snapshots"][0];
+    assert_eq!(current["operation"], "replace", "{current}");
+    assert_eq!(current["summary"]["total-data-files"], "1", "{current}");
+    // The sync's marker outlives its expired snapshots.
+    let head = db
+        .scalar_i64("SELECT head_epoch FROM orca.syncs WHERE name = 'shop'")
+        .await;
+    let stats = pyiceberg(&["stats", &db.url(), &whs, "raw.orders", "qty"]);
+    assert_eq!(
+        stats["properties"]["orca.sync.shop.epoch"],
+        head.to_string(),
+        "{stats}"
+    );
+
+    // The sync goes on: changed rows merge into the compacted file, new ones
+    // append, each key once at its newest version.
+    sqlx::raw_sql(
+        "UPDATE public.orders SET qty = qty + 100, updated_at = '2031-01-01' WHERE id % 12 = 0;
+         INSERT INTO public.orders
+         SELECT g, '2031-02-01'::timestamptz + g * interval '1 second', 1
+         FROM generate_series(601, 700) g;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("changes");
+    let r = run(&db, "SELECT orca.run('shop', 'now')").await;
+    wait_run(&db, r, "succeeded", &runner).await;
+    let stats = pyiceberg(&["stats", &db.url(), &whs, "raw.orders", "qty"]);
+    assert_eq!(stats["rows"], 700, "{stats}");
+    let want = db
+        .scalar_i64("SELECT sum(qty)::int8 FROM public.orders")
+        .await;
+    assert_eq!(stats["sum"], want, "every key at its newest version");
+    let ids = pyiceberg(&["stats", &db.url(), &whs, "raw.orders", "id"]);
+    assert_eq!(ids["distinct"], 700, "{ids}");
+
+    // Another org's member: the sync is not theirs, nor its table.
+    ensure_role(&db, "orca_t_maint_bob", &["orca_operator"]).await;
+    db.pool
+        .execute("SELECT orca.create_org('globex'), orca.add_member('globex', 'orca_t_maint_bob')")
+        .await
+        .expect("globex");
+    let mut bob = connect_org(&db, "orca_t_maint_bob", "globex").await;
+    let queued = db.scalar_i64("SELECT count(*) FROM orca.runs").await;
+    for sql in [
+        "SELECT orca.maintain('raw.orders')",
+        "SELECT orca.schedule_maintenance('raw.orders', '0 5 * * *')",
+    ] {
+        let (code, message) = expect_error(&mut bob, sql).await;
+        assert_eq!(code, "OR043", "{sql}: {message}");
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs").await,
+        queued
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1064,7 +1064,9 @@ fn racing_fences_and_epoch_markers_of_a_syncs_iceberg_table_only_move_forward() 
         arrow_schema::DataType::Int64,
         false,
     )]);
-    open().ensure("raw.fenced", &schema).expect("the table");
+    open()
+        .ensure("raw.fenced", schema.clone())
+        .expect("the table");
     const RACERS: i32 = 6;
     for round in 0..3 {
         let base = round * 10;

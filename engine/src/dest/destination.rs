@@ -10,8 +10,9 @@
 use std::collections::HashMap;
 
 use orca_core::delivery::WriteMode;
-use orca_core::sync::{Destination, Stream};
+use orca_core::sync::{Destination, PartitionTransform, Stream};
 use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
+use orca_lake::{PartitionField, TableSpec, Transform};
 
 use crate::commit::record::{Layout, Refresh, Staged};
 use crate::commit::store::Store;
@@ -47,6 +48,8 @@ pub enum Dest {
         sync: String,
         /// The primary key of each stream written with `merge`.
         merge_keys: HashMap<String, Vec<String>>,
+        /// Each stream's partitioning, for a table not made yet.
+        partitions: HashMap<String, Vec<PartitionField>>,
         /// The sync's folder in its store (`{org}/{sync}`): a refresh keeps
         /// its epochs' files under `_refresh/{stream}/` there until it ends.
         root: String,
@@ -55,6 +58,26 @@ pub enum Dest {
         conn: ConnectorDest,
         modes: HashMap<String, WriteMode>,
     },
+}
+
+/// A stream's declared partitioning as the lake's partition fields.
+fn partition_fields(s: &Stream) -> Vec<PartitionField> {
+    s.partition_by
+        .iter()
+        .flatten()
+        .map(|p| PartitionField {
+            column: p.column.clone(),
+            transform: match p.transform {
+                PartitionTransform::Identity => Transform::Identity,
+                PartitionTransform::Year => Transform::Year,
+                PartitionTransform::Month => Transform::Month,
+                PartitionTransform::Day => Transform::Day,
+                PartitionTransform::Hour => Transform::Hour,
+                PartitionTransform::Bucket(n) => Transform::Bucket(n),
+                PartitionTransform::Truncate(n) => Transform::Truncate(n),
+            },
+        })
+        .collect()
 }
 
 fn unresolved(e: orca_core::secret::SecretError) -> DestError {
@@ -122,11 +145,20 @@ impl Dest {
             }),
             Destination::Iceberg { namespace, .. } => {
                 let sync_tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
+                let partitions: HashMap<String, Vec<PartitionField>> = streams
+                    .iter()
+                    .map(|s| (s.name.clone(), partition_fields(s)))
+                    .collect();
                 for t in tables {
                     let dataset = format!("{namespace}.{}", t.spec.name);
-                    sync_tables
-                        .ensure(&dataset, &table::destination_schema(t))
-                        .map_err(iceberg_error)?;
+                    let spec = partitions
+                        .get(&t.spec.name)
+                        .into_iter()
+                        .flatten()
+                        .fold(TableSpec::new(table::destination_schema(t)), |spec, f| {
+                            spec.partition_by(&f.column, f.transform)
+                        });
+                    sync_tables.ensure(&dataset, spec).map_err(iceberg_error)?;
                 }
                 let merge_keys = streams
                     .iter()
@@ -138,6 +170,7 @@ impl Dest {
                     namespace: namespace.clone(),
                     sync: sync.to_string(),
                     merge_keys,
+                    partitions,
                     root: Layout::new(org, sync).root,
                 })
             }
@@ -186,10 +219,14 @@ impl Dest {
             Dest::Postgres { .. } => postgres::hold(batch),
             Dest::Parquet(_) | Dest::Connector { .. } => Ok((batch, Vec::new())),
             Dest::Iceberg {
-                tables, namespace, ..
+                tables,
+                namespace,
+                partitions,
+                ..
             } => {
+                let fields = partitions.get(stream).map_or(&[][..], Vec::as_slice);
                 let have = tables
-                    .fit_columns(&format!("{namespace}.{stream}"), &batch.schema())
+                    .fit_columns(&format!("{namespace}.{stream}"), &batch.schema(), fields)
                     .map_err(iceberg_error)?;
                 hold_narrower(batch, &have)
             }
@@ -252,6 +289,7 @@ impl Dest {
                 sync,
                 merge_keys,
                 root,
+                ..
             } => {
                 let dataset = format!("{namespace}.{stream}");
                 let at = EpochAt {

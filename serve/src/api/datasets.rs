@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::PathOf;
+use crate::api::extract::{Body, PathOf};
 use crate::error::{ApiError, ErrorBody};
 use crate::session::Session;
 use crate::AppState;
@@ -18,6 +18,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(datasets))
         .routes(routes!(dataset))
+        .routes(routes!(maintain))
         .routes(routes!(lineage_graph))
 }
 
@@ -25,7 +26,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 pub struct Dataset {
     /// `namespace.table`.
     pub dataset: String,
-    /// Pipelines whose current version declares they write it.
+    /// Pipelines whose current version declares they write it, and syncs
+    /// whose Iceberg destination holds it (`namespace.stream`).
     pub writers: Vec<String>,
     /// Pipelines whose current version declares they read it.
     pub readers: Vec<String>,
@@ -40,6 +42,11 @@ const DATASETS: &str = "WITH declared AS (
         SELECT d.dataset, p.name AS pipeline, d.mode
         FROM orca.step_datasets d
         JOIN orca.pipelines p ON p.current_version = d.version_id
+        UNION ALL
+        SELECT (s.definition -> 'destination' ->> 'namespace') || '.' || (st ->> 'name'),
+               s.name, 'write'
+        FROM orca.syncs s, jsonb_array_elements(s.definition -> 'streams') st
+        WHERE s.definition -> 'destination' ->> 'type' = 'iceberg'
     ), names AS (
         SELECT dataset FROM declared UNION SELECT dataset FROM orca.commits
     )
@@ -106,6 +113,64 @@ pub struct DatasetDetail {
     pub snapshots: Vec<Commit>,
     /// From the recorded reads and commits (`orca.lineage`).
     pub lineage: Vec<LineageRow>,
+    /// Its table maintenance: the schedule, if any, and the latest runs.
+    pub maintenance: Maintenance,
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct MaintenanceSchedule {
+    pub cron: String,
+    pub tz: String,
+    /// What each run does, every default filled in.
+    #[schema(value_type = Object)]
+    pub options: serde_json::Value,
+    pub next_fire_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, FromRow, ToSchema)]
+pub struct MaintenanceRun {
+    pub run: i64,
+    /// The pipeline (or sync) it runs under.
+    pub pipeline: String,
+    pub status: String,
+    /// `manual` (orca.maintain, the API) or `schedule`.
+    pub trigger: String,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub error: Option<String>,
+    /// What each operation did: the run's `dataset.compacted`,
+    /// `dataset.expired` and `dataset.orphans_removed` events by kind.
+    #[schema(value_type = Object)]
+    pub report: serde_json::Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Maintenance {
+    pub schedule: Option<MaintenanceSchedule>,
+    /// The latest maintenance runs, newest first (at most 20).
+    pub runs: Vec<MaintenanceRun>,
+}
+
+async fn maintenance_of(s: &mut Session, name: &str) -> Result<Maintenance, ApiError> {
+    let schedule = sqlx::query_as::<_, MaintenanceSchedule>(
+        "SELECT cron, tz, options, next_fire_at FROM orca.maintenance WHERE dataset = $1",
+    )
+    .bind(name)
+    .fetch_optional(&mut *s.tx)
+    .await?;
+    let runs = sqlx::query_as::<_, MaintenanceRun>(
+        "SELECT r.id AS run, p.name AS pipeline, r.status, r.trigger, r.created_at, \
+                r.finished_at, r.error, \
+                coalesce((SELECT jsonb_object_agg(e.kind, e.data) FROM orca.events e \
+                          WHERE e.run_id = r.id AND e.kind LIKE 'dataset.%'), '{}') AS report \
+         FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id \
+         WHERE r.kind = 'maintain' AND r.request ->> 'dataset' = $1 \
+         ORDER BY r.id DESC LIMIT 20",
+    )
+    .bind(name)
+    .fetch_all(&mut *s.tx)
+    .await?;
+    Ok(Maintenance { schedule, runs })
 }
 
 /// One dataset: its snapshots and its recorded lineage.
@@ -144,11 +209,50 @@ async fn dataset(
     .bind(&name)
     .fetch_all(&mut *s.tx)
     .await?;
+    let maintenance = maintenance_of(&mut s, &name).await?;
     Ok(Json(DatasetDetail {
         dataset,
         snapshots,
         lineage,
+        maintenance,
     }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Queued {
+    pub run: i64,
+    pub status: String,
+}
+
+/// Queues a maintenance run of the dataset (`orca.maintain`), or returns the
+/// one queued or running for it already. The body is its options
+/// (`{"compact": false, "expire": {"keep_last": 5}}`; `{}` for the defaults).
+#[utoipa::path(post, path = "/datasets/{name}/maintain", tag = "datasets",
+    params(("name" = String, Path, description = "namespace.table", example = "lake.clean")),
+    request_body(content = Object, description = "The run's options: expire, orphans, compact"),
+    responses(
+        (status = 200, description = "The maintenance run", body = Queued),
+        (status = 400, description = "Bad input: a malformed dataset or options (OR042)", body = ErrorBody),
+        (status = 401, description = "No key, or a key refused", body = ErrorBody),
+        (status = 403, description = "The key's role may not", body = ErrorBody),
+        (status = 404, description = "No pipeline or sync of the key's org reads or writes it (OR043)", body = ErrorBody),
+    ))]
+async fn maintain(
+    mut s: Session,
+    PathOf(name): PathOf<String>,
+    Body(options): Body<serde_json::Value>,
+) -> Result<Json<Queued>, ApiError> {
+    let run: i64 = sqlx::query_scalar("SELECT orca.maintain($1, $2)")
+        .bind(&name)
+        .bind(&options)
+        .fetch_one(&mut *s.tx)
+        .await?;
+    let status: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(&mut *s.tx)
+        .await?;
+    s.commit().await?;
+    Ok(Json(Queued { run, status }))
 }
 
 #[derive(Debug, Serialize, FromRow, ToSchema)]
