@@ -323,6 +323,18 @@ pub async fn populate_org(db: &TestDb, org: &str, only: &str) -> (Vec<i64>, uuid
     .execute(&mut c)
     .await
     .expect("create a sync");
+    // A sync into the org's Iceberg tables: its table ({only}_lake.events)
+    // is a dataset the org may maintain (no pipeline writes it).
+    sqlx::query(
+        "SELECT orca.create_sync($1, '{\"type\": \"files\", \"url\": \"/in\", \"format\": \"jsonl\"}', \
+         jsonb_build_object('type', 'iceberg', 'namespace', $2::text), \
+         '[{\"name\": \"events\", \"pattern\": \"*.jsonl\", \"partition_by\": [\"day(at)\"]}]')",
+    )
+    .bind(format!("{org}_lake"))
+    .bind(format!("{only}_lake"))
+    .execute(&mut c)
+    .await
+    .expect("create an Iceberg sync");
     // A change-data-capture sync, whose slot orca.cdc_slots shows.
     sqlx::query(
         "SELECT orca.create_sync($1, '{\"type\": \"postgres_cdc\", \"url\": \"postgres://db.example/shop\"}', \

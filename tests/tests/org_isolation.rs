@@ -470,9 +470,25 @@ async fn no_table_view_or_function_crosses_orgs() {
     for sql in [
         "SELECT orca.maintain('globex_only.clean')",
         "SELECT orca.schedule_maintenance('globex_only.clean', '0 5 * * *')",
+        // A table only globex's sync writes.
+        "SELECT orca.maintain('globex_only_lake.events')",
+        "SELECT orca.schedule_maintenance('globex_only_lake.events', '0 5 * * *')",
     ] {
         assert_eq!(code_of(&mut a, sql).await, "OR043", "{sql}");
     }
+    // Its own sync's table is acme's to maintain, under acme's sync.
+    let own: i64 = sqlx::query_scalar("SELECT orca.maintain('acme_only_lake.events')")
+        .fetch_one(&mut a)
+        .await
+        .expect("acme maintains its sync's table");
+    assert_eq!(
+        db.strings(&format!(
+            "SELECT o.name || ' ' || p.name FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id \
+             JOIN orca.orgs o ON o.id = r.org_id WHERE r.id = {own}"
+        ))
+        .await,
+        ["acme acme_lake"]
+    );
     let dropped: bool =
         sqlx::query_scalar("SELECT orca.unschedule_maintenance('globex_only.clean')")
             .fetch_one(&mut a)

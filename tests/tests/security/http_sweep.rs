@@ -90,7 +90,20 @@ fn http_cases() -> BTreeMap<&'static str, Vec<(&'static str, Option<Value>)>> {
         ("GET /datasets", vec![("/datasets", None)]),
         (
             "GET /datasets/{name}",
-            vec![("/datasets/globex_only.clean", None)],
+            vec![
+                ("/datasets/globex_only.clean", None),
+                ("/datasets/globex_only_lake.events", None),
+            ],
+        ),
+        (
+            "POST /datasets/{name}/maintain",
+            vec![
+                ("/datasets/globex_only.clean/maintain", Some(json!({}))),
+                (
+                    "/datasets/globex_only_lake.events/maintain",
+                    Some(json!({})),
+                ),
+            ],
         ),
         ("GET /lineage", vec![("/lineage", None)]),
         ("GET /sensors", vec![("/sensors", None)]),
