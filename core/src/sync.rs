@@ -44,7 +44,8 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch_rows: Option<u64>,
     },
-    /// JSON lines or CSV files under a path or an object store's prefix (`s3://`, `az://`, `gs://`).
+    /// JSON lines, CSV or Parquet files under a path or an object store's
+    /// prefix (`s3://`, `az://`, `gs://`).
     Files { url: Setting, format: FileFormat },
     /// Every insert, update and delete of tables, by logical replication
     /// (`pgoutput`) from a slot the sync owns, after a first snapshot.
@@ -136,6 +137,20 @@ impl Source {
         }
     }
 
+    /// The source's streams have typed columns of their own (a Postgres
+    /// table's, Parquet files'), not records whose columns are inferred.
+    pub fn typed(&self) -> bool {
+        matches!(
+            self,
+            Source::Postgres { .. }
+                | Source::PostgresCdc { .. }
+                | Source::Files {
+                    format: FileFormat::Parquet,
+                    ..
+                }
+        )
+    }
+
     /// The source reads a database's change stream (a replication slot).
     pub fn is_cdc(&self) -> bool {
         matches!(self, Source::PostgresCdc { .. })
@@ -192,6 +207,9 @@ impl Source {
 pub enum FileFormat {
     Jsonl,
     Csv,
+    /// Typed columns: each stream's columns are its files' (their union,
+    /// read from the footers), not inferred from values.
+    Parquet,
 }
 
 /// Where a sync writes.
@@ -863,10 +881,10 @@ fn check_rules(
     let (dst, dst_opts) = connector("destination", DESTINATIONS, destination)?;
     if src.name == "files" {
         let format = src_opts.get("format").and_then(Value::as_str).unwrap_or("");
-        if !matches!(format, "jsonl" | "csv") {
+        if !matches!(format, "jsonl" | "csv" | "parquet") {
             return Err(bad(
                 "source.format",
-                format!("'{format}' is not a format (jsonl or csv)"),
+                format!("'{format}' is not a format (jsonl, csv or parquet)"),
             ));
         }
     }
@@ -1028,6 +1046,13 @@ fn check_rules(
             partition_by: None,
         };
         if let Some(c) = obj.get("columns") {
+            if src_opts.get("format").and_then(Value::as_str) == Some("parquet") {
+                return Err(bad(
+                    format!("{at}.columns"),
+                    "declares the types of a files or connector stream's columns; a parquet \
+                     stream's columns have its files' types",
+                ));
+            }
             stream.columns = declared_columns(c, &format!("{at}.columns"), src.name)?;
         }
         if let Some(p) = obj.get("partition_by") {
@@ -1679,6 +1704,51 @@ mod tests {
         )
         .expect_err("name");
         assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn parquet_files_are_a_typed_files_source() {
+        let parquet = json!({"type": "files", "url": "/in", "format": "parquet"});
+        let out = json!({"type": "parquet", "url": "/out"});
+        let def = check(
+            "s",
+            &parquet,
+            &out,
+            &json!([{"name": "a", "pattern": "*.parquet"}]),
+            None,
+            "exactly_once",
+        )
+        .expect("valid");
+        let typed: SyncDef = serde_json::from_value(def).expect("typed");
+        assert!(typed.source.typed());
+        let e = check(
+            "s",
+            &parquet,
+            &out,
+            &json!([{"name": "a", "pattern": "*.parquet", "columns": {"x": "int64"}}]),
+            None,
+            "exactly_once",
+        )
+        .expect_err("columns")
+        .to_string();
+        assert!(
+            e.contains("a parquet stream's columns have its files' types"),
+            "{e}"
+        );
+        let e = check(
+            "s",
+            &json!({"type": "files", "url": "/in", "format": "orc"}),
+            &out,
+            &json!([{"name": "a", "pattern": "*.orc"}]),
+            None,
+            "exactly_once",
+        )
+        .expect_err("orc")
+        .to_string();
+        assert!(
+            e.contains("'orc' is not a format (jsonl, csv or parquet)"),
+            "{e}"
+        );
     }
 
     #[test]

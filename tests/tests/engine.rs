@@ -1681,6 +1681,43 @@ async fn a_sync_lives_in(server: &dyn orca_tests::stores::ObjectServer) {
     }
     let (n, ids, _, _) = tally(&published(&local, "orders"));
     assert_eq!((n, ids), (rows as usize, rows as usize));
+
+    // The published files read back from the bucket as a parquet files
+    // source (footers and row groups fetched by ranges of the objects):
+    // every row once, each column in its type.
+    sqlx::query("SELECT orca.create_sync('back', $1, $2, $3)")
+        .bind(json!({"type": "files", "url": server.url("orca", "out"), "format": "parquet"}))
+        .bind(json!({"type": "parquet", "url": local.join("back").to_string_lossy()}))
+        .bind(json!([{"name": "orders", "pattern": "orders/*.parquet"}]))
+        .execute(&db.pool)
+        .await
+        .expect("a parquet sync from the bucket");
+    let o = Command::new(bin("orca-engine"))
+        .args(["sync", "back", "--batch-rows", "7000", "--store", &store])
+        .env("DATABASE_URL", db.url())
+        .envs(server.env())
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let back = published(&local.join("back"), "orders");
+    let (n, ids, _, _) = tally(&back);
+    assert_eq!((n, ids), (rows as usize, rows as usize));
+    let amount = back[0]
+        .schema()
+        .field_with_name("amount")
+        .expect("amount")
+        .data_type()
+        .clone();
+    assert_eq!(amount, arrow_schema::DataType::Decimal128(12, 2));
+    // The first sync's own columns gave way to this one's.
+    let schema = back[0].schema();
+    let orca: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|n| n.starts_with("_orca_"))
+        .collect();
+    assert_eq!(orca, ["_orca_id", "_orca_seq", "_orca_synced_at"]);
     let _ = std::fs::remove_dir_all(local);
 }
 
@@ -2957,4 +2994,287 @@ async fn splits_that_are_not_a_number_of_connections_are_refused() {
         0,
         "nothing was defined"
     );
+}
+
+/// Writes a Parquet file of these columns (each an array of the same length).
+fn write_parquet(path: &Path, columns: Vec<(&str, arrow_array::ArrayRef)>) {
+    let batch = RecordBatch::try_from_iter(columns).expect("a batch");
+    std::fs::create_dir_all(path.parent().expect("a directory")).expect("its directory");
+    let file = std::fs::File::create(path).expect("the file");
+    // Small row groups, so a file is read in several of them.
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(700))
+        .build();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).expect("a writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+}
+
+/// An events file of ids `from..to`: amounts as decimal(10,2), times in
+/// nanoseconds of another zone, names, and (`tags`) a list column; or
+/// (`qty`) an int32 column of its own.
+fn events_file(path: &Path, from: i64, to: i64, tags: bool, qty: bool) {
+    use arrow_array::builder::{ListBuilder, StringBuilder};
+    use std::sync::Arc;
+    let ids: Vec<i64> = (from..to).collect();
+    let mut columns: Vec<(&str, arrow_array::ArrayRef)> = vec![
+        ("id", Arc::new(Int64Array::from(ids.clone()))),
+        (
+            "amount",
+            Arc::new(
+                Decimal128Array::from(
+                    ids.iter()
+                        .map(|i| i128::from(*i) * 100 + 5)
+                        .collect::<Vec<_>>(),
+                )
+                .with_precision_and_scale(10, 2)
+                .expect("decimal(10,2)"),
+            ),
+        ),
+        (
+            "at",
+            Arc::new(
+                arrow_array::TimestampNanosecondArray::from(
+                    ids.iter()
+                        .map(|i| 1_704_067_200_000_000_000 + i * 1_000_000_000)
+                        .collect::<Vec<_>>(),
+                )
+                .with_timezone("+02:00"),
+            ),
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from(
+                ids.iter().map(|i| format!("n{i}")).collect::<Vec<_>>(),
+            )),
+        ),
+    ];
+    if tags {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        for i in &ids {
+            b.values().append_value("a");
+            b.values().append_value(format!("t{}", i % 3));
+            b.append(true);
+        }
+        columns.push(("tags", Arc::new(b.finish())));
+    }
+    if qty {
+        columns.push((
+            "qty",
+            Arc::new(arrow_array::Int32Array::from(
+                ids.iter().map(|i| (i % 10) as i32).collect::<Vec<_>>(),
+            )),
+        ));
+    }
+    write_parquet(path, columns);
+}
+
+/// Parquet files are a typed source: each stream's columns are the union of
+/// its files' (decimals stay decimals, timestamps become microseconds in
+/// UTC, a list travels as its text, a column a file lacks is null), read
+/// exactly once across a crash at the commit point, and a later file is
+/// read on its own; a file whose column does not fit stops the stream
+/// naming both files.
+#[tokio::test]
+async fn parquet_files_sync_typed_and_exactly_once_from_file_and_row() {
+    let db = TestDb::new().await;
+    let dir = scratch("parquet-src");
+    let (input, out, store) = (dir.join("in"), dir.join("out"), dir.join("store"));
+    events_file(
+        &input.join("events/2024-01-01.parquet"),
+        1,
+        2_501,
+        true,
+        false,
+    );
+    events_file(
+        &input.join("events/2024-01-02.parquet"),
+        2_501,
+        5_001,
+        false,
+        true,
+    );
+    std::fs::write(input.join("events/notes.txt"), "not a stream file").expect("other file");
+    define_files(&db, &input, "parquet", "events/*.parquet", &out).await;
+
+    // A crash at the commit point of epoch 2, then an attempt to the end:
+    // 1 000 rows an epoch, so a file's second row group starts mid-epoch.
+    let o = engine(&db, &store, 1_000)
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "2")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 2 to events, then resume");
+    let batches = published(&out, "events");
+    let (n, ids, orca_ids, sum) = tally(&batches);
+    assert_eq!((n, ids, orca_ids), (5_000, 5_000, 5_000), "every row once");
+    assert_eq!(sum, 5_000 * 5_001 / 2);
+    let last = batches.last().expect("a batch");
+    let schema = last.schema();
+    let ty = |c: &str| schema.field_with_name(c).expect(c).data_type().clone();
+    assert_eq!(ty("amount"), arrow_schema::DataType::Decimal128(10, 2));
+    assert_eq!(
+        ty("at"),
+        arrow_schema::DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, Some("UTC".into()))
+    );
+    assert_eq!(ty("qty"), arrow_schema::DataType::Int32);
+    assert_eq!(ty("tags"), arrow_schema::DataType::Utf8);
+    // Row 7 of the first file, as its file holds it.
+    let row7 = batches
+        .iter()
+        .find_map(|b| {
+            let id = column::<Int64Array>(b, "id");
+            (0..b.num_rows())
+                .find(|&i| id.value(i) == 7)
+                .map(|i| (b.clone(), i))
+        })
+        .expect("row 7");
+    let (b, i) = row7;
+    assert_eq!(column::<Decimal128Array>(&b, "amount").value(i), 705);
+    assert_eq!(
+        column::<arrow_array::TimestampMicrosecondArray>(&b, "at").value(i),
+        1_704_067_207_000_000
+    );
+    assert_eq!(column::<StringArray>(&b, "tags").value(i), "[a, t1]");
+    assert!(column::<arrow_array::Int32Array>(&b, "qty").is_null(i));
+
+    // A later file: the next attempt reads only it, its int64 qty widening
+    // the stream's int32.
+    let published_before = all_files(&out.join("events"), "parquet").len();
+    {
+        use std::sync::Arc;
+        write_parquet(
+            &input.join("events/2024-01-03.parquet"),
+            vec![
+                ("id", Arc::new(Int64Array::from(vec![5_001i64, 5_002]))),
+                (
+                    "qty",
+                    Arc::new(Int64Array::from(vec![10_000_000_000i64, 2])),
+                ),
+            ],
+        );
+    }
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 2, "{outcome}");
+    assert_eq!(
+        all_files(&out.join("events"), "parquet").len(),
+        published_before + 1
+    );
+    let (n, ids, _, _) = tally(&published(&out, "events"));
+    assert_eq!((n, ids), (5_002, 5_002));
+
+    // A column two files give types that do not widen stops the stream
+    // before anything moves, naming both files.
+    {
+        use std::sync::Arc;
+        write_parquet(
+            &input.join("events/2024-01-04.parquet"),
+            vec![
+                ("id", Arc::new(Int64Array::from(vec![5_003i64]))),
+                ("name", Arc::new(Int64Array::from(vec![1i64]))),
+            ],
+        );
+    }
+    let head_before = head(&db).await.0;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("column name is text in events/2024-01-01.parquet and bigint in events/2024-01-04.parquet"),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, head_before, "nothing moved");
+
+    // A file that is a link to one outside the source's directory is
+    // refused, whatever it holds.
+    std::fs::remove_file(input.join("events/2024-01-04.parquet")).expect("remove");
+    let elsewhere = dir.join("elsewhere/x.parquet");
+    events_file(&elsewhere, 9_000, 9_010, false, false);
+    std::os::unix::fs::symlink(&elsewhere, input.join("events/2024-01-05.parquet"))
+        .expect("a link");
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "events/2024-01-05.parquet: refused: it resolves outside the source's directory"
+        ),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, head_before, "nothing moved");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Through a runner (its pump describes the files and reads them, the
+/// engine gets typed batches over the data edge) into an Iceberg table
+/// merged by key: a file that updates some ids leaves one row per id.
+#[tokio::test]
+async fn parquet_files_come_over_the_data_edge_and_merge_into_iceberg() {
+    let db = TestDb::new().await;
+    let dir = scratch("parquet-edge");
+    let (input, wh, store, logs) = (
+        dir.join("in"),
+        dir.join("wh"),
+        dir.join("store"),
+        dir.join("logs"),
+    );
+    events_file(&input.join("events/a.parquet"), 1, 3_001, false, true);
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'effectively_once')")
+        .bind(json!({"type": "files", "url": input.to_string_lossy(), "format": "parquet"}))
+        .bind(json!({"type": "iceberg", "namespace": "raw"}))
+        .bind(
+            json!([{"name": "events", "pattern": "events/*.parquet", "mode": "merge",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("a parquet sync into Iceberg");
+    let whs = wh.to_string_lossy().to_string();
+    let runner = sync_runner_with(&db, &store, &logs, &[("ORCA_WAREHOUSE", &whs)]);
+    let run_once = || async {
+        let r = db.scalar_i64("SELECT orca.run('shop', 'now')").await;
+        wait_run(&db, r, "succeeded", &runner).await;
+    };
+    run_once().await;
+    // Ids 2 001..4 000 again, with new quantities: half update, half are new.
+    {
+        use std::sync::Arc;
+        let ids: Vec<i64> = (2_001..4_001).collect();
+        write_parquet(
+            &input.join("events/b.parquet"),
+            vec![
+                ("id", Arc::new(Int64Array::from(ids.clone()))),
+                (
+                    "qty",
+                    Arc::new(arrow_array::Int32Array::from(vec![1_000i32; ids.len()])),
+                ),
+            ],
+        );
+    }
+    run_once().await;
+    let stats = pyiceberg(&["stats", &db.url(), &whs, "raw.events", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"]),
+        (&json!(4_000), &json!(4_000)),
+        "{stats}"
+    );
+    let qty = pyiceberg(&["stats", &db.url(), &whs, "raw.events", "qty"]);
+    // Ids 1..2 000 keep id % 10; 2 001..4 000 are 1 000 each.
+    let kept: i64 = (1..=2_000).map(|i| i % 10).sum();
+    assert_eq!(qty["sum"], kept + 2_000 * 1_000, "{qty}");
+    let logs: String = all_files(&store.join("default/shop/_logs"), "jsonl")
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect();
+    assert!(
+        logs.contains("\"event\":\"edge\""),
+        "the source came over the edge: {logs}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use orca_core::api::LeaseToken;
 use orca_core::delivery::WriteMode;
-use orca_core::sync::{Destination, Source as SourceDef, Stream, SyncDef};
+use orca_core::sync::{Destination, FileFormat, Source as SourceDef, Stream, SyncDef};
 use serde_json::{json, Value};
 
 use crate::attempt::log::Log;
@@ -286,22 +286,7 @@ fn look_up(
         SourceDef::Postgres { url, .. } | SourceDef::PostgresCdc { url, .. } => {
             let specs = table_specs(&def.streams, def.source.is_cdc())?;
             let tables = match edge {
-                Some(e) => {
-                    let asked = Describe {
-                        source: def.source.clone(),
-                        streams: def.streams.clone(),
-                        guard: scope.clone(),
-                    };
-                    let tables = e.describe(&asked, stop)?;
-                    let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
-                    let want: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-                    if names != want {
-                        return Err(EngineError::Definition(format!(
-                            "the runner described streams {names:?}, the definition has {want:?}"
-                        )));
-                    }
-                    tables
-                }
+                Some(e) => described(e, def, stop, scope)?,
                 None => {
                     let url = url
                         .plain()
@@ -312,6 +297,24 @@ fn look_up(
                         .map(|spec| table::describe(&mut probe, spec))
                         .collect::<Result<Vec<_>, _>>()?
                 }
+            };
+            Ok(Source::Tables(tables))
+        }
+        SourceDef::Files {
+            url,
+            format: FileFormat::Parquet,
+        } => {
+            guard.place(
+                url.plain()
+                    .map_err(|e| EngineError::Definition(e.to_string()))?,
+            )?;
+            let tables = match edge {
+                Some(e) => described(e, def, stop, scope)?,
+                None => crate::source::files::open::describe(&Describe {
+                    source: def.source.clone(),
+                    streams: def.streams.clone(),
+                    guard: scope.clone(),
+                })?,
             };
             Ok(Source::Tables(tables))
         }
@@ -331,6 +334,30 @@ fn look_up(
         // are opened (on the runner that hosts the source, or here).
         SourceDef::Connector { .. } => Ok(Source::Raw(raw_streams(&def.streams))),
     }
+}
+
+/// The streams' tables as the runner's pump describes them, in the
+/// definition's order.
+fn described(
+    e: &mut Edge,
+    def: &SyncDef,
+    stop: impl Fn() -> bool,
+    scope: &Scope,
+) -> Result<Vec<PgTable>, EngineError> {
+    let asked = Describe {
+        source: def.source.clone(),
+        streams: def.streams.clone(),
+        guard: scope.clone(),
+    };
+    let tables = e.describe(&asked, stop)?;
+    let names: Vec<&str> = tables.iter().map(|t| t.spec.name.as_str()).collect();
+    let want: Vec<&str> = def.streams.iter().map(|s| s.name.as_str()).collect();
+    if names != want {
+        return Err(EngineError::Definition(format!(
+            "the runner described streams {names:?}, the definition has {want:?}"
+        )));
+    }
+    Ok(tables)
 }
 
 /// The streams of a source of raw records, with their policies and the

@@ -3,15 +3,16 @@
 //! connector). The engine calls it when it reads a source itself, and a
 //! runner's pump when it hosts the source.
 
-use orca_core::sync::Source;
+use orca_core::sync::{FileFormat, Source};
 
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::external::connector::{spawn_connector, ConnectorAcks};
 use crate::source::files::open::open_files;
-use crate::source::plan::Plan;
+use crate::source::plan::{Describe, Plan};
 use crate::source::postgres::cdc::{lowest_acknowledged, Acks, SlotGauge};
 use crate::source::postgres::open::{open_cdc, open_tables};
+use crate::source::postgres::table::PgTable;
 use crate::source::readers::Reader;
 
 /// Where the commit protocol's acknowledgements go, for a source that
@@ -36,6 +37,24 @@ impl Upstream {
             }
             Upstream::Connector(c) => c.acknowledge(positions),
         }
+    }
+}
+
+/// The typed streams a [`Describe`] asks for, looked up where the source
+/// keeps their columns: a Postgres catalog, or Parquet files' footers.
+pub(crate) fn describe(request: &Describe) -> Result<Vec<PgTable>, ReadError> {
+    match &request.source {
+        Source::Files {
+            format: FileFormat::Parquet,
+            ..
+        } => crate::source::files::open::describe(request),
+        Source::Postgres { .. } | Source::PostgresCdc { .. } => {
+            crate::source::postgres::open::describe(request)
+        }
+        other => Err(ReadError::Definition(format!(
+            "a {} source has no columns of its own to describe",
+            other.kind()
+        ))),
     }
 }
 

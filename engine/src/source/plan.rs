@@ -45,7 +45,8 @@ pub struct Start {
 }
 
 /// What the engine asks a pump to look up in the source's catalog before
-/// it sends a plan: the tables of a Postgres source's streams.
+/// it sends a plan: the tables of a Postgres source's streams, or the
+/// columns of a parquet files source's streams.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Describe {
     pub source: Source,
@@ -54,12 +55,10 @@ pub struct Describe {
 }
 
 impl Plan {
-    /// The source sends typed columns (a Postgres table), not raw records.
+    /// The source sends typed columns (a Postgres table, Parquet files),
+    /// not raw records.
     pub fn typed(&self) -> bool {
-        matches!(
-            self.source,
-            Source::Postgres { .. } | Source::PostgresCdc { .. }
-        )
+        self.source.typed()
     }
 
     /// The source confirms upstream what committed checkpoints cover (a

@@ -34,7 +34,6 @@ use serde_json::Value;
 use crate::source::error::ReadError;
 use crate::source::open::{open_readers, Upstream};
 use crate::source::plan::{Describe, Plan};
-use crate::source::postgres;
 use crate::source::readers::{Msg, Reader, Shape};
 use crate::transport::frame::{read_frame, write_frame, Frame, FrameError, ANY_STREAM};
 use crate::transport::wire::raw_batch;
@@ -222,7 +221,7 @@ fn take_acks(mut input: BufReader<UnixStream>, acks: &Upstream) {
 pub fn describe(request: &Value) -> Result<Value, ReadError> {
     let request: Describe = serde_json::from_value(request.clone())
         .map_err(|e| ReadError::Definition(format!("the describe request: {e}")))?;
-    let tables = postgres::open::describe(&request)?;
+    let tables = crate::source::open::describe(&request)?;
     serde_json::to_value(tables).map_err(|e| ReadError::Definition(e.to_string()))
 }
 

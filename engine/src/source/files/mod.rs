@@ -1,8 +1,10 @@
 //! The files source: JSON lines or CSV files read in name order as raw
 //! records ([`reader`]), which the attempt normalizes into columns
-//! (`source::normalize`). [`open`] starts a plan's readers.
+//! (`source::normalize`), or Parquet files read as typed columns
+//! ([`parquet`]). [`open`] starts a plan's readers.
 
 pub(crate) mod open;
+pub(crate) mod parquet;
 pub mod reader;
 
 pub use reader::{FileReader, FilesError, Format};

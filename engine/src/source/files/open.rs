@@ -8,10 +8,13 @@ use orca_core::sync::Source;
 use crate::commit::store::Store;
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
+use crate::source::files::parquet::{self, spawn_parquet_reader, Place};
 use crate::source::files::reader::{FileReader, Format};
 use crate::source::msg::Msg;
 use crate::source::normalize::StreamSchema;
+use crate::source::plan::Describe;
 use crate::source::plan::{url_of, Plan};
+use crate::source::postgres::table::PgTable;
 use crate::source::readers::{spawn, Reader, Shape};
 use crate::util::Missing;
 
@@ -34,6 +37,23 @@ pub(crate) fn open_files(plan: &Plan, guard: &Guard) -> Result<Vec<Reader>, Read
         Some(real) => real.display().to_string(),
         None => url.to_string(),
     };
+    if format == Format::Parquet {
+        let place = Place::open(&url, root.clone())?;
+        return plan
+            .started()?
+            .into_iter()
+            .map(|(start, stream)| {
+                let table = parquet::describe(&place, stream)?.under_policy(&start.recorded)?;
+                spawn_parquet_reader(
+                    url.clone(),
+                    root.clone(),
+                    table,
+                    start.after.clone(),
+                    plan.batch_rows,
+                )
+            })
+            .collect();
+    }
     plan.started()?
         .into_iter()
         .map(|(start, stream)| {
@@ -78,4 +98,22 @@ fn spawn_file_reader(
         let _ = tx.send(Ok(Msg::End { bytes: 0 }));
         Ok(())
     })
+}
+
+/// The tables of a parquet files source's streams, as their files' footers
+/// describe them, in the streams' order.
+pub(crate) fn describe(request: &Describe) -> Result<Vec<PgTable>, ReadError> {
+    let guard = Guard::new(&request.guard)?;
+    let url = url_of(&request.source)?;
+    let root = guard.place(url)?;
+    let url = match &root {
+        Some(real) => real.display().to_string(),
+        None => url.to_string(),
+    };
+    let place = Place::open(&url, root)?;
+    request
+        .streams
+        .iter()
+        .map(|s| parquet::describe(&place, s))
+        .collect()
 }

@@ -35,6 +35,11 @@ pub enum FilesError {
     Outside { file: String, root: String },
     #[error("{file}: {reason}")]
     Local { file: String, reason: String },
+    #[error(
+        "stream {stream}: parquet files are read as typed columns, not as records (a reader of \
+         JSON lines or CSV was asked to read them)"
+    )]
+    NotRecords { stream: String },
     #[error("resume point {0:?} is not [file, byte offset]")]
     BadPosition(Vec<String>),
     #[error("{file}: the CSV header cannot be read: {reason}")]
@@ -58,7 +63,7 @@ pub struct FileReader {
     root: Option<std::path::PathBuf>,
     /// The local file being read, as opened and checked.
     opened: Option<(String, std::fs::File)>,
-    format: Format,
+    format: Records,
     /// The stream's files in name order, from the resume point's file on.
     files: Vec<String>,
     next_file: usize,
@@ -69,6 +74,13 @@ pub struct FileReader {
     record_max: usize,
     /// How many bytes a read fetches at least.
     window: usize,
+}
+
+/// The formats read as records.
+#[derive(Debug, Clone, Copy)]
+enum Records {
+    Jsonl,
+    Csv,
 }
 
 /// A file being read through a window of its bytes: files are read in
@@ -116,22 +128,16 @@ impl FileReader {
         pattern: &str,
         after: Option<&[String]>,
     ) -> Result<FileReader, FilesError> {
-        let bad = |reason: String| FilesError::Pattern {
-            stream: stream.to_string(),
-            pattern: pattern.to_string(),
-            reason,
+        let format = match format {
+            Format::Jsonl => Records::Jsonl,
+            Format::Csv => Records::Csv,
+            Format::Parquet => {
+                return Err(FilesError::NotRecords {
+                    stream: stream.to_string(),
+                })
+            }
         };
-        let glob = glob::Pattern::new(pattern).map_err(|e| bad(e.to_string()))?;
-        let opts = glob::MatchOptions {
-            require_literal_separator: true,
-            ..glob::MatchOptions::new()
-        };
-        let mut files: Vec<String> = store
-            .list("")?
-            .into_iter()
-            .filter(|f| glob.matches_with(f, opts))
-            .collect();
-        files.sort();
+        let files = matching(&store, stream, pattern)?;
         let mut reader = FileReader {
             store,
             root,
@@ -208,57 +214,9 @@ impl FileReader {
     /// kernel has it), so a link swapped in between a check and the open
     /// cannot lead the read outside.
     fn open_local(&mut self, root: &std::path::Path, file: &str) -> Result<usize, FilesError> {
-        use std::os::fd::AsRawFd;
-        let local = |reason: String| FilesError::Local {
-            file: file.to_string(),
-            reason,
-        };
-        if file
-            .split('/')
-            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
-        {
-            return Err(local("a file's name may not hold '.', '..' or '//'".into()));
-        }
-        let path = root.join(file);
-        let vanished = || FilesError::Vanished {
-            file: file.to_string(),
-        };
-        // Only regular files are opened, and without blocking: a FIFO or a
-        // device put in the directory is refused, not waited on.
-        match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => return Err(local("it is not a regular file".into())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
-            Err(e) => return Err(local(format!("looking it up: {e}"))),
-        }
-        let f = {
-            use std::os::unix::fs::OpenOptionsExt;
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-                .open(&path)
-            {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
-                Err(e) => return Err(local(format!("opening it: {e}"))),
-            }
-        };
-        let real = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-            .map_err(|e| local(format!("resolving the opened file: {e}")))?;
-        if !real.starts_with(root) {
-            return Err(FilesError::Outside {
-                file: file.to_string(),
-                root: root.display().to_string(),
-            });
-        }
-        let meta = f
-            .metadata()
-            .map_err(|e| local(format!("reading its size: {e}")))?;
-        if !meta.is_file() {
-            return Err(local("it is not a regular file".into()));
-        }
+        let (f, size) = open_checked(root, file)?;
         self.opened = Some((file.to_string(), f));
-        Ok(meta.len() as usize)
+        Ok(size)
     }
 
     fn open_file(&mut self, file: &str, offset: usize) -> Result<(), FilesError> {
@@ -270,8 +228,8 @@ impl FileReader {
             })? as usize,
         };
         let (header, start) = match self.format {
-            Format::Jsonl => (Vec::new(), 0),
-            Format::Csv => {
+            Records::Jsonl => (Vec::new(), 0),
+            Records::Csv => {
                 // The header is the first record: read a window that holds it.
                 let mut len = self.window;
                 let head = loop {
@@ -337,10 +295,10 @@ impl FileReader {
             let complete = o.base + o.data.len() >= o.size;
             let window = &o.data[rel..];
             let used = match self.format {
-                Format::Jsonl => {
+                Records::Jsonl => {
                     read_jsonl(&o.file, window, o.offset, complete, want, &mut records)
                 }
-                Format::Csv => read_csv(
+                Records::Csv => read_csv(
                     &o.file,
                     window,
                     o.offset,
@@ -374,6 +332,91 @@ impl FileReader {
         }
         Ok((!records.is_empty()).then_some(RawChunk { records, last }))
     }
+}
+
+/// A local file of a files source, opened and checked to lie under the
+/// source's directory (`root`, links resolved): the check is made on the
+/// opened file itself (its path as the kernel has it), so a link swapped in
+/// between a check and the open cannot lead the read outside. Returns the
+/// file and its size.
+pub(crate) fn open_checked(
+    root: &std::path::Path,
+    file: &str,
+) -> Result<(std::fs::File, usize), FilesError> {
+    use std::os::fd::AsRawFd;
+    let local = |reason: String| FilesError::Local {
+        file: file.to_string(),
+        reason,
+    };
+    if file
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(local("a file's name may not hold '.', '..' or '//'".into()));
+    }
+    let path = root.join(file);
+    let vanished = || FilesError::Vanished {
+        file: file.to_string(),
+    };
+    // Only regular files are opened, and without blocking: a FIFO or a
+    // device put in the directory is refused, not waited on.
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(local("it is not a regular file".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
+        Err(e) => return Err(local(format!("looking it up: {e}"))),
+    }
+    let f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(vanished()),
+            Err(e) => return Err(local(format!("opening it: {e}"))),
+        }
+    };
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_err(|e| local(format!("resolving the opened file: {e}")))?;
+    if !real.starts_with(root) {
+        return Err(FilesError::Outside {
+            file: file.to_string(),
+            root: root.display().to_string(),
+        });
+    }
+    let meta = f
+        .metadata()
+        .map_err(|e| local(format!("reading its size: {e}")))?;
+    if !meta.is_file() {
+        return Err(local("it is not a regular file".into()));
+    }
+    Ok((f, meta.len() as usize))
+}
+
+/// The files of a stream's pattern in `store`, in name order.
+pub(crate) fn matching(
+    store: &Store,
+    stream: &str,
+    pattern: &str,
+) -> Result<Vec<String>, FilesError> {
+    let glob = glob::Pattern::new(pattern).map_err(|e| FilesError::Pattern {
+        stream: stream.to_string(),
+        pattern: pattern.to_string(),
+        reason: e.to_string(),
+    })?;
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..glob::MatchOptions::new()
+    };
+    let mut files: Vec<String> = store
+        .list("")?
+        .into_iter()
+        .filter(|f| glob.matches_with(f, opts))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 fn raw(file: &str, offset: usize, record: Value) -> Raw {
