@@ -62,6 +62,13 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         epoch_seconds: Option<u64>,
     },
+    /// Tables of the org's own Iceberg catalog: each stream reads its table
+    /// at its current snapshot, then the rows later snapshots append.
+    Iceberg {
+        /// Rows per stream per epoch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_rows: Option<u64>,
+    },
     /// An external connector: a program the runner's host installed in its
     /// connectors directory (`orca-runner --connectors DIR`), which speaks
     /// the connector protocol (docs/connectors.md) on a Unix socket.
@@ -122,6 +129,7 @@ impl Source {
             Source::Postgres { .. } => "postgres",
             Source::Files { .. } => "files",
             Source::PostgresCdc { .. } => "postgres_cdc",
+            Source::Iceberg { .. } => "iceberg",
             Source::Connector { .. } => "connector",
         }
     }
@@ -133,7 +141,7 @@ impl Source {
             Source::Postgres { url, .. }
             | Source::Files { url, .. }
             | Source::PostgresCdc { url, .. } => Some(url),
-            Source::Connector { .. } => None,
+            Source::Iceberg { .. } | Source::Connector { .. } => None,
         }
     }
 
@@ -144,6 +152,7 @@ impl Source {
             self,
             Source::Postgres { .. }
                 | Source::PostgresCdc { .. }
+                | Source::Iceberg { .. }
                 | Source::Files {
                     format: FileFormat::Parquet,
                     ..
@@ -165,6 +174,7 @@ impl Source {
             Source::Postgres { url, .. }
             | Source::Files { url, .. }
             | Source::PostgresCdc { url, .. } => url.resolve(resolver),
+            Source::Iceberg { .. } => Ok(()),
             Source::Connector { config, .. } => resolve_config(config, resolver),
         }
     }
@@ -184,6 +194,8 @@ impl Source {
             // What an external connector reaches, its spec names: the
             // attempt checks it before the connector starts.
             Source::Connector { .. } => Vec::new(),
+            // The org's own catalog and warehouse, which the org reaches.
+            Source::Iceberg { .. } => Vec::new(),
         }
     }
 
@@ -461,6 +473,13 @@ const SOURCES: &[Connector] = &[
         name: "postgres_cdc",
         required: &["url"],
         optional: &["batch_rows", "continuous", "epoch_seconds"],
+    },
+    // Tables of the org's own Iceberg catalog: a snapshot, then what later
+    // snapshots append (exact: snapshots never change).
+    Connector {
+        name: "iceberg",
+        required: &[],
+        optional: &["batch_rows"],
     },
     // A program of the runner host's connectors directory, on a Unix socket.
     Connector {
@@ -971,7 +990,7 @@ fn check_rules(
         check_connector(&src_opts)?;
     }
     let replay = match src.name {
-        "files" | "postgres_cdc" => Replay::Exact,
+        "files" | "postgres_cdc" | "iceberg" => Replay::Exact,
         "connector" if src_opts.get("replay").and_then(Value::as_str) == Some("exact") => {
             Replay::Exact
         }
@@ -1083,6 +1102,29 @@ fn check_rules(
             stream.splits = Some(splits as u32);
         }
         match src.name {
+            "iceberg" => {
+                let table = obj.get("table").and_then(Value::as_str).unwrap_or("");
+                let parts: Vec<&str> = table.split('.').collect();
+                if parts.len() != 2 || !parts.iter().all(|p| is_name(p)) {
+                    return Err(bad(
+                        format!("{at}.table"),
+                        format!(
+                            "'{table}' is not a table of the org's catalog: namespace.table, \
+                             lowercase"
+                        ),
+                    ));
+                }
+                stream.table = Some(table.to_string());
+                for no in ["cursor", "lookback", "pattern"] {
+                    if obj.contains_key(no) {
+                        return Err(bad(
+                            format!("{at}.{no}"),
+                            "is not an option of an iceberg stream: it reads the table's \
+                             snapshots in order, without a cursor",
+                        ));
+                    }
+                }
+            }
             "connector" => {
                 for no in ["table", "cursor", "lookback", "pattern"] {
                     if obj.contains_key(no) {
@@ -1704,6 +1746,60 @@ mod tests {
         )
         .expect_err("name");
         assert_eq!(e.sqlstate(), "OR063");
+    }
+
+    #[test]
+    fn iceberg_sources_read_tables_of_the_orgs_catalog_by_name() {
+        let lake = json!({"type": "iceberg", "batch_rows": 500});
+        let out = json!({"type": "parquet", "url": "/out"});
+        let with = |streams: Value| check("s", &lake, &out, &streams, None, "exactly_once");
+        let def = with(json!([{"name": "events", "table": "lake.events"}])).expect("valid");
+        let typed: SyncDef = serde_json::from_value(def).expect("typed");
+        assert!(typed.source.typed());
+        assert_eq!(typed.source.kind(), "iceberg");
+        assert!(typed.source.url().is_none() && typed.source.reaches().is_empty());
+        assert_eq!(typed.streams[0].table.as_deref(), Some("lake.events"));
+        for (streams, field, says) in [
+            (
+                json!([{"name": "e"}]),
+                "streams[0].table",
+                "is not a table of the org's catalog",
+            ),
+            (
+                json!([{"name": "e", "table": "public.a.b"}]),
+                "streams[0].table",
+                "namespace.table",
+            ),
+            (
+                json!([{"name": "e", "table": "Lake.Events"}]),
+                "streams[0].table",
+                "lowercase",
+            ),
+            (
+                json!([{"name": "e", "table": "lake.e", "cursor": "at"}]),
+                "streams[0].cursor",
+                "is not an option of an iceberg stream",
+            ),
+            (
+                json!([{"name": "e", "table": "lake.e", "columns": {"a": "int64"}}]),
+                "streams[0].columns",
+                "have its table's types",
+            ),
+        ] {
+            let e = with(streams.clone()).expect_err("refused").to_string();
+            assert!(e.contains(field) && e.contains(says), "{streams}: {e}");
+        }
+        let e = check(
+            "s",
+            &json!({"type": "iceberg", "url": "/x"}),
+            &out,
+            &json!([{"name": "e", "table": "lake.e"}]),
+            None,
+            "exactly_once",
+        )
+        .expect_err("url")
+        .to_string();
+        assert!(e.contains("source.url"), "{e}");
     }
 
     #[test]

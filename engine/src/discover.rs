@@ -66,6 +66,11 @@ pub fn run(opts: &DiscoverOptions) -> Result<Value, EngineError> {
                 "a files source has no catalog to discover".into(),
             ))
         }
+        Source::Iceberg { .. } => {
+            return Err(EngineError::Definition(
+                "an iceberg source's tables are the org's catalog already".into(),
+            ))
+        }
     };
     let version = control.store_catalog(lease, &catalog)?;
     let count = |k: &str| catalog[k].as_array().map_or(0, Vec::len);

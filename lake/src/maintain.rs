@@ -378,13 +378,18 @@ pub fn within(path: &str, dir: &str) -> bool {
 /// metadata file must lie under `root` (the org's part of the warehouse),
 /// or maintenance could delete another org's files or the host's.
 pub fn check_place(table: &Table, root: &str) -> Result<()> {
+    check_within(table, root, "maintenance touches only the org's own tables")
+}
+
+/// Refuses a table whose location or metadata file is not under `root`
+/// (the org's part of the warehouse), saying `why` it must be.
+pub fn check_within(table: &Table, root: &str, why: &str) -> Result<()> {
     let location = table.location();
     let metadata = table.inner.metadata_location().unwrap_or_default();
     for (what, path) in [("location", location), ("metadata file", metadata)] {
         if !within(path, root) {
             return Err(LakeError::Table(format!(
-                "table {}'s {what} {path} is not under its org's warehouse {root}: \
-                 maintenance touches only the org's own tables",
+                "table {}'s {what} {path} is not under its org's warehouse {root}: {why}",
                 table.dataset()
             )));
         }

@@ -4,6 +4,7 @@ Postgres tables Orca's catalog writes.
     python iceberg.py read    <db-url> <warehouse> <dataset>   -> JSON: schema, rows, snapshots
     python iceberg.py append  <db-url> <warehouse> <dataset> <json rows> [summary json]
     python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
+    python iceberg.py overwrite <db-url> <warehouse> <dataset> <json rows>
     python iceberg.py stats   <db-url> <warehouse> <dataset> <int column>
                                                 -> JSON: rows, distinct, sum, snapshots
     python iceberg.py prune   <db-url> <warehouse> <dataset> <column> <value>
@@ -143,6 +144,13 @@ def main():
             "properties": dict(t.properties),
         }
         print(json.dumps(out, default=str))
+    elif cmd == "overwrite":
+        # Replaces every row: an overwrite snapshot.
+        t = cat.load_table(dataset)
+        data = pa.Table.from_pylist(json.loads(sys.argv[5]))
+        data = data.select(t.schema().as_arrow().names).cast(t.schema().as_arrow())
+        t.overwrite(data)
+        print(json.dumps({"snapshot": t.current_snapshot().snapshot_id}))
     elif cmd in ("append", "create"):
         rows = json.loads(sys.argv[5])
         data = pa.Table.from_pylist(rows)

@@ -3278,3 +3278,192 @@ async fn parquet_files_come_over_the_data_edge_and_merge_into_iceberg() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Rows `from..=to` of an events table as JSON: an id and a name.
+fn events_rows(from: i64, to: i64) -> String {
+    json!((from..=to)
+        .map(|i| json!({"id": i, "name": format!("n{i}")}))
+        .collect::<Vec<_>>())
+    .to_string()
+}
+
+/// A table of the org's own lake is a source: read at its current snapshot
+/// (two appends made it), exactly once across a crash at the commit point;
+/// then only what later appends add; a snapshot that overwrote rows stops
+/// the stream before anything moves, naming it; a table the org's catalog
+/// does not hold is refused by name.
+#[tokio::test]
+async fn an_iceberg_table_syncs_at_a_snapshot_then_by_the_snapshots_appended_after_it() {
+    let db = TestDb::new().await;
+    let dir = scratch("ice-src");
+    let (wh, out, store) = (dir.join("wh"), dir.join("out"), dir.join("store"));
+    let org_wh = format!("{}/default", wh.to_string_lossy());
+    let url = db.url();
+    pyiceberg(&["create", &url, &org_wh, "lake.events", &events_rows(1, 500)]);
+    pyiceberg(&[
+        "append",
+        &url,
+        &org_wh,
+        "lake.events",
+        &events_rows(501, 1_000),
+    ]);
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "iceberg"}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "events", "table": "lake.events"}]))
+        .execute(&db.pool)
+        .await
+        .expect("an exactly-once sync of an Iceberg table");
+    let run = || into_iceberg(&db, &store, 300, &wh);
+    let o = run()
+        .env("ORCA_ENGINE_CRASH_AFTER_HEAD", "2")
+        .output()
+        .expect("engine");
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["recovery"], "apply epoch 2 to events, then resume");
+    let (n, ids, orca_ids, sum) = tally(&published(&out, "events"));
+    assert_eq!((n, ids, orca_ids), (1_000, 1_000, 1_000), "every row once");
+    assert_eq!(sum, 1_000 * 1_001 / 2);
+
+    // A later append: the next attempt reads only its rows; then nothing.
+    pyiceberg(&[
+        "append",
+        &url,
+        &org_wh,
+        "lake.events",
+        &events_rows(1_001, 1_200),
+    ]);
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 200, "{outcome}");
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 0, "{outcome}");
+    let (n, ids, _, _) = tally(&published(&out, "events"));
+    assert_eq!((n, ids), (1_200, 1_200));
+
+    // A compaction (a replace snapshot: the same rows in other files)
+    // brings nothing, and the stream moves past it.
+    let config = orca_lake::LakeConfig {
+        catalog_url: Some(db.url()),
+        warehouse: format!("file://{}", wh.display()),
+        org: "default".into(),
+        lease: None,
+    };
+    // The lake blocks on a runtime of its own: off this test's.
+    let compacted = tokio::task::spawn_blocking(move || {
+        let lake = orca_lake::Lake::open(&config).expect("the lake");
+        let table = orca_lake::table::load(&lake, "lake.events").expect("the table");
+        let opts = orca_lake::maintain::CompactOptions {
+            small_bytes: 1 << 30,
+            min_files: 2,
+        };
+        orca_lake::maintain::compact(
+            &lake,
+            &table,
+            &opts,
+            std::collections::HashMap::new(),
+            "test-compact".into(),
+        )
+        .expect("a compaction")
+        .snapshot
+    })
+    .await
+    .expect("the compaction's thread");
+    assert!(compacted.is_some(), "it compacted");
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let outcome: Value = serde_json::from_slice(&o.stdout).expect("outcome JSON");
+    assert_eq!(outcome["rows"], 0, "{outcome}");
+    let record: String =
+        sqlx::query_scalar("SELECT head_record FROM orca.syncs WHERE name = 'shop'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("a HEAD record");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(store.join(&record)).expect("the record"))
+            .expect("record JSON");
+    let position = &record["streams"]["events"]["position"];
+    assert_eq!(position[0], "done", "{record}");
+    let (n, ids, _, _) = tally(&published(&out, "events"));
+    assert_eq!((n, ids), (1_200, 1_200));
+
+    // An overwrite cannot be read as an increment (PyIceberg overwrites
+    // with a delete snapshot, then an append).
+    pyiceberg(&[
+        "overwrite",
+        &url,
+        &org_wh,
+        "lake.events",
+        &events_rows(1, 3),
+    ]);
+    let head_before = head(&db).await.0;
+    let o = run().output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("of lake.events deleted rows: an iceberg stream reads what appends add"),
+        "{err}"
+    );
+    assert_eq!(head(&db).await.0, head_before, "nothing moved");
+
+    // A table the org's catalog does not hold.
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3)")
+        .bind(json!({"type": "iceberg"}))
+        .bind(json!({"type": "parquet", "url": out.to_string_lossy()}))
+        .bind(json!([{"name": "nope", "table": "lake.nope"}]))
+        .execute(&db.pool)
+        .await
+        .expect("redefined");
+    let o = run().output().expect("engine");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("table lake.nope is not in org default's catalog"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Through a runner (the engine reads the lake itself, under its lease)
+/// into an Iceberg table merged by key.
+#[tokio::test]
+async fn an_iceberg_source_syncs_through_a_runner_into_a_merged_iceberg_table() {
+    let db = TestDb::new().await;
+    let dir = scratch("ice-src-runner");
+    let (wh, store, logs) = (dir.join("wh"), dir.join("store"), dir.join("logs"));
+    let whs = wh.to_string_lossy().to_string();
+    let org_wh = format!("{whs}/default");
+    let url = db.url();
+    pyiceberg(&["create", &url, &org_wh, "lake.events", &events_rows(1, 800)]);
+    sqlx::query("SELECT orca.create_sync('shop', $1, $2, $3, NULL, 'effectively_once')")
+        .bind(json!({"type": "iceberg", "batch_rows": 250}))
+        .bind(json!({"type": "iceberg", "namespace": "mirror"}))
+        .bind(
+            json!([{"name": "events", "table": "lake.events", "mode": "merge",
+                      "primary_key": ["id"]}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("a lake to lake sync");
+    let runner = sync_runner_with(&db, &store, &logs, &[("ORCA_WAREHOUSE", &whs)]);
+    for rows in [events_rows(801, 1_000), events_rows(1_001, 1_100)] {
+        let r = db.scalar_i64("SELECT orca.run('shop', 'now')").await;
+        wait_run(&db, r, "succeeded", &runner).await;
+        pyiceberg(&["append", &url, &org_wh, "lake.events", &rows]);
+    }
+    let r = db.scalar_i64("SELECT orca.run('shop', 'now')").await;
+    wait_run(&db, r, "succeeded", &runner).await;
+    let stats = pyiceberg(&["stats", &url, &whs, "mirror.events", "id"]);
+    assert_eq!(
+        (&stats["rows"], &stats["distinct"], &stats["sum"]),
+        (&json!(1_100), &json!(1_100), &json!(1_100 * 1_101 / 2)),
+        "{stats}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -103,7 +103,14 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         .or(batch_rows_of(&def.source)?)
         .unwrap_or(DEFAULT_BATCH_ROWS);
     let stop = || channel.as_ref().is_some_and(Control::stop_requested);
-    let source = look_up(def, edge.as_mut(), stop, &guard, &scope)?;
+    let source = look_up(
+        def,
+        edge.as_mut(),
+        stop,
+        &guard,
+        &scope,
+        &opts.lake_config(),
+    )?;
     let tables: &[PgTable] = match &source {
         Source::Tables(t) => t,
         Source::Raw(_) => &[],
@@ -281,6 +288,7 @@ fn look_up(
     stop: impl Fn() -> bool,
     guard: &Guard,
     scope: &Scope,
+    lake_config: &orca_lake::LakeConfig,
 ) -> Result<Source, EngineError> {
     match &def.source {
         SourceDef::Postgres { url, .. } | SourceDef::PostgresCdc { url, .. } => {
@@ -316,6 +324,16 @@ fn look_up(
                     guard: scope.clone(),
                 })?,
             };
+            Ok(Source::Tables(tables))
+        }
+        SourceDef::Iceberg { .. } => {
+            let lake = orca_lake::Lake::open(lake_config)
+                .map_err(|e| EngineError::Definition(format!("the lake: {e}")))?;
+            let tables = def
+                .streams
+                .iter()
+                .map(|s| crate::source::lake::iceberg::describe(&lake, lake_config, s))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(Source::Tables(tables))
         }
         SourceDef::Files { url, .. } => {
@@ -392,6 +410,9 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
         | SourceDef::Connector {
             batch_rows: Some(n),
             ..
+        }
+        | SourceDef::Iceberg {
+            batch_rows: Some(n),
         } => usize::try_from(*n)
             .ok()
             .filter(|n| *n >= 1)
@@ -404,6 +425,7 @@ fn batch_rows_of(source: &SourceDef) -> Result<Option<usize>, EngineError> {
         SourceDef::Postgres { .. }
         | SourceDef::PostgresCdc { .. }
         | SourceDef::Files { .. }
+        | SourceDef::Iceberg { .. }
         | SourceDef::Connector { .. } => Ok(None),
     }
 }

@@ -37,7 +37,14 @@ impl Attempt {
         states: &BTreeMap<String, StreamState>,
     ) -> Result<Opened, EngineError> {
         plan.start = starts(&self.streams, states);
-        let mut readers = match self.edge.take() {
+        // The org's catalog is the engine's to read (a runner's pump holds
+        // no lease of it): an iceberg source's streams never come over the
+        // edge, whose pump ends when this attempt does.
+        let edge = match plan.source {
+            orca_core::sync::Source::Iceberg { .. } => None,
+            _ => self.edge.take(),
+        };
+        let mut readers = match edge {
             Some(mut edge) => {
                 let opened = edge.open(&plan, head + 1, || self.stop_requested());
                 // Kept for the attempt's life: dropping it removes the socket.
@@ -45,6 +52,9 @@ impl Attempt {
                 let r = opened?;
                 self.log.event("edge", json!({"streams": plan.start.len()}));
                 r
+            }
+            None if matches!(plan.source, orca_core::sync::Source::Iceberg { .. }) => {
+                crate::source::lake::iceberg::open_iceberg(&plan, &self.opts.lake_config())?
             }
             None => {
                 // Without a runner no one reports the slot: the control

@@ -37,6 +37,15 @@ impl Options {
     pub fn lease_token(&self) -> Option<orca_core::api::LeaseToken> {
         self.lease.as_deref().and_then(|l| l.parse().ok())
     }
+
+    /// The org's lake, as an Iceberg destination or source opens it: the
+    /// catalog in `ORCA_CATALOG_URL` (else the control plane), the
+    /// warehouse `ORCA_WAREHOUSE`.
+    pub fn lake_config(&self) -> orca_lake::LakeConfig {
+        let mut config = orca_lake::LakeConfig::from_env(Some(&self.database_url));
+        config.org = self.org.clone();
+        config
+    }
 }
 
 /// An injected crash: at `at` of epoch `epoch`.

@@ -1,7 +1,9 @@
 //! Reading a sync's source, by family:
 //! - [`postgres`]: a table as binary COPY decoded into Arrow, split over
 //!   several connections for a big read, or a change stream from a slot;
-//! - [`files`]: JSON lines or CSV files as raw records;
+//! - [`files`]: JSON lines or CSV files as raw records, Parquet files as
+//!   typed columns;
+//! - [`lake`]: tables of the org's own Iceberg catalog, by snapshot;
 //! - [`external`]: an external connector program on a Unix socket.
 //!
 //! What the families share: the [`plan`] an engine asks to read (typed by
@@ -12,6 +14,7 @@
 pub mod error;
 pub mod external;
 pub mod files;
+pub(crate) mod lake;
 pub(crate) mod msg;
 pub mod normalize;
 pub(crate) mod open;

@@ -78,5 +78,9 @@ pub(crate) fn open_readers(
         }
         Source::Postgres { .. } => Ok((open_tables(plan, guard)?, None)),
         Source::Files { .. } => Ok((open_files(plan, &guard)?, None)),
+        // The org's catalog is the engine's to open, with its lease.
+        Source::Iceberg { .. } => Err(ReadError::Definition(
+            "an iceberg source is read by the engine itself, not by a runner's pump".into(),
+        )),
     }
 }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 mod api_keys;
 mod catalog;
 mod http_sweep;
+mod lake_reads;
 mod limits;
 mod maintenance;
 mod netguard;

@@ -153,7 +153,7 @@ fn kind_of(t: &DataType) -> PgKind {
 }
 
 /// The SQL name of a kind, as a table's catalog would give it.
-fn sql_type(k: PgKind) -> String {
+pub(crate) fn sql_type(k: PgKind) -> String {
     match k {
         PgKind::Bool => "boolean".into(),
         PgKind::Int2 => "smallint".into(),
@@ -193,6 +193,21 @@ fn widen(a: PgKind, b: PgKind) -> Option<PgKind> {
         (4, 4) => Some(Float4),
         _ => Some(Float8),
     }
+}
+
+/// The columns of one schema as a stream's, each nullable, but for those
+/// with the engine's reserved prefix `_orca_` (an earlier sync's own).
+pub(crate) fn columns_of(schema: &arrow_schema::Schema) -> Vec<PgColumn> {
+    schema
+        .fields()
+        .iter()
+        .filter(|f| !f.name().starts_with("_orca_"))
+        .map(|f| PgColumn {
+            name: f.name().clone(),
+            kind: kind_of(f.data_type()),
+            nullable: true,
+        })
+        .collect()
 }
 
 /// A stream of Parquet files, described: its columns, the union of its
@@ -277,7 +292,11 @@ pub(crate) fn describe(place: &Place, stream: &Stream) -> Result<PgTable, ReadEr
 /// A batch's columns as the stream's: each cast to its kind's type (a
 /// value that does not fit is an error naming it, never a silent null),
 /// one the file lacks as nulls, one that travels as text formatted.
-fn conform(batch: &RecordBatch, table: &PgTable, file: &str) -> Result<Vec<ArrayRef>, ReadError> {
+pub(crate) fn conform(
+    batch: &RecordBatch,
+    table: &PgTable,
+    file: &str,
+) -> Result<Vec<ArrayRef>, ReadError> {
     let strict = CastOptions {
         safe: false,
         ..CastOptions::default()
