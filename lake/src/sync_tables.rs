@@ -107,6 +107,16 @@ impl SyncTables {
             .map_err(|e| format!("table {dataset}: {e}"))?)
     }
 
+    /// The table's partitioning as [`Table::partitioning`] says it
+    /// (`day(at), bucket[16](id)`, `unpartitioned`); None when there is
+    /// no table yet.
+    pub fn partitioning(&self, dataset: &str) -> Result<Option<String>> {
+        if !self.exists(dataset)? {
+            return Ok(None);
+        }
+        Ok(Some(self.load(dataset)?.partitioning()))
+    }
+
     /// The last epoch of `sync` the table holds (0: none, or no table yet:
     /// a stream whose columns are inferred makes it at its first epoch).
     pub fn marker(&self, dataset: &str, sync: &str) -> Result<u64> {

@@ -2411,6 +2411,34 @@ async fn an_iceberg_destination_partitioned_by_a_declared_transform_is_pruned_by
     let want = db.scalar_i64(on_day).await;
     assert_eq!(pruned["pyiceberg"]["rows"], want, "{pruned}");
     assert_eq!(pruned["duckdb"]["rows"], want, "{pruned}");
+
+    // Declared again otherwise: the table keeps how it was made, and the
+    // attempt's log says so.
+    define_orders(
+        &db,
+        json!({"type": "postgres", "url": db.url()}),
+        json!({"type": "iceberg", "namespace": "raw"}),
+        json!({"mode": "merge", "partition_by": ["month(updated_at)"]}),
+        "effectively_once",
+    )
+    .await;
+    let o = run().output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let said: Vec<Value> = jsonl_records(&store.join("default/shop/_logs"))
+        .into_iter()
+        .filter(|e| e["event"] == "partitioning")
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(
+        (&said[0]["table"], &said[0]["declared"]),
+        (
+            &json!("year(day), bucket[4](id)"),
+            &json!("month(updated_at)")
+        ),
+        "{said:?}"
+    );
+    let pruned = pyiceberg(&["prune", &db.url(), &wh_s, "raw.orders", "day", "2022-01-02"]);
+    assert_eq!(pruned["spec"][0], json!(["day_year", "year"]), "{pruned}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -176,6 +176,14 @@ pub(super) fn claim(opts: &Options) -> Result<Claimed, EngineError> {
         acks: None,
         takes_acks: def.source.is_cdc() || matches!(def.source, SourceDef::Connector { .. }),
     };
+    for (stream, table, declared) in a.dest.partitioning_drift() {
+        // Said, not enforced: the table goes on as it was made.
+        a.log.event(
+            "partitioning",
+            json!({"stream": stream, "table": table, "declared": declared,
+                   "note": "the table keeps the partitioning it was made with"}),
+        );
+    }
     if !drift.is_empty() {
         a.log.event(
             "drift",

@@ -177,6 +177,40 @@ impl Dest {
         }
     }
 
+    /// The Iceberg tables made before with another partitioning than their
+    /// stream now declares (a table keeps the one it was made with): each
+    /// stream's, the table's and the declared one, as Iceberg writes them.
+    /// A table that cannot be looked at now is left to the epochs to find.
+    pub fn partitioning_drift(&self) -> Vec<(String, String, String)> {
+        let Dest::Iceberg {
+            tables,
+            namespace,
+            partitions,
+            ..
+        } = self
+        else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (stream, fields) in partitions {
+            let declared = match fields.as_slice() {
+                [] => "unpartitioned".to_string(),
+                f => f
+                    .iter()
+                    .map(|f| format!("{}({})", f.transform, f.column))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            if let Ok(Some(have)) = tables.partitioning(&format!("{namespace}.{stream}")) {
+                if have != declared {
+                    out.push((stream.clone(), have, declared));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
     pub fn raise_fence(&mut self, generation: i32, streams: &[String]) -> Result<(), DestError> {
         match self {
             Dest::Parquet(p) => p.raise_fence(generation),

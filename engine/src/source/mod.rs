@@ -9,7 +9,8 @@
 //! What the families share: the [`plan`] an engine asks to read (typed by
 //! `orca_core::sync`), the one dispatcher ([`open`]), a reader thread per
 //! stream (`readers`) and what it hands the attempt (`msg`), raw records
-//! [`normalize`]d into columns, and why reading failed ([`error`]).
+//! [`normalize`]d into columns, Arrow columns conformed to the kinds a
+//! table's travel as (`typed`), and why reading failed ([`error`]).
 
 pub mod error;
 pub mod external;
@@ -21,3 +22,4 @@ pub(crate) mod open;
 pub mod plan;
 pub mod postgres;
 pub(crate) mod readers;
+pub(crate) mod typed;

@@ -24,12 +24,11 @@ use orca_lake::{Lake, LakeConfig, Table};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::source::error::ReadError;
-use crate::source::files::parquet::{columns_of, conform};
 use crate::source::msg::Msg;
-use crate::source::normalize::record_id;
 use crate::source::plan::Plan;
-use crate::source::postgres::table::{PgTable, StreamSpec};
+use crate::source::postgres::table::PgTable;
 use crate::source::readers::{spawn, Reader, Shape};
+use crate::source::typed::{chunk_of, columns_of, table_of};
 use crate::util::Missing;
 
 /// What reading a table of the lake fails with, named by its stream.
@@ -92,26 +91,7 @@ pub(crate) fn describe(
             ),
         ));
     }
-    let n = columns.len();
-    Ok(PgTable {
-        spec: StreamSpec {
-            name: stream.name.clone(),
-            table: table.dataset().to_string(),
-            cursor: String::new(),
-            primary_key: stream.primary_key.clone(),
-            schema_policy: stream.schema_policy,
-            lookback: None,
-            cdc: false,
-            splits: None,
-        },
-        sql_types: columns
-            .iter()
-            .map(|c| crate::source::files::parquet::sql_type(c.kind))
-            .collect(),
-        columns,
-        as_text: vec![false; n],
-        key: Vec::new(),
-    })
+    Ok(table_of(stream, table.dataset(), columns))
 }
 
 /// One snapshot's files a stream reads: all its live ones (`full`), or the
@@ -359,22 +339,15 @@ fn spawn_iceberg_reader(
                     if rows == 0 {
                         continue;
                     }
-                    let arrays = conform(&b, &t, &file)?;
-                    let ids: StringArray = (row..row + rows)
-                        .map(|r| Some(record_id(&name, &format!("{file}\u{1f}{r}"))))
-                        .collect();
-                    row += rows;
-                    let chunk = Msg::Chunk {
-                        arrays,
-                        ids: Arc::new(ids),
-                        last: vec![
+                    let chunk = chunk_of(&t, &b, &file, row, |next| {
+                        vec![
                             w.mode.to_string(),
                             w.snapshot.to_string(),
                             file.clone(),
-                            row.to_string(),
-                        ],
-                        rows,
-                    };
+                            next.to_string(),
+                        ]
+                    })?;
+                    row += rows;
                     at = Some(w.snapshot);
                     if tx.send(Ok(chunk)).is_err() {
                         return Ok(());
