@@ -43,7 +43,7 @@ pub use datafusion_proto;
 pub use iceberg;
 pub use iceberg::spec::DataFile;
 pub use scan::ScanStats;
-pub use spec::{PartitionField, Partitioning, SortKey, TableSpec, Transform};
+pub use spec::{describe_fields, PartitionField, Partitioning, SortKey, TableSpec, Transform};
 pub use table::Table;
 
 /// What can go wrong with a table, each naming what it concerns.

@@ -64,6 +64,21 @@ impl Transform {
     }
 }
 
+impl From<orca_core::sync::PartitionTransform> for Transform {
+    fn from(t: orca_core::sync::PartitionTransform) -> Transform {
+        use orca_core::sync::PartitionTransform as P;
+        match t {
+            P::Identity => Transform::Identity,
+            P::Year => Transform::Year,
+            P::Month => Transform::Month,
+            P::Day => Transform::Day,
+            P::Hour => Transform::Hour,
+            P::Bucket(n) => Transform::Bucket(n),
+            P::Truncate(w) => Transform::Truncate(w),
+        }
+    }
+}
+
 impl fmt::Display for Transform {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.iceberg())
@@ -75,6 +90,15 @@ impl fmt::Display for Transform {
 pub struct PartitionField {
     pub column: String,
     pub transform: Transform,
+}
+
+impl From<&orca_core::sync::PartitionBy> for PartitionField {
+    fn from(p: &orca_core::sync::PartitionBy) -> PartitionField {
+        PartitionField {
+            column: p.column.clone(),
+            transform: p.transform.into(),
+        }
+    }
 }
 
 /// How a table's rows are divided into partitions.
@@ -127,6 +151,13 @@ impl TableSpec {
             p => *p = Partitioning::By(vec![field]),
         }
         self
+    }
+
+    /// Partitions by these fields, after any given before.
+    pub fn partitioned(self, fields: &[PartitionField]) -> TableSpec {
+        fields
+            .iter()
+            .fold(self, |spec, f| spec.partition_by(&f.column, f.transform))
     }
 
     /// No partitions, whatever the pipeline's partition is.
@@ -274,20 +305,31 @@ impl From<Arc<ArrowSchema>> for TableSpec {
 /// A table's partitioning as a person reads it: `month`, `month(date)`,
 /// `identity(origin), bucket[16](id)`, or `unpartitioned`.
 pub fn describe_partitioning(spec: &PartitionSpec, schema: &IcebergSchema) -> String {
-    if spec.is_unpartitioned() {
-        return "unpartitioned".into();
+    described(spec.fields().iter().map(|f| {
+        let col = schema
+            .field_by_id(f.source_id)
+            .map(|c| c.name.clone())
+            .unwrap_or_else(|| format!("#{}", f.source_id));
+        (f.transform.to_string(), col)
+    }))
+}
+
+/// Partition fields as [`describe_partitioning`] says a table's, so that
+/// the two compare.
+pub fn describe_fields(fields: &[PartitionField]) -> String {
+    described(
+        fields
+            .iter()
+            .map(|f| (f.transform.to_string(), f.column.clone())),
+    )
+}
+
+fn described(fields: impl Iterator<Item = (String, String)>) -> String {
+    let parts: Vec<String> = fields.map(|(t, col)| format!("{t}({col})")).collect();
+    match parts.is_empty() {
+        true => "unpartitioned".into(),
+        false => parts.join(", "),
     }
-    spec.fields()
-        .iter()
-        .map(|f| {
-            let col = schema
-                .field_by_id(f.source_id)
-                .map(|c| c.name.clone())
-                .unwrap_or_else(|| format!("#{}", f.source_id));
-            format!("{}({col})", f.transform)
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]

@@ -234,11 +234,7 @@ impl SyncTables {
         partition_by: &[PartitionField],
     ) -> Result<std::sync::Arc<ArrowSchema>> {
         if !self.exists(dataset)? {
-            let spec = partition_by
-                .iter()
-                .fold(TableSpec::new(want.clone()), |spec, f| {
-                    spec.partition_by(&f.column, f.transform)
-                });
+            let spec = TableSpec::new(want.clone()).partitioned(partition_by);
             return table::create_or_load(&self.t, dataset, spec)?.arrow_schema();
         }
         for _ in 0..10 {

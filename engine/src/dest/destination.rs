@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 
 use orca_core::delivery::WriteMode;
-use orca_core::sync::{Destination, PartitionTransform, Stream};
+use orca_core::sync::{Destination, Stream};
 use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables, Write};
-use orca_lake::{PartitionField, TableSpec, Transform};
+use orca_lake::{describe_fields, PartitionField, TableSpec};
 
 use crate::commit::record::{Layout, Refresh, Staged};
 use crate::commit::store::Store;
@@ -58,26 +58,6 @@ pub enum Dest {
         conn: ConnectorDest,
         modes: HashMap<String, WriteMode>,
     },
-}
-
-/// A stream's declared partitioning as the lake's partition fields.
-fn partition_fields(s: &Stream) -> Vec<PartitionField> {
-    s.partition_by
-        .iter()
-        .flatten()
-        .map(|p| PartitionField {
-            column: p.column.clone(),
-            transform: match p.transform {
-                PartitionTransform::Identity => Transform::Identity,
-                PartitionTransform::Year => Transform::Year,
-                PartitionTransform::Month => Transform::Month,
-                PartitionTransform::Day => Transform::Day,
-                PartitionTransform::Hour => Transform::Hour,
-                PartitionTransform::Bucket(n) => Transform::Bucket(n),
-                PartitionTransform::Truncate(n) => Transform::Truncate(n),
-            },
-        })
-        .collect()
 }
 
 fn unresolved(e: orca_core::secret::SecretError) -> DestError {
@@ -147,17 +127,15 @@ impl Dest {
                 let sync_tables = SyncTables::open(database_url, org).map_err(iceberg_error)?;
                 let partitions: HashMap<String, Vec<PartitionField>> = streams
                     .iter()
-                    .map(|s| (s.name.clone(), partition_fields(s)))
+                    .map(|s| {
+                        let fields = s.partition_by.iter().flatten().map(PartitionField::from);
+                        (s.name.clone(), fields.collect())
+                    })
                     .collect();
                 for t in tables {
                     let dataset = format!("{namespace}.{}", t.spec.name);
-                    let spec = partitions
-                        .get(&t.spec.name)
-                        .into_iter()
-                        .flatten()
-                        .fold(TableSpec::new(table::destination_schema(t)), |spec, f| {
-                            spec.partition_by(&f.column, f.transform)
-                        });
+                    let fields = partitions.get(&t.spec.name).map_or(&[][..], Vec::as_slice);
+                    let spec = TableSpec::new(table::destination_schema(t)).partitioned(fields);
                     sync_tables.ensure(&dataset, spec).map_err(iceberg_error)?;
                 }
                 let merge_keys = streams
@@ -193,14 +171,7 @@ impl Dest {
         };
         let mut out = Vec::new();
         for (stream, fields) in partitions {
-            let declared = match fields.as_slice() {
-                [] => "unpartitioned".to_string(),
-                f => f
-                    .iter()
-                    .map(|f| format!("{}({})", f.transform, f.column))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
+            let declared = describe_fields(fields);
             if let Ok(Some(have)) = tables.partitioning(&format!("{namespace}.{stream}")) {
                 if have != declared {
                     out.push((stream.clone(), have, declared));

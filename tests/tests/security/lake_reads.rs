@@ -16,48 +16,19 @@ async fn an_iceberg_source_pointed_at_another_orgs_table_is_refused_and_reads_no
     let wh = scratch("lake-reads-wh");
     let whs = wh.to_string_lossy().to_string();
     let acme_wh = format!("{whs}/acme");
-    let py = |args: &[&str]| {
-        let out = Command::new(orca_tests::s3::python())
-            .arg(repo_root().join("tests/py/iceberg.py"))
-            .args(args)
-            .env("ORCA_TEST_CATALOG", "acme")
-            .output()
-            .expect("run PyIceberg");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    py(&[
-        "create",
-        &db.url(),
-        &acme_wh,
-        "lake.secret",
-        &json!([{"id": 1, "card": "4111-1111"}]).to_string(),
-    ]);
+    py_as(
+        "acme",
+        &[
+            "create",
+            &db.url(),
+            &acme_wh,
+            "lake.secret",
+            &json!([{"id": 1, "card": "4111-1111"}]).to_string(),
+        ],
+    );
     // globex points its own catalog's lake.secret at acme's metadata (an
     // attempt of globex may write its org's catalog rows as it likes).
-    let acme_metadata: String = sqlx::query_scalar(
-        "SELECT metadata_location FROM public.iceberg_tables WHERE catalog_name = 'acme'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("acme's table");
-    sqlx::query(
-        "INSERT INTO public.iceberg_namespace_properties VALUES ('globex', 'lake', 'exists', 'true')",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("namespace");
-    sqlx::query(
-        "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
-         metadata_location, iceberg_type) VALUES ('globex', 'lake', 'secret', $1, 'TABLE')",
-    )
-    .bind(&acme_metadata)
-    .execute(&db.pool)
-    .await
-    .expect("globex's row");
+    point_catalog_at(&db, "acme", "globex", "lake", "secret").await;
     let out = scratch("lake-reads-out");
     let mut g = connect_org(&db, "postgres", "globex").await;
     sqlx::query(

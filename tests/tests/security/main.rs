@@ -170,3 +170,51 @@ async fn seen(c: &mut PgConnection, sql: &str) -> String {
         .await
         .expect("read the catalog")
 }
+
+/// PyIceberg as org `catalog`.
+fn py_as(catalog: &str, args: &[&str]) -> Value {
+    let out = Command::new(orca_tests::s3::python())
+        .arg(repo_root().join("tests/py/iceberg.py"))
+        .args(args)
+        .env("ORCA_TEST_CATALOG", catalog)
+        .output()
+        .expect("run PyIceberg");
+    assert!(
+        out.status.success(),
+        "pyiceberg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
+}
+
+/// Points `thief`'s catalog entry `namespace.table` at `owner`'s only
+/// table's metadata, as an attempt of `thief` may write its org's catalog
+/// rows as it likes.
+async fn point_catalog_at(db: &TestDb, owner: &str, thief: &str, namespace: &str, table: &str) {
+    let metadata: String = sqlx::query_scalar(
+        "SELECT metadata_location FROM public.iceberg_tables WHERE catalog_name = $1",
+    )
+    .bind(owner)
+    .fetch_one(&db.pool)
+    .await
+    .expect("the owner's table");
+    sqlx::query(
+        "INSERT INTO public.iceberg_namespace_properties VALUES ($1, $2, 'exists', 'true')",
+    )
+    .bind(thief)
+    .bind(namespace)
+    .execute(&db.pool)
+    .await
+    .expect("namespace");
+    sqlx::query(
+        "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
+         metadata_location, iceberg_type) VALUES ($1, $2, $3, $4, 'TABLE')",
+    )
+    .bind(thief)
+    .bind(namespace)
+    .bind(table)
+    .bind(&metadata)
+    .execute(&db.pool)
+    .await
+    .expect("the thief's row");
+}

@@ -4,22 +4,6 @@
 
 use super::*;
 
-/// PyIceberg as org `catalog`.
-fn py_as(catalog: &str, args: &[&str]) -> Value {
-    let out = Command::new(orca_tests::s3::python())
-        .arg(repo_root().join("tests/py/iceberg.py"))
-        .args(args)
-        .env("ORCA_TEST_CATALOG", catalog)
-        .output()
-        .expect("run PyIceberg");
-    assert!(
-        out.status.success(),
-        "pyiceberg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("pyiceberg JSON")
-}
-
 fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
@@ -107,26 +91,7 @@ async fn maintenance_of_a_table_pointed_at_another_orgs_files_is_refused_and_del
         .execute(&mut g)
         .await
         .expect("register");
-    let acme_metadata: String = sqlx::query_scalar(
-        "SELECT metadata_location FROM public.iceberg_tables WHERE catalog_name = 'acme'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("acme's table");
-    sqlx::query(
-        "INSERT INTO public.iceberg_namespace_properties VALUES ('globex', 'lake', 'exists', 'true')",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("namespace");
-    sqlx::query(
-        "INSERT INTO public.iceberg_tables (catalog_name, table_namespace, table_name, \
-         metadata_location, iceberg_type) VALUES ('globex', 'lake', 'raw', $1, 'TABLE')",
-    )
-    .bind(&acme_metadata)
-    .execute(&db.pool)
-    .await
-    .expect("globex's row");
+    point_catalog_at(&db, "acme", "globex", "lake", "raw").await;
     let run: i64 = sqlx::query_scalar(
         r#"SELECT orca.maintain('lake.raw', '{"expire": {"keep_last": 1, "older_than": "0 seconds",
              "grace": "0 seconds"}, "orphans": {"older_than": "1 hour"}}')"#,

@@ -128,6 +128,11 @@ fn files_of(
         let mut out = Vec::new();
         let mut deletes = false;
         for mf in list.entries() {
+            // What a snapshot added is in the manifests it wrote: the
+            // others need not be read.
+            if added_only && mf.added_snapshot_id != snapshot {
+                continue;
+            }
             if mf.content != ManifestContentType::Data {
                 deletes |= mf.has_added_files() || mf.has_existing_files();
                 continue;
