@@ -3437,3 +3437,254 @@ BEGIN
     RETURN p;
 END
 $$;
+
+-- Backfills in runs of several partitions: orca.backfill takes per_run
+-- (default the manifest's backfill_per_run), and a keyed pipeline's keys
+-- task carries it to the runs it queues.
+DROP FUNCTION orca.backfill(text, text);
+DROP FUNCTION orca._queue_key_runs(bigint, bigint, text[], text, bigint);
+-- Queues runs of at most p_per_run (default keys_per_run) keys each over
+-- p_keys, in order, leaving out keys that already have a queued or running
+-- run. Returns the run ids.
+CREATE FUNCTION orca._queue_key_runs(p_org bigint, p_pipeline bigint, p_keys text[],
+                                     p_trigger text, p_parent bigint,
+                                     p_per_run integer DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v orca.pipeline_versions;
+    v_ids bigint[];
+    v_active text[];
+BEGIN
+    IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
+        RETURN '{}';
+    END IF;
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p_pipeline AND r.kind = 'pipeline'
+      AND r.status IN ('queued', 'running') AND x = ANY (p_keys);
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % key(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    WITH todo AS (
+        SELECT key, ord FROM unnest(p_keys) WITH ORDINALITY AS x(key, ord)
+        WHERE NOT (key = ANY (coalesce(v_active, '{}')))
+    ), grouped AS (
+        SELECT (row_number() OVER (ORDER BY ord) - 1) / coalesce(p_per_run, v.keys_per_run) AS grp,
+               key, ord
+        FROM todo
+    ), ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               parent_run)
+        SELECT p_org, p_pipeline, v.id, array_agg(key ORDER BY ord), p_trigger, v.run_retries,
+               p_parent
+        FROM grouped GROUP BY grp ORDER BY grp
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    PERFORM orca._runs_created(p_org, p_pipeline, v_ids);
+    RETURN coalesce(v_ids, '{}');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION orca.report_keys(lease uuid, snapshot bigint, snapshot_ms bigint, keys text[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_bounded boolean := orca._bound('report_keys', 'keys', octet_length(array_to_string(report_keys.keys, '', '')) + cardinality(report_keys.keys), 16777216);
+    v_org bigint := orca._lease_org(report_keys.lease);
+    a orca.attempts;
+    r orca.runs;
+    p orca.pipelines;
+    v_bad text;
+    v_gen integer;
+    v_stale boolean;
+    v_new integer := 0;
+    v_todo text[];
+    v_runs bigint[] := '{}';
+BEGIN
+    a := orca._leased_attempt(v_org, report_keys.lease);
+    SELECT * INTO r FROM orca.runs WHERE id = a.run_id;
+    IF r.kind <> 'keys' THEN
+        RAISE EXCEPTION 'lease % is not a keys task: run % is a % run', report_keys.lease, r.id, r.kind
+            USING ERRCODE = 'OR050';
+    END IF;
+    IF report_keys.keys IS NULL THEN
+        RAISE EXCEPTION 'keys must be an array (empty when the table has no rows), got NULL'
+            USING ERRCODE = 'OR050';
+    END IF;
+    SELECT k INTO v_bad FROM unnest(report_keys.keys) AS k
+    WHERE k IS NULL OR NOT orca._valid_key(k) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'malformed partition %: expected a key: 1 to 128 bytes of letters, digits and ._:- (a value of %.%)',
+                        quote_nullable(v_bad), r.request->>'dataset', r.request->>'column'
+            USING ERRCODE = 'OR020',
+                  HINT = 'a keyed pipeline''s keys column may hold only such names';
+    END IF;
+    -- One report at a time per pipeline: the key set moves in one order.
+    SELECT * INTO p FROM orca.pipelines WHERE id = r.pipeline_id FOR UPDATE;
+    -- A snapshot older than the one last read does not roll the keys back.
+    v_stale := p.keys_snapshot_ms IS NOT NULL
+               AND coalesce(report_keys.snapshot_ms, 0) < p.keys_snapshot_ms;
+    IF NOT v_stale THEN
+        v_gen := p.keys_generation + 1;
+        INSERT INTO orca.keys AS k (org_id, pipeline_id, key, generation, first_generation,
+                                    first_snapshot)
+        SELECT DISTINCT v_org, p.id, x, v_gen, v_gen, report_keys.snapshot
+        FROM unnest(report_keys.keys) AS x
+        ON CONFLICT (pipeline_id, key) DO UPDATE SET generation = excluded.generation;
+        SELECT count(*) INTO v_new FROM orca.keys
+        WHERE pipeline_id = p.id AND first_generation = v_gen;
+        UPDATE orca.pipelines
+        SET keys_generation = v_gen, keys_snapshot = report_keys.snapshot,
+            keys_snapshot_ms = report_keys.snapshot_ms, keys_read_at = now()
+        WHERE id = p.id
+        RETURNING * INTO p;
+    END IF;
+    IF r.request->>'mode' = 'all' THEN
+        v_todo := ARRAY(SELECT orca._keys_not_done(p.id));
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id,
+                                       (r.request->>'per_run')::int);
+    ELSIF r.request->>'mode' = 'new' AND NOT v_stale THEN
+        -- New against the keys read before. With none read before (the
+        -- registration's read has not reported yet), every key is new: a key
+        -- run twice is better than a key never run.
+        v_todo := ARRAY(SELECT key FROM orca.keys
+                        WHERE pipeline_id = p.id AND generation = v_gen
+                          AND first_generation = v_gen
+                        ORDER BY key);
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'sensor', r.id);
+    END IF;
+    PERFORM orca._event(v_org, 'keys.read', p.id, r.id, a.id,
+        jsonb_build_object('dataset', r.request->>'dataset', 'snapshot', report_keys.snapshot,
+                           'keys', cardinality(report_keys.keys), 'new', v_new,
+                           'stale', v_stale, 'mode', r.request->>'mode', 'runs', cardinality(v_runs)));
+    RETURN jsonb_build_object('keys', (SELECT count(*) FROM orca.keys
+                                       WHERE pipeline_id = p.id AND generation = p.keys_generation),
+                              'new', v_new, 'stale', v_stale, 'runs', to_jsonb(v_runs));
+END
+$$;
+COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
+'A keys task reports the keys (distinct values of the keys column) of the snapshot it read, '
+'with the snapshot''s id and timestamp (NULL and an empty array for a table with no snapshot). '
+'They become the pipeline''s current keys, unless a newer snapshot was reported already; then '
+'the task''s mode acts: all queues runs of keys_per_run (or the backfill''s per_run) for every key that is not done, new '
+'for the keys this snapshot added. Returns {keys, new, stale, runs}. Errors: OR020 a value '
+'that is not a key, OR012/OR014 a refused lease, OR050 a lease that is not a keys task.';
+
+CREATE FUNCTION orca.backfill(pipeline text, partitions text, per_run integer DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bounded boolean := orca._bound('backfill', 'pipeline', octet_length(backfill.pipeline), 1024)
+                         AND orca._bound('backfill', 'partitions', octet_length(backfill.partitions), 65536);
+    v_org bigint := orca.current_org_id();
+    p orca.pipelines;
+    v orca.pipeline_versions;
+    v_parts text[];
+    v_ids bigint[];
+    v_active text[];
+    v_sync_run bigint;
+    v_per_run integer;
+BEGIN
+    p := orca._pipeline(v_org, backfill.pipeline);
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    IF backfill.per_run IS NOT NULL AND v.partition_kind = 'sync' THEN
+        RAISE EXCEPTION '''%'' is a sync: its backfill is one run, so it takes no per_run (got %)',
+                        p.name, backfill.per_run
+            USING ERRCODE = 'OR110',
+                  HINT = format('SELECT orca.backfill(%L, ''@all'')', p.name);
+    END IF;
+    IF backfill.per_run IS NOT NULL
+       AND (backfill.per_run < 1 OR backfill.per_run > orca._max_partitions()) THEN
+        RAISE EXCEPTION 'per_run must be a number of partitions from 1 to % (orca.max_partitions), got %',
+                        orca._max_partitions(), backfill.per_run
+            USING ERRCODE = 'OR110',
+                  HINT = format('SELECT orca.backfill(%L, %L, per_run => 12) queues runs of up to 12 partitions',
+                                p.name, backfill.partitions);
+    END IF;
+    IF v.partition_kind = 'sync' THEN
+        IF backfill.partitions IS DISTINCT FROM '@all' THEN
+            RAISE EXCEPTION '''%'' is a sync: it backfills ''@all'' (every stream read again from its start), got %',
+                            p.name, quote_nullable(backfill.partitions)
+                USING ERRCODE = 'OR021',
+                      HINT = format('SELECT orca.run(%L, ''now'') queues a run from the checkpoint', p.name);
+        END IF;
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
+                               kind, request)
+        VALUES (v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+                'backfill', v.run_retries, 'sync', '{"mode": "full"}')
+        RETURNING id INTO v_sync_run;
+        PERFORM orca._runs_created(v_org, p.id, ARRAY[v_sync_run]);
+        RETURN NEXT v_sync_run;
+        RETURN;
+    END IF;
+    IF v.partition_kind = 'keyed' THEN
+        v_parts := orca._key_names(p, backfill.partitions);
+        IF v_parts IS NULL THEN
+            -- Every key that is not done: which keys there are is for a read
+            -- of the dataset to say, so a keys task queues the runs.
+            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill',
+                                        jsonb_strip_nulls(jsonb_build_object('per_run', backfill.per_run)));
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL,
+                                                        backfill.per_run));
+        RETURN;
+    END IF;
+    v_parts := orca._partitions(p, backfill.partitions);
+    -- The pipeline's backfill policy (its manifest's backfill_per_run)
+    -- unless the call names its own; one partition a run by default.
+    v_per_run := least(coalesce(backfill.per_run, (v.manifest->>'backfill_per_run')::int, 1),
+                       orca._max_partitions());
+    -- A partition that already has a queued or running run is not queued twice.
+    SELECT array_agg(DISTINCT x) INTO v_active
+    FROM orca.runs r, unnest(r.partitions) AS x
+    WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running') AND x = ANY (v_parts);
+    WITH todo AS (
+        SELECT x.part, x.ord FROM unnest(v_parts) WITH ORDINALITY AS x(part, ord)
+        WHERE NOT (x.part = ANY (coalesce(v_active, '{}')))
+    ), grouped AS (
+        SELECT (row_number() OVER (ORDER BY t.ord) - 1) / v_per_run AS grp, t.part, t.ord
+        FROM todo t
+    ), ins AS (
+        INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
+        SELECT v_org, p.id, v.id, array_agg(g.part ORDER BY g.ord), 'backfill', v.run_retries
+        FROM grouped g GROUP BY g.grp ORDER BY g.grp
+        RETURNING id
+    )
+    SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
+    IF v_active IS NOT NULL THEN
+        RAISE NOTICE 'skipped % partition(s) that already have a queued or running run: %',
+            cardinality(v_active), array_to_string(v_active[1:10], ', ')
+            || CASE WHEN cardinality(v_active) > 10 THEN ', ...' ELSE '' END;
+    END IF;
+    PERFORM orca._runs_created(v_org, p.id, v_ids);
+    RETURN QUERY SELECT unnest(coalesce(v_ids, '{}'));
+END
+$$;
+COMMENT ON FUNCTION orca.backfill(text, text, integer) IS
+'Queues runs over the given partitions, oldest first, and returns their ids: one partition a '
+'run, or up to per_run partitions a run (default: the pipeline''s backfill_per_run, else 1), '
+'each run one attempt whose steps go through its partitions in turn. Partitions that already '
+'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
+'(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
+'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
+'SELECT orca.backfill(''lake'', ''2013-01..2014-12'', per_run => 12); '
+'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of per_run (default '
+'keys_per_run), or ''@all'', which returns the id of a keys task (a run of kind keys): it reads '
+'the keys dataset and queues runs of per_run (default keys_per_run) for every key that is not '
+'done (runs.parent_run names it). '
+'A sync (orca.create_sync) takes ''@all'': one run that reads every stream again from its '
+'start (a merge converges, an append with _orca_id skipping adds only what it lacks). '
+'Errors: OR010 unknown pipeline, OR020 to OR024 as orca.run, OR110 a per_run out of bounds '
+'or given for a sync.';
+
+REVOKE ALL ON FUNCTION orca.backfill(text, text, integer),
+    orca._queue_key_runs(bigint, bigint, text[], text, bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION orca.backfill(text, text, integer) TO orca_operator;

@@ -57,7 +57,7 @@ GRANT EXECUTE ON FUNCTION orca.fires(text, integer, timestamptz), orca.lineage(t
 GRANT EXECUTE ON FUNCTION
     orca.register(jsonb),
     orca.run(text, text),
-    orca.backfill(text, text),
+    orca.backfill(text, text, integer),
     orca.cancel(bigint),
     orca.retry(bigint),
     orca.pause(text),

@@ -143,11 +143,12 @@ BEGIN
 END
 $$;
 
--- Queues runs of at most keys_per_run keys each over p_keys, in order,
--- leaving out keys that already have a queued or running run. Returns the
--- run ids.
+-- Queues runs of at most p_per_run (default keys_per_run) keys each over
+-- p_keys, in order, leaving out keys that already have a queued or running
+-- run. Returns the run ids.
 CREATE FUNCTION orca._queue_key_runs(p_org bigint, p_pipeline bigint, p_keys text[],
-                                     p_trigger text, p_parent bigint)
+                                     p_trigger text, p_parent bigint,
+                                     p_per_run integer DEFAULT NULL)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -173,7 +174,9 @@ BEGIN
         SELECT key, ord FROM unnest(p_keys) WITH ORDINALITY AS x(key, ord)
         WHERE NOT (key = ANY (coalesce(v_active, '{}')))
     ), grouped AS (
-        SELECT (row_number() OVER (ORDER BY ord) - 1) / v.keys_per_run AS grp, key, ord FROM todo
+        SELECT (row_number() OVER (ORDER BY ord) - 1) / coalesce(p_per_run, v.keys_per_run) AS grp,
+               key, ord
+        FROM todo
     ), ins AS (
         INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
                                parent_run)
@@ -271,7 +274,8 @@ BEGIN
     END IF;
     IF r.request->>'mode' = 'all' THEN
         v_todo := ARRAY(SELECT orca._keys_not_done(p.id));
-        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id);
+        v_runs := orca._queue_key_runs(v_org, p.id, v_todo, 'backfill', r.id,
+                                       (r.request->>'per_run')::int);
     ELSIF r.request->>'mode' = 'new' AND NOT v_stale THEN
         -- New against the keys read before. With none read before (the
         -- registration's read has not reported yet), every key is new: a key
@@ -295,7 +299,7 @@ COMMENT ON FUNCTION orca.report_keys(uuid, bigint, bigint, text[]) IS
 'A keys task reports the keys (distinct values of the keys column) of the snapshot it read, '
 'with the snapshot''s id and timestamp (NULL and an empty array for a table with no snapshot). '
 'They become the pipeline''s current keys, unless a newer snapshot was reported already; then '
-'the task''s mode acts: all queues runs of keys_per_run for every key that is not done, new '
+'the task''s mode acts: all queues runs of keys_per_run (or the backfill''s per_run) for every key that is not done, new '
 'for the keys this snapshot added. Returns {keys, new, stale, runs}. Errors: OR020 a value '
 'that is not a key, OR012/OR014 a refused lease, OR050 a lease that is not a keys task.';
 

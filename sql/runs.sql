@@ -355,20 +355,38 @@ COMMENT ON FUNCTION orca.run(text, text) IS
 'Errors: OR010 unknown pipeline, OR020 malformed partition, OR021 malformed list or range, '
 'OR022 partition outside the pipeline''s set, OR023 too many partitions, OR024 not a key.';
 
-CREATE FUNCTION orca.backfill(pipeline text, partitions text) RETURNS SETOF bigint
+CREATE FUNCTION orca.backfill(pipeline text, partitions text, per_run integer DEFAULT NULL)
+RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_bounded boolean := orca._bound('backfill', 'pipeline', octet_length(backfill.pipeline), 1024)
                          AND orca._bound('backfill', 'partitions', octet_length(backfill.partitions), 65536);
     v_org bigint := orca.current_org_id();
     p orca.pipelines;
+    v orca.pipeline_versions;
     v_parts text[];
     v_ids bigint[];
     v_active text[];
     v_sync_run bigint;
+    v_per_run integer;
 BEGIN
     p := orca._pipeline(v_org, backfill.pipeline);
-    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'sync' THEN
+    SELECT * INTO v FROM orca.pipeline_versions WHERE id = p.current_version;
+    IF backfill.per_run IS NOT NULL AND v.partition_kind = 'sync' THEN
+        RAISE EXCEPTION '''%'' is a sync: its backfill is one run, so it takes no per_run (got %)',
+                        p.name, backfill.per_run
+            USING ERRCODE = 'OR110',
+                  HINT = format('SELECT orca.backfill(%L, ''@all'')', p.name);
+    END IF;
+    IF backfill.per_run IS NOT NULL
+       AND (backfill.per_run < 1 OR backfill.per_run > orca._max_partitions()) THEN
+        RAISE EXCEPTION 'per_run must be a number of partitions from 1 to % (orca.max_partitions), got %',
+                        orca._max_partitions(), backfill.per_run
+            USING ERRCODE = 'OR110',
+                  HINT = format('SELECT orca.backfill(%L, %L, per_run => 12) queues runs of up to 12 partitions',
+                                p.name, backfill.partitions);
+    END IF;
+    IF v.partition_kind = 'sync' THEN
         IF backfill.partitions IS DISTINCT FROM '@all' THEN
             RAISE EXCEPTION '''%'' is a sync: it backfills ''@all'' (every stream read again from its start), got %',
                             p.name, quote_nullable(backfill.partitions)
@@ -377,38 +395,45 @@ BEGIN
         END IF;
         INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries,
                                kind, request)
-        SELECT v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
-               'backfill', v.run_retries, 'sync', '{"mode": "full"}'
-        FROM orca.pipeline_versions v WHERE v.id = p.current_version
+        VALUES (v_org, p.id, v.id, ARRAY[orca._fire_partition_of('sync', '', '', 'UTC', now())],
+                'backfill', v.run_retries, 'sync', '{"mode": "full"}')
         RETURNING id INTO v_sync_run;
         PERFORM orca._runs_created(v_org, p.id, ARRAY[v_sync_run]);
         RETURN NEXT v_sync_run;
         RETURN;
     END IF;
-    IF (SELECT partition_kind FROM orca.pipeline_versions WHERE id = p.current_version) = 'keyed' THEN
+    IF v.partition_kind = 'keyed' THEN
         v_parts := orca._key_names(p, backfill.partitions);
         IF v_parts IS NULL THEN
             -- Every key that is not done: which keys there are is for a read
             -- of the dataset to say, so a keys task queues the runs.
-            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill');
+            RETURN NEXT orca._keys_task(v_org, p.id, 'all', 'backfill',
+                                        jsonb_strip_nulls(jsonb_build_object('per_run', backfill.per_run)));
             RETURN;
         END IF;
-        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL));
+        RETURN QUERY SELECT unnest(orca._queue_key_runs(v_org, p.id, v_parts, 'backfill', NULL,
+                                                        backfill.per_run));
         RETURN;
     END IF;
     v_parts := orca._partitions(p, backfill.partitions);
+    -- The pipeline's backfill policy (its manifest's backfill_per_run)
+    -- unless the call names its own; one partition a run by default.
+    v_per_run := least(coalesce(backfill.per_run, (v.manifest->>'backfill_per_run')::int, 1),
+                       orca._max_partitions());
     -- A partition that already has a queued or running run is not queued twice.
     SELECT array_agg(DISTINCT x) INTO v_active
     FROM orca.runs r, unnest(r.partitions) AS x
     WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running') AND x = ANY (v_parts);
-    WITH ins AS (
+    WITH todo AS (
+        SELECT x.part, x.ord FROM unnest(v_parts) WITH ORDINALITY AS x(part, ord)
+        WHERE NOT (x.part = ANY (coalesce(v_active, '{}')))
+    ), grouped AS (
+        SELECT (row_number() OVER (ORDER BY t.ord) - 1) / v_per_run AS grp, t.part, t.ord
+        FROM todo t
+    ), ins AS (
         INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, run_retries)
-        SELECT v_org, p.id, v.id, ARRAY[x.part], 'backfill', v.run_retries
-        FROM unnest(v_parts) WITH ORDINALITY AS x(part, ord)
-        CROSS JOIN orca.pipeline_versions v
-        WHERE v.id = p.current_version
-          AND NOT (x.part = ANY (coalesce(v_active, '{}')))
-        ORDER BY x.ord
+        SELECT v_org, p.id, v.id, array_agg(g.part ORDER BY g.ord), 'backfill', v.run_retries
+        FROM grouped g GROUP BY g.grp ORDER BY g.grp
         RETURNING id
     )
     SELECT array_agg(id ORDER BY id) INTO v_ids FROM ins;
@@ -421,16 +446,22 @@ BEGIN
     RETURN QUERY SELECT unnest(coalesce(v_ids, '{}'));
 END
 $$;
-COMMENT ON FUNCTION orca.backfill(text, text) IS
-'Queues one run per partition, oldest first, and returns their ids. Partitions that already '
+COMMENT ON FUNCTION orca.backfill(text, text, integer) IS
+'Queues runs over the given partitions, oldest first, and returns their ids: one partition a '
+'run, or up to per_run partitions a run (default: the pipeline''s backfill_per_run, else 1), '
+'each run one attempt whose steps go through its partitions in turn. Partitions that already '
 'have a queued or running run are skipped (with a NOTICE). partitions: ''2024-01..2024-06'' '
 '(inclusive), ''2024-01,2024-03'' or ''@all'' (from the pipeline''s start to the current '
 'partition). Example: SELECT orca.backfill(''lake'', ''2024-01..2024-06''); '
-'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of keys_per_run, or ''@all'', '
-'which returns the id of a keys task (a run of kind keys): it reads the keys dataset and '
-'queues runs of keys_per_run for every key that is not done (runs.parent_run names it). '
+'SELECT orca.backfill(''lake'', ''2013-01..2014-12'', per_run => 12); '
+'A keyed pipeline takes keys (''log-1,log-2''), queued in runs of per_run (default '
+'keys_per_run), or ''@all'', which returns the id of a keys task (a run of kind keys): it reads '
+'the keys dataset and queues runs of per_run (default keys_per_run) for every key that is not '
+'done (runs.parent_run names it). '
 'A sync (orca.create_sync) takes ''@all'': one run that reads every stream again from its '
-'start (a merge converges, an append with _orca_id skipping adds only what it lacks).';
+'start (a merge converges, an append with _orca_id skipping adds only what it lacks). '
+'Errors: OR010 unknown pipeline, OR020 to OR024 as orca.run, OR110 a per_run out of bounds '
+'or given for a sync.';
 
 CREATE FUNCTION orca.cancel(run bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

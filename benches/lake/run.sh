@@ -8,6 +8,9 @@
 #           tables before pruned scans);
 #   after   each attempt runs one SQL query over the month-partitioned
 #           table, which reads that month's files only, streamed;
+#   per-run after's steps, backfilled in runs of PER_RUN months (default
+#           12: two runs, one a runner slot), each run one attempt whose
+#           step goes through its months in turn;
 #
 #   spark   each attempt hands its month to a Spark application
 #           (local[2], spark-submit from PyPI's pyspark; orca::spark) over
@@ -24,13 +27,15 @@
 #
 #   benches/lake/run.sh
 #   COPIES=5 benches/lake/run.sh        # ~3.4M rows
+#   BENCH_MODES="after per-run" PER_RUN=6 benches/lake/run.sh
 #   BENCH_MODES="after spark ballista" benches/lake/run.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
 "$ORCA_ROOT/scripts/setup.sh" --tests >/dev/null  # DuckDB and PyIceberg
 COPIES="${COPIES:-15}"
-MODES="${BENCH_MODES:-before after spark ballista}"
+MODES="${BENCH_MODES:-before after per-run spark ballista}"
+PER_RUN="${PER_RUN:-12}"
 SPARK_PY="${ORCA_TEST_SPARK_PYTHON:-/var/tmp/orca-spark/bin/python}"
 WORK="${BENCH_DIR:-/var/tmp/orca-bench-lake}"
 PY="${ORCA_TEST_PYTHON:-/var/tmp/orca-py/bin/python}"
@@ -68,9 +73,13 @@ TOKEN_FILE="$WORK/logs/runner.token"
 backfill() {
     local mode=$1 logs="$WORK/logs/$1" t0 t1
     mkdir -p "$logs"
-    local cluster=""
+    local cluster="" step_mode=$mode per_run=()
     [ "$mode" = ballista ] && cluster="df://127.0.0.1:$BALLISTA_PORT"
-    BENCH_MODE="$mode" ORCA_WAREHOUSE="$WORK/wh" ORCA_BALLISTA_URL="$cluster" ORCA_BALLISTA_PARTITIONS=2 \
+    if [ "$mode" = per-run ]; then
+        step_mode=after
+        per_run=(--per-run "$PER_RUN")
+    fi
+    BENCH_MODE="$step_mode" ORCA_WAREHOUSE="$WORK/wh" ORCA_BALLISTA_URL="$cluster" ORCA_BALLISTA_PARTITIONS=2 \
     BENCH_SPARK_APP="$ORCA_ROOT/benches/lake/spark_monthly.py" ORCA_SPARK_MASTER="local[2]" \
     SPARK_HOME="$SPARK_HOME" PYSPARK_PYTHON="$SPARK_PY" SPARK_LOCAL_IP=127.0.0.1 \
     ORCA_SPARK_STAGING="$WORK/spark" "$BIN/orca-runner" \
@@ -80,7 +89,7 @@ backfill() {
         >"$logs/runner.out" 2>&1 &
     local runner=$!
     t0=$(date +%s.%N)
-    DATABASE_URL="$URL" "$BIN/orca" backfill bench_lake 2013-01..2014-12 >"$logs/backfill.out" ||
+    DATABASE_URL="$URL" "$BIN/orca" backfill bench_lake 2013-01..2014-12 "${per_run[@]}" >"$logs/backfill.out" ||
         { tail -20 "$logs/runner.out"; die "the $mode backfill failed"; }
     t1=$(date +%s.%N)
     kill -TERM "$runner"
@@ -146,13 +155,14 @@ for mode in $MODES; do
     case "$mode" in
         before) say "backfill, before (whole table per attempt)" ;;
         after) say "backfill, after (pruned, streamed SQL)" ;;
+        per-run) say "backfill, per-run (after's step, $PER_RUN months a run)" ;;
         spark)
             [ -n "$SPARK_HOME" ] || die "no pyspark in $SPARK_PY (scripts/setup.sh --tests installs it)"
             say "backfill, spark (a Spark application per attempt, local[2])" ;;
         ballista)
             say "backfill, ballista (each step's query on a scheduler and two executors)"
             start_ballista ;;
-        *) die "unknown mode $mode (before, after, spark, ballista)" ;;
+        *) die "unknown mode $mode (before, after, per-run, spark, ballista)" ;;
     esac
     backfill "$mode"
 done
@@ -202,6 +212,13 @@ if "before" in res and a:
 if a:
     print(f"RATIO orca-after / duckdb (wall: a backfill of 24 runs vs 24 queries in one process) = {a['seconds'] / duck['seconds']:.2f}")
     print(f"RATIO orca-after / duckdb (the steps' own work, summed, vs the 24 queries) = {a['steps'] / duck['seconds']:.2f}")
+pr = res.get("per-run")
+if pr:
+    runs = pr["attempts"]
+    print(f"RATIO orca-per-run / duckdb (wall: a backfill of {runs} runs of the 24 months vs 24 queries in one process; goal <= 2) = {pr['seconds'] / duck['seconds']:.2f}")
+    print(f"RATIO orca-per-run / duckdb (the steps' own work, summed, vs the 24 queries) = {pr['steps'] / duck['seconds']:.2f}")
+    if a:
+        print(f"RATIO orca-after / orca-per-run (wall) = {a['seconds'] / pr['seconds']:.2f}")
 if "spark" in res and a:
     sp = res["spark"]
     # On one 2-core machine Spark cannot be faster: this is its overhead

@@ -118,10 +118,19 @@ fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Resul
     }
 }
 
-pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> anyhow::Result<i32> {
+pub fn run(
+    c: &mut Client,
+    pipeline: &str,
+    partitions: &str,
+    per_run: Option<i32>,
+    detach: bool,
+) -> anyhow::Result<i32> {
     let spec = spec(partitions)?;
     let ids: Vec<i64> = c
-        .query("SELECT orca.backfill($1, $2)", &[&pipeline, &spec])
+        .query(
+            "SELECT orca.backfill($1, $2, $3)",
+            &[&pipeline, &spec, &per_run],
+        )
         .map_err(explain)?
         .iter()
         .map(|r| r.get(0))
@@ -136,7 +145,21 @@ pub fn run(c: &mut Client, pipeline: &str, partitions: &str, detach: bool) -> an
         .map(|r| r.get(0))
         .collect();
     if tasks.is_empty() {
-        println!("queued {} run(s) of {pipeline}", ids.len());
+        let parts: i64 = c
+            .query_one(
+                "SELECT coalesce(sum(cardinality(partitions)), 0)::bigint FROM orca.runs WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .map_err(explain)?
+            .get(0);
+        if parts > ids.len() as i64 {
+            println!(
+                "queued {} run(s) of {pipeline} over {parts} partitions",
+                ids.len()
+            );
+        } else {
+            println!("queued {} run(s) of {pipeline}", ids.len());
+        }
     } else {
         println!(
             "queued keys task {}: it reads the keys of {pipeline} and queues runs for those not done",

@@ -89,6 +89,10 @@ enum Cmd {
         pipeline: String,
         /// 2024-01..2024-06, 2024-01,2024-03, @all, or @file:path (one partition a line).
         partitions: String,
+        /// Up to this many partitions a run (default: the pipeline's
+        /// backfill_per_run, else one): each run is one attempt.
+        #[arg(long, value_name = "N")]
+        per_run: Option<i32>,
         /// Queue and return at once instead of following the runs.
         #[arg(long)]
         detach: bool,
@@ -510,8 +514,9 @@ fn main() {
             Cmd::Backfill {
                 pipeline,
                 partitions,
+                per_run,
                 detach,
-            } => backfill::run(&mut c, &pipeline, &partitions, detach),
+            } => backfill::run(&mut c, &pipeline, &partitions, per_run, detach),
             Cmd::Runs {
                 pipeline,
                 status,

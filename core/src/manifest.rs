@@ -9,6 +9,10 @@ use serde_json::{Map, Value};
 use crate::cron::Schedule;
 use crate::error::{Error, Result};
 use crate::keyed::{KEYS_PER_RUN_DEFAULT, KEYS_PER_RUN_MAX};
+
+/// A bound on `backfill_per_run` (the default `orca.max_partitions`, which
+/// bounds it again when a backfill queues its runs).
+pub const BACKFILL_PER_RUN_MAX: i64 = 100_000;
 use crate::partition::{Fills, PartitionKind, PartitionSet};
 
 /// Longest name Postgres keeps without truncation, used for every identifier.
@@ -153,6 +157,9 @@ pub struct Manifest {
     pub partitions: Partitions,
     /// How many keys a run of a keyed pipeline covers.
     pub keys_per_run: Option<i64>,
+    /// How many months or days one run of a backfill covers (the backfill
+    /// policy); `None` is one a run.
+    pub backfill_per_run: Option<i64>,
     pub schedule: Option<(String, String)>,
     pub fills: Fills,
     pub max_runs: Option<i64>,
@@ -700,6 +707,13 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
             ))
         }
     };
+    let backfill_per_run = get_int(obj, "backfill_per_run", 1, BACKFILL_PER_RUN_MAX)?;
+    if keyed.is_some() && backfill_per_run.is_some() {
+        return Err(bad(
+            "backfill_per_run",
+            "a keyed pipeline's runs cover keys_per_run keys: set keys_per_run instead",
+        ));
+    }
     if let Some(ds) = &keyed {
         if let Some(w) = steps.iter().find(|s| s.writes.contains(ds)) {
             return Err(bad(
@@ -843,6 +857,12 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
     }
     normalized.insert("partitions".into(), partitions.to_json());
     normalized.insert("keys_per_run".into(), keys_per_run.into());
+    // Only a pipeline with a backfill policy gets the field, so that the
+    // manifests of those without one stay as they were registered.
+    match backfill_per_run {
+        Some(n) => normalized.insert("backfill_per_run".into(), n.into()),
+        None => normalized.remove("backfill_per_run"),
+    };
     normalized.insert(
         "schedule".into(),
         match &schedule {
@@ -875,6 +895,7 @@ pub fn parse(manifest: &Value) -> Result<Manifest> {
         tasks,
         partitions,
         keys_per_run,
+        backfill_per_run,
         schedule,
         fills,
         max_runs,
@@ -1072,6 +1093,30 @@ mod tests {
         dated["keys_per_run"] = json!(10);
         let e = parse(&dated).expect_err("dated").to_string();
         assert!(e.contains("only a keyed pipeline"), "{e}");
+    }
+
+    #[test]
+    fn a_backfill_policy_is_a_number_of_partitions_per_run() {
+        let plain = parse(&lake()).expect("valid");
+        assert_eq!(plain.backfill_per_run, None);
+        assert!(plain.normalized.get("backfill_per_run").is_none());
+        let mut m = lake();
+        m["backfill_per_run"] = json!(12);
+        let p = parse(&m).expect("valid");
+        assert_eq!(p.backfill_per_run, Some(12));
+        assert_eq!(p.normalized["backfill_per_run"], json!(12));
+        for bad in [json!(0), json!(-3), json!("12"), json!(100_001)] {
+            m["backfill_per_run"] = bad.clone();
+            let e = parse(&m).expect_err("refused").to_string();
+            assert!(
+                e.contains("backfill_per_run: must be an integer from 1 to 100000"),
+                "{bad}: {e}"
+            );
+        }
+        let mut keyed = labels();
+        keyed["backfill_per_run"] = json!(4);
+        let e = parse(&keyed).expect_err("keyed").to_string();
+        assert!(e.contains("set keys_per_run instead"), "{e}");
     }
 
     #[test]

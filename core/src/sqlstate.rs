@@ -102,6 +102,7 @@ sqlstates! {
     UNKNOWN_INCIDENT = "OR107": "unknown incident (or another org's)";
     INCIDENT_RESOLVED = "OR108": "the incident is already resolved";
     BAD_INCIDENT_THRESHOLD = "OR109": "unknown incident threshold, or a value below 1";
+    BAD_PER_RUN = "OR110": "a backfill's per_run out of bounds, or given for a sync";
 }
 
 /// The codes that take a lease away from its holder: the attempt must stop,

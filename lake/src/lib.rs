@@ -30,6 +30,7 @@ pub mod catalog;
 pub mod maintain;
 pub mod objstore;
 pub mod query;
+pub mod residual;
 mod rewrite;
 pub mod scan;
 pub mod spec;

@@ -97,7 +97,7 @@ pub async fn plan(
         b = b.with_batch_size(Some(n));
     }
     let scan = b.build().map_err(what())?;
-    let tasks: Vec<FileScanTask> = scan
+    let mut tasks: Vec<FileScanTask> = scan
         .plan_files()
         .await
         .map_err(what())?
@@ -127,6 +127,8 @@ pub async fn plan(
             .map(|p| p.to_string())
             .or_else(|| req.predicate.as_ref().map(|p| p.to_string())),
     };
+    // The rows of a file whose partition decides the filter need no test.
+    crate::residual::apply(&mut tasks);
     Ok(Planned { tasks, stats })
 }
 

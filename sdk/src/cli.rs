@@ -171,7 +171,10 @@ fn describe<P: Pipeline>(m: &Value) {
         registry_hash(&steps, &P::tasks())
     );
     match params.partitions {
-        Partitioning::Dated { kind, start } => println!("  partitions  {kind} from {start}"),
+        Partitioning::Dated { kind, start } => match params.backfill_per_run {
+            Some(n) => println!("  partitions  {kind} from {start}, backfilled {n} a run"),
+            None => println!("  partitions  {kind} from {start}"),
+        },
         Partitioning::Keyed { dataset, column } => println!(
             "  partitions  keyed by {dataset}.{column}, {} keys a run",
             params

@@ -47,6 +47,9 @@ pub fn manifest<P: Pipeline>(binary: &str) -> Value {
         "registry_hash": registry_hash(&steps, &tasks),
         "binary": binary,
     });
+    if let (Some(obj), Some(n)) = (m.as_object_mut(), params.backfill_per_run) {
+        obj.insert("backfill_per_run".into(), n.into());
+    }
     let r = params.resources;
     if let (Some(obj), true) = (
         m.as_object_mut(),

@@ -53,6 +53,11 @@ pub struct Params {
     pub partitions: Partitioning,
     /// How many keys one run of a keyed pipeline covers (default 100).
     pub keys_per_run: Option<i64>,
+    /// How many months or days one run of a backfill covers (default one):
+    /// each run is one attempt, whose steps go through its partitions in
+    /// turn, so the process, the lease and the tables' metadata are paid
+    /// once per run rather than once per partition.
+    pub backfill_per_run: Option<i64>,
     /// (cron expression, time zone).
     pub schedule: Option<(&'static str, &'static str)>,
     pub fills: Fills,

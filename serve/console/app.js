@@ -206,12 +206,17 @@ async function pipeline(name) {
   const queued = h("div", { id: "queued", "aria-live": "polite" });
   const input = h("input", { type: "text", id: "partitions", name: "partitions",
     placeholder: "2024-01..2024-06, 2024-01,2024-03 or @all", "aria-label": "Backfill partitions" });
+  // Partitions a run: empty is the pipeline's own backfill policy.
+  const perRun = h("input", { type: "number", id: "per-run", name: "per_run", min: "1",
+    placeholder: String(p.backfill_per_run || 1),
+    title: "partitions a run (each run is one attempt)", "aria-label": "Partitions per run" });
   let watch = () => {};
   const form = h("form", { class: "inline", id: "backfill", onsubmit: async (ev) => {
     ev.preventDefault();
     try {
-      const r = await api("POST", `/pipelines/${encodeURIComponent(name)}/backfill`,
-        { partitions: input.value });
+      const body = { partitions: input.value };
+      if (perRun.value) body.per_run = Number(perRun.value);
+      const r = await api("POST", `/pipelines/${encodeURIComponent(name)}/backfill`, body);
       watch();
       const draw = async () => {
         const states = await Promise.all(r.runs.map((id) => get(`/runs/${id}`)));
@@ -229,6 +234,7 @@ async function pipeline(name) {
       watch = every(1000, draw);
     } catch (e) { showError(e); }
   } }, h("label", { for: "partitions" }, "Backfill"), input,
+    h("label", { for: "per-run" }, "per run"), perRun,
     h("button", { type: "submit" }, "Queue runs"));
   // Partition × run status: the latest run of each partition, and how many.
   const timeline = h("div", { id: "timeline" });

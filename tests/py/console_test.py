@@ -68,6 +68,15 @@ with sync_playwright() as p:
     timeline = page.get_by_role("table", name="partitions by latest run")
     expect(timeline).to_contain_text("2024-01")
     expect(timeline).to_contain_text("2024-02")
+    # Two more months in one run: the form's partitions a run.
+    page.get_by_role("textbox", name="Backfill partitions").fill("2024-03..2024-04")
+    page.get_by_role("spinbutton", name="Partitions per run").fill("2")
+    page.get_by_role("button", name="Queue runs").click()
+    expect(page.locator("#queued")).to_contain_text("1 run(s) queued")
+    expect(page.locator("#queued")).to_contain_text("1 finished", timeout=120_000)
+    expect(queued).to_contain_text("2024-03,2024-04")
+    expect(queued.locator(".st-succeeded")).to_have_count(1)
+    expect(timeline).to_contain_text("2024-04")
     shot(page, "pipeline")
 
     # A run: the grid, the attempts and the log its runner shipped.

@@ -151,7 +151,6 @@ async fn the_api_answers_each_key_within_its_org_and_role() {
         (400, Some("bad_request")),
         "{body}"
     );
-
     // Pages of runs, newest first, by cursor; filters.
     let (status, page) = get(base, "/runs?limit=2", Some(&viewer)).await;
     assert_eq!(status, 200);
@@ -217,6 +216,52 @@ async fn the_api_answers_each_key_within_its_org_and_role() {
     );
     let (status, body) = post(base, &format!("/runs/{one}/retry"), &operator, json!({})).await;
     assert_eq!(status, 200, "{body}");
+
+    // Runs of several months: per_run, and a bad one refused with its code.
+    let (status, body) = post(
+        base,
+        "/pipelines/lake/backfill",
+        &operator,
+        json!({"partitions": "2024-04..2024-08", "per_run": 3}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let multi: Vec<i64> = body["runs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_i64).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        db.strings(&format!(
+            "SELECT array_to_string(partitions, ',') FROM orca.runs WHERE id IN ({}) ORDER BY id",
+            multi
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ))
+        .await,
+        ["2024-04,2024-05,2024-06", "2024-07,2024-08"]
+    );
+    let before = db.scalar_i64("SELECT count(*) FROM orca.runs").await;
+    let (status, body) = post(
+        base,
+        "/pipelines/lake/backfill",
+        &operator,
+        json!({"partitions": "2024-09", "per_run": 0}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("OR110")),
+        "{body}"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM orca.runs").await,
+        before
+    );
+    let (status, body) = get(base, "/pipelines/lake", Some(&viewer)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["backfill_per_run"], Value::Null, "{body}");
 
     // Another org's key sees none of it, and reaches none of it.
     let (_, theirs) = get(base, "/runs", Some(&globex)).await;

@@ -191,6 +191,38 @@ async fn backfill_all_runs_the_keys_that_are_not_done() {
 }
 
 #[tokio::test]
+async fn a_backfill_may_name_its_own_keys_per_run() {
+    let db = TestDb::new().await;
+    db.register(&keyed("labels", "1", false)).await;
+    play_keys_task(&db, "refresh", 1, &["a", "b", "c", "d", "e"]).await;
+    // Named keys in one run of three, though keys_per_run is 2.
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT orca.backfill('labels', 'a,b,c', per_run => 3)")
+        .fetch_all(&db.pool)
+        .await
+        .expect("backfill");
+    assert_eq!(ids.len(), 1);
+    assert_eq!(open_runs(&db).await, [keys(&["a", "b", "c"])]);
+    succeed_open_runs(&db).await;
+    // @all carries it through its keys task to the runs the task queues.
+    let task: i64 = sqlx::query_scalar("SELECT orca.backfill('labels', '@all', 1)")
+        .fetch_one(&db.pool)
+        .await
+        .expect("backfill @all");
+    assert_eq!(
+        db.strings(&format!(
+            "SELECT request->>'per_run' FROM orca.runs WHERE id = {task}"
+        ))
+        .await,
+        ["1"]
+    );
+    play_keys_task(&db, "all", 1, &["a", "b", "c", "d", "e"]).await;
+    assert_eq!(open_runs(&db).await, [keys(&["d"]), keys(&["e"])]);
+    let (code, msg) = expect_error(&db.pool, "SELECT orca.backfill('labels', 'a', 0)").await;
+    assert_eq!(code, "OR110");
+    assert!(msg.contains("got 0"), "{msg}");
+}
+
+#[tokio::test]
 async fn names_are_checked_against_the_current_keys() {
     let db = TestDb::new().await;
     db.register(&keyed("labels", "1", false)).await;

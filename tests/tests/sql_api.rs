@@ -128,6 +128,95 @@ async fn backfill_queues_one_run_per_partition_and_max_runs_caps_running() {
 }
 
 #[tokio::test]
+async fn a_backfill_policy_queues_runs_of_several_partitions() {
+    let db = TestDb::new().await;
+    let mut m = lake_manifest("lake");
+    m["max_runs"] = json!(null);
+    m["backfill_per_run"] = json!(4);
+    db.register(&m).await;
+    let runs = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let ids: Vec<i64> = sqlx::query_scalar(sql).fetch_all(&pool).await.expect(sql);
+            let parts: Vec<Vec<String>> = sqlx::query_scalar(
+                "SELECT partitions FROM orca.runs WHERE id = ANY($1) ORDER BY id",
+            )
+            .bind(&ids)
+            .fetch_all(&pool)
+            .await
+            .expect("partitions");
+            parts.into_iter().map(|p| p.join(",")).collect::<Vec<_>>()
+        }
+    };
+    // The pipeline's policy: consecutive months, four a run, oldest first.
+    assert_eq!(
+        runs("SELECT orca.backfill('lake', '2024-01..2024-10')").await,
+        [
+            "2024-01,2024-02,2024-03,2024-04",
+            "2024-05,2024-06,2024-07,2024-08",
+            "2024-09,2024-10"
+        ]
+    );
+    // Each run's attempt covers its months: a state per (step, month).
+    let first = db
+        .strings(
+            "SELECT step || '/' || partition FROM orca.step_states \
+             WHERE run_id = (SELECT min(id) FROM orca.runs) ORDER BY step, partition",
+        )
+        .await;
+    assert_eq!(
+        first,
+        [
+            "one/2024-01",
+            "one/2024-02",
+            "one/2024-03",
+            "one/2024-04",
+            "two/*"
+        ]
+    );
+    let lease = claim(&db.pool, "r1", 1).await.remove(0);
+    assert_eq!(
+        lease.partitions,
+        ["2024-01", "2024-02", "2024-03", "2024-04"]
+    );
+    // The call's own per_run wins, and months already queued are skipped.
+    assert_eq!(
+        runs("SELECT orca.backfill('lake', '2024-09..2025-02', per_run => 2)").await,
+        ["2024-11,2024-12", "2025-01,2025-02"]
+    );
+    assert!(runs("SELECT orca.backfill('lake', '2024-01..2024-12', 5)")
+        .await
+        .is_empty());
+    // orca.max_partitions bounds a run, the policy included.
+    let mut c = db.connect().await;
+    c.execute("SET orca.max_partitions = 3").await.expect("set");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT orca.backfill('lake', '2025-03..2025-08')")
+        .fetch_all(&mut c)
+        .await
+        .expect("capped");
+    let sizes: Vec<i32> = sqlx::query_scalar(
+        "SELECT cardinality(partitions) FROM orca.runs WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(&ids)
+    .fetch_all(&mut c)
+    .await
+    .expect("sizes");
+    assert_eq!(sizes, [3, 3]);
+    // Out of bounds: refused, nothing queued.
+    let before = db.table_counts().await;
+    for (sql, want) in [
+        ("SELECT orca.backfill('lake', '2026-01', 0)", "got 0"),
+        ("SELECT orca.backfill('lake', '2026-01', -1)", "got -1"),
+        ("SELECT orca.backfill('lake', '2026-01', 4)", "from 1 to 3"),
+    ] {
+        let (code, msg) = expect_error(&mut c, sql).await;
+        assert_eq!(code, "OR110", "{sql}: {msg}");
+        assert!(msg.contains(want), "{sql}: {msg}");
+    }
+    assert_eq!(db.table_counts().await, before);
+}
+
+#[tokio::test]
 async fn partition_lists_all_and_multi_partition_runs() {
     let db = TestDb::new().await;
     let mut m = lake_manifest("lake");

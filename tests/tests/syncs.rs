@@ -381,6 +381,10 @@ async fn a_sync_backfill_asks_its_attempt_to_read_everything_again() {
     )
     .await
     .expect("sync");
+    // A sync's backfill is one run: it takes no partitions a run.
+    let (code, msg) = expect_error(&db.pool, "SELECT orca.backfill('shop', '@all', 2)").await;
+    assert_eq!(code, "OR110");
+    assert!(msg.contains("'shop' is a sync"), "{msg}");
     let ids: Vec<i64> = sqlx::query_scalar("SELECT orca.backfill('shop', '@all')")
         .fetch_all(&db.pool)
         .await

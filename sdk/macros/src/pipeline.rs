@@ -129,6 +129,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
     let mut memory_growth = quote!(::core::option::Option::None);
     let mut sensor = quote!(false);
     let mut keys_per_run = quote!(::core::option::Option::None);
+    let mut backfill_per_run = quote!(::core::option::Option::None);
     let mut tasks = quote!(::std::vec::Vec::new());
     let mut keyed = false;
     let mut dated_only: Vec<&Ident> = Vec::new();
@@ -190,6 +191,10 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
             "catchup" => catchup = quote!(#value),
             "sensor" => sensor = quote!(#value),
             "keys_per_run" => keys_per_run = quote!(::core::option::Option::Some(#value)),
+            "backfill_per_run" => {
+                dated_only.push(key);
+                backfill_per_run = quote!(::core::option::Option::Some(#value));
+            }
             // A task set (`tasks = FanoutTasks`) or a list of tasks
             // (`tasks = [Trips, Weigh]`).
             "tasks" => {
@@ -228,7 +233,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                 return Err(syn::Error::new_spanned(
                     key,
                     format!(
-                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor, keys_per_run, tasks, cpu, memory, max_memory or memory_growth"
+                        "unknown pipeline parameter `{other}`: use partitions, schedule, fills, max_runs, run_retries, catchup, pool, sensor, keys_per_run, backfill_per_run, tasks, cpu, memory, max_memory or memory_growth"
                     ),
                 ))
             }
@@ -314,6 +319,7 @@ pub fn expand(input: TokenStream) -> syn::Result<TokenStream> {
                     pool: #pool,
                     sensor: #sensor,
                     keys_per_run: #keys_per_run,
+                    backfill_per_run: #backfill_per_run,
                     resources: ::orca::Resources {
                         cpu: #cpu,
                         memory: #memory,

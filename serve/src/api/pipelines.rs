@@ -90,6 +90,9 @@ pub struct PipelineDetail {
     pub versions: Vec<Version>,
     /// The schedule's next fires (none for an unscheduled pipeline).
     pub next_fires: Vec<Fire>,
+    /// How many partitions a run of a backfill covers unless the backfill
+    /// says (the current version's `backfill_per_run`; none is one).
+    pub backfill_per_run: Option<i32>,
 }
 
 /// One pipeline with its versions and next fires.
@@ -134,10 +137,19 @@ async fn pipeline(
     } else {
         Vec::new()
     };
+    let backfill_per_run: Option<i32> = sqlx::query_scalar(
+        "SELECT (v.manifest ->> 'backfill_per_run')::int FROM orca.pipelines p \
+         JOIN orca.pipeline_versions v ON v.id = p.current_version WHERE p.name = $1",
+    )
+    .bind(&name)
+    .fetch_optional(&mut *s.tx)
+    .await?
+    .flatten();
     Ok(Json(PipelineDetail {
         pipeline,
         versions,
         next_fires,
+        backfill_per_run,
     }))
 }
 
@@ -146,6 +158,19 @@ pub struct Partitions {
     /// One partition, a comma list, a range (`2024-01..2024-06`) or `@all`.
     #[schema(example = "2024-03")]
     pub partitions: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Backfill {
+    /// One partition, a comma list, a range (`2024-01..2024-06`) or `@all`.
+    #[schema(example = "2024-01..2024-06")]
+    pub partitions: String,
+    /// Up to this many partitions a run (default: the pipeline's
+    /// `backfill_per_run`, else one; for a keyed pipeline its
+    /// `keys_per_run`).
+    #[serde(default)]
+    #[schema(example = 3)]
+    pub per_run: Option<i32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -178,10 +203,10 @@ async fn run_pipeline(
     Ok(Json(Queued { runs: vec![run] }))
 }
 
-/// Queues a run per partition (`orca.backfill`).
+/// Queues runs over partitions, one a run or `per_run` a run (`orca.backfill`).
 #[utoipa::path(post, path = "/pipelines/{name}/backfill", tag = "runs",
     params(("name" = String, Path, description = "The pipeline", example = "lake")),
-    request_body = Partitions,
+    request_body = Backfill,
     responses(
         (status = 200, description = "The runs queued", body = Queued),
         (status = 400, description = "Bad input", body = ErrorBody),
@@ -192,11 +217,12 @@ async fn run_pipeline(
 async fn backfill(
     mut s: Session,
     PathOf(name): PathOf<String>,
-    Body(body): Body<Partitions>,
+    Body(body): Body<Backfill>,
 ) -> Result<Json<Queued>, ApiError> {
-    let runs: Vec<i64> = sqlx::query_scalar("SELECT * FROM orca.backfill($1, $2)")
+    let runs: Vec<i64> = sqlx::query_scalar("SELECT * FROM orca.backfill($1, $2, $3)")
         .bind(&name)
         .bind(&body.partitions)
+        .bind(body.per_run)
         .fetch_all(&mut *s.tx)
         .await?;
     s.commit().await?;
