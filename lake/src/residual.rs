@@ -14,7 +14,7 @@
 
 use iceberg::expr::{BoundPredicate, BoundReference, PredicateOperator};
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{Datum, Literal, PrimitiveLiteral, Transform};
+use iceberg::spec::{Datum, Literal, PartitionSpec, PrimitiveLiteral, TableMetadata, Transform};
 
 /// What a predicate is for one file.
 #[derive(Debug)]
@@ -26,10 +26,12 @@ enum Residual {
 }
 
 /// The filter the reader must still apply to `task`'s rows: `None` when its
-/// partition decides the whole filter true.
-pub fn of_task(task: &FileScanTask) -> Option<BoundPredicate> {
+/// partition decides the whole filter true. `spec` is the file's partition
+/// spec when the task does not carry it (iceberg-rust 0.10's planning does
+/// not).
+pub fn of_task(task: &FileScanTask, spec: Option<&PartitionSpec>) -> Option<BoundPredicate> {
     let predicate = task.predicate.as_ref()?;
-    let values = PartitionValues::of(task);
+    let values = PartitionValues::of(task, spec);
     if values.is_empty() {
         return Some(predicate.clone());
     }
@@ -42,10 +44,22 @@ pub fn of_task(task: &FileScanTask) -> Option<BoundPredicate> {
     }
 }
 
-/// Drops from each task what its partition decides.
-pub fn apply(tasks: &mut [FileScanTask]) {
+/// Drops from each task what its partition decides. The tasks' planning
+/// names no partition spec, so a file's spec is the table's one spec of as
+/// many fields as its partition value has; where two specs of the table
+/// have that many (a field replaced by another), its filter stays whole.
+pub fn apply(tasks: &mut [FileScanTask], metadata: &TableMetadata) {
     for t in tasks {
-        t.predicate = of_task(t);
+        let arity = t.partition.as_ref().map_or(0, |p| p.fields().len());
+        if arity == 0 {
+            continue;
+        }
+        let mut same = metadata
+            .partition_specs_iter()
+            .filter(|s| s.fields().len() == arity);
+        if let (Some(spec), None) = (same.next(), same.next()) {
+            t.predicate = of_task(t, Some(spec.as_ref()));
+        }
     }
 }
 
@@ -55,9 +69,10 @@ struct PartitionValues<'a> {
 }
 
 impl<'a> PartitionValues<'a> {
-    fn of(task: &'a FileScanTask) -> PartitionValues<'a> {
+    fn of(task: &'a FileScanTask, spec: Option<&'a PartitionSpec>) -> PartitionValues<'a> {
         let mut by_field = Vec::new();
-        if let (Some(spec), Some(values)) = (&task.partition_spec, &task.partition) {
+        let spec = task.partition_spec.as_deref().or(spec);
+        if let (Some(spec), Some(values)) = (spec, &task.partition) {
             for (field, value) in spec.fields().iter().zip(values.iter()) {
                 if field.transform != Transform::Identity {
                     continue;
@@ -230,7 +245,7 @@ mod tests {
                 .expect("field")
         };
         let spec = spec.build().expect("spec");
-        let partition = Struct::from_iter([value.map(|v| Literal::string(v))]);
+        let partition = Struct::from_iter([value.map(Literal::string)]);
         let predicate = filter.bind(schema.clone(), true).expect("bind");
         FileScanTask::builder()
             .with_file_size_in_bytes(100)
@@ -252,7 +267,7 @@ mod tests {
     }
 
     fn left(filter: Predicate, value: Option<&str>) -> Option<String> {
-        of_task(&task(filter, value, false)).map(|p| p.to_string())
+        of_task(&task(filter, value, false), None).map(|p| p.to_string())
     }
 
     #[test]
@@ -298,7 +313,7 @@ mod tests {
         assert!(left(ratio, may).is_some());
         assert!(left(month().equal_to(Datum::string("2013-05")), None).is_some());
         let bucketed = task(month().equal_to(Datum::string("2013-05")), Some("1"), true);
-        assert!(of_task(&bucketed).is_some());
+        assert!(of_task(&bucketed, None).is_some());
         // A file the filter rules out keeps its filter (the reader drops
         // every row), as does a mix the rows must decide.
         assert!(left(month().equal_to(Datum::string("2014-01")), may).is_some());

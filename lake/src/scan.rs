@@ -128,7 +128,7 @@ pub async fn plan(
             .or_else(|| req.predicate.as_ref().map(|p| p.to_string())),
     };
     // The rows of a file whose partition decides the filter need no test.
-    crate::residual::apply(&mut tasks);
+    crate::residual::apply(&mut tasks, table.metadata());
     Ok(Planned { tasks, stats })
 }
 

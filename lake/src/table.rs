@@ -218,8 +218,13 @@ pub fn fast_append(
     let committed =
         t.rt.block_on(async {
             let tx = Transaction::new(fresh);
+            // No check for files the table holds already: it reads every
+            // manifest of the table, a cost that grows with each commit,
+            // and the files a step writes have names no other write uses
+            // (run, step, partition, attempt and a random UUID).
             let action = tx
                 .fast_append()
+                .with_check_duplicate(false)
                 .add_data_files(added)
                 .set_snapshot_properties(props);
             action.apply(tx)?.commit(&t.catalog).await
