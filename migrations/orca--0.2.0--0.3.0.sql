@@ -3640,8 +3640,7 @@ BEGIN
     v_parts := orca._partitions(p, backfill.partitions);
     -- The pipeline's backfill policy (its manifest's backfill_per_run)
     -- unless the call names its own; one partition a run by default.
-    v_per_run := least(coalesce(backfill.per_run, (v.manifest->>'backfill_per_run')::int, 1),
-                       orca._max_partitions());
+    v_per_run := coalesce(backfill.per_run, (v.manifest->>'backfill_per_run')::int, 1);
     -- A partition that already has a queued or running run is not queued twice.
     SELECT array_agg(DISTINCT x) INTO v_active
     FROM orca.runs r, unnest(r.partitions) AS x

@@ -10,8 +10,8 @@ use crate::cron::Schedule;
 use crate::error::{Error, Result};
 use crate::keyed::{KEYS_PER_RUN_DEFAULT, KEYS_PER_RUN_MAX};
 
-/// A bound on `backfill_per_run` (the default `orca.max_partitions`, which
-/// bounds it again when a backfill queues its runs).
+/// A bound on `backfill_per_run`: the default `orca.max_partitions`, which
+/// bounds what one backfill names in all.
 pub const BACKFILL_PER_RUN_MAX: i64 = 100_000;
 use crate::partition::{Fills, PartitionKind, PartitionSet};
 
