@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -59,6 +60,12 @@ pub struct Pins {
     root: PathBuf,
     allow_unpinned: bool,
     hashed: Mutex<HashMap<PathBuf, (Seen, String)>>,
+    /// A lock per binary, held while it is hashed.
+    hashing: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+    /// How many times a binary was read whole to be hashed (what the tests
+    /// look at).
+    #[cfg_attr(not(test), allow(dead_code))]
+    hashes: AtomicUsize,
 }
 
 /// A binary that passed: its real path, and whether it was run unpinned.
@@ -75,6 +82,8 @@ impl Pins {
             root: root.canonicalize()?,
             allow_unpinned,
             hashed: Mutex::new(HashMap::new()),
+            hashing: Mutex::new(HashMap::new()),
+            hashes: AtomicUsize::new(0),
         })
     }
 
@@ -147,6 +156,15 @@ impl Pins {
     }
 
     fn sha256(&self, path: &Path) -> std::io::Result<String> {
+        // Slots that claim attempts of one new binary at once hash it once:
+        // the others wait for the first and find its hash (a release
+        // pipeline binary is 100-200 MB, a core's tenth of a second each).
+        let one = self
+            .hashing
+            .lock()
+            .ok()
+            .map(|mut h| h.entry(path.to_path_buf()).or_default().clone());
+        let _hashing = one.as_ref().map(|m| m.lock());
         let mut file = std::fs::File::open(path)?;
         let seen = seen(&file.metadata()?);
         if let Ok(cache) = self.hashed.lock() {
@@ -156,6 +174,7 @@ impl Pins {
                 }
             }
         }
+        self.hashes.fetch_add(1, Ordering::Relaxed);
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -271,6 +290,28 @@ mod tests {
             .verify(&lease("lake", Some(&good)))
             .expect_err("refused");
         assert!(matches!(e, PinError::Mismatch { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Slots claiming attempts of one new binary at once read it once.
+    #[test]
+    fn a_binary_verified_by_several_slots_at_once_is_hashed_once() {
+        let dir = std::env::temp_dir().join(format!("orca-pins-once-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("root");
+        let bytes = vec![7u8; 8 << 20];
+        std::fs::write(dir.join("lake"), &bytes).expect("write");
+        let good = hex(&Sha256::digest(&bytes));
+        let pins = Pins::new(&dir, false).expect("pins");
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    barrier.wait();
+                    pins.verify(&lease("lake", Some(&good))).expect("verified");
+                });
+            }
+        });
+        assert_eq!(pins.hashes.load(Ordering::Relaxed), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

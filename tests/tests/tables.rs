@@ -1040,6 +1040,28 @@ async fn a_bucket_that_does_not_answer_hands_the_attempt_back_and_spends_no_retr
     );
 }
 
+/// A test database and the default org's lake in a new scratch warehouse,
+/// as an operator's session opens it (no lease).
+fn operator_lake(
+    warehouse: &str,
+) -> (
+    tokio::runtime::Runtime,
+    TestDb,
+    std::path::PathBuf,
+    orca_lake::LakeConfig,
+) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let db = rt.block_on(TestDb::new());
+    let wh = scratch(warehouse);
+    let config = orca_lake::LakeConfig {
+        catalog_url: Some(db.url()),
+        warehouse: format!("file://{}", wh.display()),
+        org: "default".into(),
+        lease: None,
+    };
+    (rt, db, wh, config)
+}
+
 /// Attempts of one sync raising their fences on one Iceberg table at once
 /// (a zombie racing the attempt that replaced it), through orca's catalog in
 /// Postgres: however the compare-and-swap orders them, the table ends at the
@@ -1049,15 +1071,7 @@ async fn a_bucket_that_does_not_answer_hands_the_attempt_back_and_spends_no_retr
 #[test]
 fn racing_fences_and_epoch_markers_of_a_syncs_iceberg_table_only_move_forward() {
     use orca_lake::sync_tables::{EpochAt, EpochCommit, SyncTables};
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let db = rt.block_on(TestDb::new());
-    let wh = scratch("fence-race-wh");
-    let config = orca_lake::LakeConfig {
-        catalog_url: Some(db.url()),
-        warehouse: format!("file://{}", wh.display()),
-        org: "default".into(),
-        lease: None,
-    };
+    let (_rt, _db, wh, config) = operator_lake("fence-race-wh");
     let open = || SyncTables::with_config(&config).expect("the sync's catalog");
     let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
         "id",
@@ -1134,5 +1148,69 @@ fn racing_fences_and_epoch_markers_of_a_syncs_iceberg_table_only_move_forward() 
             EpochCommit::Fenced { fence: generation }
         );
     }
+    let _ = std::fs::remove_dir_all(wh);
+}
+
+/// A lake handle keeps the tables it loaded (a step reading or appending to
+/// one table month after month parses its metadata once), but never past a
+/// commit another writer made: its next load, its appends and its scans
+/// follow the catalog's pointer, not what it kept.
+#[test]
+fn a_lake_handle_that_kept_a_table_sees_another_writers_commits() {
+    use orca_lake::table::{create_or_load, fast_append, live_data_files, load};
+    use orca_lake::writer::write_data_files;
+    let (_rt, _db, wh, config) = operator_lake("kept-tables-wh");
+    let (mine, theirs) = (
+        orca_lake::Lake::open(&config).expect("a lake"),
+        orca_lake::Lake::open(&config).expect("another lake"),
+    );
+    let schema = std::sync::Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+        "id",
+        arrow_schema::DataType::Int64,
+        false,
+    )]));
+    let batch = |ids: Vec<i64>| {
+        arrow_array::RecordBatch::try_new(
+            schema.clone(),
+            vec![std::sync::Arc::new(arrow_array::Int64Array::from(ids))],
+        )
+        .expect("a batch")
+    };
+    let append = |lake: &orca_lake::Lake, prefix: &str, ids: Vec<i64>| {
+        let table = load(lake, "kept.t").expect("load");
+        let files = write_data_files(lake, &table, [Ok(batch(ids))], prefix.into()).expect("write");
+        fast_append(lake, "kept.t", &table.inner, files, Default::default()).expect("append")
+    };
+    let current = |lake: &orca_lake::Lake| {
+        load(lake, "kept.t")
+            .expect("load")
+            .inner
+            .metadata()
+            .current_snapshot()
+            .map(|s| s.snapshot_id())
+    };
+    create_or_load(&mine, "kept.t", (*schema).clone()).expect("the table");
+    let first = append(&mine, "mine-1", vec![1, 2]);
+    assert_eq!(current(&mine), Some(first));
+
+    let second = append(&theirs, "theirs-1", vec![3]);
+    assert_eq!(
+        current(&mine),
+        Some(second),
+        "the kept table hid another writer's commit"
+    );
+    // An append from the handle that kept the table goes on from the other
+    // writer's snapshot, and loses none of its files.
+    let third = append(&mine, "mine-2", vec![4, 5, 6]);
+    let now = load(&theirs, "kept.t").expect("load");
+    let snap = now.inner.metadata().current_snapshot().expect("a snapshot");
+    assert_eq!(snap.snapshot_id(), third);
+    assert_eq!(snap.parent_snapshot_id(), Some(second));
+    let rows: u64 = live_data_files(&theirs, &now.inner, snap)
+        .expect("files")
+        .iter()
+        .map(|f| f.record_count())
+        .sum();
+    assert_eq!(rows, 6, "every append's rows are in the table");
     let _ = std::fs::remove_dir_all(wh);
 }

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use iceberg::io::FileIO;
@@ -37,7 +38,22 @@ pub struct OrgCatalog {
     warehouse: String,
     fileio: FileIO,
     runtime: Runtime,
+    /// The tables loaded, each at the metadata file it was loaded from.
+    /// A metadata file never changes once written, so a load that finds
+    /// the catalog still pointing at it parses nothing and keeps the
+    /// table's cache of manifests (what a step that reads or appends to
+    /// one table month after month would otherwise read again each time).
+    /// The catalog's row is still read on every load: access and the
+    /// current pointer are the control plane's, never the cache's.
+    loaded: Mutex<HashMap<TableIdent, Table>>,
 }
+
+/// How many tables [`OrgCatalog`] keeps loaded; past it, it forgets them
+/// all. Each holds up to 32 MiB of manifests in its own cache, so a
+/// long-lived process (`orca serve`, a continuous sync) keeps at most a
+/// quarter of a GiB of them, and a step, which reads a few tables, all of
+/// its own.
+const LOADED_MAX: usize = 8;
 
 /// A table row of the catalog that a client of another kind made as a view
 /// (`iceberg_type = 'VIEW'`) is not a table.
@@ -112,6 +128,31 @@ impl OrgCatalog {
             warehouse,
             fileio,
             runtime,
+            loaded: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The table as loaded from `location` before, if it was.
+    fn loaded(&self, ident: &TableIdent, location: &str) -> Option<Table> {
+        let loaded = self.loaded.lock().ok()?;
+        loaded
+            .get(ident)
+            .filter(|t| t.metadata_location() == Some(location))
+            .cloned()
+    }
+
+    fn remember(&self, table: &Table) {
+        if let Ok(mut loaded) = self.loaded.lock() {
+            if loaded.len() >= LOADED_MAX && !loaded.contains_key(table.identifier()) {
+                loaded.clear();
+            }
+            loaded.insert(table.identifier().clone(), table.clone());
+        }
+    }
+
+    fn forget(&self, ident: &TableIdent) {
+        if let Ok(mut loaded) = self.loaded.lock() {
+            loaded.remove(ident);
         }
     }
 
@@ -342,7 +383,9 @@ impl Catalog for OrgCatalog {
             .execute(&self.pool)
             .await
             .map_err(db("creating a table"))?;
-        self.table(ident, at, metadata)
+        let table = self.table(ident, at, metadata)?;
+        self.remember(&table);
+        Ok(table)
     }
 
     async fn load_table(&self, table: &TableIdent) -> Result<Table> {
@@ -352,8 +395,13 @@ impl Catalog for OrgCatalog {
                 format!("no table {table} in catalog {}", self.name),
             ));
         };
+        if let Some(t) = self.loaded(table, &location) {
+            return Ok(t);
+        }
         let metadata = TableMetadata::read_from(&self.fileio, &location).await?;
-        self.table(table.clone(), location, metadata)
+        let t = self.table(table.clone(), location, metadata)?;
+        self.remember(&t);
+        Ok(t)
     }
 
     async fn drop_table(&self, table: &TableIdent) -> Result<()> {
@@ -365,6 +413,7 @@ impl Catalog for OrgCatalog {
             .fetch_one(&self.pool)
             .await
             .map_err(db("dropping a table"))?;
+        self.forget(table);
         if dropped {
             Ok(())
         } else {
@@ -417,6 +466,7 @@ impl Catalog for OrgCatalog {
             )
             .with_retryable(true));
         }
+        self.remember(&staged);
         Ok(staged)
     }
 }
