@@ -94,6 +94,7 @@ def main():
             "snapshots": snaps,
             "current": t.current_snapshot().snapshot_id if t.current_snapshot() else None,
             "location": t.location(),
+            "properties": dict(t.properties),
         }
         print(json.dumps(out, default=str))
     elif cmd == "files":

@@ -111,6 +111,9 @@ async fn the_lake_s_tables_read_back_in_pyiceberg_with_their_orca_properties() {
         .as_str()
         .unwrap_or_default()
         .ends_with("/lake/monthly"));
+    // How a lost commit waits, as any Iceberg writer of the table reads it.
+    assert_eq!(monthly["properties"]["commit.retry.min-wait-ms"], "10");
+    assert_eq!(monthly["properties"]["commit.retry.num-retries"], "10");
 
     // Every snapshot carries the orca.* properties of the step that made it,
     // and the control plane recorded exactly those snapshots.
