@@ -180,7 +180,7 @@ pub fn run(
 }
 
 /// How often a follow looks at its runs.
-const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 /// Follows runs (and the runs their keys tasks queued) until every one has
 /// finished; 1 when any did not succeed.
