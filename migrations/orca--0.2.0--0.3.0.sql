@@ -3687,3 +3687,43 @@ COMMENT ON FUNCTION orca.backfill(text, text, integer) IS
 REVOKE ALL ON FUNCTION orca.backfill(text, text, integer),
     orca._queue_key_runs(bigint, bigint, text[], text, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION orca.backfill(text, text, integer) TO orca_operator;
+
+-- A queued @all keys task is joined only by a request for runs of the same
+-- size (per_run).
+CREATE OR REPLACE FUNCTION orca._keys_task(p_org bigint, p_pipeline bigint, p_mode text, p_trigger text,
+                                p_request jsonb DEFAULT '{}')
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run bigint;
+    v orca.pipeline_versions;
+BEGIN
+    SELECT * INTO v FROM orca.pipeline_versions
+    WHERE id = (SELECT current_version FROM orca.pipelines WHERE id = p_pipeline);
+    IF p_mode IN ('all', 'refresh') THEN
+        SELECT r.id INTO v_run FROM orca.runs r
+        WHERE r.pipeline_id = p_pipeline AND r.kind = 'keys' AND r.request->>'mode' = p_mode
+          AND r.request->'per_run' IS NOT DISTINCT FROM p_request->'per_run'
+          AND r.status IN ('queued', 'running') AND r.version_id = v.id
+          AND NOT EXISTS (SELECT 1 FROM orca.attempts a
+                          WHERE a.run_id = r.id AND a.status <> 'pending')
+        ORDER BY r.id LIMIT 1;
+        IF v_run IS NOT NULL THEN
+            RETURN v_run;
+        END IF;
+    END IF;
+    INSERT INTO orca.runs (org_id, pipeline_id, version_id, partitions, trigger, kind, request,
+                           run_retries)
+    VALUES (p_org, p_pipeline, v.id, ARRAY['*'], p_trigger, 'keys',
+            jsonb_build_object('mode', p_mode, 'dataset', v.keys_dataset,
+                               'column', v.keys_column) || coalesce(p_request, '{}'),
+            greatest(v.run_retries, 2))
+    RETURNING id INTO v_run;
+    PERFORM orca._event(p_org, 'run.queued', p_pipeline, v_run, NULL,
+        jsonb_build_object('kind', 'keys', 'mode', p_mode, 'trigger', p_trigger,
+                           'dataset', v.keys_dataset, 'by', session_user));
+    -- Reading keys takes no run slot: max_runs caps the runs it queues.
+    PERFORM orca._start_runs(ARRAY[v_run]);
+    RETURN v_run;
+END
+$$;

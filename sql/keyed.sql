@@ -9,7 +9,8 @@ ALTER TABLE orca.keys ADD CONSTRAINT keys_key_check CHECK (orca._valid_key(key))
 -- `<binary> keys --lease`, reads the keys dataset's current snapshot and
 -- reports its keys with orca.report_keys, which then acts on the request.
 -- A request for every key ('all') or a plain read ('refresh') joins one of the
--- same mode that has not started reading yet. Returns the task's run id.
+-- same mode and the same runs' size (per_run) that has not started reading
+-- yet. Returns the task's run id.
 CREATE FUNCTION orca._keys_task(p_org bigint, p_pipeline bigint, p_mode text, p_trigger text,
                                 p_request jsonb DEFAULT '{}')
 RETURNS bigint
@@ -23,6 +24,7 @@ BEGIN
     IF p_mode IN ('all', 'refresh') THEN
         SELECT r.id INTO v_run FROM orca.runs r
         WHERE r.pipeline_id = p_pipeline AND r.kind = 'keys' AND r.request->>'mode' = p_mode
+          AND r.request->'per_run' IS NOT DISTINCT FROM p_request->'per_run'
           AND r.status IN ('queued', 'running') AND r.version_id = v.id
           AND NOT EXISTS (SELECT 1 FROM orca.attempts a
                           WHERE a.run_id = r.id AND a.status <> 'pending')

@@ -222,6 +222,40 @@ async fn a_backfill_may_name_its_own_keys_per_run() {
     assert!(msg.contains("got 0"), "{msg}");
 }
 
+/// A backfill of every key joins a keys task queued for the same runs'
+/// size that has not started, and never one queued for another size: its
+/// runs would not be the size it asked for.
+#[tokio::test]
+async fn an_all_backfill_joins_a_queued_keys_task_only_of_its_own_per_run() {
+    let db = TestDb::new().await;
+    db.register(&keyed("labels", "1", false)).await;
+    play_keys_task(&db, "refresh", 1, &["a", "b", "c"]).await;
+    let task = |sql: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .expect(sql)
+        }
+    };
+    let one = task("SELECT orca.backfill('labels', '@all', 1)").await;
+    assert_eq!(task("SELECT orca.backfill('labels', '@all', 1)").await, one);
+    let three = task("SELECT orca.backfill('labels', '@all', per_run => 3)").await;
+    assert_ne!(three, one);
+    let policy = task("SELECT orca.backfill('labels', '@all')").await;
+    assert!(policy != one && policy != three, "{one} {three} {policy}");
+    assert_eq!(task("SELECT orca.backfill('labels', '@all')").await, policy);
+    assert_eq!(
+        db.strings(&format!(
+            "SELECT coalesce(request->>'per_run', '-') FROM orca.runs \
+             WHERE id IN ({one}, {three}, {policy}) ORDER BY id"
+        ))
+        .await,
+        ["1", "3", "-"]
+    );
+}
+
 #[tokio::test]
 async fn names_are_checked_against_the_current_keys() {
     let db = TestDb::new().await;
