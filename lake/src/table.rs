@@ -77,7 +77,7 @@ impl Table {
 /// lose the swap to each other routinely, each loss then costing more than
 /// a month's aggregation. Starting at 10 ms and doubling, ten tries wait
 /// ten seconds in all.
-pub const COMMIT_RETRY: [(&str, &str); 2] = [
+const COMMIT_RETRY: [(&str, &str); 2] = [
     ("commit.retry.min-wait-ms", "10"),
     ("commit.retry.num-retries", "10"),
 ];

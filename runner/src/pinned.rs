@@ -59,14 +59,19 @@ struct Seen {
 pub struct Pins {
     root: PathBuf,
     allow_unpinned: bool,
-    hashed: Mutex<HashMap<PathBuf, (Seen, String)>>,
-    /// A lock per binary, held while it is hashed.
-    hashing: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+    /// Each binary's hash as last read, behind a lock of its own, held
+    /// while it is hashed: slots that claim attempts of one new binary at
+    /// once hash it once, the others wait and find its hash (a release
+    /// pipeline binary is 100-200 MB, a core's tenth of a second each).
+    hashed: Mutex<HashMap<PathBuf, Arc<Mutex<Option<Hashed>>>>>,
     /// How many times a binary was read whole to be hashed (what the tests
     /// look at).
     #[cfg_attr(not(test), allow(dead_code))]
     hashes: AtomicUsize,
 }
+
+/// A binary's file as it was when it was hashed, and its hash.
+type Hashed = (Seen, String);
 
 /// A binary that passed: its real path, and whether it was run unpinned.
 #[derive(Debug)]
@@ -82,7 +87,6 @@ impl Pins {
             root: root.canonicalize()?,
             allow_unpinned,
             hashed: Mutex::new(HashMap::new()),
-            hashing: Mutex::new(HashMap::new()),
             hashes: AtomicUsize::new(0),
         })
     }
@@ -156,22 +160,22 @@ impl Pins {
     }
 
     fn sha256(&self, path: &Path) -> std::io::Result<String> {
-        // Slots that claim attempts of one new binary at once hash it once:
-        // the others wait for the first and find its hash (a release
-        // pipeline binary is 100-200 MB, a core's tenth of a second each).
-        let one = self
-            .hashing
+        // A cache only: a lock a panicking thread left is still usable.
+        let entry = self
+            .hashed
             .lock()
-            .ok()
-            .map(|mut h| h.entry(path.to_path_buf()).or_default().clone());
-        let _hashing = one.as_ref().map(|m| m.lock());
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(path.to_path_buf())
+            .or_default()
+            .clone();
+        let mut known = entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut file = std::fs::File::open(path)?;
         let seen = seen(&file.metadata()?);
-        if let Ok(cache) = self.hashed.lock() {
-            if let Some((s, h)) = cache.get(path) {
-                if *s == seen {
-                    return Ok(h.clone());
-                }
+        if let Some((s, h)) = known.as_ref() {
+            if *s == seen {
+                return Ok(h.clone());
             }
         }
         self.hashes.fetch_add(1, Ordering::Relaxed);
@@ -186,11 +190,7 @@ impl Pins {
         }
         let hash = hex(&hasher.finalize());
         // Changed while it was read: hash it again next time.
-        if seen == self::seen(&file.metadata()?) {
-            if let Ok(mut cache) = self.hashed.lock() {
-                cache.insert(path.to_path_buf(), (seen, hash.clone()));
-            }
-        }
+        *known = (seen == self::seen(&file.metadata()?)).then(|| (seen, hash.clone()));
         Ok(hash)
     }
 }
