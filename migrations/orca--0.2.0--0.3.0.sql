@@ -3727,3 +3727,8 @@ BEGIN
     RETURN v_run;
 END
 $$;
+
+-- The runs a keys task queued: what `orca backfill` counts each time it
+-- looks at a backfill it follows (without it, a scan of the whole history:
+-- ~85 ms a look with 500k runs).
+CREATE INDEX runs_parent ON orca.runs (parent_run) WHERE parent_run IS NOT NULL;

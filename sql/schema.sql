@@ -213,6 +213,9 @@ CREATE UNIQUE INDEX runs_fire ON orca.runs (pipeline_id, fire_at) WHERE fire_at 
 -- dispatch path checks them on every finish, so they must stay small.
 CREATE INDEX runs_queued ON orca.runs (pipeline_id, id) WHERE status = 'queued';
 CREATE INDEX runs_running ON orca.runs (pipeline_id) WHERE status = 'running';
+-- The runs a keys task queued: what `orca backfill` counts each time it
+-- looks at a backfill it follows (without it, a scan of the whole history).
+CREATE INDEX runs_parent ON orca.runs (parent_run) WHERE parent_run IS NOT NULL;
 
 CREATE TABLE orca.step_states (
     org_id      bigint NOT NULL,

@@ -159,6 +159,37 @@ impl Pins {
         })
     }
 
+    /// Hashes the executable files at the top of the root, at most
+    /// `most`, largest first, so that the first attempts of a runner just
+    /// started find their binaries' hashes (a release pipeline binary is a
+    /// core's tenth of a second or more). Files it cannot read are left to
+    /// the attempts that name them. Returns how many files and bytes it
+    /// hashed.
+    pub fn warm(&self, most: usize) -> (usize, u64) {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return (0, 0);
+        };
+        let mut files: Vec<(u64, PathBuf)> = entries
+            .filter_map(|e| {
+                let path = e.ok()?.path().canonicalize().ok()?;
+                let m = std::fs::metadata(&path).ok()?;
+                (path.starts_with(&self.root) && m.is_file() && m.permissions().mode() & 0o111 != 0)
+                    .then_some((m.len(), path))
+            })
+            .collect();
+        files.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        files.dedup_by(|a, b| a.1 == b.1);
+        let (mut n, mut bytes) = (0, 0);
+        for (len, path) in files.into_iter().take(most) {
+            if self.sha256(&path).is_ok() {
+                n += 1;
+                bytes += len;
+            }
+        }
+        (n, bytes)
+    }
+
     fn sha256(&self, path: &Path) -> std::io::Result<String> {
         // A cache only: a lock a panicking thread left is still usable.
         let entry = self
@@ -312,6 +343,41 @@ mod tests {
             }
         });
         assert_eq!(pins.hashes.load(Ordering::Relaxed), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A runner that warmed its root hashes nothing when its first
+    /// attempts claim; files that are not executables, or not in the root,
+    /// are not read.
+    #[test]
+    fn a_warmed_root_leaves_its_binaries_hashed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("orca-pins-warm-{}", std::process::id()));
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("sub")).expect("root");
+        let exe = |p: &Path, bytes: &[u8]| {
+            std::fs::write(p, bytes).expect("write");
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        };
+        exe(&root.join("lake"), b"lake binary");
+        exe(&root.join("labels"), b"labels binary, longer");
+        exe(&root.join("sub/deeper"), b"not at the top");
+        exe(&dir.join("outside"), b"outside the root");
+        std::os::unix::fs::symlink(dir.join("outside"), root.join("link")).expect("symlink");
+        std::os::unix::fs::symlink(root.join("lake"), root.join("alias")).expect("symlink");
+        std::fs::write(root.join("notes.txt"), b"not an executable").expect("write");
+        let pins = Pins::new(&root, false).expect("pins");
+
+        assert_eq!(pins.warm(1), (1, 21), "the largest first, at most one");
+        assert_eq!(
+            pins.warm(10),
+            (2, 32),
+            "lake once, though two names lead to it"
+        );
+        assert_eq!(pins.hashes.load(Ordering::Relaxed), 2);
+        let good = hex(&Sha256::digest(b"lake binary"));
+        pins.verify(&lease("lake", Some(&good))).expect("verified");
+        assert_eq!(pins.hashes.load(Ordering::Relaxed), 2, "already hashed");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
