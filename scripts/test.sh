@@ -61,7 +61,10 @@ cargo test -q --workspace --exclude orca-ext -- --test-threads 4
 
 if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
     say "the quick start (scripts/demo.sh)"
-    ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=54339 ORCA_SERVE_PORT=54340 \
+    # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
+    # be held by one of the suite's many client connections, still open or in
+    # TIME_WAIT, and the demo's listener then fails with "Address already in use".
+    ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
         "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
         { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
     grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
