@@ -11,6 +11,10 @@
 #   ROWS=200000 benches/sync/run.sh
 #   benches/sync/run.sh cdc      # the postgres_cdc source into Postgres and Iceberg:
 #                                # changes/s and latency
+#   benches/sync/run.sh shapes   # tables of one kind of column each (wide text,
+#                                # jsonb, numeric, arrays; SHAPE_ROWS, default
+#                                # 500k; SHAPES=jsonb,arrays picks some), orca-engine
+#                                # against DuckDB
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/env.sh"
 cd "$ORCA_ROOT"
@@ -35,4 +39,4 @@ if [ "${1:-}" = cdc ]; then
 fi
 DLT_PYTHON="$DLT_VENV/bin/python" DLT_SCRIPT="$ORCA_ROOT/benches/sync/dlt_load.py" \
     DUCKDB_SCRIPT="$ORCA_ROOT/benches/sync/duckdb_load.py" \
-    "$CARGO_TARGET_DIR/release/orca-bench-sync"
+    "$CARGO_TARGET_DIR/release/orca-bench-sync" "$@"

@@ -446,6 +446,24 @@ pub struct Stream {
 /// The most connections one table's read is split over.
 pub const SPLITS_MAX: u32 = 64;
 
+/// The keys a stream's definition may hold (what `Stream` serializes, so a
+/// stored definition's streams can be given again).
+const STREAM_KEYS: &[&str] = &[
+    "name",
+    "mode",
+    "primary_key",
+    "schema_policy",
+    "delivery",
+    "table",
+    "cursor",
+    "lookback",
+    "pattern",
+    "splits",
+    "config",
+    "columns",
+    "partition_by",
+];
+
 /// A built-in connector: its options and what it means for delivery.
 struct Connector {
     name: &'static str,
@@ -1026,6 +1044,34 @@ fn check_rules(
             ));
         }
         seen.push(sname.to_string());
+        // A misspelt option ("curser") would otherwise be dropped without a
+        // word and the stream run without it.
+        if let Some(key) = obj.keys().find(|k| !STREAM_KEYS.contains(&k.as_str())) {
+            return Err(bad(
+                format!("{at}.{key}"),
+                format!(
+                    "is not an option of a stream (it takes {})",
+                    STREAM_KEYS.join(", ")
+                ),
+            ));
+        }
+        // A stream may ask for more than the sync's level, never less.
+        let wanted = match obj.get("delivery") {
+            None => required,
+            Some(v) => v
+                .as_str()
+                .and_then(Delivery::parse_name)
+                .ok_or_else(|| {
+                    bad(
+                        format!("{at}.delivery"),
+                        format!(
+                            "{v} is not a delivery level (at_least_once, effectively_once, \
+                             exactly_once)"
+                        ),
+                    )
+                })?
+                .max(required),
+        };
         let mode_name = obj.get("mode").and_then(Value::as_str).unwrap_or("append");
         let mode = WriteMode::parse_name(mode_name).ok_or_else(|| {
             bad(
@@ -1253,14 +1299,13 @@ fn check_rules(
             has_primary_key: !primary_key.is_empty(),
             skips_by_id,
         };
-        let kept =
-            delivery::check(facts, required).map_err(|reason| Error::ImpossibleDelivery {
-                stream: sname.to_string(),
-                required: required.name(),
-                from: src.name,
-                to: dst.name,
-                reason,
-            })?;
+        let kept = delivery::check(facts, wanted).map_err(|reason| Error::ImpossibleDelivery {
+            stream: sname.to_string(),
+            required: wanted.name(),
+            from: src.name,
+            to: dst.name,
+            reason,
+        })?;
         stream.delivery = kept;
         out.push(stream);
     }
@@ -1532,6 +1577,65 @@ mod tests {
     fn orders(mode: &str) -> Value {
         json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
                 "primary_key": ["id"], "mode": mode}])
+    }
+
+    #[test]
+    fn a_stream_option_it_does_not_know_is_refused_by_name() {
+        let parquet = json!({"type": "parquet", "url": "/tmp/out"});
+        let mut s = orders("append");
+        s[0]["curser"] = json!("updated_at");
+        let e = check("shop", &pg(), &parquet, &s, None, "at_least_once").expect_err("typo");
+        assert_eq!(e.sqlstate(), "OR063");
+        assert!(e.to_string().contains("streams[0].curser"), "{e}");
+        assert!(e.to_string().contains("cursor"), "{e}");
+        // A stored definition's streams (with the delivery each keeps) can be
+        // given again as they are.
+        let pg_dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw"});
+        let def = check(
+            "shop",
+            &pg(),
+            &pg_dst,
+            &orders("merge"),
+            None,
+            "at_least_once",
+        )
+        .expect("merge");
+        let again = check(
+            "shop",
+            &pg(),
+            &pg_dst,
+            &def["streams"],
+            None,
+            "at_least_once",
+        )
+        .expect("the stored streams");
+        assert_eq!(again["streams"], def["streams"]);
+    }
+
+    #[test]
+    fn a_stream_may_ask_for_more_delivery_than_the_sync_never_less() {
+        let pg_dst = json!({"type": "postgres", "url": "postgres://127.0.0.1/dw"});
+        let mut s = orders("merge");
+        s[0]["delivery"] = json!("effectively_once");
+        let def = check("shop", &pg(), &pg_dst, &s, None, "at_least_once").expect("merge");
+        assert_eq!(def["streams"][0]["delivery"], "effectively_once");
+        // An append from a source that may read rows again cannot promise it
+        // into a destination that cannot skip them: OR062 names the stream.
+        let mut s = orders("append");
+        s[0]["delivery"] = json!("effectively_once");
+        let parquet = json!({"type": "parquet", "url": "/tmp/out"});
+        let e = check("shop", &pg(), &parquet, &s, None, "at_least_once").expect_err("append");
+        assert_eq!(e.sqlstate(), "OR062");
+        assert!(e.to_string().contains("orders"), "{e}");
+        // Asking for less than the sync keeps the sync's level.
+        let mut s = orders("merge");
+        s[0]["delivery"] = json!("at_least_once");
+        let def = check("shop", &pg(), &pg_dst, &s, None, "effectively_once").expect("merge");
+        assert_eq!(def["streams"][0]["delivery"], "effectively_once");
+        s[0]["delivery"] = json!("twice");
+        let e = check("shop", &pg(), &pg_dst, &s, None, "at_least_once").expect_err("level");
+        assert_eq!(e.sqlstate(), "OR063");
+        assert!(e.to_string().contains("streams[0].delivery"), "{e}");
     }
 
     #[test]

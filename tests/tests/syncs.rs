@@ -93,6 +93,26 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
             "OR063",
             "destination.lanes",
         ),
+        // A misspelt stream option is named, not dropped.
+        (
+            pg(),
+            iceberg.clone(),
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                    "primary_key": ["id"], "mode": "merge", "lookbak": "10 minutes"}]),
+            "at_least_once",
+            "OR063",
+            "streams[0].lookbak: is not an option of a stream",
+        ),
+        // A stream asks for more than the sync: an append to parquet cannot.
+        (
+            pg(),
+            parquet.clone(),
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                    "primary_key": ["id"], "delivery": "effectively_once"}]),
+            "at_least_once",
+            "OR062",
+            "cannot be delivered effectively_once",
+        ),
     ] {
         let (c, m) = create(&db, &source, &destination, &streams, delivery)
             .await
@@ -115,6 +135,11 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
         .await
         .expect("definition");
     assert_eq!(def["streams"][0]["delivery"], "effectively_once");
+    // Its stored streams can be given again as they are.
+    let same = create(&db, &pg(), &iceberg, &def["streams"], "effectively_once")
+        .await
+        .expect("the stored streams");
+    assert_eq!(same, id);
     // Defining it again replaces the definition and keeps the sync.
     let again = create(&db, &pg(), &iceberg, &orders("append"), "exactly_once")
         .await
@@ -123,7 +148,7 @@ async fn definitions_are_validated_and_keep_their_delivery_levels() {
     let kinds = db
         .strings("SELECT kind FROM orca.events WHERE kind LIKE 'sync.%' ORDER BY id")
         .await;
-    assert_eq!(kinds, ["sync.defined", "sync.defined"]);
+    assert_eq!(kinds, ["sync.defined", "sync.defined", "sync.defined"]);
 }
 
 #[tokio::test]

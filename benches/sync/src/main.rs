@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 mod cdc;
+mod shapes;
 use orca_engine::attempt::{self, Options};
 use orca_engine::pump;
 
@@ -63,35 +64,54 @@ fn prepare(rows: i64) -> Result<String> {
     c.batch_execute(
         "SET client_min_messages = warning; DROP EXTENSION IF EXISTS orca CASCADE; CREATE EXTENSION orca",
     )?;
-    let table_exists = c
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?
+    ensure_table(
+        &mut c,
+        TABLE,
+        rows,
+        "id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, customer text,
+         amount numeric(12,2), qty int, ok boolean, meta jsonb, day date,
+         score double precision",
+        "g, '2024-01-01'::timestamptz + g * interval '1 second',
+         CASE WHEN g % 10 = 0 THEN NULL ELSE 'customer-' || (g % 5000) END,
+         (g % 100000) / 100.0, g % 1000, g % 3 = 0,
+         jsonb_build_object('n', g, 'tag', 't' || (g % 7)),
+         '2024-01-01'::date + (g % 365), g / 7.0",
+    )?;
+    c.batch_execute(&format!(
+        "CREATE INDEX IF NOT EXISTS {TABLE}_updated_at_id_idx ON {TABLE} (updated_at, id)"
+    ))?;
+    Ok(url)
+}
+
+/// Makes `table` with `columns`, filled by `SELECT {values} FROM
+/// generate_series(1, rows) g`, unless it holds `rows` rows already.
+pub(crate) fn ensure_table(
+    c: &mut postgres::Client,
+    table: &str,
+    rows: i64,
+    columns: &str,
+    values: &str,
+) -> Result<()> {
+    let exists = c
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
         .get::<_, bool>(0);
-    let have: i64 = if table_exists {
-        c.query_one(&format!("SELECT count(*) FROM {TABLE}"), &[])?
+    let have: i64 = if exists {
+        c.query_one(&format!("SELECT count(*) FROM {table}"), &[])?
             .get(0)
     } else {
         -1
     };
     if have != rows {
-        eprintln!("# making {TABLE} with {rows} rows");
+        eprintln!("# making {table} with {rows} rows");
         c.batch_execute(&format!(
-            "DROP TABLE IF EXISTS {TABLE};
-             CREATE TABLE {TABLE} (
-                 id bigint PRIMARY KEY, updated_at timestamptz NOT NULL, customer text,
-                 amount numeric(12,2), qty int, ok boolean, meta jsonb, day date,
-                 score double precision);
-             INSERT INTO {TABLE}
-             SELECT g, '2024-01-01'::timestamptz + g * interval '1 second',
-                    CASE WHEN g % 10 = 0 THEN NULL ELSE 'customer-' || (g % 5000) END,
-                    (g % 100000) / 100.0, g % 1000, g % 3 = 0,
-                    jsonb_build_object('n', g, 'tag', 't' || (g % 7)),
-                    '2024-01-01'::date + (g % 365), g / 7.0
-             FROM generate_series(1, {rows}) g;
-             CREATE INDEX ON {TABLE} (updated_at, id);"
+            "DROP TABLE IF EXISTS {table};
+             CREATE TABLE {table} ({columns});
+             INSERT INTO {table} SELECT {values} FROM generate_series(1, {rows}) g;"
         ))?;
-        c.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))?;
+        // VACUUM runs outside the batch's implicit transaction.
+        c.batch_execute(&format!("VACUUM ANALYZE {table}"))?;
     }
-    Ok(url)
+    Ok(())
 }
 
 struct Figure {
@@ -100,10 +120,10 @@ struct Figure {
     seconds: f64,
 }
 
-fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
+fn copy_ceiling(url: &str, table: &str) -> Result<(u64, f64, u64)> {
     let mut c = postgres::Client::connect(url, postgres::NoTls)?;
     let started = Instant::now();
-    let mut r = c.copy_out(format!("COPY {TABLE} TO STDOUT (FORMAT binary)").as_str())?;
+    let mut r = c.copy_out(format!("COPY {table} TO STDOUT (FORMAT binary)").as_str())?;
     let mut buf = vec![0u8; 1 << 16];
     let mut bytes = 0u64;
     loop {
@@ -116,16 +136,24 @@ fn copy_ceiling(url: &str) -> Result<(u64, f64, u64)> {
     drop(r);
     let secs = started.elapsed().as_secs_f64();
     let rows: i64 = c
-        .query_one(&format!("SELECT count(*) FROM {TABLE}"), &[])?
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])?
         .get(0);
     Ok((rows as u64, secs, bytes))
 }
 
-/// One attempt of a sync of the table into Parquet; `splits`: the stream's
-/// option (None: the engine's default, the machine's cores).
-fn orca(url: &str, out: &std::path::Path, edge: bool, splits: Option<u32>) -> Result<(u64, f64)> {
+/// One attempt of a sync of `table` (read by `cursor`, keyed by `id`) into
+/// Parquet; `splits`: the stream's option (None: the engine's default, half
+/// the machine's cores).
+fn orca(
+    url: &str,
+    table: &str,
+    cursor: &str,
+    out: &std::path::Path,
+    edge: bool,
+    splits: Option<u32>,
+) -> Result<(u64, f64)> {
     let name = format!(
-        "bench_{}_{}_{}",
+        "bench_{}_{table}_{}_{}",
         std::process::id(),
         u8::from(edge),
         splits.unwrap_or(0)
@@ -133,8 +161,8 @@ fn orca(url: &str, out: &std::path::Path, edge: bool, splits: Option<u32>) -> Re
     let mut c = postgres::Client::connect(url, postgres::NoTls)?;
     let source = serde_json::json!({"type": "postgres", "url": url});
     let dest = serde_json::json!({"type": "parquet", "url": out.join("data").to_string_lossy()});
-    let mut streams = serde_json::json!([{"name": TABLE, "table": format!("public.{TABLE}"),
-                                          "cursor": "updated_at", "primary_key": ["id"]}]);
+    let mut streams = serde_json::json!([{"name": table, "table": format!("public.{table}"),
+                                          "cursor": cursor, "primary_key": ["id"]}]);
     if let Some(n) = splits {
         streams[0]["splits"] = n.into();
     }
@@ -189,6 +217,7 @@ fn peer(
     python: &str,
     script: &str,
     url: &str,
+    table: &str,
     out: &std::path::Path,
 ) -> Result<Option<(u64, f64, serde_json::Value)>> {
     let (Ok(py), Ok(script)) = (std::env::var(python), std::env::var(script)) else {
@@ -196,7 +225,7 @@ fn peer(
     };
     let o = Command::new(py)
         .arg(&script)
-        .args([url, TABLE])
+        .args([url, table])
         .arg(out)
         .output()
         .with_context(|| format!("running {script}"))?;
@@ -234,8 +263,13 @@ fn main() -> Result<()> {
     let url = prepare(rows)?;
     let work = std::env::temp_dir().join(format!("orca-bench-sync-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
+    if std::env::args().nth(1).as_deref() == Some("shapes") {
+        let done = shapes::run(&url, &work);
+        let _ = std::fs::remove_dir_all(&work);
+        return done;
+    }
 
-    let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(&url)?;
+    let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(&url, TABLE)?;
     let mb = copy_bytes as f64 / 1e6;
     let mut figures = vec![Figure {
         name: "copy-binary",
@@ -252,7 +286,7 @@ fn main() -> Result<()> {
     ] {
         let dir = work.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (rows, seconds) = orca(&url, &dir, edge, splits)?;
+        let (rows, seconds) = orca(&url, TABLE, "updated_at", &dir, edge, splits)?;
         figures.push(Figure {
             name,
             rows,
@@ -264,7 +298,7 @@ fn main() -> Result<()> {
         ("dlt", "DLT_PYTHON", "DLT_SCRIPT"),
         ("duckdb", "DLT_PYTHON", "DUCKDB_SCRIPT"),
     ] {
-        match peer(python, script, &url, &work.join(name))? {
+        match peer(python, script, &url, TABLE, &work.join(name))? {
             Some((rows, seconds, v)) => {
                 figures.push(Figure {
                     name,

@@ -9,7 +9,10 @@
 //! `_orca_fence` holds the newest generation that recovered; a commit from an
 //! older one is refused.
 
-use arrow_array::RecordBatch;
+use std::collections::HashSet;
+
+use arrow_array::{Array, RecordBatch, UInt32Array};
+use arrow_row::{RowConverter, SortField};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
@@ -26,16 +29,65 @@ pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {
     // built only to be thrown away, snappy cannot shrink it, and its
     // min/max prune nothing.
     let id = || ColumnPath::from("_orca_id");
-    let props = WriterProperties::builder()
+    let mut props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(1 << 20))
         .set_column_dictionary_enabled(id(), false)
         .set_column_compression(id(), Compression::UNCOMPRESSED)
-        .set_column_statistics_enabled(id(), EnabledStatistics::None)
-        .build();
+        .set_column_statistics_enabled(id(), EnabledStatistics::None);
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if nearly_unique(column.as_ref()) {
+            props =
+                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), false);
+        }
+    }
+    let props = props.build();
     let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props))?;
     w.write(batch)?;
     Ok(Bytes::from(w.into_inner()?))
+}
+
+/// Rows sampled to judge a column's values.
+const SAMPLE: usize = 4096;
+
+/// Whether a column's values hardly repeat (99 % of a sample of them
+/// distinct): ids, hashes, documents, measures. Parquet's writer would
+/// intern them into a dictionary until it passes a megabyte (for 8- or
+/// 16-byte values, most of a batch) and then fall back to plain encoding;
+/// a dictionary of unique values is no smaller than the values. Nested
+/// columns (several Parquet columns each) and small batches keep the
+/// writer's default.
+fn nearly_unique(column: &dyn Array) -> bool {
+    let rows = column.len();
+    if rows < 2 * SAMPLE || column.data_type().is_nested() || column.null_count() * 2 > rows {
+        return false;
+    }
+    // Rows spread over the batch in an order unrelated to its own (a step
+    // coprime with the length visits each row once): a strided sample of
+    // sorted values would step over their repeats.
+    let mut step = rows * 5 / 8;
+    while gcd(step, rows) != 1 {
+        step -= 1;
+    }
+    let at = UInt32Array::from_iter_values((0..SAMPLE).map(|i| ((i * step) % rows) as u32));
+    let Ok(sample) = arrow_select::take::take(column, &at, None) else {
+        return false;
+    };
+    let Ok(converter) = RowConverter::new(vec![SortField::new(column.data_type().clone())]) else {
+        return false;
+    };
+    let Ok(sampled) = converter.convert_columns(&[sample]) else {
+        return false;
+    };
+    let distinct: HashSet<_> = sampled.iter().collect();
+    distinct.len() * 100 >= SAMPLE * 99
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 pub struct ParquetDest {
@@ -175,5 +227,77 @@ impl ParquetDest {
             }
         }
         Ok(fresh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, StringArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    use super::*;
+
+    #[test]
+    fn columns_of_unique_values_are_written_without_a_dictionary() {
+        let rows = 20_000;
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from_iter_values(0..rows)) as _),
+            (
+                "city",
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("city-{}", i % 50)),
+                )) as _,
+            ),
+            (
+                "doc",
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("{{\"n\": {i}, \"tag\": \"t{}\"}}", i % 7)),
+                )) as _,
+            ),
+            // Each value twice: a dictionary halves it, so it keeps one.
+            (
+                "pair",
+                Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i / 2))) as _,
+            ),
+        ])
+        .expect("batch");
+        let bytes = encode(&batch).expect("encoded");
+        let reader = SerializedFileReader::new(bytes.clone()).expect("parquet");
+        let group = reader.metadata().row_group(0);
+        let dictionary = |name: &str| {
+            let c = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == name)
+                .expect("column");
+            c.dictionary_page_offset().is_some()
+        };
+        assert!(!dictionary("id"), "a unique id needs no dictionary");
+        assert!(!dictionary("doc"), "unique documents need no dictionary");
+        assert!(dictionary("city"), "50 cities keep their dictionary");
+        assert!(
+            dictionary("pair"),
+            "values that repeat keep their dictionary"
+        );
+        // The values read back as they were written.
+        let back: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .expect("reader")
+            .build()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("batches");
+        let back = arrow_select::concat::concat_batches(&batch.schema(), &back).expect("concat");
+        assert_eq!(back, batch);
+    }
+
+    #[test]
+    fn a_small_batch_keeps_the_writers_default() {
+        let a = Int64Array::from_iter_values(0..100);
+        assert!(!nearly_unique(&a));
+        let a = Int64Array::from_iter_values(0..(4 * SAMPLE as i64));
+        assert!(nearly_unique(&a));
     }
 }
