@@ -533,6 +533,18 @@ const DESTINATIONS: &[Connector] = &[
 /// The most writer lanes a destination may ask for.
 pub const MAX_LANES: u64 = 64;
 
+/// A delivery level by its name; the error names `field` and the levels.
+fn delivery_level(field: impl Into<String>, name: &str) -> Result<Delivery> {
+    Delivery::parse_name(name).ok_or_else(|| {
+        bad(
+            field,
+            format!(
+                "'{name}' is not a delivery level (at_least_once, effectively_once, exactly_once)"
+            ),
+        )
+    })
+}
+
 fn bad(field: impl Into<String>, reason: impl Into<String>) -> Error {
     Error::BadSync {
         field: field.into(),
@@ -908,12 +920,7 @@ fn check_rules(
             format!("'{name}' is not a valid name: use 1 to {NAME_MAX} lowercase letters, digits or '_'"),
         ));
     }
-    let required = Delivery::parse_name(required).ok_or_else(|| {
-        bad(
-            "delivery",
-            format!("'{required}' is not a delivery level (at_least_once, effectively_once, exactly_once)"),
-        )
-    })?;
+    let required = delivery_level("delivery", required)?;
     let (src, src_opts) = connector("source", SOURCES, source)?;
     let (dst, dst_opts) = connector("destination", DESTINATIONS, destination)?;
     if src.name == "files" {
@@ -1058,19 +1065,10 @@ fn check_rules(
         // A stream may ask for more than the sync's level, never less.
         let wanted = match obj.get("delivery") {
             None => required,
-            Some(v) => v
-                .as_str()
-                .and_then(Delivery::parse_name)
-                .ok_or_else(|| {
-                    bad(
-                        format!("{at}.delivery"),
-                        format!(
-                            "{v} is not a delivery level (at_least_once, effectively_once, \
-                             exactly_once)"
-                        ),
-                    )
-                })?
-                .max(required),
+            Some(v) => {
+                let level = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                delivery_level(format!("{at}.delivery"), &level)?.max(required)
+            }
         };
         let mode_name = obj.get("mode").and_then(Value::as_str).unwrap_or("append");
         let mode = WriteMode::parse_name(mode_name).ok_or_else(|| {
@@ -1610,6 +1608,36 @@ mod tests {
         )
         .expect("the stored streams");
         assert_eq!(again["streams"], def["streams"]);
+    }
+
+    #[test]
+    fn the_stream_options_taken_are_the_keys_a_stream_is_stored_with() {
+        let stream = Stream {
+            name: "orders".into(),
+            mode: WriteMode::Append,
+            primary_key: vec!["id".into()],
+            schema_policy: SchemaPolicy::Evolve,
+            delivery: Delivery::AtLeastOnce,
+            table: Some("public.orders".into()),
+            cursor: Some("updated_at".into()),
+            lookback: Lookback::try_from("10 minutes".to_string()).ok(),
+            pattern: Some("*.jsonl".into()),
+            splits: Some(2),
+            config: Some(Map::new()),
+            columns: Some(BTreeMap::from([("id".into(), ColumnType::Int64)])),
+            partition_by: Some(vec![PartitionBy::parse("day(updated_at)").expect("day")]),
+        };
+        let stored = serde_json::to_value(&stream).expect("json");
+        let mut keys: Vec<&str> = stored
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut taken = STREAM_KEYS.to_vec();
+        keys.sort_unstable();
+        taken.sort_unstable();
+        assert_eq!(keys, taken);
     }
 
     #[test]

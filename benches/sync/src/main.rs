@@ -114,6 +114,20 @@ pub(crate) fn ensure_table(
     Ok(())
 }
 
+/// Prints a figure's RESULT line (`mb`: the table's binary COPY size),
+/// once it moved the `want` rows the table has.
+pub(crate) fn result(label: &str, rows: u64, want: u64, seconds: f64, mb: f64) -> Result<()> {
+    if rows != want {
+        bail!("{label} moved {rows} rows, the table has {want}");
+    }
+    println!(
+        "RESULT {label} rows={rows}: {seconds:.2} s, {:.0} rows/s, {:.1} MB/s",
+        rows as f64 / seconds,
+        mb / seconds
+    );
+    Ok(())
+}
+
 struct Figure {
     name: &'static str,
     rows: u64,
@@ -326,21 +340,7 @@ fn main() -> Result<()> {
         labels.join("; ")
     );
     for f in &figures {
-        if f.rows != copy_rows {
-            bail!(
-                "{} moved {} rows, the table has {copy_rows}",
-                f.name,
-                f.rows
-            );
-        }
-        println!(
-            "RESULT {} rows={}: {:.2} s, {:.0} rows/s, {:.1} MB/s",
-            f.name,
-            f.rows,
-            f.seconds,
-            f.rows as f64 / f.seconds,
-            mb / f.seconds
-        );
+        result(f.name, f.rows, copy_rows, f.seconds, mb)?;
     }
     let rate = |n: &str| {
         figures

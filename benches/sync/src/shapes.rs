@@ -3,9 +3,9 @@
 //! Postgres scanner and the raw binary COPY, in the same run. The mixed
 //! table of the default run hides a shape that is slow on its own.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
-use crate::{copy_ceiling, ensure_table, env_or, orca, peer};
+use crate::{copy_ceiling, ensure_table, env_or, orca, peer, result};
 
 /// A shape: its table's columns (after `id bigint PRIMARY KEY`) and the
 /// values of row `g`.
@@ -93,16 +93,8 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
         if let Some((rows, secs, _)) = &duck {
             figures.push(("duckdb", *rows, *secs));
         }
-        for (name, rows, secs) in &figures {
-            if *rows != copy_rows {
-                bail!("{name} moved {rows} rows of {table}, the table has {copy_rows}");
-            }
-            println!(
-                "RESULT {}/{name} rows={rows}: {secs:.2} s, {:.0} rows/s, {:.1} MB/s",
-                shape.name,
-                *rows as f64 / secs,
-                mb / secs
-            );
+        for (name, rows, secs) in figures {
+            result(&format!("{}/{name}", shape.name), rows, copy_rows, secs, mb)?;
         }
         match duck {
             Some((_, secs, _)) => println!(

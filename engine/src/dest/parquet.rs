@@ -35,10 +35,13 @@ pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {
         .set_column_dictionary_enabled(id(), false)
         .set_column_compression(id(), Compression::UNCOMPRESSED)
         .set_column_statistics_enabled(id(), EnabledStatistics::None);
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        if nearly_unique(column.as_ref()) {
-            props =
-                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), false);
+    if let Some(at) = sample_rows(batch.num_rows()) {
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            // `_orca_id` has no dictionary already.
+            if field.name() != "_orca_id" && nearly_unique(column.as_ref(), &at) {
+                let path = ColumnPath::from(field.name().as_str());
+                props = props.set_column_dictionary_enabled(path, false);
+            }
         }
     }
     let props = props.build();
@@ -50,27 +53,35 @@ pub fn encode(batch: &RecordBatch) -> Result<Bytes, DestError> {
 /// Rows sampled to judge a column's values.
 const SAMPLE: usize = 4096;
 
-/// Whether a column's values hardly repeat (99 % of a sample of them
-/// distinct): ids, hashes, documents, measures. Parquet's writer would
-/// intern them into a dictionary until it passes a megabyte (for 8- or
-/// 16-byte values, most of a batch) and then fall back to plain encoding;
-/// a dictionary of unique values is no smaller than the values. Nested
-/// columns (several Parquet columns each) and small batches keep the
-/// writer's default.
-fn nearly_unique(column: &dyn Array) -> bool {
-    let rows = column.len();
-    if rows < 2 * SAMPLE || column.data_type().is_nested() || column.null_count() * 2 > rows {
-        return false;
+/// The rows of a batch of `rows` sampled to judge its columns, spread in
+/// an order unrelated to the batch's own (a step coprime with the length
+/// visits each row once): a strided sample of sorted values would step over
+/// their repeats. None for a small batch, which keeps the writer's default.
+fn sample_rows(rows: usize) -> Option<UInt32Array> {
+    if rows < 2 * SAMPLE {
+        return None;
     }
-    // Rows spread over the batch in an order unrelated to its own (a step
-    // coprime with the length visits each row once): a strided sample of
-    // sorted values would step over their repeats.
     let mut step = rows * 5 / 8;
     while gcd(step, rows) != 1 {
         step -= 1;
     }
-    let at = UInt32Array::from_iter_values((0..SAMPLE).map(|i| ((i * step) % rows) as u32));
-    let Ok(sample) = arrow_select::take::take(column, &at, None) else {
+    Some(UInt32Array::from_iter_values(
+        (0..SAMPLE).map(|i| ((i * step) % rows) as u32),
+    ))
+}
+
+/// Whether a column's values hardly repeat (99 % of the sampled rows `at`
+/// distinct): ids, hashes, documents, measures. Parquet's writer would
+/// intern them into a dictionary until it passes a megabyte (for 8- or
+/// 16-byte values, most of a batch) and then fall back to plain encoding;
+/// a dictionary of unique values is no smaller than the values. Nested
+/// columns (several Parquet columns each) and mostly null ones keep the
+/// writer's default.
+fn nearly_unique(column: &dyn Array, at: &UInt32Array) -> bool {
+    if column.data_type().is_nested() || column.null_count() * 2 > column.len() {
+        return false;
+    }
+    let Ok(sample) = arrow_select::take::take(column, at, None) else {
         return false;
     };
     let Ok(converter) = RowConverter::new(vec![SortField::new(column.data_type().clone())]) else {
@@ -80,7 +91,7 @@ fn nearly_unique(column: &dyn Array) -> bool {
         return false;
     };
     let distinct: HashSet<_> = sampled.iter().collect();
-    distinct.len() * 100 >= SAMPLE * 99
+    distinct.len() * 100 >= at.len() * 99
 }
 
 fn gcd(mut a: usize, mut b: usize) -> usize {
@@ -295,9 +306,10 @@ mod tests {
 
     #[test]
     fn a_small_batch_keeps_the_writers_default() {
-        let a = Int64Array::from_iter_values(0..100);
-        assert!(!nearly_unique(&a));
-        let a = Int64Array::from_iter_values(0..(4 * SAMPLE as i64));
-        assert!(nearly_unique(&a));
+        assert!(sample_rows(100).is_none());
+        let rows = 4 * SAMPLE;
+        let at = sample_rows(rows).expect("a sample of a big batch");
+        let a = Int64Array::from_iter_values(0..rows as i64);
+        assert!(nearly_unique(&a, &at));
     }
 }
