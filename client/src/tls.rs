@@ -76,14 +76,26 @@ impl Mode {
 
 /// A connection string read for the `postgres` crate: its config without
 /// the TLS settings the crate does not know, and the connector they ask for.
-pub struct Prepared {
-    pub config: Config,
+/// `C` is the blocking crate's config, or `tokio_postgres`'s for a client
+/// that drives its own runtime (see [`prepare_async`]).
+pub struct Prepared<C = Config> {
+    pub config: C,
     pub tls: MakeRustlsConnect,
     pub mode: Mode,
 }
 
 /// Reads `conn` (a URL or conninfo) and builds its TLS connector.
 pub fn prepare(conn: &str) -> Result<Prepared, TlsError> {
+    let p = prepare_async(conn)?;
+    Ok(Prepared {
+        config: Config::from(p.config),
+        tls: p.tls,
+        mode: p.mode,
+    })
+}
+
+/// [`prepare`] for `tokio_postgres`: the same settings and connector.
+pub fn prepare_async(conn: &str) -> Result<Prepared<tokio_postgres::Config>, TlsError> {
     let (rest, taken) = conninfo::take(
         conn,
         &["sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword"],
@@ -109,7 +121,7 @@ pub fn prepare(conn: &str) -> Result<Prepared, TlsError> {
     if mode == Mode::Require && root.is_some() {
         mode = Mode::VerifyCa;
     }
-    let mut config: Config = rest.parse().map_err(TlsError::Parse)?;
+    let mut config: tokio_postgres::Config = rest.parse().map_err(TlsError::Parse)?;
     config.ssl_mode(match mode {
         Mode::Disable => SslMode::Disable,
         Mode::Prefer => SslMode::Prefer,

@@ -188,14 +188,27 @@ impl Guard {
     /// Connects to a Postgres database a connector names, TLS as its
     /// `sslmode` says, to an address netguard checked.
     pub fn postgres(&self, conn: &str) -> Result<postgres::Client, NetError> {
-        let mut p = orca_client::tls::prepare(conn)?;
+        let p = self.postgres_config(conn)?;
+        postgres::Config::from(p.config)
+            .connect(p.tls)
+            .map_err(|source| NetError::Connect {
+                url: orca_core::conninfo::redact(conn),
+                source,
+            })
+    }
+
+    /// What [`Self::postgres`] connects with, for a `tokio_postgres` client:
+    /// the config pinned to the address netguard checked, and the TLS
+    /// connector its `sslmode` asks for.
+    pub fn postgres_config(
+        &self,
+        conn: &str,
+    ) -> Result<orca_client::tls::Prepared<tokio_postgres::Config>, NetError> {
+        let mut p = orca_client::tls::prepare_async(conn)?;
         if let Some(list) = &self.list {
             self.pin(list, &mut p.config)?;
         }
-        p.config.connect(p.tls).map_err(|source| NetError::Connect {
-            url: orca_core::conninfo::redact(conn),
-            source,
-        })
+        Ok(p)
     }
 
     /// Where a logical replication session to the database `conn` names
@@ -204,10 +217,7 @@ impl Guard {
     /// `sslmode` asks for (`prefer` and `disable`: none, as the replication
     /// client cannot fall back).
     pub fn replication(&self, conn: &str) -> Result<ReplicationTarget, NetError> {
-        let mut p = orca_client::tls::prepare(conn)?;
-        if let Some(list) = &self.list {
-            self.pin(list, &mut p.config)?;
-        }
+        let p = self.postgres_config(conn)?;
         let c = &p.config;
         let unix = c.get_hosts().iter().find_map(|h| match h {
             Host::Unix(dir) => Some(dir.display().to_string()),
@@ -242,7 +252,7 @@ impl Guard {
         })
     }
 
-    fn pin(&self, list: &Allowlist, config: &mut postgres::Config) -> Result<(), NetError> {
+    fn pin(&self, list: &Allowlist, config: &mut tokio_postgres::Config) -> Result<(), NetError> {
         let hosts = config.get_hosts().to_vec();
         let ports = config.get_ports().to_vec();
         let given = config.get_hostaddrs().to_vec();

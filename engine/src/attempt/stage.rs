@@ -15,7 +15,7 @@ use crate::attempt::open::Opened;
 use crate::attempt::state::{Attempt, Progress};
 use crate::commit::record::{LaneCommittable, Record, Refresh, Staged};
 use crate::commit::route::{LaneInput, Router};
-use crate::dest::parquet::encode;
+use crate::dest::parquet::{encode, encode_threads};
 use crate::error::EngineError;
 use crate::source::normalize::normalize;
 use crate::source::readers::Shape;
@@ -249,13 +249,14 @@ fn lane_parts(
 
 /// Each lane's part encoded as Parquet, the lanes on threads of their own.
 fn encode_lanes(parts: &[(usize, RecordBatch)]) -> Result<Vec<Bytes>, EngineError> {
+    let threads = encode_threads(parts.len());
     if let [(_, only)] = parts {
-        return Ok(vec![encode(only)?]);
+        return Ok(vec![encode(only, threads)?]);
     }
     std::thread::scope(|scope| {
         let jobs: Vec<_> = parts
             .iter()
-            .map(|(_, b)| scope.spawn(move || encode(b)))
+            .map(|(_, b)| scope.spawn(move || encode(b, threads)))
             .collect();
         jobs.into_iter()
             .map(|j| match j.join() {

@@ -2,9 +2,11 @@
 //! into Arrow ([`table`], [`copy`]), a big read over several connections by
 //! ranges of the cursor ([`splits`]), and every change of a sync's tables
 //! from its logical replication slot ([`cdc`], decoding [`pgoutput`]).
-//! [`open`] starts a plan's readers.
+//! [`open`] starts a plan's readers; a table read's connection is a
+//! [`conn::PgReader`].
 
 pub mod cdc;
+pub mod conn;
 pub mod copy;
 pub(crate) mod open;
 pub mod pgoutput;

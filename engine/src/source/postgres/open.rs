@@ -11,6 +11,7 @@ use crate::source::error::ReadError;
 use crate::source::msg::Msg;
 use crate::source::plan::{url_of, Describe, Plan};
 use crate::source::postgres::cdc::{spawn_cdc, Acks, SlotGauge};
+use crate::source::postgres::conn::PgReader;
 use crate::source::postgres::copy::CopyReader;
 use crate::source::postgres::splits;
 use crate::source::postgres::table::{self, PgTable, SourceError, StreamSpec};
@@ -161,7 +162,7 @@ fn spawn_table_reader(
             stream: stream.clone(),
             source,
         };
-        let mut client = guard.postgres(&url)?;
+        let mut client = PgReader::connect(&guard, &url)?;
         let planned = match resumed {
             Some(s) => Some(s),
             None => {

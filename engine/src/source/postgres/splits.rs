@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::netguard::Guard;
 use crate::source::error::ReadError;
 use crate::source::msg::Msg;
+use crate::source::postgres::conn::PgReader;
 use crate::source::postgres::copy::CopyReader;
 use crate::source::postgres::table::{qualified, quote_literal, PgTable, Range, SourceError};
 
@@ -81,7 +82,7 @@ pub fn default_splits() -> usize {
 /// sample if it was never analyzed); None: not worth splitting (few rows
 /// left, or a cursor with too few distinct values).
 pub fn plan(
-    client: &mut postgres::Client,
+    client: &mut PgReader,
     table: &PgTable,
     after: Option<&[String]>,
     want: usize,
@@ -282,7 +283,7 @@ pub(crate) fn read_split(
     tx: &std::sync::mpsc::SyncSender<Result<Msg, ReadError>>,
     guard: &Guard,
     url: &str,
-    first: postgres::Client,
+    first: PgReader,
     table: &PgTable,
     mut splits: Vec<Split>,
     batch_rows: usize,
@@ -296,7 +297,7 @@ pub(crate) fn read_split(
     for (i, s) in splits.iter().enumerate() {
         let client = match first.take() {
             Some(c) => c,
-            None => guard.postgres(url)?,
+            None => PgReader::connect(guard, url)?,
         };
         let query = table.copy_query_in(s.after.as_deref(), &s.range, 0)?;
         let (ptx, prx) = sync_channel(1);
@@ -403,7 +404,7 @@ pub(crate) fn read_split(
 
 /// One split's COPY, in pieces of `per` rows.
 fn read_one(
-    mut client: postgres::Client,
+    mut client: PgReader,
     query: &str,
     table: &PgTable,
     per: usize,
