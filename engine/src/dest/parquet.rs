@@ -144,14 +144,28 @@ fn encode_parallel(
         let mut jobs = jobs.into_iter();
         let own = jobs.next().unwrap_or_default();
         let spawned: Vec<_> = jobs.map(|job| scope.spawn(|| encode_job(job))).collect();
-        let mut chunks = encode_job(own)?;
+        let mine = encode_job(own);
+        // Every thread is joined before an error is returned: the scope
+        // would turn a panicked thread left unjoined into a panic here.
+        let mut failure = None;
+        let mut chunks = Vec::new();
         for handle in spawned {
             match handle.join() {
-                Ok(done) => chunks.extend(done?),
-                Err(_) => return Err(ParquetError::General("a column's encoder panicked".into())),
+                Ok(Ok(done)) => chunks.extend(done),
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure
+                        .get_or_insert(ParquetError::General("a column's encoder panicked".into()));
+                }
             }
         }
-        Ok(chunks)
+        chunks.extend(mine?);
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(chunks),
+        }
     })?;
     chunks.sort_by_key(|(i, _)| *i);
     let mut group = file.next_row_group()?;

@@ -157,7 +157,7 @@ impl CopyOut<'_> {
 
 impl BufRead for CopyOut<'_> {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        while !self.cur.has_remaining() {
+        while !self.cur.has_remaining() && !self.ended {
             match self.next_message() {
                 Some(Ok(b)) => self.cur = b,
                 Some(Err(e)) => {

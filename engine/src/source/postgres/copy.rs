@@ -619,8 +619,7 @@ impl<R: BufRead> CopyReader<R> {
             if used == 2 {
                 input.consume(2);
                 self.bytes += 2;
-                self.done = true;
-                return Ok(false);
+                return self.trailer();
             }
             if let Some(ids) = ids.as_mut() {
                 ids.start();
@@ -644,6 +643,15 @@ impl<R: BufRead> CopyReader<R> {
         self.read_row_across()
     }
 
+    /// The stream's trailer was read: the input is read to its end, so a
+    /// connection's COPY is seen finished (and the connection can close
+    /// with a goodbye instead of as a COPY left half read).
+    fn trailer(&mut self) -> Result<bool, CopyError> {
+        self.done = true;
+        self.input.fill_buf()?;
+        Ok(false)
+    }
+
     /// [`Self::read_row`] for a row the reader does not hold whole: field
     /// by field, each copied out.
     fn read_row_across(&mut self) -> Result<bool, CopyError> {
@@ -652,8 +660,7 @@ impl<R: BufRead> CopyReader<R> {
         let count = i16::from_be_bytes(w);
         self.bytes += 2;
         if count == -1 {
-            self.done = true;
-            return Ok(false);
+            return self.trailer();
         }
         if count as usize != self.columns.len() || count < 0 {
             return Err(CopyError::FieldCount {
