@@ -36,6 +36,8 @@ pub enum NetError {
     Rules(NetguardError),
     #[error("netguard: {0}")]
     Unpinnable(String),
+    #[error("starting a connection's runtime: {0}")]
+    Runtime(std::io::Error),
     #[error(transparent)]
     Tls(#[from] orca_client::tls::TlsError),
     #[error("postgres {url}: {}", crate::util::pg_text(.source))]

@@ -49,7 +49,7 @@ impl PgReader {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| NetError::Unpinnable(format!("starting a connection's runtime: {e}")))?;
+            .map_err(NetError::Runtime)?;
         let (client, connection) = rt.block_on(p.config.connect(p.tls)).map_err(refused)?;
         let failed = Arc::new(Mutex::new(None));
         let slot = failed.clone();
