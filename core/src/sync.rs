@@ -427,7 +427,7 @@ pub struct Stream {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,
     /// A postgres table's big reads split over this many connections
-    /// (absent: half the engine host's cores).
+    /// (absent: the engine host's cores, at most 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splits: Option<u32>,
     /// An external connector's options for this stream.

@@ -7,9 +7,10 @@
 //! - orca-engine: one attempt of a sync (Postgres source, parquet
 //!   destination) with its checkpoints, staging and commits, the engine
 //!   reading the source itself (`orca-engine sync` without a runner), with
-//!   the stream's default splits (half the machine's cores);
-//! - orca-split2: the same with `"splits": 2`, the table read over two
-//!   connections by ranges of its cursor;
+//!   the stream's default splits (the machine's cores, at most 8: the
+//!   table read over that many connections by ranges of its cursor);
+//! - orca-split1: the same with `"splits": 1`, the table read over one
+//!   connection;
 //! - orca-edge: the same with the source read by a source pump (as a runner
 //!   hosts it, here on a thread) and sent to the engine as frames over the
 //!   data edge, a Unix socket: how a runner runs a sync;
@@ -156,8 +157,8 @@ fn copy_ceiling(url: &str, table: &str) -> Result<(u64, f64, u64)> {
 }
 
 /// One attempt of a sync of `table` (read by `cursor`, keyed by `id`) into
-/// Parquet; `splits`: the stream's option (None: the engine's default, half
-/// the machine's cores).
+/// Parquet; `splits`: the stream's option (None: the engine's default, the
+/// machine's cores).
 fn orca(
     url: &str,
     table: &str,
@@ -290,12 +291,12 @@ fn main() -> Result<()> {
         rows: copy_rows,
         seconds: copy_secs,
     }];
-    // The default (splits: half the machine's cores), the read split over
-    // two connections, and the default through a runner's pump over the
-    // data edge.
+    // The default (splits: the machine's cores), the read over one
+    // connection, and the default through a runner's pump over the data
+    // edge.
     for (name, edge, splits) in [
         ("orca-engine", false, None),
-        ("orca-split2", false, Some(2)),
+        ("orca-split1", false, Some(1)),
         ("orca-edge", true, None),
     ] {
         let dir = work.join(name);
@@ -348,11 +349,11 @@ fn main() -> Result<()> {
             .find(|f| f.name == n)
             .map(|f| f.rows as f64 / f.seconds)
     };
-    if let (Some(two), Some(o)) = (rate("orca-split2"), rate("orca-engine")) {
+    if let (Some(one), Some(o)) = (rate("orca-split1"), rate("orca-engine")) {
         println!(
-            "RATIO orca-split2 / orca-engine = {:.2} (what splitting the read over two \
-             connections gains here; the default is half the cores: {})",
-            two / o,
+            "RATIO orca-engine / orca-split1 = {:.2} (what splitting the read gains here; \
+             the default splits: {})",
+            o / one,
             orca_engine::source::postgres::splits::default_splits()
         );
     }

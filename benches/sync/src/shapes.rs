@@ -73,10 +73,10 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
         let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(url, &table)?;
         let dir = work.join(&table);
         std::fs::create_dir_all(dir.join("orca"))?;
-        std::fs::create_dir_all(dir.join("split2"))?;
+        std::fs::create_dir_all(dir.join("split1"))?;
         let (orca_rows, orca_secs) = orca(url, &table, "id", &dir.join("orca"), false, None)?;
         let (split_rows, split_secs) =
-            orca(url, &table, "id", &dir.join("split2"), false, Some(2))?;
+            orca(url, &table, "id", &dir.join("split1"), false, Some(1))?;
         let duck = peer(
             "DLT_PYTHON",
             "DUCKDB_SCRIPT",
@@ -92,7 +92,7 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
         let mut figures = vec![
             ("copy-binary", copy_rows, copy_secs),
             ("orca-engine", orca_rows, orca_secs),
-            ("orca-split2", split_rows, split_secs),
+            ("orca-split1", split_rows, split_secs),
         ];
         if let Some((rows, secs, _)) = &duck {
             figures.push(("duckdb", *rows, *secs));
@@ -102,7 +102,7 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
         }
         match duck {
             Some((_, secs, _)) => println!(
-                "RATIO {} orca-engine / duckdb = {:.2} (target >= 1.0); orca-split2 / duckdb = {:.2}",
+                "RATIO {} orca-engine / duckdb = {:.2} (target >= 1.0); orca-split1 / duckdb = {:.2}",
                 shape.name,
                 secs / orca_secs,
                 secs / split_secs

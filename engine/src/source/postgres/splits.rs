@@ -64,17 +64,18 @@ fn collapsed(splits: &[Split]) -> Option<Vec<String>> {
     splits.iter().rev().find_map(|s| s.after.clone())
 }
 
-/// The connections a stream's read splits over unless it says: half the
+/// The connections a stream's read splits over unless it says: the
 /// machine's cores (at most 8). A split is a server backend and a decoding
-/// thread, and the epoch's encoding and staging need cores too: on the
-/// 2-core machine of benches/sync, where the server shares them, two
-/// splits were slower than one (docs/syncs.md, Benchmark), so a small
-/// machine reads unsplit unless a stream asks.
+/// thread; since a read takes a socket read of rows at a time and an
+/// epoch's Parquet is encoded on all cores (December 2026), two splits beat
+/// one in every shape of benches/sync on its 2-core machine, where the
+/// server shares the cores (docs/syncs.md, Benchmark). Before, half the
+/// cores were the default, and one split on a 2-core machine.
 pub fn default_splits() -> usize {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    (cores / 2).clamp(1, 8)
+    cores.clamp(1, 8)
 }
 
 /// How to split the read of `table` after `after` into at most `want`

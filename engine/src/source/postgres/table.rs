@@ -113,7 +113,7 @@ pub struct StreamSpec {
     #[serde(default)]
     pub cdc: bool,
     /// Connections a big read of the table is split over (by ranges of the
-    /// cursor); None: half the engine host's cores.
+    /// cursor); None: the engine host's cores (at most 8).
     #[serde(default)]
     pub splits: Option<u8>,
 }
