@@ -1,5 +1,5 @@
 //! Small helpers every part of the engine shares: a definition's missing
-//! part, Postgres errors as text, SQL identifiers.
+//! part, Postgres errors as text, SQL identifiers, the machine's cores.
 
 /// A part a definition's stream must have for its source, missing.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,13 @@ pub(crate) fn id_hex(a: u64, b: u64) -> [u8; 32] {
 /// The same, as a string.
 pub(crate) fn id_text(a: u64, b: u64) -> String {
     String::from_utf8_lossy(&id_hex(a, b)).into_owned()
+}
+
+/// The cores this process may use, asked once: on Linux the answer reads
+/// the cgroup's CPU quota files.
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! older one is refused.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use arrow_array::{Array, RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, SortField};
@@ -50,10 +50,7 @@ pub fn encode(batch: &RecordBatch, threads: usize) -> Result<Bytes, DestError> {
 /// a local source's server want cores too, but while an epoch is encoded
 /// the reader is waiting for it (or running ahead into a bounded queue).
 pub fn encode_threads(parts: usize) -> usize {
-    // Asked once: on Linux the answer reads the cgroup's CPU quota files.
-    static CORES: OnceLock<usize> = OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    (cores / parts.max(1)).clamp(1, 8)
+    (crate::util::cores() / parts.max(1)).clamp(1, 8)
 }
 
 /// Rows in a row group at most.

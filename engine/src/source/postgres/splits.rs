@@ -66,16 +66,13 @@ fn collapsed(splits: &[Split]) -> Option<Vec<String>> {
 
 /// The connections a stream's read splits over unless it says: the
 /// machine's cores (at most 8). A split is a server backend and a decoding
-/// thread; since a read takes a socket read of rows at a time and an
-/// epoch's Parquet is encoded on all cores (December 2026), two splits beat
-/// one in every shape of benches/sync on its 2-core machine, where the
-/// server shares the cores (docs/syncs.md, Benchmark). Before, half the
-/// cores were the default, and one split on a 2-core machine.
+/// thread. Half the cores was the default (one on a 2-core host) until a
+/// read took a socket read of rows at a time and an epoch's Parquet was
+/// encoded on all cores; since then two connections beat one on
+/// benches/sync's 2-core machine in most runs (not for wide text, whose
+/// time is the engine's own encoding; docs/syncs.md, Benchmark).
 pub fn default_splits() -> usize {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    cores.clamp(1, 8)
+    crate::util::cores().clamp(1, 8)
 }
 
 /// How to split the read of `table` after `after` into at most `want`
