@@ -56,17 +56,48 @@ if [ "$fast" = 1 ]; then
     exit 0
 fi
 
-say "unit and integration tests"
-cargo test -q --workspace --exclude orca-ext -- --test-threads 4
+say "building the tests"
+cargo test -q --workspace --exclude orca-ext --no-run
 
-if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
-    say "the quick start (scripts/demo.sh)"
-    # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
-    # be held by one of the suite's many client connections, still open or in
-    # TIME_WAIT, and the demo's listener then fails with "Address already in use".
-    ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
-        "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
-        { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
-    grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
+# The chaos suite, the SDK's compile-fail cases and the quick start spend
+# most of their time waiting (for a lease to lapse, a crashed cluster to
+# come back, cargo to check the SDK's dependencies, a one-minute schedule to
+# fire), so they run beside the other tests instead of after them: on two
+# cores that took the suite from about 33 to about N minutes. Each has
+# clusters, ports and directories of its own, as every test does.
+beside_tests=(seeded_rounds_of_work_under_faults every_broken_edge_rule_fails_to_compile)
+skips=()
+for t in "${beside_tests[@]}"; do skips+=(--skip "$t"); done
+beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
+(
+    set -e
+    say "the SDK's compile-fail cases and the chaos suite (seeds 1 and 2)"
+    cargo test -q --workspace --exclude orca-ext --test compile_fail --test chaos -- --test-threads 4 "${beside_tests[@]}"
+    if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
+        say "the quick start (scripts/demo.sh)"
+        # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
+        # be held by one of the suite's many client connections, still open or in
+        # TIME_WAIT, and the demo's listener then fails with "Address already in use".
+        # The binaries are those the end-to-end tests built (the chaos suite builds them).
+        ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
+            "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
+            { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
+        grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
+        say "the quick start finished"
+    fi
+) >"$beside_log" 2>&1 &
+beside=$!
+
+say "unit and integration tests (beside them, the compile-fail cases, the chaos suite and the quick start: $beside_log)"
+tests_rc=0
+cargo test -q --workspace --exclude orca-ext -- --test-threads 4 "${skips[@]}" || tests_rc=$?
+say "unit and integration tests finished in $(($(date +%s) - started)) s; waiting for the lane beside them"
+beside_rc=0
+wait "$beside" || beside_rc=$?
+if [ "$beside_rc" != 0 ]; then
+    tail -120 "$beside_log"
+    die "the compile-fail cases, the chaos suite or the quick start failed (all of it: $beside_log)"
 fi
+grep -F "==>" "$beside_log" || true
+[ "$tests_rc" = 0 ] || die "unit and integration tests failed"
 say "all tests passed in $(($(date +%s) - started)) s"

@@ -3,7 +3,9 @@
 //! (`scripts/setup.sh`). `ENGINE_SEEDS=N` runs seeds 0..N (default 300);
 //! `ENGINE_SEED=s` replays one seed and prints its trace.
 
-use orca_sim::engine_sim::{self, ControlPlane};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use orca_sim::engine_sim::{self, ControlPlane, EngineOutcome};
 
 #[test]
 fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
@@ -22,9 +24,43 @@ fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let mut total = engine_sim::EngineOutcome::default();
-    for seed in 0..seeds {
-        match engine_sim::run(&cp, seed) {
+    // Seeds are independent (a sync and a folder each), and a seed spends
+    // most of its time waiting on the control plane's commits, so they run
+    // side by side: the machine's cores, at least two.
+    let lanes = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
+    let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Vec<Vec<(u64, Result<EngineOutcome, String>)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..lanes)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    while !failed.load(Ordering::Relaxed) {
+                        let seed = next.fetch_add(1, Ordering::Relaxed);
+                        if seed >= seeds {
+                            break;
+                        }
+                        let r = engine_sim::run(&cp, seed);
+                        if r.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        mine.push((seed, r));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a seed's thread panicked"))
+            .collect()
+    });
+    let mut results: Vec<(u64, Result<EngineOutcome, String>)> =
+        results.into_iter().flatten().collect();
+    results.sort_by_key(|(seed, _)| *seed);
+    let mut total = EngineOutcome::default();
+    for (seed, r) in results {
+        match r {
             Ok(o) => {
                 total.merges += o.merges;
                 total.records += o.records;
