@@ -59,22 +59,36 @@ fi
 say "building the tests"
 cargo test -q --workspace --exclude orca-ext --no-run
 
-# The chaos suite, the SDK's compile-fail cases and the quick start spend
-# most of their time waiting (for a lease to lapse, a crashed cluster to
-# come back, cargo to check the SDK's dependencies, a one-minute schedule to
-# fire), so they run beside the other tests instead of after them: on two
-# cores that took the suite from about 33 to about N minutes. Each has
-# clusters, ports and directories of its own, as every test does.
-beside_tests=(seeded_rounds_of_work_under_faults every_broken_edge_rule_fails_to_compile)
-skips=()
-for t in "${beside_tests[@]}"; do skips+=(--skip "$t"); done
+# Two lanes. The SDK's compile-fail cases, the chaos suite, the tables
+# tier and the Spark tier, then the quick start, run beside the other tests
+# instead of after them: they spend most of their time waiting (for cargo
+# to check the SDK's dependencies, a lease to lapse, a crashed cluster to
+# come back, a JVM, a one-minute schedule to fire), and the other tests
+# alone kept the two cores a third busy. On two cores that took the tests
+# from 22 to about N minutes. Each test has its own databases, clusters,
+# ports and directories, so the lanes share nothing but the machine. A test
+# file not named here runs in the first lane.
+beside=(compile_fail chaos tables spark)
+mapfile -t others < <(cargo metadata -q --no-deps --format-version 1 | python3 -c '
+import json, sys
+beside = set(sys.argv[1:])
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "test" in t["kind"] and t["name"] not in beside:
+            print(t["name"])
+' "${beside[@]}" | sort -u)
+[ "${#others[@]}" -gt 10 ] || die "cargo metadata named ${#others[@]} test targets besides ${beside[*]}"
+beside_targets=()
+for t in "${beside[@]}"; do beside_targets+=(--test "$t"); done
+other_targets=()
+for t in "${others[@]}"; do other_targets+=(--test "$t"); done
 beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
 (
     set -e
-    say "the SDK's compile-fail cases and the chaos suite (seeds 1 and 2)"
-    cargo test -q --workspace --exclude orca-ext --test compile_fail --test chaos -- --test-threads 4 "${beside_tests[@]}"
+    say "beside: ${beside[*]}"
+    cargo test -q --workspace --exclude orca-ext "${beside_targets[@]}" -- --test-threads 4
     if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
-        say "the quick start (scripts/demo.sh)"
+        say "beside: the quick start (scripts/demo.sh)"
         # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
         # be held by one of the suite's many client connections, still open or in
         # TIME_WAIT, and the demo's listener then fails with "Address already in use".
@@ -83,20 +97,23 @@ beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
             "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
             { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
         grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
-        say "the quick start finished"
     fi
+    say "beside: passed at +$(($(date +%s) - started)) s"
 ) >"$beside_log" 2>&1 &
-beside=$!
+lane=$!
 
-say "unit and integration tests (beside them, the compile-fail cases, the chaos suite and the quick start: $beside_log)"
+say "unit and integration tests (beside them: ${beside[*]} and the quick start, $beside_log)"
 tests_rc=0
-cargo test -q --workspace --exclude orca-ext -- --test-threads 4 "${skips[@]}" || tests_rc=$?
-say "unit and integration tests finished in $(($(date +%s) - started)) s; waiting for the lane beside them"
-beside_rc=0
-wait "$beside" || beside_rc=$?
-if [ "$beside_rc" != 0 ]; then
+{
+    cargo test -q --workspace --exclude orca-ext --lib --bins "${other_targets[@]}" -- --test-threads 4 &&
+        cargo test -q --workspace --exclude orca-ext --doc -- --test-threads 4
+} || tests_rc=$?
+say "unit and integration tests finished at +$(($(date +%s) - started)) s"
+lane_rc=0
+wait "$lane" || lane_rc=$?
+if [ "$lane_rc" != 0 ]; then
     tail -120 "$beside_log"
-    die "the compile-fail cases, the chaos suite or the quick start failed (all of it: $beside_log)"
+    die "the lane beside failed (${beside[*]} or the quick start; all of it: $beside_log)"
 fi
 grep -F "==>" "$beside_log" || true
 [ "$tests_rc" = 0 ] || die "unit and integration tests failed"
