@@ -93,7 +93,105 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
-# 2. cargo-pgrx, the same exact version as the pgrx crate.
+# 2. The Python and npm clients. They download more than they compute, so
+#    they install in the background while cargo builds (steps 3 to 5), and
+#    are waited for after step 5. First PyIceberg, the other Iceberg client
+#    the quick start and the tests read Orca's tables with.
+install_clients() {
+    if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
+        say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
+        python3 -m venv "$(dirname "$(dirname "$PY")")"
+        "$PY" -m pip install -q "pyiceberg[sql-postgres,pyarrow]==0.10.0"
+    fi
+    # The clients only the tests use.
+    if [ "$tests" = 1 ]; then
+        # moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
+        # reachable from CI).
+        if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
+            say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "moto[server]==5.2.5"
+        fi
+
+        # The Standard Webhooks library, which the webhook test verifies deliveries with.
+        if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
+            say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "standardwebhooks==1.1.0"
+        fi
+        # schemathesis, which fuzzes orca serve from its OpenAPI document, in a
+        # virtualenv of its own (its dependencies and moto's need not agree).
+        if ! "$ST" --version >/dev/null 2>&1; then
+            say "installing schemathesis into $(dirname "$(dirname "$ST")")"
+            python3 -m venv "$(dirname "$(dirname "$ST")")"
+            "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
+        fi
+        # Playwright, which drives chromium through the console in its test (no
+        # browser download: it launches Debian's /usr/bin/chromium).
+        if ! "$PW" -c 'import playwright.sync_api' 2>/dev/null; then
+            say "installing playwright into $(dirname "$(dirname "$PW")")"
+            python3 -m venv "$(dirname "$(dirname "$PW")")"
+            "$PW" -m pip install -q "playwright==1.65.2"
+        fi
+        # Prometheus' own parser of the text format, which the /metrics test reads with.
+        if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
+            say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "prometheus-client==0.26.0"
+        fi
+        # nats-py, which the example NATS JetStream connector (connectors/python)
+        # reads with; pyarrow (above) writes its frames.
+        if ! "$PY" -c 'import nats' 2>/dev/null; then
+            say "installing nats-py into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "nats-py==2.16.0"
+        fi
+        # DuckDB and its Iceberg extension (PyPI packages that ship the extension
+        # files: nothing is downloaded at run time), which the tests read Orca's
+        # partitioned tables with to see them pruned.
+        # (One line: an indented second line is a Python syntax error, which made
+        # this reinstall DuckDB on every run.)
+        if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os; assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
+            say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
+                "duckdb-ext-avro==1.4.4.20260205"
+        fi
+        # Azure Blob Storage, for the store and warehouse tests (no cloud is
+        # reachable from CI): azurite (npm) serves Azure's Blob API; the tests
+        # read back with azure-storage-blob, and PyIceberg through pyarrow's
+        # AzureFileSystem (which needs packaging).
+        if ! "$PY" -c 'import azure.storage.blob, packaging' 2>/dev/null; then
+            say "installing azure-storage-blob into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "azure-storage-blob==12.31.1" "packaging==25.0"
+        fi
+        if [ ! -x "$AZ/node_modules/.bin/azurite-blob" ]; then
+            say "installing azurite $AZURITE_VERSION into $AZ"
+            mkdir -p "$AZ"
+            (cd "$AZ" && npm install -q --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION" >/dev/null)
+        fi
+        # pyspark, whose package ships Spark's jars and scripts: the Spark test
+        # starts a standalone master and worker from them (on Debian's Java 17),
+        # in a virtualenv of its own (500 MB; its drivers and workers run on it).
+        if ! "$SPARK_PY" -c 'import pyspark' 2>/dev/null; then
+            say "installing pyspark $PYSPARK_VERSION into $(dirname "$(dirname "$SPARK_PY")") (about a minute)"
+            python3 -m venv "$(dirname "$(dirname "$SPARK_PY")")"
+            "$SPARK_PY" -m pip install -q "pyspark==$PYSPARK_VERSION"
+        fi
+        # Flink's jars, from PyPI's apache-flink-libraries (330 MB; no scripts):
+        # the Flink test starts a JobManager and a TaskManager from them on
+        # Java 17. Only the jars are wanted, so not its Python dependencies.
+        if ! flink_lib_present; then
+            say "installing apache-flink-libraries $FLINK_VERSION into $(dirname "$(dirname "$FLINK_PY")") (about a minute)"
+            python3 -m venv "$(dirname "$(dirname "$FLINK_PY")")"
+            "$FLINK_PY" -m pip install -q --no-deps "apache-flink-libraries==$FLINK_VERSION"
+        fi
+        # redis-py, which the example Redis destination connector writes with.
+        if ! "$PY" -c 'import redis' 2>/dev/null; then
+            say "installing redis-py into $(dirname "$(dirname "$PY")")"
+            "$PY" -m pip install -q "redis==8.1.0"
+        fi
+    fi
+}
+install_clients &
+clients=$!
+
+# 3. cargo-pgrx, the same exact version as the pgrx crate.
 #    Unoptimised (--debug): it only drives cargo and pg_config, and so builds
 #    in 2 minutes on two cores where an optimised build takes 5.
 if [ "$(cargo pgrx --version 2>/dev/null || true)" != "cargo-pgrx $PGRX_VERSION" ]; then
@@ -105,7 +203,7 @@ if ! grep -qs "^pg$PG_MAJOR" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
     cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG"
 fi
 
-# 3. The extension, into the system's extension and library directories.
+# 4. The extension, into the system's extension and library directories.
 say "building and installing the orca extension (about 2 minutes the first time)"
 as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
     cargo pgrx install -p orca-ext --release --pg-config "$PG_CONFIG" >/dev/null
@@ -119,7 +217,7 @@ for f in migrations/orca--*.sql; do
     as_root install -m 0644 "$f" "$extdir/"
 done
 
-# 4. The library of each older release, built once from the commit
+# 5. The library of each older release, built once from the commit
 #    migrations/RELEASES names, for the upgrade test (tests/tests/upgrade.rs),
 #    which starts a server on the old library and installs this build's
 #    under it. A target directory of its own, so this build's stays as it is.
@@ -147,98 +245,7 @@ releases_dir="${ORCA_RELEASES_DIR:-/var/tmp/orca-releases}"
     echo "$commit" >"$out/commit"
     rm -rf "$src"
 done <migrations/RELEASES
-
-# 5. PyIceberg, the other Iceberg client the quick start and the tests read
-#    Orca's tables with.
-if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
-    say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
-    python3 -m venv "$(dirname "$(dirname "$PY")")"
-    "$PY" -m pip install -q "pyiceberg[sql-postgres,pyarrow]==0.10.0"
-fi
-# The clients only the tests use.
-if [ "$tests" = 1 ]; then
-    # moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
-    # reachable from CI).
-    if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
-        say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "moto[server]==5.2.5"
-    fi
-
-    # The Standard Webhooks library, which the webhook test verifies deliveries with.
-    if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
-        say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "standardwebhooks==1.1.0"
-    fi
-    # schemathesis, which fuzzes orca serve from its OpenAPI document, in a
-    # virtualenv of its own (its dependencies and moto's need not agree).
-    if ! "$ST" --version >/dev/null 2>&1; then
-        say "installing schemathesis into $(dirname "$(dirname "$ST")")"
-        python3 -m venv "$(dirname "$(dirname "$ST")")"
-        "$(dirname "$ST")/python" -m pip install -q "schemathesis==4.32.5"
-    fi
-    # Playwright, which drives chromium through the console in its test (no
-    # browser download: it launches Debian's /usr/bin/chromium).
-    if ! "$PW" -c 'import playwright.sync_api' 2>/dev/null; then
-        say "installing playwright into $(dirname "$(dirname "$PW")")"
-        python3 -m venv "$(dirname "$(dirname "$PW")")"
-        "$PW" -m pip install -q "playwright==1.65.2"
-    fi
-    # Prometheus' own parser of the text format, which the /metrics test reads with.
-    if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
-        say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "prometheus-client==0.26.0"
-    fi
-    # nats-py, which the example NATS JetStream connector (connectors/python)
-    # reads with; pyarrow (above) writes its frames.
-    if ! "$PY" -c 'import nats' 2>/dev/null; then
-        say "installing nats-py into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "nats-py==2.16.0"
-    fi
-    # DuckDB and its Iceberg extension (PyPI packages that ship the extension
-    # files: nothing is downloaded at run time), which the tests read Orca's
-    # partitioned tables with to see them pruned.
-    # (One line: an indented second line is a Python syntax error, which made
-    # this reinstall DuckDB on every run.)
-    if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os; assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
-        say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
-            "duckdb-ext-avro==1.4.4.20260205"
-    fi
-    # Azure Blob Storage, for the store and warehouse tests (no cloud is
-    # reachable from CI): azurite (npm) serves Azure's Blob API; the tests
-    # read back with azure-storage-blob, and PyIceberg through pyarrow's
-    # AzureFileSystem (which needs packaging).
-    if ! "$PY" -c 'import azure.storage.blob, packaging' 2>/dev/null; then
-        say "installing azure-storage-blob into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "azure-storage-blob==12.31.1" "packaging==25.0"
-    fi
-    if [ ! -x "$AZ/node_modules/.bin/azurite-blob" ]; then
-        say "installing azurite $AZURITE_VERSION into $AZ"
-        mkdir -p "$AZ"
-        (cd "$AZ" && npm install -q --no-audit --no-fund --no-save "azurite@$AZURITE_VERSION" >/dev/null)
-    fi
-    # pyspark, whose package ships Spark's jars and scripts: the Spark test
-    # starts a standalone master and worker from them (on Debian's Java 17),
-    # in a virtualenv of its own (500 MB; its drivers and workers run on it).
-    if ! "$SPARK_PY" -c 'import pyspark' 2>/dev/null; then
-        say "installing pyspark $PYSPARK_VERSION into $(dirname "$(dirname "$SPARK_PY")") (about a minute)"
-        python3 -m venv "$(dirname "$(dirname "$SPARK_PY")")"
-        "$SPARK_PY" -m pip install -q "pyspark==$PYSPARK_VERSION"
-    fi
-    # Flink's jars, from PyPI's apache-flink-libraries (330 MB; no scripts):
-    # the Flink test starts a JobManager and a TaskManager from them on
-    # Java 17. Only the jars are wanted, so not its Python dependencies.
-    if ! flink_lib_present; then
-        say "installing apache-flink-libraries $FLINK_VERSION into $(dirname "$(dirname "$FLINK_PY")") (about a minute)"
-        python3 -m venv "$(dirname "$(dirname "$FLINK_PY")")"
-        "$FLINK_PY" -m pip install -q --no-deps "apache-flink-libraries==$FLINK_VERSION"
-    fi
-    # redis-py, which the example Redis destination connector writes with.
-    if ! "$PY" -c 'import redis' 2>/dev/null; then
-        say "installing redis-py into $(dirname "$(dirname "$PY")")"
-        "$PY" -m pip install -q "redis==8.1.0"
-    fi
-fi
+wait "$clients" || die "installing the Python and npm clients failed (their output is above)"
 
 # 6. The system cluster, which the tests use and the extension is installed for.
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then

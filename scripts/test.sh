@@ -59,29 +59,34 @@ fi
 say "building the tests"
 cargo test -q --workspace --exclude orca-ext --no-run
 
-# Two lanes. The SDK's compile-fail cases, the chaos suite, the tables
-# tier and the Spark tier, then the quick start, run beside the other tests
-# instead of after them: they spend most of their time waiting (for cargo
-# to check the SDK's dependencies, a lease to lapse, a crashed cluster to
-# come back, a JVM, a one-minute schedule to fire), and the other tests
-# alone kept the two cores a third busy. On two cores that took the tests
-# from 22 to about N minutes. Each test has its own databases, clusters,
-# ports and directories, so the lanes share nothing but the machine. A test
-# file not named here runs in the first lane.
-beside=(compile_fail chaos tables spark)
+# Two lanes, then the chaos suite. The SDK's compile-fail cases, the
+# engine, tables and Spark tiers, then the quick start, run beside the other
+# tests instead of after them: most tests spend most of their time waiting
+# (for cargo, a JVM, a process to start, a one-minute schedule to fire), and
+# one lane alone kept the two cores a third busy. The chaos suite runs alone
+# after both: its checks hold an infrastructure fault to spending no retry,
+# and beside a lane of other tests one of its rounds did (an engine
+# reported its connector's SIGKILL where a store outage was the cause).
+# Each test has its own databases, clusters, ports and directories, so the
+# lanes share nothing but the machine. A test file not named here runs in
+# the first lane.
+beside=(compile_fail engine tables spark)
+alone=(chaos)
 mapfile -t others < <(cargo metadata -q --no-deps --format-version 1 | python3 -c '
 import json, sys
-beside = set(sys.argv[1:])
+named = set(sys.argv[1:])
 for p in json.load(sys.stdin)["packages"]:
     for t in p["targets"]:
-        if "test" in t["kind"] and t["name"] not in beside:
+        if "test" in t["kind"] and t["name"] not in named:
             print(t["name"])
-' "${beside[@]}" | sort -u)
-[ "${#others[@]}" -gt 10 ] || die "cargo metadata named ${#others[@]} test targets besides ${beside[*]}"
+' "${beside[@]}" "${alone[@]}" | sort -u)
+[ "${#others[@]}" -gt 10 ] || die "cargo metadata named ${#others[@]} test targets besides ${beside[*]} ${alone[*]}"
 beside_targets=()
 for t in "${beside[@]}"; do beside_targets+=(--test "$t"); done
 other_targets=()
 for t in "${others[@]}"; do other_targets+=(--test "$t"); done
+alone_targets=()
+for t in "${alone[@]}"; do alone_targets+=(--test "$t"); done
 beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
 (
     set -e
@@ -92,7 +97,7 @@ beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
         # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
         # be held by one of the suite's many client connections, still open or in
         # TIME_WAIT, and the demo's listener then fails with "Address already in use".
-        # The binaries are those the end-to-end tests built (the chaos suite builds them).
+        # The binaries are those the end-to-end tests built (the first of them to run builds them).
         ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
             "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
             { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
@@ -117,4 +122,6 @@ if [ "$lane_rc" != 0 ]; then
 fi
 grep -F "==>" "$beside_log" || true
 [ "$tests_rc" = 0 ] || die "unit and integration tests failed"
+say "${alone[*]} (alone)"
+cargo test -q --workspace --exclude orca-ext "${alone_targets[@]}" -- --test-threads 4
 say "all tests passed in $(($(date +%s) - started)) s"
