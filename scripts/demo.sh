@@ -10,7 +10,8 @@
 #   scripts/demo.sh          run the demo; the cluster stays up for you to explore
 #   scripts/demo.sh stop     stop the private cluster
 #   ORCA_DEMO_STOP=1 scripts/demo.sh   stop everything at the end (CI)
-#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the binaries the end-to-end tests built, unbuilt (CI)
+#   ORCA_DEMO_BINARIES=e2e scripts/demo.sh   the binaries the end-to-end tests built, unbuilt,
+#                                            and no setup (CI: scripts/test.sh ran it)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ORCA_ROOT"
@@ -42,7 +43,12 @@ if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$(dirname "$ORCA_PGDI
     say "postgres cannot reach $ORCA_ROOT; the cluster goes to $ORCA_PGDIR"
 fi
 
-"$ORCA_ROOT/scripts/setup.sh"
+# CI's run (ORCA_DEMO_BINARIES=e2e) comes after scripts/test.sh ran the
+# setup, and beside servers that have the extension's library loaded, which
+# installing it again would copy over in place.
+if [ "${ORCA_DEMO_BINARIES:-build}" != e2e ]; then
+    "$ORCA_ROOT/scripts/setup.sh"
+fi
 # The binaries are built with the dev profile into the target directory the
 # test suite builds in: scripts/test.sh after the demo compiles only its
 # test targets (and the crates the tests' fault hooks change), never

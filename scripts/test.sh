@@ -71,9 +71,9 @@ cargo test -q --workspace --exclude orca-ext --no-run
 # where a store outage or a crash of PostgreSQL was the cause); the packages
 # test, which installs the Debian packages over the extension's files and
 # puts them back (another test's CREATE EXTENSION could read them half
-# written); and the quick start, whose setup installs the extension again
-# (cargo pgrx copies over the library in place, under servers that have it
-# loaded).
+# written). The quick start ends the lane beside: it runs on the binaries
+# that lane's tests built and skips its setup (which copies the extension's
+# library over in place, under servers that have it loaded).
 beside=(compile_fail engine tables spark cdc)
 alone=(chaos packages)
 mapfile -t others < <(cargo metadata -q --no-deps --format-version 1 | python3 -c '
@@ -94,11 +94,23 @@ beside_log="${ORCA_CI_BESIDE_LOG:-/var/tmp/orca-ci-beside.log}"
     set -e
     say "beside: ${beside[*]}"
     cargo test -q --workspace --exclude orca-ext "${beside_targets[@]}" -- --test-threads 4
+    if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
+        say "beside: the quick start (scripts/demo.sh)"
+        # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
+        # be held by one of the suite's many client connections, still open or in
+        # TIME_WAIT, and the demo's listener then fails with "Address already in use".
+        # The binaries are those the end-to-end tests built (this lane's tests
+        # build them); the demo skips the setup this script ran.
+        ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
+            "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
+            { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
+        grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
+    fi
     say "beside: passed at +$(($(date +%s) - started)) s"
 ) >"$beside_log" 2>&1 &
 lane=$!
 
-say "unit and integration tests (beside them: ${beside[*]}, $beside_log)"
+say "unit and integration tests (beside them: ${beside[*]} and the quick start, $beside_log)"
 tests_rc=0
 {
     cargo test -q --workspace --exclude orca-ext --lib --bins "${other_targets[@]}" -- --test-threads 4 &&
@@ -109,7 +121,7 @@ lane_rc=0
 wait "$lane" || lane_rc=$?
 if [ "$lane_rc" != 0 ]; then
     tail -120 "$beside_log"
-    die "the lane beside failed (${beside[*]}; all of it: $beside_log)"
+    die "the lane beside failed (${beside[*]} or the quick start; all of it: $beside_log)"
 fi
 grep -F "==>" "$beside_log" || true
 [ "$tests_rc" = 0 ] || die "unit and integration tests failed"
@@ -117,15 +129,4 @@ for t in "${alone[@]}"; do
     say "$t (alone)"
     cargo test -q --workspace --exclude orca-ext --test "$t" -- --test-threads 4
 done
-if [ "${ORCA_SKIP_QUICKSTART:-0}" != 1 ]; then
-    say "the quick start (scripts/demo.sh)"
-    # Ports below the kernel's ephemeral range (32768-60999 here): a port in it can
-    # be held by one of the suite's many client connections, still open or in
-    # TIME_WAIT, and the demo's listener then fails with "Address already in use".
-    # The binaries are those the end-to-end tests built.
-    ORCA_DEMO_STOP=1 ORCA_DEMO_BINARIES=e2e ORCA_PGDIR="/var/tmp/orca-ci-demo/pg" ORCA_PGPORT=24339 ORCA_SERVE_PORT=24340 \
-        "$ORCA_ROOT/scripts/demo.sh" >/var/tmp/orca-ci-demo.log 2>&1 ||
-        { tail -60 /var/tmp/orca-ci-demo.log; die "the quick start failed"; }
-    grep -q "done. Explore" /var/tmp/orca-ci-demo.log || die "the quick start did not finish"
-fi
 say "all tests passed in $(($(date +%s) - started)) s"
