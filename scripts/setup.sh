@@ -97,6 +97,16 @@ fi
 #    they install in the background while cargo builds (steps 3 to 5), and
 #    are waited for after step 5. First PyIceberg, the other Iceberg client
 #    the quick start and the tests read Orca's tables with.
+# Installs pip requirements into the virtualenv of python $1 when the import
+# $2 fails there; $3 names them in what setup says.
+pip_unless() {
+    local py=$1 import=$2 what=$3
+    shift 3
+    if ! "$py" -c "$import" 2>/dev/null; then
+        say "installing $what into $(dirname "$(dirname "$py")")"
+        "$py" -m pip install -q "$@"
+    fi
+}
 install_clients() {
     if ! "$PY" -c 'import pyiceberg, pyarrow, psycopg2' 2>/dev/null; then
         say "installing PyIceberg into $(dirname "$(dirname "$PY")")"
@@ -107,16 +117,10 @@ install_clients() {
     if [ "$tests" = 1 ]; then
         # moto's S3 server: the S3 API for the object-store warehouse test (no S3 is
         # reachable from CI).
-        if ! "$PY" -c 'import moto.server, boto3' 2>/dev/null; then
-            say "installing moto's S3 server into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "moto[server]==5.2.5"
-        fi
+        pip_unless "$PY" 'import moto.server, boto3' "moto's S3 server" "moto[server]==5.2.5"
 
         # The Standard Webhooks library, which the webhook test verifies deliveries with.
-        if ! "$PY" -c 'import standardwebhooks' 2>/dev/null; then
-            say "installing standardwebhooks into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "standardwebhooks==1.1.0"
-        fi
+        pip_unless "$PY" 'import standardwebhooks' "standardwebhooks" "standardwebhooks==1.1.0"
         # schemathesis, which fuzzes orca serve from its OpenAPI document, in a
         # virtualenv of its own (its dependencies and moto's need not agree).
         if ! "$ST" --version >/dev/null 2>&1; then
@@ -132,34 +136,25 @@ install_clients() {
             "$PW" -m pip install -q "playwright==1.65.2"
         fi
         # Prometheus' own parser of the text format, which the /metrics test reads with.
-        if ! "$PY" -c 'import prometheus_client' 2>/dev/null; then
-            say "installing prometheus-client into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "prometheus-client==0.26.0"
-        fi
+        pip_unless "$PY" 'import prometheus_client' "prometheus-client" "prometheus-client==0.26.0"
         # nats-py, which the example NATS JetStream connector (connectors/python)
         # reads with; pyarrow (above) writes its frames.
-        if ! "$PY" -c 'import nats' 2>/dev/null; then
-            say "installing nats-py into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "nats-py==2.16.0"
-        fi
+        pip_unless "$PY" 'import nats' "nats-py" "nats-py==2.16.0"
         # DuckDB and its Iceberg extension (PyPI packages that ship the extension
         # files: nothing is downloaded at run time), which the tests read Orca's
         # partitioned tables with to see them pruned.
         # (One line: an indented second line is a Python syntax error, which made
         # this reinstall DuckDB on every run.)
-        if ! "$PY" -c 'import duckdb, duckdb_ext, glob, os; assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' 2>/dev/null; then
-            say "installing DuckDB and its Iceberg extension into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" \
-                "duckdb-ext-avro==1.4.4.20260205"
-        fi
+        pip_unless "$PY" \
+            'import duckdb, duckdb_ext, glob, os; assert glob.glob(os.path.join(list(duckdb_ext.__path__)[0], "extensions", "*", "*", "iceberg.duckdb_extension"))' \
+            "DuckDB and its Iceberg extension" \
+            "duckdb==1.4.4" "duckdb-ext-iceberg==1.4.4.20260205" "duckdb-ext-avro==1.4.4.20260205"
         # Azure Blob Storage, for the store and warehouse tests (no cloud is
         # reachable from CI): azurite (npm) serves Azure's Blob API; the tests
         # read back with azure-storage-blob, and PyIceberg through pyarrow's
         # AzureFileSystem (which needs packaging).
-        if ! "$PY" -c 'import azure.storage.blob, packaging' 2>/dev/null; then
-            say "installing azure-storage-blob into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "azure-storage-blob==12.31.1" "packaging==25.0"
-        fi
+        pip_unless "$PY" 'import azure.storage.blob, packaging' "azure-storage-blob" \
+            "azure-storage-blob==12.31.1" "packaging==25.0"
         if [ ! -x "$AZ/node_modules/.bin/azurite-blob" ]; then
             say "installing azurite $AZURITE_VERSION into $AZ"
             mkdir -p "$AZ"
@@ -182,10 +177,7 @@ install_clients() {
             "$FLINK_PY" -m pip install -q --no-deps "apache-flink-libraries==$FLINK_VERSION"
         fi
         # redis-py, which the example Redis destination connector writes with.
-        if ! "$PY" -c 'import redis' 2>/dev/null; then
-            say "installing redis-py into $(dirname "$(dirname "$PY")")"
-            "$PY" -m pip install -q "redis==8.1.0"
-        fi
+        pip_unless "$PY" 'import redis' "redis-py" "redis==8.1.0"
     fi
 }
 install_clients &

@@ -30,7 +30,7 @@ fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
     let lanes = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
     let next = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
-    let results: Vec<Vec<(u64, Result<EngineOutcome, String>)>> = std::thread::scope(|s| {
+    let mut results: Vec<(u64, Result<EngineOutcome, String>)> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..lanes)
             .map(|_| {
                 s.spawn(|| {
@@ -52,11 +52,9 @@ fn the_real_engine_lands_every_record_exactly_once_under_seeded_faults() {
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().expect("a seed's thread panicked"))
+            .flat_map(|w| w.join().expect("a seed's thread panicked"))
             .collect()
     });
-    let mut results: Vec<(u64, Result<EngineOutcome, String>)> =
-        results.into_iter().flatten().collect();
     results.sort_by_key(|(seed, _)| *seed);
     let mut total = EngineOutcome::default();
     for (seed, r) in results {
