@@ -12,13 +12,15 @@
 //! - [`netguard`]: what the connectors may reach (the org's allowlist);
 //! - [`error`]: why an attempt (or a discovery or maintenance task)
 //!   stopped, each part's own error in it;
-//! - [`release`] of held cells.
+//! - [`release`] of held cells;
+//! - [`ids`]: a row's `_orca_id` in its two forms.
 
 pub mod attempt;
 pub mod commit;
 pub mod dest;
 pub mod discover;
 pub mod error;
+pub mod ids;
 pub mod maintain;
 pub mod netguard;
 pub mod release;

@@ -193,6 +193,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
         .collect();
     let mut out = Released::default();
     let mut targets: BTreeMap<(String, String), Target> = BTreeMap::new();
+    let mut id_types: BTreeMap<String, &'static str> = BTreeMap::new();
     for path in files {
         let body = store.get(path)?.ok_or_else(|| ReleaseError::NoRecord {
             path: store.url_of(path),
@@ -217,9 +218,20 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
                     t
                 }
             };
+            let id_type = match id_types.get(&c.stream) {
+                Some(t) => *t,
+                None => {
+                    let t = id_type_of(&mut tx, &table)?;
+                    id_types.insert(c.stream.clone(), t);
+                    t
+                }
+            };
             let col = quote_ident(&c.column);
-            let sql =
-                format!("UPDATE {table} SET {col} = $1 WHERE _orca_id = $2 AND {col} IS NULL");
+            // The held id is 32 hex digits, which Postgres reads as either
+            // form; cast to the column's own type, so its index is used.
+            let sql = format!(
+                "UPDATE {table} SET {col} = $1 WHERE _orca_id = $2::text::{id_type} AND {col} IS NULL"
+            );
             let n = match (target, &opts.nul) {
                 (Target::Bytes, _) => tx.execute(&sql, &[&c.value.as_bytes(), &c.orca_id]),
                 (Target::Text, Some(fix)) => tx.execute(&sql, &[&fix.apply(&c.value), &c.orca_id]),
@@ -256,6 +268,28 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
         out.skipped += skipped;
     }
     Ok(out)
+}
+
+/// The type of a destination table's `_orca_id`: `uuid` (a stream that
+/// began with 16-byte ids) or `text` (hex).
+fn id_type_of(
+    tx: &mut postgres::Transaction<'_>,
+    table: &str,
+) -> Result<&'static str, ReleaseError> {
+    let ty: Option<String> = tx
+        .query_opt(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = to_regclass($1) AND attname = '_orca_id' AND attnum > 0
+               AND NOT attisdropped",
+            &[&table],
+        )?
+        .map(|r| r.get(0));
+    // Only these two spellings ever reach the statement.
+    Ok(if ty.as_deref() == Some("uuid") {
+        "uuid"
+    } else {
+        "text"
+    })
 }
 
 /// How the column of a held cell takes its value now; an error that says

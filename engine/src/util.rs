@@ -37,23 +37,6 @@ pub(crate) fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-/// Two lanes of an id as 32 lowercase hex digits, as `{:016x}{:016x}`.
-pub(crate) fn id_hex(a: u64, b: u64) -> [u8; 32] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 32];
-    for (i, lane) in [a, b].into_iter().enumerate() {
-        for j in 0..16 {
-            out[i * 16 + j] = DIGITS[((lane >> (60 - 4 * j)) & 0xf) as usize];
-        }
-    }
-    out
-}
-
-/// The same, as a string.
-pub(crate) fn id_text(a: u64, b: u64) -> String {
-    String::from_utf8_lossy(&id_hex(a, b)).into_owned()
-}
-
 /// The cores this process may use, asked once: on Linux the answer reads
 /// the cgroup's CPU quota files.
 pub fn cores() -> usize {

@@ -353,15 +353,18 @@ impl SyncTables {
         for file in self.live_files(table)? {
             for b in self.read_columns(table, &file, dataset, &["_orca_id"])? {
                 let ids = orca_ids(&b, dataset)?;
-                known.extend(ids.iter().flatten().map(str::to_string));
+                known.extend(
+                    (0..ids.len())
+                        .filter_map(|i| id_at(ids, i))
+                        .map(<[u8]>::to_vec),
+                );
             }
         }
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {
             let ids = orca_ids(&b, dataset)?;
-            let keep: arrow_array::BooleanArray = ids
-                .iter()
-                .map(|id| Some(!id.is_some_and(|id| known.contains(id))))
+            let keep: arrow_array::BooleanArray = (0..ids.len())
+                .map(|i| Some(!id_at(ids, i).is_some_and(|id| known.contains(id))))
                 .collect();
             out.push(
                 arrow_select::filter::filter_record_batch(&b, &keep)
@@ -817,10 +820,31 @@ fn key_strings(b: &RecordBatch, key: &[String], dataset: &str) -> Result<Vec<Str
     Ok(out)
 }
 
-fn orca_ids<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::StringArray> {
+/// A table's `_orca_id` column: 16 bytes, or hex text for a stream that
+/// began before ids were bytes.
+fn orca_ids<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a dyn Array> {
+    use arrow_schema::DataType;
     b.column_by_name("_orca_id")
-        .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
-        .ok_or_else(|| format!("table {dataset} has no text _orca_id column").into())
+        .filter(|c| {
+            matches!(
+                c.data_type(),
+                DataType::Utf8 | DataType::FixedSizeBinary(16)
+            )
+        })
+        .map(|c| c.as_ref())
+        .ok_or_else(|| format!("table {dataset} has no _orca_id column of text or 16 bytes").into())
+}
+
+/// Row `i`'s id as bytes (one table holds one form).
+fn id_at(ids: &dyn Array, i: usize) -> Option<&[u8]> {
+    use arrow_array::cast::AsArray;
+    if ids.is_null(i) {
+        return None;
+    }
+    match ids.data_type() {
+        arrow_schema::DataType::Utf8 => Some(ids.as_string::<i32>().value(i).as_bytes()),
+        _ => Some(ids.as_fixed_size_binary().value(i)),
+    }
 }
 
 fn seqs<'a>(b: &'a RecordBatch, dataset: &str) -> Result<&'a arrow_array::Int64Array> {

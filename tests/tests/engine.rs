@@ -8,7 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use arrow_array::{
-    Array, BooleanArray, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
+    Array, BooleanArray, Decimal128Array, FixedSizeBinaryArray, Float64Array, Int64Array,
+    RecordBatch, StringArray,
 };
 use orca_tests::procs::{bin, pyiceberg, sync_runner, sync_runner_with, text};
 use orca_tests::sqlx;
@@ -17,8 +18,13 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{json, Value};
 
 fn engine(db: &TestDb, store: &Path, batch_rows: usize) -> Command {
+    engine_of("shop", db, store, batch_rows)
+}
+
+/// The engine of sync `sync`.
+fn engine_of(sync: &str, db: &TestDb, store: &Path, batch_rows: usize) -> Command {
     let mut c = Command::new(bin("orca-engine"));
-    c.args(["sync", "shop", "--batch-rows", &batch_rows.to_string()])
+    c.args(["sync", sync, "--batch-rows", &batch_rows.to_string()])
         .arg("--store")
         .arg(store)
         .env("DATABASE_URL", db.url())
@@ -186,10 +192,11 @@ fn tally(batches: &[RecordBatch]) -> (usize, usize, usize, i64) {
     let (mut rows, mut sum) = (0, 0i64);
     for b in batches {
         let id = column::<Int64Array>(b, "id");
-        let oid = column::<StringArray>(b, "_orca_id");
+        // A new stream's ids are 16 bytes.
+        let oid = column::<FixedSizeBinaryArray>(b, "_orca_id");
         for i in 0..b.num_rows() {
             ids.insert(id.value(i));
-            orca_ids.insert(oid.value(i).to_string());
+            orca_ids.insert(oid.value(i).to_vec());
             sum += id.value(i);
         }
         rows += b.num_rows();
@@ -1466,7 +1473,7 @@ async fn a_merge_into_postgres_ends_equal_to_the_source_across_sigkills_and_upda
         .await;
     sqlx::raw_sql(
         "INSERT INTO raw.orders (id, updated_at, amount, _orca_id, _orca_seq, _orca_synced_at)
-         VALUES (100, '2024-01-01', 0, 'old', 1, now())
+         VALUES (100, '2024-01-01', 0, gen_random_uuid(), 1, now())
          ON CONFLICT (id) DO UPDATE SET amount = excluded.amount
          WHERE raw.orders._orca_seq < excluded._orca_seq",
     )
@@ -1513,6 +1520,75 @@ async fn an_append_into_postgres_is_exactly_once_through_a_crash_at_the_commit_p
         rows
     );
     assert_eq!(differences(&db).await, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_new_sync_into_a_table_an_older_engine_filled_with_hex_ids_lands_on_the_same_rows() {
+    let db = TestDb::new().await;
+    let rows = 3_000i64;
+    make_source(&db, rows).await;
+    let dir = scratch("hexids");
+    define_pg(&db, "append", "exactly_once").await;
+    let o = engine(&db, &dir.join("store"), 1_000)
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    let ty = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+              WHERE attrelid = 'raw.orders'::regclass AND attname = '_orca_id'";
+    assert_eq!(
+        db.strings(ty).await,
+        ["uuid"],
+        "a new stream's ids are uuids"
+    );
+    // What an engine before 16-byte ids left: the same ids as 32 hex
+    // characters in a text column.
+    sqlx::raw_sql(
+        "ALTER TABLE raw.orders ALTER COLUMN _orca_id TYPE text
+         USING replace(_orca_id::text, '-', '')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("hex ids");
+    let hex = db
+        .strings("SELECT _orca_id FROM raw.orders ORDER BY id")
+        .await;
+    assert!(hex.iter().all(|h| h.len() == 32), "{:?}", &hex[..2]);
+
+    // A second sync of the same stream, with no checkpoint of its own: its
+    // rows carry the same ids, so the append skips every one it finds.
+    sqlx::query("SELECT orca.create_sync('shop2', $1, $2, $3, NULL, 'exactly_once')")
+        .bind(json!({"type": "postgres", "url": db.url()}))
+        .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
+        .bind(
+            json!([{"name": "orders", "table": "public.orders", "cursor": "updated_at",
+                      "primary_key": ["id"], "mode": "append"}]),
+        )
+        .execute(&db.pool)
+        .await
+        .expect("the second sync");
+    sqlx::raw_sql("INSERT INTO public.orders (id, updated_at) VALUES (100000, '2030-01-01')")
+        .execute(&db.pool)
+        .await
+        .expect("a new row");
+    let o = engine_of("shop2", &db, &dir.join("store2"), 1_000)
+        .output()
+        .expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
+        rows + 1,
+        "the old rows were skipped, the new one added"
+    );
+    assert_eq!(db.strings(ty).await, ["uuid"], "the column now holds uuids");
+    assert_eq!(
+        db.strings(
+            "SELECT replace(_orca_id::text, '-', '') FROM raw.orders WHERE id <= 3000 ORDER BY id"
+        )
+        .await,
+        hex,
+        "each old row keeps its id"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1958,10 +2034,16 @@ async fn cells_postgres_cannot_take_are_held_and_the_rest_of_the_row_lands() {
     assert_eq!(held.len(), 1);
     assert_eq!(held[0]["column"], "note");
     assert_eq!(held[0]["value"], "nul\u{0}inside");
-    let id: String = sqlx::query_scalar("SELECT _orca_id FROM raw.events WHERE id = 2")
-        .fetch_one(&db.pool)
-        .await
-        .expect("id");
+    // A new stream's ids are uuids; the held value names its record by the
+    // same 16 bytes in hex.
+    let (id, ty): (String, String) = sqlx::query_as(
+        "SELECT replace(_orca_id::text, '-', ''), pg_typeof(_orca_id)::text
+         FROM raw.events WHERE id = 2",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("id");
+    assert_eq!(ty, "uuid");
     assert_eq!(held[0]["_orca_id"], id, "the held value names its record");
     let _ = std::fs::remove_dir_all(dir);
 }

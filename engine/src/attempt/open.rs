@@ -11,6 +11,7 @@ use crate::attempt::state::{Attempt, Source};
 use crate::commit::record::StreamState;
 use crate::commit::route::Router;
 use crate::error::EngineError;
+use crate::ids::IdForm;
 use crate::source::normalize::{ColType, StreamSchema};
 use crate::source::open::open_readers;
 use crate::source::plan::{Plan, Start};
@@ -87,8 +88,10 @@ impl Attempt {
                     routers.insert(s.name.clone(), Router::new(lanes, Vec::new()));
                     let cols = states.get(&s.name).map(inferred_so_far).unwrap_or_default();
                     let names = states.get(&s.name).map(|st| st.names.clone());
+                    let recorded = states.get(&s.name).map_or(&[][..], |st| &st.schema[..]);
                     let schema = StreamSchema::inferred(cols)
                         .with_names(names.unwrap_or_default())
+                        .with_ids(IdForm::of_recorded(recorded))
                         .with_policy(s.policy)
                         .declaring(&s.declared)
                         .map_err(|reason| {

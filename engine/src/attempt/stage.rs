@@ -17,6 +17,7 @@ use crate::commit::record::{LaneCommittable, Record, Refresh, Staged};
 use crate::commit::route::{LaneInput, Router};
 use crate::dest::parquet::{encode, encode_threads};
 use crate::error::EngineError;
+use crate::ids::{conform, ORCA_ID};
 use crate::source::normalize::normalize;
 use crate::source::readers::Shape;
 
@@ -69,7 +70,7 @@ impl Attempt {
                     arrays,
                     ids,
                     rows,
-                } => typed_batch(schema, arrays, ids, rows, epoch, synced_at)?,
+                } => typed_batch(&name, schema, arrays, ids, rows, epoch, synced_at)?,
                 Taken::Raw(records) => {
                     let Some(Shape::Inferred(schema)) = readers
                         .iter_mut()
@@ -212,8 +213,10 @@ fn seq(epoch: u64, i: usize) -> i64 {
 }
 
 /// A typed chunk as a batch of the destination's schema: its columns,
-/// `_orca_id`, `_orca_seq` and `_orca_synced_at`.
+/// `_orca_id` (in the stream's form), `_orca_seq` and `_orca_synced_at`.
+#[allow(clippy::too_many_arguments)]
 fn typed_batch(
+    stream: &str,
     schema: Arc<arrow_schema::Schema>,
     mut arrays: Vec<ArrayRef>,
     ids: ArrayRef,
@@ -223,6 +226,14 @@ fn typed_batch(
 ) -> Result<RecordBatch, EngineError> {
     let seq: Int64Array = (0..rows).map(|i| seq(epoch, i)).collect();
     let at = TimestampMicrosecondArray::from(vec![synced_at; rows]).with_timezone("UTC");
+    // The source made one form of id; the stream keeps the one it began with.
+    let ids = match schema.field_with_name(ORCA_ID) {
+        Ok(f) => conform(ids, f.data_type()).map_err(|e| EngineError::Reader {
+            stream: stream.to_string(),
+            reason: e.to_string(),
+        })?,
+        Err(_) => ids,
+    };
     arrays.extend([ids, Arc::new(seq) as ArrayRef, Arc::new(at) as ArrayRef]);
     Ok(RecordBatch::try_new(schema, arrays)?)
 }
@@ -394,22 +405,57 @@ mod tests {
     }
 
     #[test]
-    fn a_typed_chunk_gets_its_ids_then_a_sequence_by_epoch_and_the_sync_time() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("_orca_id", DataType::Utf8, false),
-            Field::new("_orca_seq", DataType::Int64, false),
-            Field::new(
-                "_orca_synced_at",
-                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-                false,
-            ),
-        ]));
-        let ids: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
-        let arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![1, 2]))];
-        let b = typed_batch(schema, arrays, ids, 2, 3, 1_700_000_000_000_000).expect("batch");
-        let ids: Vec<&str> = b.column(1).as_string::<i32>().iter().flatten().collect();
-        assert_eq!(ids, ["a", "b"]);
+    fn a_typed_chunk_gets_its_ids_in_the_streams_form_then_a_sequence_by_epoch_and_the_sync_time() {
+        use crate::ids::{self, IdForm};
+        let schema = |form: IdForm| {
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                form.field(),
+                Field::new("_orca_seq", DataType::Int64, false),
+                Field::new(
+                    "_orca_synced_at",
+                    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                    false,
+                ),
+            ]))
+        };
+        // What a table's reader makes: 16 bytes an id.
+        let source_ids = || -> ArrayRef {
+            Arc::new(
+                arrow_array::FixedSizeBinaryArray::try_from_iter(
+                    [ids::bytes(1, 2), ids::bytes(3, 4)].into_iter(),
+                )
+                .expect("ids"),
+            )
+        };
+        let arrays = || -> Vec<ArrayRef> { vec![Arc::new(Int64Array::from(vec![1, 2]))] };
+        let b = typed_batch(
+            "orders",
+            schema(IdForm::Bytes),
+            arrays(),
+            source_ids(),
+            2,
+            3,
+            1_700_000_000_000_000,
+        )
+        .expect("batch");
+        assert_eq!(
+            b.column(1).as_fixed_size_binary().value(1),
+            ids::bytes(3, 4)
+        );
+        // A stream recorded with hex ids keeps getting hex.
+        let old = typed_batch(
+            "orders",
+            schema(IdForm::Hex),
+            arrays(),
+            source_ids(),
+            2,
+            3,
+            1_700_000_000_000_000,
+        )
+        .expect("batch");
+        let hex: Vec<&str> = old.column(1).as_string::<i32>().iter().flatten().collect();
+        assert_eq!(hex, [ids::text(1, 2), ids::text(3, 4)]);
         let seqs: Vec<i64> = b.column(2).as_primitive::<Int64Type>().values().to_vec();
         assert_eq!(seqs, [3 << 32, (3 << 32) | 1]);
         let at = b

@@ -89,10 +89,9 @@ pub(super) fn hold_narrower(
     let text = |a: &arrow_array::ArrayRef| {
         arrow_cast::cast(a, &arrow_schema::DataType::Utf8).map_err(DestError::from)
     };
-    let ids = batch
-        .column_by_name("_orca_id")
-        .map(|c| c.as_string::<i32>().clone());
+    let ids = batch.column_by_name(crate::ids::ORCA_ID).cloned();
     let mut columns = batch.columns().to_vec();
+    let mut fields: Vec<arrow_schema::FieldRef> = batch.schema().fields().iter().cloned().collect();
     let mut held = Vec::new();
     for (i, f) in batch.schema().fields().iter().enumerate() {
         let Ok(t) = table.field_with_name(f.name()) else {
@@ -102,6 +101,15 @@ pub(super) fn hold_narrower(
             continue;
         }
         let c = batch.column(i);
+        if f.name() == crate::ids::ORCA_ID {
+            // A table made with the other form of id (a new sync into an
+            // old table): the ids go in the table's form.
+            columns[i] = crate::ids::conform(c.clone(), t.data_type())
+                .map_err(|e| DestError::Definition(e.to_string()))?;
+            fields[i] =
+                std::sync::Arc::new(f.as_ref().clone().with_data_type(t.data_type().clone()));
+            continue;
+        }
         let there = arrow_cast::cast(c, t.data_type())?;
         let back = text(&arrow_cast::cast(&there, f.data_type())?)?;
         let (back, orig) = (back.as_string::<i32>(), text(c)?);
@@ -119,7 +127,7 @@ pub(super) fn hold_narrower(
                 column: f.name().clone(),
                 orca_id: ids
                     .as_ref()
-                    .map(|ids| ids.value(row).to_string())
+                    .map(|ids| crate::ids::text_at(ids.as_ref(), row))
                     .unwrap_or_default(),
                 value: orig.value(row).to_string(),
                 reason: "the Iceberg table's column is narrower than the stream's and cannot be widened so",
@@ -127,11 +135,16 @@ pub(super) fn hold_narrower(
         }
         columns[i] = arrow_select::nullif::nullif(c, &lost)?;
     }
-    if held.is_empty() {
+    let ids_moved = fields
+        .iter()
+        .zip(batch.schema().fields())
+        .any(|(a, b)| a != b);
+    if held.is_empty() && !ids_moved {
         return Ok((batch, held));
     }
+    let schema = arrow_schema::Schema::new_with_metadata(fields, batch.schema().metadata().clone());
     Ok((
-        arrow_array::RecordBatch::try_new(batch.schema(), columns)?,
+        arrow_array::RecordBatch::try_new(std::sync::Arc::new(schema), columns)?,
         held,
     ))
 }

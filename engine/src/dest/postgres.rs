@@ -48,6 +48,8 @@ pub fn pg_type(t: &DataType) -> Option<String> {
         DataType::Float64 => "double precision".into(),
         DataType::Utf8 => "text".into(),
         DataType::Binary => "bytea".into(),
+        // 16 bytes are an `_orca_id`.
+        DataType::FixedSizeBinary(crate::ids::ID_BYTES) => "uuid".into(),
         DataType::Date32 => "date".into(),
         DataType::Timestamp(TimeUnit::Microsecond, None) => "timestamp without time zone".into(),
         DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => "timestamp with time zone".into(),
@@ -163,6 +165,10 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
                 ),
                 DataType::Utf8 => field(&mut out, c.as_string::<i32>().value(row).as_bytes()),
                 DataType::Binary => field(&mut out, c.as_binary::<i32>().value(row)),
+                // uuid's binary form is its 16 bytes.
+                DataType::FixedSizeBinary(crate::ids::ID_BYTES) => {
+                    field(&mut out, c.as_fixed_size_binary().value(row))
+                }
                 DataType::Date32 => field(
                     &mut out,
                     &(c.as_primitive::<Date32Type>().value(row) - PG_EPOCH_DAYS).to_be_bytes(),
@@ -191,9 +197,7 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
 pub fn hold(batch: RecordBatch) -> Result<(RecordBatch, Vec<Held>), DestError> {
     use arrow_array::builder::StringBuilder;
     let schema = batch.schema();
-    let ids = batch
-        .column_by_name("_orca_id")
-        .map(|c| c.as_string::<i32>().clone());
+    let ids = batch.column_by_name(crate::ids::ORCA_ID).cloned();
     let mut held = Vec::new();
     let mut columns = batch.columns().to_vec();
     for (i, f) in schema.fields().iter().enumerate() {
@@ -218,7 +222,7 @@ pub fn hold(batch: RecordBatch) -> Result<(RecordBatch, Vec<Held>), DestError> {
                         column: f.name().clone(),
                         orca_id: ids
                             .as_ref()
-                            .map(|ids| ids.value(row).to_string())
+                            .map(|ids| crate::ids::text_at(ids.as_ref(), row))
                             .unwrap_or_default(),
                         value: v.to_string(),
                         reason: "Postgres text cannot hold NUL (\\u0000)",

@@ -12,11 +12,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::builder::{
+    BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int64Builder, StringBuilder,
+};
 use arrow_array::{ArrayRef, RecordBatch, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use orca_core::sync::{ColumnType, SchemaPolicy};
 use serde_json::{Map, Value};
+
+use crate::ids::IdForm;
 
 /// A column's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -165,6 +169,8 @@ pub struct StreamSchema {
     /// Columns named after their keys in this attempt, not in `columns`
     /// yet (a batch's new columns join it after its rows).
     claimed: BTreeSet<String>,
+    /// How the stream's `_orca_id` is written (its recorded form).
+    ids: IdForm,
 }
 
 /// The most bytes of a column's name (PostgreSQL's identifiers).
@@ -330,6 +336,12 @@ impl StreamSchema {
         }
     }
 
+    /// The same schema writing `_orca_id` in `form`.
+    pub fn with_ids(mut self, form: IdForm) -> Self {
+        self.ids = form;
+        self
+    }
+
     /// The same schema under another policy.
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
@@ -354,7 +366,7 @@ impl StreamSchema {
             .iter()
             .map(|(n, t)| Field::new(n, t.arrow(), true))
             .collect();
-        fields.push(Field::new("_orca_id", DataType::Utf8, false));
+        fields.push(self.ids.field());
         fields.push(Field::new("_orca_seq", DataType::Int64, false));
         fields.push(Field::new(
             "_orca_synced_at",
@@ -408,8 +420,14 @@ fn coerce(v: &Value, to: ColType) -> Result<Value, String> {
     })
 }
 
-/// The stable id of a record: its stream and source position.
+/// The stable id of a record: its stream and source position, as hex.
 pub fn record_id(stream: &str, position: &str) -> String {
+    let (a, b) = record_lanes(stream, position);
+    crate::ids::text(a, b)
+}
+
+/// The two lanes of [`record_id`].
+fn record_lanes(stream: &str, position: &str) -> (u64, u64) {
     // FNV-1a, 64 bits twice with different offsets: stable across builds and
     // platforms, which a std hasher is not.
     let fnv = |offset: u64| {
@@ -420,7 +438,7 @@ pub fn record_id(stream: &str, position: &str) -> String {
         }
         h
     };
-    crate::util::id_text(fnv(0xcbf2_9ce4_8422_2325), fnv(0x6c62_272e_07bb_0142))
+    (fnv(0xcbf2_9ce4_8422_2325), fnv(0x6c62_272e_07bb_0142))
 }
 
 /// Normalizes a chunk of a stream's records into one batch, widening the
@@ -552,13 +570,23 @@ pub fn normalize(
             }
         });
     }
-    let mut ids = StringBuilder::new();
+    let mut hex = StringBuilder::new();
+    let mut raw_ids = FixedSizeBinaryBuilder::new(crate::ids::ID_BYTES);
     let mut seqs = Int64Builder::new();
     for (raw, _) in &taken {
-        ids.append_value(record_id(stream, &raw.position));
+        let (a, b) = record_lanes(stream, &raw.position);
+        match schema.ids {
+            IdForm::Hex => {
+                hex.append_value(std::str::from_utf8(&crate::ids::hex(a, b)).unwrap_or(""))
+            }
+            IdForm::Bytes => raw_ids.append_value(crate::ids::bytes(a, b))?,
+        }
         seqs.append_value(raw.seq);
     }
-    columns.push(Arc::new(ids.finish()));
+    columns.push(match schema.ids {
+        IdForm::Hex => Arc::new(hex.finish()),
+        IdForm::Bytes => Arc::new(raw_ids.finish()),
+    });
     columns.push(Arc::new(seqs.finish()));
     columns.push(Arc::new(
         TimestampMicrosecondArray::from(vec![synced_at_us; taken.len()]).with_timezone("UTC"),
@@ -866,9 +894,28 @@ mod tests {
         let (b, _) = normalize("orders", &mut s, &[raw(1, json!({"x": 2}))], 6).expect("b");
         let id = |r: &RecordBatch| {
             r.column_by_name("_orca_id")
-                .map(|c| c.as_string::<i32>().value(0).to_string())
+                .map(|c| crate::ids::text_at(c.as_ref(), 0))
         };
         assert_eq!(id(&a), id(&b), "the same position is the same record");
+        // A new stream's ids are bytes; one recorded with hex keeps hex, and
+        // both are the same id.
+        assert_eq!(
+            a.schema()
+                .field_with_name("_orca_id")
+                .map(|f| f.data_type().clone())
+                .ok(),
+            Some(IdForm::Bytes.data_type())
+        );
+        let mut old = StreamSchema::default().with_ids(IdForm::Hex);
+        let (h, _) = normalize("orders", &mut old, &[raw(1, json!({"x": 1}))], 5).expect("hex");
+        let hex = h
+            .column_by_name("_orca_id")
+            .map(|c| c.as_string::<i32>().value(0).to_string());
+        assert_eq!(hex, id(&a));
+        assert_eq!(
+            hex.as_deref(),
+            Some(record_id("orders", "file-1:1").as_str())
+        );
         assert_ne!(
             record_id("orders", "file-1:1"),
             record_id("users", "file-1:1")

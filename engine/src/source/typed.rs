@@ -129,6 +129,7 @@ pub(crate) fn table_of(stream: &Stream, what: &str, columns: Vec<PgColumn>) -> P
         columns,
         as_text: vec![false; n],
         key: Vec::new(),
+        ids: crate::ids::IdForm::default(),
     }
 }
 

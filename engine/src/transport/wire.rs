@@ -10,7 +10,7 @@ use crate::source::msg::{RawChunk, RawRecords};
 use crate::source::normalize::Raw;
 
 /// The `_orca_id` column of a typed batch on the edge.
-pub const ORCA_ID: &str = "_orca_id";
+pub use crate::ids::ORCA_ID;
 
 /// The columns of a raw batch on the edge.
 pub fn raw_schema() -> Schema {

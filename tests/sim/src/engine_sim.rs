@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use orca_engine::attempt::{self, pg_text, Crash, CrashPoint, EngineError, Options, Outcome};
 use orca_engine::frame::{read_frame, write_frame, Frame};
@@ -148,22 +148,25 @@ impl Stream {
             Stream::Changes(c) => {
                 let part = &c[from as usize..last as usize];
                 let at: Vec<i64> = (from as i64 + 1..=last as i64).collect();
-                let ids: Vec<String> = part
-                    .iter()
-                    .zip(&at)
-                    .map(|((id, _), at)| format!("s:{at}:{id}"))
-                    .collect();
+                // Ids as a table's reader makes them: 16 bytes, here of
+                // the change's place and key.
+                let ids = FixedSizeBinaryArray::try_from_iter(
+                    part.iter()
+                        .zip(&at)
+                        .map(|((id, _), at)| orca_engine::ids::bytes(*at as u64, *id as u64)),
+                )
+                .map_err(|e| e.to_string())?;
                 let schema = Schema::new(vec![
                     Field::new("id", DataType::Int64, true),
                     Field::new("v", DataType::Int64, true),
                     Field::new("at", DataType::Int64, true),
-                    Field::new(pump::ORCA_ID, DataType::Utf8, false),
+                    orca_engine::ids::IdForm::Bytes.field(),
                 ]);
                 let columns: Vec<ArrayRef> = vec![
                     Arc::new(Int64Array::from_iter_values(part.iter().map(|p| p.0))),
                     Arc::new(Int64Array::from_iter_values(part.iter().map(|p| p.1))),
                     Arc::new(Int64Array::from(at)),
-                    Arc::new(StringArray::from(ids)),
+                    Arc::new(ids),
                 ];
                 let batch =
                     RecordBatch::try_new(Arc::new(schema), columns).map_err(|e| e.to_string())?;
@@ -628,11 +631,11 @@ fn check(w: &World, rows: u64) -> Result<(), String> {
                 .ok_or("no id column")?;
             let oid = b
                 .column_by_name("_orca_id")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-                .ok_or("no _orca_id column")?;
+                .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+                .ok_or("no _orca_id column of 16 bytes")?;
             for i in 0..b.num_rows() {
                 ids.push(id.value(i));
-                orca_ids.insert(oid.value(i).to_string());
+                orca_ids.insert(oid.value(i).to_vec());
             }
         }
     }

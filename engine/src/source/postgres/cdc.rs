@@ -1083,7 +1083,7 @@ impl Cdc {
                 stream: o.name().to_string(),
                 source,
             })?;
-            o.ids.push(crate::util::id_text(end.0, n as u64));
+            o.ids.push(crate::ids::text(end.0, n as u64));
             o.pos = Position::Stream(end);
         }
         Ok(())

@@ -10,8 +10,8 @@ use std::io::{self, BufRead, Read};
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
-    Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
+    BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, FixedSizeBinaryBuilder,
+    Float32Builder, Float64Builder, Int16Builder, Int32Builder, Int64Builder, StringBuilder,
     TimestampMicrosecondBuilder,
 };
 use arrow_array::ArrayRef;
@@ -459,7 +459,7 @@ struct RowIds {
     seeds: (u64, u64),
     is_key: Vec<bool>,
     cur: (u64, u64),
-    builder: StringBuilder,
+    builder: FixedSizeBinaryBuilder,
 }
 
 impl RowIds {
@@ -475,10 +475,11 @@ impl RowIds {
     }
 
     fn finish_row(&mut self) {
-        // By hand: the formatting machinery was ~1.5 % of a table read.
-        let hex = crate::util::id_hex(self.cur.0, self.cur.1);
-        self.builder
-            .append_value(std::str::from_utf8(&hex).unwrap_or_default());
+        // 16 bytes: the stream's form decides later whether they become
+        // hex (crate::ids::conform); most streams keep them as they are.
+        let id = crate::ids::bytes(self.cur.0, self.cur.1);
+        // The builder's width is the id's: appending cannot fail.
+        let _ = self.builder.append_value(id);
     }
 }
 
@@ -582,7 +583,7 @@ impl<R: BufRead> CopyReader<R> {
             ),
             is_key,
             cur: (0, 0),
-            builder: StringBuilder::new(),
+            builder: FixedSizeBinaryBuilder::new(crate::ids::ID_BYTES),
         });
         self
     }
@@ -702,21 +703,6 @@ impl<R: BufRead> CopyReader<R> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn ids_are_the_hex_of_their_two_lanes() {
-        for (a, b) in [
-            (0, 0),
-            (1, u64::MAX),
-            (0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210),
-        ] {
-            let hex = crate::util::id_hex(a, b);
-            assert_eq!(
-                std::str::from_utf8(&hex).expect("ascii"),
-                format!("{a:016x}{b:016x}")
-            );
-        }
-    }
-
     use super::*;
     use arrow_array::{Array, Decimal128Array, Int64Array, StringArray, TimestampMicrosecondArray};
 
@@ -892,9 +878,9 @@ mod tests {
                 .with_ids(name, &[0]);
             while r.read_row().expect("row") {}
             let ids = r.take_ids().expect("ids");
-            let ids = ids.as_any().downcast_ref::<StringArray>().expect("str");
+            assert_eq!(ids.data_type(), &crate::ids::IdForm::Bytes.data_type());
             (0..ids.len())
-                .map(|i| ids.value(i).to_string())
+                .map(|i| crate::ids::text_at(ids.as_ref(), i))
                 .collect::<Vec<_>>()
         };
         let a = ids_of("orders");

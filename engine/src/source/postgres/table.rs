@@ -12,6 +12,7 @@ use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
 use orca_core::sync::SchemaPolicy;
 
+use crate::ids::IdForm;
 use crate::source::postgres::copy::{PgColumn, PgKind};
 use crate::util::{pg_text, quote_ident};
 
@@ -134,6 +135,10 @@ pub struct PgTable {
     pub as_text: Vec<bool>,
     /// The columns of the resume point: the cursor, then the key.
     pub key: Vec<usize>,
+    /// How the destination gets `_orca_id` (the stream's recorded form;
+    /// decided in the engine, so never sent to a runner's pump).
+    #[serde(skip)]
+    pub ids: IdForm,
 }
 
 /// A range of the cursor's values, as text the column's type reads:
@@ -277,6 +282,7 @@ pub fn describe(client: &mut postgres::Client, spec: &StreamSpec) -> Result<PgTa
         sql_types,
         as_text,
         key,
+        ids: IdForm::default(),
     })
 }
 
@@ -354,7 +360,9 @@ fn replica_identity(client: &mut postgres::Client, spec: &StreamSpec) -> Result<
 impl PgTable {
     /// Applies the stream's schema policy against the columns it delivered
     /// before (`recorded`, from the checkpoint record; empty the first time).
+    /// The stream's `_orca_id` keeps the form it was recorded with.
     pub fn under_policy(mut self, recorded: &[(String, String)]) -> Result<PgTable, SourceError> {
+        self.ids = IdForm::of_recorded(recorded);
         let recorded: Vec<&str> = recorded
             .iter()
             .map(|(n, _)| n.as_str())
@@ -656,11 +664,12 @@ fn pick<T>(v: Vec<T>, keep: &[bool]) -> Vec<T> {
         .collect()
 }
 
-/// The metadata columns every destination row carries.
-pub fn metadata_fields() -> Vec<arrow_schema::Field> {
+/// The metadata columns every destination row carries, `_orca_id` in
+/// `ids`' form.
+pub fn metadata_fields(ids: IdForm) -> Vec<arrow_schema::Field> {
     use arrow_schema::{DataType, Field, TimeUnit};
     vec![
-        Field::new("_orca_id", DataType::Utf8, false),
+        ids.field(),
         Field::new("_orca_seq", DataType::Int64, false),
         Field::new(
             "_orca_synced_at",
@@ -674,7 +683,7 @@ pub fn metadata_fields() -> Vec<arrow_schema::Field> {
 /// metadata columns.
 pub fn destination_schema(t: &PgTable) -> Arc<Schema> {
     let mut fields: Vec<arrow_schema::Field> = t.columns.iter().map(PgColumn::field).collect();
-    fields.extend(metadata_fields());
+    fields.extend(metadata_fields(t.ids));
     Arc::new(Schema::new(fields))
 }
 
@@ -718,7 +727,27 @@ mod tests {
             ],
             as_text: vec![false, false, true],
             key: vec![1, 0],
+            ids: IdForm::default(),
         }
+    }
+
+    #[test]
+    fn a_stream_recorded_with_hex_ids_keeps_them_and_a_new_one_gets_bytes() {
+        use arrow_schema::DataType;
+        let id_type = |t: &PgTable| {
+            destination_schema(t)
+                .field_with_name("_orca_id")
+                .map(|f| f.data_type().clone())
+                .expect("_orca_id")
+        };
+        let new = table().under_policy(&[]).expect("new");
+        assert_eq!(id_type(&new), DataType::FixedSizeBinary(16));
+        let recorded = [
+            ("id".to_string(), "Int64".to_string()),
+            ("_orca_id".to_string(), "Utf8".to_string()),
+        ];
+        let old = table().under_policy(&recorded).expect("old");
+        assert_eq!(id_type(&old), DataType::Utf8);
     }
 
     #[test]
