@@ -197,11 +197,23 @@ fi
 
 # 4. The extension, into the system's extension and library directories.
 say "building and installing the orca extension (about 2 minutes the first time)"
+# Packaged, then put in place by install(1), which unlinks the old file and
+# writes a new one: a server that has the old library mapped keeps reading
+# it. `cargo pgrx install` writes over it in place, and a server reading a
+# page of it then can die of SIGBUS (setup run again under a live cluster).
+pkg=$(mktemp -d /var/tmp/orca-ext-pkg.XXXXXX)
 as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
-    cargo pgrx install -p orca-ext --release --pg-config "$PG_CONFIG" >/dev/null
+    cargo pgrx package -p orca-ext --pg-config "$PG_CONFIG" --out-dir "$pkg" >/dev/null
+libdir="$("$PG_CONFIG" --pkglibdir)"
+extdir="$("$PG_CONFIG" --sharedir)/extension"
+[ -f "$pkg$libdir/orca.so" ] || die "cargo pgrx package left no orca.so in $pkg$libdir"
+as_root install -m 0755 "$pkg$libdir/orca.so" "$libdir/orca.so"
+for f in "$pkg$extdir/"orca*; do
+    as_root install -m 0644 "$f" "$extdir/"
+done
+as_root rm -rf "$pkg"
 # Released install scripts of older versions and upgrade scripts, so that an
 # old install can be created and upgraded.
-extdir="$("$PG_CONFIG" --sharedir)/extension"
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 for f in migrations/orca--*.sql; do
     [ -e "$f" ] || continue

@@ -9,6 +9,7 @@
 #
 #   benches/sync/run.sh
 #   ROWS=200000 benches/sync/run.sh
+#   KEEP_WORK=1 benches/sync/run.sh   # keep the Parquet files each tool wrote (the path is printed)
 #   benches/sync/run.sh cdc      # the postgres_cdc source into Postgres and Iceberg:
 #                                # changes/s and latency
 #   benches/sync/run.sh shapes   # tables of one kind of column each (wide text,

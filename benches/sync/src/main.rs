@@ -129,6 +129,26 @@ pub(crate) fn result(label: &str, rows: u64, want: u64, seconds: f64, mb: f64) -
     Ok(())
 }
 
+/// The bytes of the Parquet files under `dir`, at any depth.
+fn parquet_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                parquet_bytes(&p)
+            } else if p.extension().is_some_and(|x| x == "parquet") {
+                e.metadata().map_or(0, |m| m.len())
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
 struct Figure {
     name: &'static str,
     rows: u64,
@@ -291,6 +311,9 @@ fn main() -> Result<()> {
         rows: copy_rows,
         seconds: copy_secs,
     }];
+    // What each tool's Parquet weighs: the same rows, each tool's own
+    // columns and encodings.
+    let mut sizes: Vec<(&str, u64)> = Vec::new();
     // The default (splits: the machine's cores), the read over one
     // connection, and the default through a runner's pump over the data
     // edge.
@@ -302,6 +325,7 @@ fn main() -> Result<()> {
         let dir = work.join(name);
         std::fs::create_dir_all(&dir)?;
         let (rows, seconds) = orca(&url, TABLE, "updated_at", &dir, edge, splits)?;
+        sizes.push((name, parquet_bytes(&dir.join("data"))));
         figures.push(Figure {
             name,
             rows,
@@ -315,6 +339,7 @@ fn main() -> Result<()> {
     ] {
         match peer(python, script, &url, TABLE, &work.join(name))? {
             Some((rows, seconds, v)) => {
+                sizes.push((name, parquet_bytes(&work.join(name))));
                 figures.push(Figure {
                     name,
                     rows,
@@ -342,6 +367,13 @@ fn main() -> Result<()> {
     );
     for f in &figures {
         result(f.name, f.rows, copy_rows, f.seconds, mb)?;
+    }
+    for (name, bytes) in &sizes {
+        println!(
+            "SIZE {name} = {:.1} MB of Parquet, {:.1} bytes a row",
+            *bytes as f64 / 1e6,
+            *bytes as f64 / copy_rows.max(1) as f64
+        );
     }
     let rate = |n: &str| {
         figures
@@ -374,6 +406,10 @@ fn main() -> Result<()> {
             e / o
         );
     }
-    let _ = std::fs::remove_dir_all(&work);
+    if std::env::var_os("KEEP_WORK").is_some() {
+        println!("# the files are kept in {}", work.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&work);
+    }
     Ok(())
 }

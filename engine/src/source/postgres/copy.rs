@@ -417,6 +417,27 @@ pub fn numeric(v: &[u8], scale: i8) -> Result<i128, String> {
         0xC000 => return Err("NaN does not fit a decimal".into()),
         _ => return Err("infinity does not fit a decimal".into()),
     }
+    // n is in units of 10000^(weight - ndigits + 1); moved to 10^-scale.
+    let exp = 4 * (weight - ndigits as i32 + 1) + i32::from(scale);
+    // Most values have a few digit groups and a small shift: in 64 bits,
+    // where division is one instruction and i128's is a library call.
+    if ndigits <= 4 && (-18..=2).contains(&exp) {
+        let mut n: u64 = 0;
+        for i in 0..ndigits {
+            n = n * 10_000 + u64::from(word(4 + i)?);
+        }
+        if exp >= 0 {
+            n *= 10u64.pow(exp as u32);
+        } else {
+            let div = 10u64.pow((-exp) as u32);
+            if !n.is_multiple_of(div) {
+                return Err(format!("more than {scale} decimal places"));
+            }
+            n /= div;
+        }
+        let n = i128::from(n);
+        return Ok(if sign == 0x4000 { -n } else { n });
+    }
     let overflow = || "numeric does not fit 38 digits".to_string();
     let mut n: i128 = 0;
     for i in 0..ndigits {
@@ -426,8 +447,6 @@ pub fn numeric(v: &[u8], scale: i8) -> Result<i128, String> {
             .and_then(|n| n.checked_add(d))
             .ok_or_else(overflow)?;
     }
-    // n is in units of 10000^(weight - ndigits + 1); move it to 10^-scale.
-    let exp = 4 * (weight - ndigits as i32 + 1) + i32::from(scale);
     if exp >= 0 {
         n = n
             .checked_mul(10i128.checked_pow(exp as u32).ok_or_else(overflow)?)
@@ -751,6 +770,57 @@ mod tests {
         assert_eq!(numeric(&numeric_bytes(1, 0, 0, &[2]), 0), Ok(20_000));
         assert_eq!(numeric(&numeric_bytes(0, 0, 0, &[]), 3), Ok(0));
         assert!(numeric(&numeric_bytes(0, 0xC000, 0, &[]), 2).is_err());
+        // Past the 64-bit path: 16 digit groups, and a big shift.
+        let big = numeric_bytes(8, 0, 0, &[9999; 9]);
+        assert_eq!(numeric(&big, 0), Ok(10i128.pow(36) - 1));
+        assert_eq!(
+            numeric(&numeric_bytes(4, 0, 0, &[1]), 10),
+            Ok(10i128.pow(26))
+        );
+        assert!(
+            numeric(&numeric_bytes(10, 0, 0, &[1]), 2).is_err(),
+            "past 128 bits"
+        );
+    }
+
+    #[test]
+    fn the_64_bit_path_and_the_128_bit_path_agree() {
+        // Every split of a value into groups and shifts either path takes.
+        for digits in [
+            &[][..],
+            &[7],
+            &[1, 2345],
+            &[9999, 9999, 9999, 9999],
+            &[12, 0, 3],
+        ] {
+            for weight in -6i16..6 {
+                for scale in 0i8..12 {
+                    for sign in [0u16, 0x4000] {
+                        let v = numeric_bytes(weight, sign, 0, digits);
+                        let got = numeric(&v, scale);
+                        // The value by hand: digits in base 10000, shifted.
+                        let mut want: Option<i128> = Some(0);
+                        for d in digits {
+                            want = want
+                                .and_then(|n| n.checked_mul(10_000))
+                                .map(|n| n + i128::from(*d));
+                        }
+                        let exp =
+                            4 * (i32::from(weight) - digits.len() as i32 + 1) + i32::from(scale);
+                        let want = want.and_then(|n| {
+                            if exp >= 0 {
+                                n.checked_mul(10i128.checked_pow(exp as u32)?)
+                            } else {
+                                let div = 10i128.checked_pow((-exp) as u32)?;
+                                (n % div == 0).then_some(n / div)
+                            }
+                        });
+                        let want = want.map(|n| if sign == 0x4000 { -n } else { n });
+                        assert_eq!(got.ok(), want, "{digits:?} weight {weight} scale {scale}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
