@@ -197,21 +197,29 @@ fi
 
 # 4. The extension, into the system's extension and library directories.
 say "building and installing the orca extension (about 2 minutes the first time)"
-# Packaged, then put in place by install(1), which unlinks the old file and
-# writes a new one: a server that has the old library mapped keeps reading
-# it. `cargo pgrx install` writes over it in place, and a server reading a
-# page of it then can die of SIGBUS (setup run again under a live cluster).
+# Packaged, then each file written beside its place and renamed over it: a
+# server that has the old library mapped keeps reading the old file, and
+# one that loads it meanwhile finds the old or the new one whole. (`cargo
+# pgrx install` writes over the file in place: a server reading a page of
+# it then can die of SIGBUS, e.g. setup run again under a live cluster.)
 pkg=$(mktemp -d /var/tmp/orca-ext-pkg.XXXXXX)
+trap 'as_root rm -rf "$pkg"' EXIT
 as_root env "PATH=$PATH" "CARGO_TARGET_DIR=$CARGO_TARGET_DIR" "HOME=$HOME" \
     cargo pgrx package -p orca-ext --pg-config "$PG_CONFIG" --out-dir "$pkg" >/dev/null
 libdir="$("$PG_CONFIG" --pkglibdir)"
 extdir="$("$PG_CONFIG" --sharedir)/extension"
+put() { # put MODE FILE DIR
+    as_root install -m "$1" "$2" "$3/.$(basename "$2").new"
+    as_root mv -f "$3/.$(basename "$2").new" "$3/$(basename "$2")"
+}
 [ -f "$pkg$libdir/orca.so" ] || die "cargo pgrx package left no orca.so in $pkg$libdir"
-as_root install -m 0755 "$pkg$libdir/orca.so" "$libdir/orca.so"
+put 0755 "$pkg$libdir/orca.so" "$libdir"
+[ -f "$pkg$extdir/orca.control" ] || die "cargo pgrx package left no orca.control in $pkg$extdir"
 for f in "$pkg$extdir/"orca*; do
-    as_root install -m 0644 "$f" "$extdir/"
+    put 0644 "$f" "$extdir"
 done
 as_root rm -rf "$pkg"
+trap - EXIT
 # Released install scripts of older versions and upgrade scripts, so that an
 # old install can be created and upgraded.
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)

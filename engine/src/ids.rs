@@ -111,7 +111,7 @@ pub enum IdError {
     NotHex { value: String },
     #[error("_orca_id of type {got} cannot become {want}")]
     Type { got: DataType, want: DataType },
-    #[error("a batch with its _orca_id as text: {0}")]
+    #[error("a batch with its _orca_id in another form: {0}")]
     Batch(String),
 }
 
@@ -161,17 +161,22 @@ pub fn conform(ids: ArrayRef, want: &DataType) -> Result<ArrayRef, IdError> {
 /// `batch` with its `_orca_id` (if any) as hex text: what an external
 /// destination connector is given, whose protocol (1) has always said text.
 pub fn with_hex_ids(batch: &RecordBatch) -> Result<RecordBatch, IdError> {
+    in_form(batch, IdForm::Hex)
+}
+
+/// `batch` with its `_orca_id` (if any) in `form`.
+pub fn in_form(batch: &RecordBatch, form: IdForm) -> Result<RecordBatch, IdError> {
     let schema = batch.schema();
     let Ok(i) = schema.index_of(ORCA_ID) else {
         return Ok(batch.clone());
     };
-    if schema.field(i).data_type() == &DataType::Utf8 {
+    if schema.field(i).data_type() == &form.data_type() {
         return Ok(batch.clone());
     }
     let mut columns = batch.columns().to_vec();
-    columns[i] = conform(columns[i].clone(), &DataType::Utf8)?;
+    columns[i] = conform(columns[i].clone(), &form.data_type())?;
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields[i] = IdForm::Hex.field();
+    fields[i] = form.field();
     let schema = Schema::new_with_metadata(fields, schema.metadata().clone());
     RecordBatch::try_new(Arc::new(schema), columns).map_err(|e| IdError::Batch(e.to_string()))
 }
@@ -191,19 +196,6 @@ pub fn text_at(ids: &dyn Array, row: usize) -> String {
                 .unwrap_or_default()
         }
         _ => String::new(),
-    }
-}
-
-/// Row `row`'s id as the bytes that identify it within one form (the hex
-/// text's bytes, or the 16 bytes): a key for sets of ids of one stream.
-pub fn key_at(ids: &dyn Array, row: usize) -> Option<&[u8]> {
-    if ids.is_null(row) {
-        return None;
-    }
-    match ids.data_type() {
-        DataType::Utf8 => Some(ids.as_string::<i32>().value(row).as_bytes()),
-        DataType::FixedSizeBinary(_) => Some(ids.as_fixed_size_binary().value(row)),
-        _ => None,
     }
 }
 

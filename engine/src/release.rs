@@ -208,6 +208,12 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
         let mut tx = pg.transaction()?;
         let (mut released, mut skipped) = (0u64, 0u64);
         for c in &cells {
+            // A cell that names no row (nothing to match) is skipped, as a
+            // row since replaced is.
+            if c.orca_id.is_empty() {
+                skipped += 1;
+                continue;
+            }
             let table = format!("{}.{}", quote_ident(schema), quote_ident(&c.stream));
             let key = (c.stream.clone(), c.column.clone());
             let target = match targets.get(&key) {

@@ -1523,26 +1523,64 @@ async fn an_append_into_postgres_is_exactly_once_through_a_crash_at_the_commit_p
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Makes sync `sync`'s newest checkpoint record say its stream's ids are
+/// text, as an engine before 16-byte ids recorded them.
+fn record_hex_ids(store: &Path, sync: &str) {
+    let dir = store.join("default").join(sync).join("_checkpoints");
+    let newest = all_files(&dir, "json")
+        .into_iter()
+        .max()
+        .expect("a checkpoint record");
+    let mut record: Value =
+        serde_json::from_slice(&std::fs::read(&newest).expect("record")).expect("JSON");
+    let mut changed = 0;
+    if let Some(streams) = record["streams"].as_object_mut() {
+        for stream in streams.values_mut() {
+            for pair in stream["schema"].as_array_mut().into_iter().flatten() {
+                if pair[0] == "_orca_id" {
+                    pair[1] = json!("Utf8");
+                    changed += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(changed, 1, "the record names its id type: {record}");
+    let body = serde_json::to_vec_pretty(&record).expect("JSON");
+    std::fs::write(&newest, body).expect("rewrite the record");
+}
+
 #[tokio::test]
-async fn a_new_sync_into_a_table_an_older_engine_filled_with_hex_ids_lands_on_the_same_rows() {
+async fn hex_ids_of_an_older_engine_and_a_new_syncs_uuids_name_the_same_rows_in_one_table() {
     let db = TestDb::new().await;
     let rows = 3_000i64;
     make_source(&db, rows).await;
     let dir = scratch("hexids");
-    define_pg(&db, "append", "exactly_once").await;
-    let o = engine(&db, &dir.join("store"), 1_000)
-        .output()
-        .expect("engine");
-    assert!(o.status.success(), "{}", text(&o));
+    let store = dir.join("store");
+    let add_row = |id: i64| {
+        let db = &db;
+        async move {
+            sqlx::raw_sql(&format!(
+                "INSERT INTO public.orders (id, updated_at) VALUES ({id}, '2030-01-01'::timestamptz + {id} * interval '1 s')"
+            ))
+            .execute(&db.pool)
+            .await
+            .expect("a new row");
+        }
+    };
     let ty = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
               WHERE attrelid = 'raw.orders'::regclass AND attname = '_orca_id'";
+    let count = "SELECT count(*) FROM raw.orders";
+    define_pg(&db, "append", "exactly_once").await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         db.strings(ty).await,
         ["uuid"],
         "a new stream's ids are uuids"
     );
+
     // What an engine before 16-byte ids left: the same ids as 32 hex
-    // characters in a text column.
+    // characters in a text column, and a checkpoint that says text.
     sqlx::raw_sql(
         "ALTER TABLE raw.orders ALTER COLUMN _orca_id TYPE text
          USING replace(_orca_id::text, '-', '')",
@@ -1550,13 +1588,22 @@ async fn a_new_sync_into_a_table_an_older_engine_filled_with_hex_ids_lands_on_th
     .execute(&db.pool)
     .await
     .expect("hex ids");
+    record_hex_ids(&store, "shop");
     let hex = db
         .strings("SELECT _orca_id FROM raw.orders ORDER BY id")
         .await;
     assert!(hex.iter().all(|h| h.len() == 32), "{:?}", &hex[..2]);
 
+    // That stream goes on with hex ids: the column stays text.
+    add_row(100_001).await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(db.strings(ty).await, ["text"], "an old stream keeps hex");
+    assert_eq!(db.scalar_i64(count).await, rows + 1);
+
     // A second sync of the same stream, with no checkpoint of its own: its
-    // rows carry the same ids, so the append skips every one it finds.
+    // rows carry the same ids as uuids; the column turns uuid and the
+    // append skips every row the table holds.
     sqlx::query("SELECT orca.create_sync('shop2', $1, $2, $3, NULL, 'exactly_once')")
         .bind(json!({"type": "postgres", "url": db.url()}))
         .bind(json!({"type": "postgres", "url": db.url(), "schema": "raw"}))
@@ -1567,18 +1614,15 @@ async fn a_new_sync_into_a_table_an_older_engine_filled_with_hex_ids_lands_on_th
         .execute(&db.pool)
         .await
         .expect("the second sync");
-    sqlx::raw_sql("INSERT INTO public.orders (id, updated_at) VALUES (100000, '2030-01-01')")
-        .execute(&db.pool)
-        .await
-        .expect("a new row");
+    add_row(100_002).await;
     let o = engine_of("shop2", &db, &dir.join("store2"), 1_000)
         .output()
         .expect("engine");
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM raw.orders").await,
-        rows + 1,
-        "the old rows were skipped, the new one added"
+        db.scalar_i64(count).await,
+        rows + 2,
+        "the rows held were skipped, the new one added"
     );
     assert_eq!(db.strings(ty).await, ["uuid"], "the column now holds uuids");
     assert_eq!(
@@ -1588,6 +1632,19 @@ async fn a_new_sync_into_a_table_an_older_engine_filled_with_hex_ids_lands_on_th
         .await,
         hex,
         "each old row keeps its id"
+    );
+
+    // The old stream's hex ids now go in as uuids: the column is not
+    // turned back, and what it delivers again is still skipped.
+    add_row(100_003).await;
+    let o = engine(&db, &store, 1_000).output().expect("engine");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(db.strings(ty).await, ["uuid"], "uuids stay uuids");
+    assert_eq!(db.scalar_i64(count).await, rows + 3);
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT _orca_id) FROM raw.orders")
+            .await,
+        rows + 3
     );
     let _ = std::fs::remove_dir_all(dir);
 }

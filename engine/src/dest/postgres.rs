@@ -31,6 +31,7 @@ use arrow_schema::{DataType, Schema, TimeUnit};
 use crate::commit::record::Refresh;
 use crate::dest::error::DestError;
 use crate::dest::held::Held;
+use crate::ids::{in_form, IdForm, ORCA_ID};
 use crate::netguard::Guard;
 use crate::util::{pg_text, quote_ident};
 
@@ -191,6 +192,19 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
         }
     }
     Ok(out)
+}
+
+/// The type of `table`'s `_orca_id` (`uuid`, `text`), if it has one.
+fn id_type(tx: &mut postgres::Transaction<'_>, table: &str) -> Result<Option<String>, DestError> {
+    Ok(tx
+        .query_opt(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = to_regclass($1) AND attname = '_orca_id' AND attnum > 0
+               AND NOT attisdropped",
+            &[&table],
+        )
+        .map_err(pg)?
+        .map(|r| r.get(0)))
 }
 
 /// Postgres text cannot hold NUL: such cells are loaded as null and held.
@@ -382,6 +396,9 @@ impl PgDest {
                         quote_ident(f.name())
                     ))
                     .map_err(pg)?,
+                // uuids are never turned back into text (which would be
+                // them with dashes, no longer the hex a stream sends).
+                Some((_, t)) if f.name() == ORCA_ID && t == "uuid" => {}
                 Some((_, t)) if *t != want => tx
                     .batch_execute(&format!(
                         "ALTER TABLE {qt} ALTER COLUMN {c} TYPE {want} USING {c}::{want}",
@@ -486,6 +503,27 @@ impl PgDest {
             tx.batch_execute(&format!("DROP TABLE IF EXISTS {qshadow}"))
                 .map_err(pg)?;
         }
+        // A stream that keeps hex ids, into a table another sync's 16-byte
+        // ids turned `uuid`: its ids go in as uuids (the same ids), never
+        // the column back to text.
+        let as_uuid;
+        let batches = match batches.first() {
+            Some(b)
+                if b.schema()
+                    .field_with_name(ORCA_ID)
+                    .is_ok_and(|f| f.data_type() == &DataType::Utf8)
+                    && id_type(&mut tx, &format!("{s}.{}", quote_ident(stream)))?.as_deref()
+                        == Some("uuid") =>
+            {
+                as_uuid = batches
+                    .iter()
+                    .map(|b| in_form(b, IdForm::Bytes))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| DestError::Definition(e.to_string()))?;
+                &as_uuid[..]
+            }
+            _ => batches,
+        };
         if let Some(first) = batches.first() {
             let bschema = first.schema();
             Self::fit_table(&mut tx, &schema_name, target, &bschema, mode)?;
