@@ -148,3 +148,66 @@ pub(super) fn hold_narrower(
         held,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::{Array, ArrayRef, FixedSizeBinaryArray, Float64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::ids::{self, IdForm};
+
+    #[test]
+    fn a_table_made_with_hex_ids_gets_them_as_hex_and_a_narrower_cell_is_held_by_its_id() {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("amount", DataType::Float64, true),
+                IdForm::Bytes.field(),
+            ])),
+            vec![
+                Arc::new(Float64Array::from(vec![2.5, 3.0])) as ArrayRef,
+                Arc::new(
+                    FixedSizeBinaryArray::try_from_iter(
+                        [ids::bytes(1, 2), ids::bytes(3, 4)].into_iter(),
+                    )
+                    .expect("ids"),
+                ),
+            ],
+        )
+        .expect("batch");
+        // The table an older engine made: long amounts, text ids.
+        let table = Schema::new(vec![
+            Field::new("amount", DataType::Int64, true),
+            IdForm::Hex.field(),
+        ]);
+        let (out, held) = hold_narrower(batch, &table).expect("held");
+        assert_eq!(out.schema().field(1).data_type(), &DataType::Utf8);
+        let hex: Vec<&str> = out.column(1).as_string::<i32>().iter().flatten().collect();
+        assert_eq!(hex, [ids::text(1, 2), ids::text(3, 4)]);
+        assert_eq!(held.len(), 1, "2.5 does not fit a long; 3.0 does");
+        assert_eq!(
+            (held[0].orca_id.as_str(), held[0].value.as_str()),
+            (ids::text(1, 2).as_str(), "2.5")
+        );
+        assert!(out.column(0).is_null(0) && out.column(0).is_valid(1));
+
+        // And the other way: hex ids into a table made with 16 bytes.
+        let bytes_table = Schema::new(vec![
+            Field::new("amount", DataType::Float64, true),
+            IdForm::Bytes.field(),
+        ]);
+        let (back, held) = hold_narrower(out, &bytes_table).expect("held");
+        assert!(held.is_empty());
+        assert_eq!(
+            back.schema().field(1).data_type(),
+            &IdForm::Bytes.data_type()
+        );
+        assert_eq!(
+            back.column(1).as_fixed_size_binary().value(1),
+            ids::bytes(3, 4)
+        );
+    }
+}
