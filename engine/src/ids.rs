@@ -158,12 +158,6 @@ pub fn conform(ids: ArrayRef, want: &DataType) -> Result<ArrayRef, IdError> {
     }
 }
 
-/// `batch` with its `_orca_id` (if any) as hex text: what an external
-/// destination connector is given, whose protocol (1) has always said text.
-pub fn with_hex_ids(batch: &RecordBatch) -> Result<RecordBatch, IdError> {
-    in_form(batch, IdForm::Hex)
-}
-
 /// `batch` with its `_orca_id` (if any) in `form`.
 pub fn in_form(batch: &RecordBatch, form: IdForm) -> Result<RecordBatch, IdError> {
     let schema = batch.schema();
@@ -256,7 +250,7 @@ mod tests {
             ],
         )
         .expect("batch");
-        let hex = with_hex_ids(&batch).expect("hex");
+        let hex = in_form(&batch, IdForm::Hex).expect("hex");
         assert_eq!(hex.schema().field(1).data_type(), &DataType::Utf8);
         assert_eq!(hex.column(1).as_string::<i32>().value(0), text(5, 6));
         assert_eq!(hex.column(0).as_ref(), batch.column(0).as_ref());

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::commit::record::Layout;
 use crate::commit::store::{Store, StoreError};
+use crate::dest::postgres::ids_are_uuid;
 use crate::netguard::{Guard, NetError, Scope};
 use crate::util::{pg_text, quote_ident};
 
@@ -227,7 +228,12 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
             let id_type = match id_types.get(&c.stream) {
                 Some(t) => *t,
                 None => {
-                    let t = id_type_of(&mut tx, &table)?;
+                    // Only these two spellings ever reach the statement.
+                    let t = if ids_are_uuid(&mut tx, &table)? {
+                        "uuid"
+                    } else {
+                        "text"
+                    };
                     id_types.insert(c.stream.clone(), t);
                     t
                 }
@@ -274,28 +280,6 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released, ReleaseError> {
         out.skipped += skipped;
     }
     Ok(out)
-}
-
-/// The type of a destination table's `_orca_id`: `uuid` (a stream that
-/// began with 16-byte ids) or `text` (hex).
-fn id_type_of(
-    tx: &mut postgres::Transaction<'_>,
-    table: &str,
-) -> Result<&'static str, ReleaseError> {
-    let ty: Option<String> = tx
-        .query_opt(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-             WHERE attrelid = to_regclass($1) AND attname = '_orca_id' AND attnum > 0
-               AND NOT attisdropped",
-            &[&table],
-        )?
-        .map(|r| r.get(0));
-    // Only these two spellings ever reach the statement.
-    Ok(if ty.as_deref() == Some("uuid") {
-        "uuid"
-    } else {
-        "text"
-    })
 }
 
 /// How the column of a held cell takes its value now; an error that says

@@ -317,7 +317,7 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int64Type;
     use arrow_array::StringArray;
-    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
 
@@ -407,53 +407,39 @@ mod tests {
     #[test]
     fn a_typed_chunk_gets_its_ids_in_the_streams_form_then_a_sequence_by_epoch_and_the_sync_time() {
         use crate::ids::{self, IdForm};
+        // The stream's schema: its column, then the metadata columns.
         let schema = |form: IdForm| {
-            Arc::new(Schema::new(vec![
-                Field::new("id", DataType::Int64, false),
-                form.field(),
-                Field::new("_orca_seq", DataType::Int64, false),
-                Field::new(
-                    "_orca_synced_at",
-                    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-                    false,
-                ),
-            ]))
+            let mut fields = vec![Field::new("id", DataType::Int64, false)];
+            fields.extend(crate::source::postgres::table::metadata_fields(form));
+            Arc::new(Schema::new(fields))
         };
-        // What a table's reader makes: 16 bytes an id.
-        let source_ids = || -> ArrayRef {
-            Arc::new(
+        // What a table's reader makes: 16 bytes an id, staged in `form`.
+        let stage = |form: IdForm| {
+            let source_ids: ArrayRef = Arc::new(
                 arrow_array::FixedSizeBinaryArray::try_from_iter(
                     [ids::bytes(1, 2), ids::bytes(3, 4)].into_iter(),
                 )
                 .expect("ids"),
+            );
+            let arrays: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![1, 2]))];
+            typed_batch(
+                "orders",
+                schema(form),
+                arrays,
+                source_ids,
+                2,
+                3,
+                1_700_000_000_000_000,
             )
+            .expect("batch")
         };
-        let arrays = || -> Vec<ArrayRef> { vec![Arc::new(Int64Array::from(vec![1, 2]))] };
-        let b = typed_batch(
-            "orders",
-            schema(IdForm::Bytes),
-            arrays(),
-            source_ids(),
-            2,
-            3,
-            1_700_000_000_000_000,
-        )
-        .expect("batch");
+        let b = stage(IdForm::Bytes);
         assert_eq!(
             b.column(1).as_fixed_size_binary().value(1),
             ids::bytes(3, 4)
         );
         // A stream recorded with hex ids keeps getting hex.
-        let old = typed_batch(
-            "orders",
-            schema(IdForm::Hex),
-            arrays(),
-            source_ids(),
-            2,
-            3,
-            1_700_000_000_000_000,
-        )
-        .expect("batch");
+        let old = stage(IdForm::Hex);
         let hex: Vec<&str> = old.column(1).as_string::<i32>().iter().flatten().collect();
         assert_eq!(hex, [ids::text(1, 2), ids::text(3, 4)]);
         let seqs: Vec<i64> = b.column(2).as_primitive::<Int64Type>().values().to_vec();

@@ -287,7 +287,9 @@ impl ConnectorDest {
         let frame_epoch = u32::try_from(epoch).unwrap_or(u32::MAX);
         let mut rows = 0usize;
         for b in batches {
-            let b = &crate::ids::with_hex_ids(b).map_err(|e| failed(&self.name, e.to_string()))?;
+            // Protocol 1 has always given connectors text ids.
+            let b = &crate::ids::in_form(b, crate::ids::IdForm::Hex)
+                .map_err(|e| failed(&self.name, e.to_string()))?;
             let mut at = 0;
             while at < b.num_rows() {
                 let n = FRAME_ROWS.min(b.num_rows() - at);

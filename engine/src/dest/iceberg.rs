@@ -93,6 +93,7 @@ pub(super) fn hold_narrower(
     let mut columns = batch.columns().to_vec();
     let mut fields: Vec<arrow_schema::FieldRef> = batch.schema().fields().iter().cloned().collect();
     let mut held = Vec::new();
+    let mut ids_moved = false;
     for (i, f) in batch.schema().fields().iter().enumerate() {
         let Ok(t) = table.field_with_name(f.name()) else {
             continue;
@@ -108,6 +109,7 @@ pub(super) fn hold_narrower(
                 .map_err(|e| DestError::Definition(e.to_string()))?;
             fields[i] =
                 std::sync::Arc::new(f.as_ref().clone().with_data_type(t.data_type().clone()));
+            ids_moved = true;
             continue;
         }
         let there = arrow_cast::cast(c, t.data_type())?;
@@ -135,10 +137,6 @@ pub(super) fn hold_narrower(
         }
         columns[i] = arrow_select::nullif::nullif(c, &lost)?;
     }
-    let ids_moved = fields
-        .iter()
-        .zip(batch.schema().fields())
-        .any(|(a, b)| a != b);
     if held.is_empty() && !ids_moved {
         return Ok((batch, held));
     }

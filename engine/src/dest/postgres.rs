@@ -194,17 +194,20 @@ pub fn copy_rows(batch: &RecordBatch) -> Result<Vec<u8>, DestError> {
     Ok(out)
 }
 
-/// The type of `table`'s `_orca_id` (`uuid`, `text`), if it has one.
-fn id_type(tx: &mut postgres::Transaction<'_>, table: &str) -> Result<Option<String>, DestError> {
+/// Whether `table`'s `_orca_id` is `uuid` (a stream that began with 16-byte
+/// ids) rather than hex `text`.
+pub(crate) fn ids_are_uuid(
+    tx: &mut postgres::Transaction<'_>,
+    table: &str,
+) -> Result<bool, postgres::Error> {
     Ok(tx
         .query_opt(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+            "SELECT format_type(atttypid, atttypmod) = 'uuid' FROM pg_attribute
              WHERE attrelid = to_regclass($1) AND attname = '_orca_id' AND attnum > 0
                AND NOT attisdropped",
             &[&table],
-        )
-        .map_err(pg)?
-        .map(|r| r.get(0)))
+        )?
+        .is_some_and(|r| r.get(0)))
 }
 
 /// Postgres text cannot hold NUL: such cells are loaded as null and held.
@@ -512,8 +515,8 @@ impl PgDest {
                 if b.schema()
                     .field_with_name(ORCA_ID)
                     .is_ok_and(|f| f.data_type() == &DataType::Utf8)
-                    && id_type(&mut tx, &format!("{s}.{}", quote_ident(stream)))?.as_deref()
-                        == Some("uuid") =>
+                    && ids_are_uuid(&mut tx, &format!("{s}.{}", quote_ident(stream)))
+                        .map_err(pg)? =>
             {
                 as_uuid = batches
                     .iter()

@@ -570,23 +570,17 @@ pub fn normalize(
             }
         });
     }
-    let mut hex = StringBuilder::new();
-    let mut raw_ids = FixedSizeBinaryBuilder::new(crate::ids::ID_BYTES);
+    let mut ids = FixedSizeBinaryBuilder::new(crate::ids::ID_BYTES);
     let mut seqs = Int64Builder::new();
     for (raw, _) in &taken {
         let (a, b) = record_lanes(stream, &raw.position);
-        match schema.ids {
-            IdForm::Hex => {
-                hex.append_value(std::str::from_utf8(&crate::ids::hex(a, b)).unwrap_or(""))
-            }
-            IdForm::Bytes => raw_ids.append_value(crate::ids::bytes(a, b))?,
-        }
+        ids.append_value(crate::ids::bytes(a, b))?;
         seqs.append_value(raw.seq);
     }
-    columns.push(match schema.ids {
-        IdForm::Hex => Arc::new(hex.finish()),
-        IdForm::Bytes => Arc::new(raw_ids.finish()),
-    });
+    // A stream recorded with hex ids keeps them.
+    let ids = crate::ids::conform(Arc::new(ids.finish()), &schema.ids.data_type())
+        .map_err(|e| arrow_schema::ArrowError::InvalidArgumentError(e.to_string()))?;
+    columns.push(ids);
     columns.push(Arc::new(seqs.finish()));
     columns.push(Arc::new(
         TimestampMicrosecondArray::from(vec![synced_at_us; taken.len()]).with_timezone("UTC"),
