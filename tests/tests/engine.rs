@@ -177,6 +177,20 @@ fn published(out: &Path, stream: &str) -> Vec<RecordBatch> {
         .collect()
 }
 
+/// What DuckDB makes of the Parquet files under `folder`
+/// (`tests/py/parquet_duckdb.py`): `column`'s type, and the ids of the rows
+/// where it equals `value`.
+fn parquet_duckdb(folder: &Path, column: &str, value: &str) -> Value {
+    let out = Command::new(orca_tests::s3::python())
+        .arg(orca_tests::repo_root().join("tests/py/parquet_duckdb.py"))
+        .arg(folder)
+        .args([column, value])
+        .output()
+        .expect("run DuckDB (scripts/setup.sh installs it)");
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("DuckDB's JSON")
+}
+
 fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> &'a T {
     b.column_by_name(name)
         .unwrap_or_else(|| panic!("no column {name}"))
@@ -234,6 +248,11 @@ async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incremen
         outcome["to_epoch"], 30,
         "300k rows in epochs of 10k: {outcome}"
     );
+    // Where its epochs' time went: staging them took some.
+    for part in ["waiting_ms", "staging_ms", "committing_ms"] {
+        assert!(outcome[part].is_u64(), "{part}: {outcome}");
+    }
+    assert!(outcome["staging_ms"].as_u64() > Some(0), "{outcome}");
 
     let batches = published(&out, "orders");
     let (n, ids, orca_ids, sum) = tally(&batches);
@@ -253,6 +272,14 @@ async fn a_table_lands_in_parquet_exactly_once_across_two_sigkills_then_incremen
     assert_eq!(column::<Decimal128Array>(b, "amount").value(at), 10, "0.10");
     assert_eq!(column::<StringArray>(b, "meta").value(at), r#"{"n": 10}"#);
     assert_eq!(column::<StringArray>(b, "tags").value(at), r#"{a,b'c}"#);
+
+    // Another reader finds a row by its id as docs/syncs.md says: DuckDB
+    // reads the 16 bytes as a blob (no UUID annotation, which Spark
+    // refuses), and row 10 by their hex.
+    let id10 = column::<FixedSizeBinaryArray>(b, "_orca_id").value(at);
+    let hex: String = id10.iter().map(|b| format!("{b:02x}")).collect();
+    let duck = parquet_duckdb(&out, "_orca_id", &hex);
+    assert_eq!(duck, json!({"type": "BLOB", "ids": [10]}));
 
     // The checkpoint log: one record per epoch and attempt, the last one
     // HEAD; each attempt's log; nothing left staged.

@@ -20,7 +20,10 @@
 //!   (ctid ranges over one connection per thread) copying the table to a
 //!   Parquet file.
 //!
-//! MB/s counts the table's binary COPY bytes for all three.
+//! MB/s counts the table's binary COPY bytes for all three. Each RESULT
+//! line also says how many cores the machine kept busy over the tool's
+//! run, how many its own process used and how many the Postgres server used
+//! (`cpu.rs`); each orca attempt prints where its epochs' time went.
 //!
 //! `orca-bench-sync cdc` measures the postgres_cdc source instead, into a
 //! merged Postgres table and then into a merged Iceberg table (`cdc.rs`).
@@ -34,7 +37,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 mod cdc;
+mod cpu;
 mod shapes;
+use cpu::{Busy, Mark};
 use orca_engine::attempt::{self, Options};
 use orca_engine::pump;
 
@@ -117,12 +122,19 @@ pub(crate) fn ensure_table(
 
 /// Prints a figure's RESULT line (`mb`: the table's binary COPY size),
 /// once it moved the `want` rows the table has.
-pub(crate) fn result(label: &str, rows: u64, want: u64, seconds: f64, mb: f64) -> Result<()> {
+pub(crate) fn result(
+    label: &str,
+    rows: u64,
+    want: u64,
+    seconds: f64,
+    mb: f64,
+    busy: Busy,
+) -> Result<()> {
     if rows != want {
         bail!("{label} moved {rows} rows, the table has {want}");
     }
     println!(
-        "RESULT {label} rows={rows}: {seconds:.2} s, {:.0} rows/s, {:.1} MB/s",
+        "RESULT {label} rows={rows}: {seconds:.2} s, {:.0} rows/s, {:.1} MB/s; {busy}",
         rows as f64 / seconds,
         mb / seconds
     );
@@ -153,10 +165,12 @@ struct Figure {
     name: &'static str,
     rows: u64,
     seconds: f64,
+    busy: Busy,
 }
 
-fn copy_ceiling(url: &str, table: &str) -> Result<(u64, f64, u64)> {
+fn copy_ceiling(url: &str, table: &str) -> Result<(u64, f64, u64, Busy)> {
     let mut c = postgres::Client::connect(url, postgres::NoTls)?;
+    let mark = Mark::now();
     let started = Instant::now();
     let mut r = c.copy_out(format!("COPY {table} TO STDOUT (FORMAT binary)").as_str())?;
     let mut buf = vec![0u8; 1 << 16];
@@ -170,10 +184,11 @@ fn copy_ceiling(url: &str, table: &str) -> Result<(u64, f64, u64)> {
     }
     drop(r);
     let secs = started.elapsed().as_secs_f64();
+    let busy = mark.busy(secs);
     let rows: i64 = c
         .query_one(&format!("SELECT count(*) FROM {table}"), &[])?
         .get(0);
-    Ok((rows as u64, secs, bytes))
+    Ok((rows as u64, secs, bytes, busy))
 }
 
 /// One attempt of a sync of `table` (read by `cursor`, keyed by `id`) into
@@ -186,7 +201,7 @@ fn orca(
     out: &std::path::Path,
     edge: bool,
     splits: Option<u32>,
-) -> Result<(u64, f64)> {
+) -> Result<(u64, f64, Busy)> {
     let name = format!(
         "bench_{}_{table}_{}_{}",
         std::process::id(),
@@ -225,6 +240,7 @@ fn orca(
         edge: edge.then(|| out.join("edge.sock")),
         crash: None,
     };
+    let mark = Mark::now();
     let started = Instant::now();
     let source_pump = opts.edge.clone().map(|path| {
         std::thread::spawn(move || {
@@ -235,6 +251,15 @@ fn orca(
     });
     let o = attempt::run(&opts)?;
     let secs = started.elapsed().as_secs_f64();
+    let busy = mark.busy(secs);
+    let s = o.spent;
+    println!(
+        "# {table} (splits {}, edge {edge}): the epochs waited {:.2} s for rows, staged {:.2} s, committed {:.2} s",
+        splits.map_or("default".to_string(), |n| n.to_string()),
+        s.waiting.as_secs_f64(),
+        s.staging.as_secs_f64(),
+        s.committing.as_secs_f64()
+    );
     if let Some(p) = source_pump {
         match p.join() {
             Ok(Ok(p)) if p.rows == o.rows => {}
@@ -243,7 +268,7 @@ fn orca(
             Err(_) => bail!("the source pump panicked"),
         }
     }
-    Ok((o.rows, secs))
+    Ok((o.rows, secs, busy))
 }
 
 /// A peer's run by its Python script (`PYTHON`, the script), which prints
@@ -254,7 +279,7 @@ fn peer(
     url: &str,
     table: &str,
     out: &std::path::Path,
-) -> Result<Option<(u64, f64, serde_json::Value)>> {
+) -> Result<Option<(u64, f64, Busy, serde_json::Value)>> {
     let (Ok(py), Ok(script)) = (std::env::var(python), std::env::var(script)) else {
         return Ok(None);
     };
@@ -271,9 +296,17 @@ fn peer(
     let line = text.lines().last().unwrap_or_default();
     let v: serde_json::Value =
         serde_json::from_str(line).with_context(|| format!("{script}'s figures"))?;
+    // The script measures the machine and its own process over its timed
+    // part (interpreter start and imports left out).
+    let busy = Busy {
+        machine: v["busy"].as_f64(),
+        own: v["own"].as_f64(),
+        postgres: v["postgres"].as_f64(),
+    };
     Ok(Some((
         v["rows"].as_u64().unwrap_or(0),
         v["seconds"].as_f64().unwrap_or(f64::NAN),
+        busy,
         v,
     )))
 }
@@ -304,12 +337,13 @@ fn main() -> Result<()> {
         return done;
     }
 
-    let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(&url, TABLE)?;
+    let (copy_rows, copy_secs, copy_bytes, copy_busy) = copy_ceiling(&url, TABLE)?;
     let mb = copy_bytes as f64 / 1e6;
     let mut figures = vec![Figure {
         name: "copy-binary",
         rows: copy_rows,
         seconds: copy_secs,
+        busy: copy_busy,
     }];
     // What each tool's Parquet weighs: the same rows, each tool's own
     // columns and encodings.
@@ -324,12 +358,13 @@ fn main() -> Result<()> {
     ] {
         let dir = work.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (rows, seconds) = orca(&url, TABLE, "updated_at", &dir, edge, splits)?;
+        let (rows, seconds, busy) = orca(&url, TABLE, "updated_at", &dir, edge, splits)?;
         sizes.push((name, parquet_bytes(&dir.join("data"))));
         figures.push(Figure {
             name,
             rows,
             seconds,
+            busy,
         });
     }
     let mut labels = Vec::new();
@@ -338,12 +373,13 @@ fn main() -> Result<()> {
         ("duckdb", "DLT_PYTHON", "DUCKDB_SCRIPT"),
     ] {
         match peer(python, script, &url, TABLE, &work.join(name))? {
-            Some((rows, seconds, v)) => {
+            Some((rows, seconds, busy, v)) => {
                 sizes.push((name, parquet_bytes(&work.join(name))));
                 figures.push(Figure {
                     name,
                     rows,
                     seconds,
+                    busy,
                 });
                 labels.push(match name {
                     "dlt" => format!(
@@ -366,7 +402,7 @@ fn main() -> Result<()> {
         labels.join("; ")
     );
     for f in &figures {
-        result(f.name, f.rows, copy_rows, f.seconds, mb)?;
+        result(f.name, f.rows, copy_rows, f.seconds, mb, f.busy)?;
     }
     for (name, bytes) in &sizes {
         println!(

@@ -70,12 +70,13 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
             &format!("id bigint PRIMARY KEY, {}", shape.columns),
             &format!("g, {}", shape.values),
         )?;
-        let (copy_rows, copy_secs, copy_bytes) = copy_ceiling(url, &table)?;
+        let (copy_rows, copy_secs, copy_bytes, copy_busy) = copy_ceiling(url, &table)?;
         let dir = work.join(&table);
         std::fs::create_dir_all(dir.join("orca"))?;
         std::fs::create_dir_all(dir.join("split1"))?;
-        let (orca_rows, orca_secs) = orca(url, &table, "id", &dir.join("orca"), false, None)?;
-        let (split_rows, split_secs) =
+        let (orca_rows, orca_secs, orca_busy) =
+            orca(url, &table, "id", &dir.join("orca"), false, None)?;
+        let (split_rows, split_secs, split_busy) =
             orca(url, &table, "id", &dir.join("split1"), false, Some(1))?;
         let duck = peer(
             "DLT_PYTHON",
@@ -90,18 +91,19 @@ pub fn run(url: &str, work: &std::path::Path) -> Result<()> {
             shape.name
         );
         let mut figures = vec![
-            ("copy-binary", copy_rows, copy_secs),
-            ("orca-engine", orca_rows, orca_secs),
-            ("orca-split1", split_rows, split_secs),
+            ("copy-binary", copy_rows, copy_secs, copy_busy),
+            ("orca-engine", orca_rows, orca_secs, orca_busy),
+            ("orca-split1", split_rows, split_secs, split_busy),
         ];
-        if let Some((rows, secs, _)) = &duck {
-            figures.push(("duckdb", *rows, *secs));
+        if let Some((rows, secs, busy, _)) = &duck {
+            figures.push(("duckdb", *rows, *secs, *busy));
         }
-        for (name, rows, secs) in figures {
-            result(&format!("{}/{name}", shape.name), rows, copy_rows, secs, mb)?;
+        for (name, rows, secs, busy) in figures {
+            let label = format!("{}/{name}", shape.name);
+            result(&label, rows, copy_rows, secs, mb, busy)?;
         }
         match duck {
-            Some((_, secs, _)) => println!(
+            Some((_, secs, _, _)) => println!(
                 "RATIO {} orca-engine / duckdb = {:.2} (target >= 1.0); orca-split1 / duckdb = {:.2}",
                 shape.name,
                 secs / orca_secs,

@@ -3,6 +3,7 @@
 //! the source has no more rows or a stop is asked for.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use serde_json::json;
 
@@ -68,20 +69,26 @@ pub(super) fn stream_epochs(
             break;
         }
         // Barrier N sits after each stream's next chunk: a resume point.
+        let started = Instant::now();
         let round = take_round(&mut opened.readers, &p.states, &a.overwrite)?;
+        p.out.spent.waiting += started.elapsed();
         p.out.source_bytes += round.source_bytes;
         if round.is_empty() {
             break;
         }
         let epoch = p.coord.request_barrier(round.positions());
         let synced_at = chrono::Utc::now().timestamp_micros();
+        let started = Instant::now();
         let staging = a.stage(&mut p, epoch, synced_at, round.chunks, &mut opened)?;
         let record = a.record(&mut p, epoch, staging, &round.ended);
+        p.out.spent.staging += started.elapsed();
+        let started = Instant::now();
         a.commit(&mut p, record, crash_after)?;
         if follows_lanes {
             a.follow_lanes(&mut p, &mut opened)?;
         }
         a.log.flush(&a.store)?;
+        p.out.spent.committing += started.elapsed();
     }
     if p.out.stopped {
         // A reader still going fails at its next send once its channel is
@@ -94,10 +101,13 @@ pub(super) fn stream_epochs(
             }
         }
     }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let spent = p.out.spent;
     a.log.event(
         "done",
         json!({"epoch": p.out.to_epoch, "rows": p.out.rows, "source_bytes": p.out.source_bytes,
-               "stopped": p.out.stopped}),
+               "stopped": p.out.stopped, "waiting_ms": ms(spent.waiting),
+               "staging_ms": ms(spent.staging), "committing_ms": ms(spent.committing)}),
     );
     Ok(p.out)
 }

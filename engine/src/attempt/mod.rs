@@ -36,5 +36,5 @@ mod state;
 pub use crate::commit::protocol::CrashPoint;
 pub use crate::error::EngineError;
 pub use crate::util::pg_text;
-pub use options::{Crash, Options, Outcome, DEFAULT_BATCH_ROWS};
+pub use options::{Crash, Options, Outcome, Spent, DEFAULT_BATCH_ROWS};
 pub use run::run;

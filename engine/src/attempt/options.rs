@@ -76,4 +76,20 @@ pub struct Outcome {
     /// The attempt stopped on a `stop` request, at a resume point, before the
     /// source ran out of rows.
     pub stopped: bool,
+    /// Where the epochs' time went.
+    pub spent: Spent,
+}
+
+/// Where an attempt's epochs spent their time on its main thread. The
+/// readers run on threads of their own meanwhile (up to a bounded queue
+/// ahead), so `waiting` is the time the epochs had nothing to do but wait
+/// for rows: a source slower than the engine shows there.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spent {
+    /// Waiting for each epoch's chunks from the readers.
+    pub waiting: std::time::Duration,
+    /// Making the epochs' batches and staging them as files.
+    pub staging: std::time::Duration,
+    /// Writing the records and making the epochs visible.
+    pub committing: std::time::Duration,
 }

@@ -228,6 +228,9 @@ fn main() -> ExitCode {
                             "quarantined": o.quarantined,
                             "held": o.held,
                             "stopped": o.stopped,
+                            "waiting_ms": o.spent.waiting.as_millis() as u64,
+                            "staging_ms": o.spent.staging.as_millis() as u64,
+                            "committing_ms": o.spent.committing.as_millis() as u64,
                         })
                     );
                     ExitCode::SUCCESS

@@ -509,6 +509,45 @@ mod tests {
     }
 
     #[test]
+    fn a_sixteen_byte_row_id_is_written_without_a_uuid_annotation() {
+        // Parquet's UUID annotation would make DuckDB and pyarrow show a
+        // uuid, but Spark refuses the file ("Illegal Parquet type:
+        // FIXED_LEN_BYTE_ARRAY (UUID)", tried with Spark 4): the ids stay
+        // plain 16 bytes, which every reader takes as binary.
+        let rows = 40_000u64;
+        let ids = arrow_array::FixedSizeBinaryArray::try_from_iter(
+            (0..rows).map(|i| crate::ids::bytes(i, !i)),
+        )
+        .expect("ids");
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+            ),
+            (crate::ids::ORCA_ID, Arc::new(ids) as _),
+        ])
+        .expect("batch");
+        // One writer (a small batch) and columns on threads.
+        for (rows, threads) in [(100, 1), (rows as usize, 2)] {
+            let part = batch.slice(0, rows);
+            let bytes = encode(&part, threads).expect("encoded");
+            let reader = SerializedFileReader::new(bytes.clone()).expect("parquet");
+            let schema = reader.metadata().file_metadata().schema_descr();
+            let id = schema
+                .columns()
+                .iter()
+                .find(|c| c.name() == crate::ids::ORCA_ID)
+                .expect("column");
+            assert_eq!(
+                (id.physical_type(), id.type_length(), id.logical_type_ref()),
+                (parquet::basic::Type::FIXED_LEN_BYTE_ARRAY, 16, None),
+                "{threads} threads"
+            );
+            assert_eq!(read_back(bytes), part);
+        }
+    }
+
+    #[test]
     fn the_sequence_is_delta_encoded_in_a_bit_a_row_and_reads_back() {
         let rows = 100_000i64;
         let batch = RecordBatch::try_from_iter([

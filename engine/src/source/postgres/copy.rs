@@ -294,6 +294,28 @@ impl Builder {
         Ok(())
     }
 
+    /// The values so far as an array; the builder starts again empty with
+    /// room for as many rows and bytes (the next batch of a stream is
+    /// about the size of the last: without it each batch would grow its
+    /// buffers from nothing, copying them at every doubling).
+    fn finish_and_reserve(&mut self, kind: PgKind) -> ArrayRef {
+        let bytes = match self {
+            Builder::Str(b) => b.values_slice().len(),
+            Builder::Bin(b) => b.values_slice().len(),
+            _ => 0,
+        };
+        let array = self.finish();
+        let rows = array.len().max(1024);
+        *self = match kind {
+            PgKind::Text | PgKind::Jsonb | PgKind::Uuid => {
+                Builder::Str(StringBuilder::with_capacity(rows, bytes.max(rows * 16)))
+            }
+            PgKind::Bytea => Builder::Bin(BinaryBuilder::with_capacity(rows, bytes.max(rows * 16))),
+            kind => Builder::new(kind, rows),
+        };
+        array
+    }
+
     fn finish(&mut self) -> ArrayRef {
         match self {
             Builder::Bool(b) => Arc::new(b.finish()),
@@ -392,7 +414,11 @@ impl TextRows {
     /// The pending rows as arrays; the next batch starts empty.
     pub fn take(&mut self) -> Vec<ArrayRef> {
         self.rows = 0;
-        self.builders.iter_mut().map(Builder::finish).collect()
+        self.builders
+            .iter_mut()
+            .zip(&self.columns)
+            .map(|(b, c)| b.finish_and_reserve(c.kind))
+            .collect()
     }
 }
 
@@ -610,9 +636,15 @@ impl<R: BufRead> CopyReader<R> {
     /// The pending rows' `_orca_id`s (after [`Self::with_ids`]); call before
     /// [`Self::take`].
     pub fn take_ids(&mut self) -> Option<ArrayRef> {
-        self.ids
-            .as_mut()
-            .map(|ids| Arc::new(ids.builder.finish()) as ArrayRef)
+        self.ids.as_mut().map(|ids| {
+            let done = ids.builder.finish();
+            // Room for the next batch's ids, as for the columns in `take`.
+            ids.builder = FixedSizeBinaryBuilder::with_capacity(
+                arrow_array::Array::len(&done).max(1024),
+                crate::ids::ID_BYTES,
+            );
+            Arc::new(done) as ArrayRef
+        })
     }
 
     /// Rows read into the pending batch.
@@ -716,7 +748,11 @@ impl<R: BufRead> CopyReader<R> {
     /// The pending rows as arrays, one per column; the next batch starts empty.
     pub fn take(&mut self) -> Vec<ArrayRef> {
         self.rows = 0;
-        self.builders.iter_mut().map(Builder::finish).collect()
+        self.builders
+            .iter_mut()
+            .zip(&self.columns)
+            .map(|(b, c)| b.finish_and_reserve(c.kind))
+            .collect()
     }
 }
 
