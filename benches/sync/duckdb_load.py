@@ -4,7 +4,7 @@ several connections (one per DuckDB thread).
 
 Usage: python duckdb_load.py URL TABLE OUT_DIR
 Prints {"seconds": ..., "rows": ..., "duckdb": ..., "threads": ..., "busy":
-..., "own": ...}; the time covers ATTACH and the COPY to Parquet, not
+..., "own": ..., "postgres": ...}; the time covers ATTACH and the COPY to Parquet, not
 interpreter start, imports or loading the extension; "busy" is the cores the
 machine kept busy over that time (from /proc/stat), "own" the cores this
 process used, "postgres" the cores the Postgres server's processes used. The extension comes from PyPI's
@@ -76,7 +76,7 @@ con.execute(f"ATTACH '{dsn}' AS pg (TYPE postgres, READ_ONLY)")
 con.execute(f"COPY (SELECT * FROM pg.public.{table}) TO '{target}' (FORMAT parquet)")
 seconds = time.perf_counter() - started
 own = (own_seconds() - own0) / seconds
-pg = (postgres_ticks() - pg0) / 100 / seconds
+pg = max(postgres_ticks() - pg0, 0) / 100 / seconds
 busy1, total1 = machine_ticks()
 busy = (busy1 - busy0) / max(total1 - total0, 1) * (os.cpu_count() or 1)
 rows = con.execute(f"SELECT count(*) FROM read_parquet('{target}')").fetchone()[0]

@@ -18,7 +18,7 @@ fn machine_ticks() -> Option<(u64, u64)> {
     // user nice system idle iowait irq softirq steal (guest is in user).
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
+    Some((total.checked_sub(idle)?, total))
 }
 
 /// A process's command name and its CPU ticks (user and system, with
@@ -59,8 +59,15 @@ fn postgres_ticks() -> Option<u64> {
     Some(sum)
 }
 
+/// The cores `/proc/stat`'s first line sums (its `cpuN` lines): every
+/// online one, whatever this process's affinity or cgroup allows.
 fn cores() -> f64 {
-    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let n = text
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    n.max(1) as f64
 }
 
 /// A reading taken before a tool runs.
@@ -94,7 +101,8 @@ impl Mark {
     pub(crate) fn busy(&self, seconds: f64) -> Busy {
         // Ticks are 1/100 s on Linux (USER_HZ).
         let machine = match (self.machine, machine_ticks()) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+            // A hypervisor's steal count can step back: no figure then.
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 && b1 >= b0 => {
                 Some((b1 - b0) as f64 / (t1 - t0) as f64 * cores())
             }
             _ => None,

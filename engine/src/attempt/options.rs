@@ -90,6 +90,7 @@ pub struct Spent {
     pub waiting: std::time::Duration,
     /// Making the epochs' batches and staging them as files.
     pub staging: std::time::Duration,
-    /// Writing the records and making the epochs visible.
+    /// Writing the records and making the epochs visible (and, for a
+    /// continuous sync, taking the lanes its definition asks for now).
     pub committing: std::time::Duration,
 }

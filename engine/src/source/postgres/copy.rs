@@ -305,6 +305,12 @@ impl Builder {
             _ => 0,
         };
         let array = self.finish();
+        if array.is_empty() {
+            // Nothing was read (a change stream's quiet round): the builder
+            // is as it was, and nothing is allocated for a batch that may
+            // not come.
+            return array;
+        }
         let rows = array.len().max(1024);
         *self = match kind {
             PgKind::Text | PgKind::Jsonb | PgKind::Uuid => {
@@ -639,10 +645,11 @@ impl<R: BufRead> CopyReader<R> {
         self.ids.as_mut().map(|ids| {
             let done = ids.builder.finish();
             // Room for the next batch's ids, as for the columns in `take`.
-            ids.builder = FixedSizeBinaryBuilder::with_capacity(
-                arrow_array::Array::len(&done).max(1024),
-                crate::ids::ID_BYTES,
-            );
+            let rows = arrow_array::Array::len(&done);
+            if rows > 0 {
+                ids.builder =
+                    FixedSizeBinaryBuilder::with_capacity(rows.max(1024), crate::ids::ID_BYTES);
+            }
             Arc::new(done) as ArrayRef
         })
     }
