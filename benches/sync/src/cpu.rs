@@ -49,11 +49,9 @@ fn own_ticks() -> Option<u64> {
 fn postgres_ticks() -> Option<u64> {
     let mut sum = 0;
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        if let Some(("postgres", t)) = process_ticks(&e.path().join("stat"))
-            .as_ref()
-            .map(|(n, t)| (n.as_str(), *t))
-        {
-            sum += t;
+        match process_ticks(&e.path().join("stat")) {
+            Some((name, t)) if name == "postgres" => sum += t,
+            _ => {}
         }
     }
     Some(sum)

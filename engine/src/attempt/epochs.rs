@@ -101,14 +101,12 @@ pub(super) fn stream_epochs(
             }
         }
     }
-    let ms = |d: std::time::Duration| d.as_millis() as u64;
-    let spent = p.out.spent;
-    a.log.event(
-        "done",
-        json!({"epoch": p.out.to_epoch, "rows": p.out.rows, "source_bytes": p.out.source_bytes,
-               "stopped": p.out.stopped, "waiting_ms": ms(spent.waiting),
-               "staging_ms": ms(spent.staging), "committing_ms": ms(spent.committing)}),
-    );
+    let mut done = json!({"epoch": p.out.to_epoch, "rows": p.out.rows,
+                          "source_bytes": p.out.source_bytes, "stopped": p.out.stopped});
+    if let Some(d) = done.as_object_mut() {
+        d.extend(p.out.spent.millis());
+    }
+    a.log.event("done", done);
     Ok(p.out)
 }
 

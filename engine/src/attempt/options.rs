@@ -94,3 +94,16 @@ pub struct Spent {
     /// continuous sync, taking the lanes its definition asks for now).
     pub committing: std::time::Duration,
 }
+
+impl Spent {
+    /// The three parts in milliseconds, as the outcome and the log's
+    /// `done` event say them.
+    pub fn millis(&self) -> serde_json::Map<String, serde_json::Value> {
+        let ms = |d: std::time::Duration| serde_json::Value::from(d.as_millis() as u64);
+        serde_json::Map::from_iter([
+            ("waiting_ms".to_string(), ms(self.waiting)),
+            ("staging_ms".to_string(), ms(self.staging)),
+            ("committing_ms".to_string(), ms(self.committing)),
+        ])
+    }
+}

@@ -214,25 +214,23 @@ fn main() -> ExitCode {
             };
             match attempt::run(&opts) {
                 Ok(o) => {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "sync": opts.sync,
-                            "generation": o.generation,
-                            "recovery": o.recovery,
-                            "from_epoch": o.from_epoch,
-                            "to_epoch": o.to_epoch,
-                            "rows": o.rows,
-                            "source_bytes": o.source_bytes,
-                            "staged_bytes": o.staged_bytes,
-                            "quarantined": o.quarantined,
-                            "held": o.held,
-                            "stopped": o.stopped,
-                            "waiting_ms": o.spent.waiting.as_millis() as u64,
-                            "staging_ms": o.spent.staging.as_millis() as u64,
-                            "committing_ms": o.spent.committing.as_millis() as u64,
-                        })
-                    );
+                    let mut outcome = serde_json::json!({
+                        "sync": opts.sync,
+                        "generation": o.generation,
+                        "recovery": o.recovery,
+                        "from_epoch": o.from_epoch,
+                        "to_epoch": o.to_epoch,
+                        "rows": o.rows,
+                        "source_bytes": o.source_bytes,
+                        "staged_bytes": o.staged_bytes,
+                        "quarantined": o.quarantined,
+                        "held": o.held,
+                        "stopped": o.stopped,
+                    });
+                    if let Some(m) = outcome.as_object_mut() {
+                        m.extend(o.spent.millis());
+                    }
+                    println!("{outcome}");
                     ExitCode::SUCCESS
                 }
                 Err(e @ EngineError::Fenced { .. }) => {

@@ -145,6 +145,12 @@ fn be<const N: usize>(v: &[u8]) -> Option<[u8; N]> {
 
 impl Builder {
     fn new(kind: PgKind, rows: usize) -> Builder {
+        Builder::with_capacity(kind, rows, rows * 16)
+    }
+
+    /// A builder with room for `rows` values and, for text and bytes,
+    /// `bytes` of them.
+    fn with_capacity(kind: PgKind, rows: usize, bytes: usize) -> Builder {
         match kind {
             PgKind::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
             PgKind::Int2 => Builder::I16(Int16Builder::with_capacity(rows)),
@@ -153,9 +159,9 @@ impl Builder {
             PgKind::Float4 => Builder::F32(Float32Builder::with_capacity(rows)),
             PgKind::Float8 => Builder::F64(Float64Builder::with_capacity(rows)),
             PgKind::Text | PgKind::Jsonb | PgKind::Uuid => {
-                Builder::Str(StringBuilder::with_capacity(rows, rows * 16))
+                Builder::Str(StringBuilder::with_capacity(rows, bytes))
             }
-            PgKind::Bytea => Builder::Bin(BinaryBuilder::with_capacity(rows, rows * 16)),
+            PgKind::Bytea => Builder::Bin(BinaryBuilder::with_capacity(rows, bytes)),
             PgKind::Date => Builder::Date(Date32Builder::with_capacity(rows)),
             PgKind::Timestamp => Builder::Ts(TimestampMicrosecondBuilder::with_capacity(rows)),
             PgKind::TimestampTz => {
@@ -312,13 +318,7 @@ impl Builder {
             return array;
         }
         let rows = array.len().max(1024);
-        *self = match kind {
-            PgKind::Text | PgKind::Jsonb | PgKind::Uuid => {
-                Builder::Str(StringBuilder::with_capacity(rows, bytes.max(rows * 16)))
-            }
-            PgKind::Bytea => Builder::Bin(BinaryBuilder::with_capacity(rows, bytes.max(rows * 16))),
-            kind => Builder::new(kind, rows),
-        };
+        *self = Builder::with_capacity(kind, rows, bytes.max(rows * 16));
         array
     }
 
@@ -337,6 +337,16 @@ impl Builder {
             Builder::Dec(b) => Arc::new(b.finish()),
         }
     }
+}
+
+/// Each column's values so far as an array, its builder ready for a batch
+/// of the same size.
+fn finish_all(builders: &mut [Builder], columns: &[PgColumn]) -> Vec<ArrayRef> {
+    builders
+        .iter_mut()
+        .zip(columns)
+        .map(|(b, c)| b.finish_and_reserve(c.kind))
+        .collect()
 }
 
 /// A float as Postgres prints it, `NaN` and the infinities included.
@@ -420,11 +430,7 @@ impl TextRows {
     /// The pending rows as arrays; the next batch starts empty.
     pub fn take(&mut self) -> Vec<ArrayRef> {
         self.rows = 0;
-        self.builders
-            .iter_mut()
-            .zip(&self.columns)
-            .map(|(b, c)| b.finish_and_reserve(c.kind))
-            .collect()
+        finish_all(&mut self.builders, &self.columns)
     }
 }
 
@@ -755,11 +761,7 @@ impl<R: BufRead> CopyReader<R> {
     /// The pending rows as arrays, one per column; the next batch starts empty.
     pub fn take(&mut self) -> Vec<ArrayRef> {
         self.rows = 0;
-        self.builders
-            .iter_mut()
-            .zip(&self.columns)
-            .map(|(b, c)| b.finish_and_reserve(c.kind))
-            .collect()
+        finish_all(&mut self.builders, &self.columns)
     }
 }
 
