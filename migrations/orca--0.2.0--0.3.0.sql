@@ -3732,3 +3732,20 @@ $$;
 -- looks at a backfill it follows (without it, a scan of the whole history:
 -- ~85 ms a look with 500k runs).
 CREATE INDEX runs_parent ON orca.runs (parent_run) WHERE parent_run IS NOT NULL;
+
+-- A NOTIFY on orca_runs_finished when runs end (sent at commit, once per
+-- transaction however many ended: the payload is empty, so it says nothing
+-- of any org's runs). What `orca backfill` waits on instead of looking at
+-- its runs again and again.
+CREATE FUNCTION orca._runs_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('orca_runs_finished', '');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_finished AFTER UPDATE OF status ON orca.runs
+FOR EACH ROW WHEN (OLD.status IN ('queued', 'running')
+                   AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
+EXECUTE FUNCTION orca._runs_finished();
+REVOKE ALL ON FUNCTION orca._runs_finished() FROM PUBLIC;

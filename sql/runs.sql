@@ -548,3 +548,19 @@ $$;
 COMMENT ON FUNCTION orca.retry(bigint) IS
 'Queues a failed or cancelled run again, with the pipeline''s current version and a fresh '
 'run_retries budget; returns the run id. Errors: OR011 unknown run, OR013 run not failed or cancelled.';
+
+-- A NOTIFY on orca_runs_finished when runs end (sent at commit, once per
+-- transaction however many ended: the payload is empty, so it says nothing
+-- of any org's runs). What `orca backfill` waits on instead of looking at
+-- its runs again and again.
+CREATE FUNCTION orca._runs_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('orca_runs_finished', '');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_finished AFTER UPDATE OF status ON orca.runs
+FOR EACH ROW WHEN (OLD.status IN ('queued', 'running')
+                   AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
+EXECUTE FUNCTION orca._runs_finished();

@@ -442,6 +442,65 @@ async fn new_work_notifies_idle_runners() {
 }
 
 #[tokio::test]
+async fn runs_that_end_notify_once_a_transaction_and_name_nothing() {
+    let db = TestDb::new().await;
+    db.register(&lake_manifest("lake")).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .expect("listener");
+    listener.listen("orca_runs_finished").await.expect("listen");
+    let quiet = std::time::Duration::from_millis(300);
+    db.pool
+        .execute("SELECT orca.run('lake', '2024-01')")
+        .await
+        .expect("run");
+    let l = claim(&db.pool, "r1", 1).await;
+    assert!(
+        tokio::time::timeout(quiet, listener.recv()).await.is_err(),
+        "a run queued and started has not ended"
+    );
+    assert_eq!(finish(&db, &l[0], true).await, "succeeded");
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification within 5 s of the run's end")
+        .expect("notification");
+    assert_eq!(n.channel(), "orca_runs_finished");
+    assert_eq!(n.payload(), "", "the payload names no org and no run");
+
+    // Two runs cancelled in one transaction: one notification at its commit.
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT orca.backfill('lake', '2024-02..2024-03')")
+        .fetch_all(&db.pool)
+        .await
+        .expect("backfill");
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let mut tx = db.pool.begin().await.expect("begin");
+    for id in &ids {
+        sqlx::query("SELECT orca.cancel($1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .expect("cancel");
+    }
+    assert!(
+        tokio::time::timeout(quiet, listener.recv()).await.is_err(),
+        "nothing is sent before the commit"
+    );
+    tx.commit().await.expect("commit");
+    tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification at the commit")
+        .expect("notification");
+    assert!(
+        tokio::time::timeout(quiet, listener.recv()).await.is_err(),
+        "one notification for the transaction's two runs"
+    );
+    assert_eq!(
+        statuses(&db, "lake").await,
+        ["succeeded", "cancelled", "cancelled"]
+    );
+}
+
+#[tokio::test]
 async fn pause_stops_the_schedule_and_the_queue() {
     let db = TestDb::new().await;
     db.register(&daily_manifest("daily", "0 3 * * *", "UTC"))
