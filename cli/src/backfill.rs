@@ -184,8 +184,8 @@ pub fn run(
 /// connection, and a control plane before 0.3.0 sends none).
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
-/// The channel the control plane notifies at the commit of every
-/// transaction that ended runs (sql/runs.sql).
+/// Listens on the channel the control plane notifies at the commit of
+/// every transaction that ended runs (sql/runs.sql).
 const RUNS_FINISHED: &str = "LISTEN orca_runs_finished";
 
 /// Follows runs (and the runs their keys tasks queued) until every one has
