@@ -87,8 +87,11 @@ fn bar(k: &Counts, total: i64, started: Instant) -> String {
     )
 }
 
-/// Waits until the keys tasks have read the keys and queued their runs.
+/// Waits until the keys tasks have read the keys and queued their runs
+/// (a keys task is a run: its end notifies like any other's).
 fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Result<i64> {
+    c.batch_execute(RUNS_FINISHED)
+        .context("listening for runs that end")?;
     loop {
         let rows = c
             .query(
@@ -101,7 +104,12 @@ fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Resul
             .find(|r| matches!(r.get::<_, String>(1).as_str(), "failed" | "cancelled"))
         {
             let (id, status, error): (i64, String, String) = (bad.get(0), bad.get(1), bad.get(2));
-            anyhow::bail!("keys task {id} of {pipeline} {status}: {error}");
+            let why = if error.is_empty() {
+                String::new()
+            } else {
+                format!(": {error}")
+            };
+            anyhow::bail!("keys task {id} of {pipeline} {status}{why}");
         }
         if rows.iter().all(|r| r.get::<_, String>(1) == "succeeded") {
             let queued: i64 = c
@@ -114,7 +122,7 @@ fn wait_for_keys(c: &mut Client, tasks: &[i64], pipeline: &str) -> anyhow::Resul
             println!("keys read: {queued} run(s) queued for the keys that are not done");
             return Ok(queued);
         }
-        std::thread::sleep(Duration::from_millis(300));
+        wait_for_ends(c)?;
     }
 }
 

@@ -6,6 +6,8 @@
 use orca_tests::sqlx::{self, Row};
 use orca_tests::*;
 use serde_json::{json, Value};
+use std::io::Read;
+use std::time::Duration;
 
 fn keyed(name: &str, code: &str, sensor: bool) -> Value {
     json!({
@@ -253,6 +255,129 @@ async fn an_all_backfill_joins_a_queued_keys_task_only_of_its_own_per_run() {
         ))
         .await,
         ["1", "3", "-"]
+    );
+}
+
+/// Waits until `cli` queued its keys task for every key (the only one
+/// open); a CLI that exited first fails
+/// the test with its output.
+async fn queued_by(db: &TestDb, cli: &mut std::process::Child) {
+    for _ in 0..600 {
+        let queued: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM orca.runs WHERE kind = 'keys' \
+             AND request->>'mode' = 'all' AND status IN ('queued', 'running'))",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("keys tasks");
+        if queued {
+            return;
+        }
+        if let Ok(Some(status)) = cli.try_wait() {
+            let mut said = String::new();
+            if let Some(mut o) = cli.stdout.take() {
+                let _ = o.read_to_string(&mut said);
+            }
+            if let Some(mut e) = cli.stderr.take() {
+                let _ = e.read_to_string(&mut said);
+            }
+            panic!("orca backfill exited ({status}) before it queued a keys task: {said}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let runs = db
+        .strings("SELECT id || ' ' || kind || ' ' || status FROM orca.runs ORDER BY id")
+        .await;
+    let _ = cli.kill();
+    let mut said = String::new();
+    if let Some(mut o) = cli.stdout.take() {
+        let _ = o.read_to_string(&mut said);
+    }
+    if let Some(mut e) = cli.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    panic!("orca backfill queued no keys task in 60 s (runs: {runs:?}); it said: {said}");
+}
+
+/// The output of `cli` once it exits; one still running after 60 s is
+/// killed and fails the test with what it said.
+async fn ended(mut cli: std::process::Child) -> std::process::Output {
+    for _ in 0..600 {
+        if let Ok(Some(_)) = cli.try_wait() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let still = matches!(cli.try_wait(), Ok(None));
+    if still {
+        let _ = cli.kill();
+    }
+    let out = cli.wait_with_output().expect("orca backfill's output");
+    assert!(
+        !still,
+        "orca backfill still ran after 60 s: {}",
+        orca_tests::procs::text(&out)
+    );
+    out
+}
+
+/// `orca backfill labels @all` from the CLI: it waits for its keys task
+/// (woken when the task ends, like the runs it follows), says how many runs
+/// the keys queued, follows them to the end; a keys task cancelled stops
+/// it, saying so. The control plane's side is played by hand.
+#[tokio::test]
+async fn the_cli_follows_an_all_backfill_through_its_keys_task() {
+    use std::process::{Command, Stdio};
+    let db = TestDb::new().await;
+    db.register(&keyed("labels", "1", false)).await;
+    // Registering reads the keys once.
+    play_keys_task(&db, "refresh", 1, &["a", "b", "c"]).await;
+    let cli = || {
+        Command::new(orca_tests::procs::bin("orca"))
+            .args(["backfill", "labels", "@all"])
+            .env("DATABASE_URL", db.url())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("orca backfill")
+    };
+    let mut child = cli();
+    queued_by(&db, &mut child).await;
+    play_keys_task(&db, "all", 1, &["a", "b", "c"]).await;
+    succeed_open_runs(&db).await;
+    let out = ended(child).await;
+    let said = orca_tests::procs::text(&out);
+    assert!(out.status.success(), "{said}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("queued keys task"), "{said}");
+    assert!(
+        stdout.contains("keys read: 2 run(s) queued for the keys that are not done"),
+        "{said}"
+    );
+    assert!(
+        stdout.contains("2/2 done: 2 succeeded, 0 failed, 0 cancelled"),
+        "{said}"
+    );
+
+    // A keys task cancelled meanwhile: the CLI stops and says so, exit 1.
+    let mut child = cli();
+    queued_by(&db, &mut child).await;
+    let task = db
+        .scalar_i64(
+            "SELECT id FROM orca.runs WHERE kind = 'keys' AND status IN ('queued', 'running')",
+        )
+        .await;
+    sqlx::query("SELECT orca.cancel($1)")
+        .bind(task)
+        .execute(&db.pool)
+        .await
+        .expect("cancel the keys task");
+    let out = ended(child).await;
+    let said = orca_tests::procs::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("keys task {task} of labels cancelled")),
+        "{said}"
     );
 }
 

@@ -12,13 +12,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use orca_core::sync::Stream;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::commit::store::Store;
 use crate::source::error::ReadError;
+use crate::source::files::ranged::Ranged;
 use crate::source::files::reader::{matching, open_checked, FilesError};
 use crate::source::msg::Msg;
 use crate::source::postgres::copy::PgColumn;
@@ -48,46 +49,51 @@ impl Place {
 
     fn chunks(&self, file: &str) -> Result<Chunks, ReadError> {
         match &self.root {
-            Some(root) => Ok(Chunks::Local(open_checked(root, file)?.0)),
+            Some(root) => Ok(Chunks::Local(Arc::new(open_checked(root, file)?.0))),
             None => {
                 let size = self.store.size(file)?.ok_or_else(|| FilesError::Vanished {
                     file: file.to_string(),
                 })?;
-                Ok(Chunks::Remote {
-                    store: self.store.clone(),
-                    file: file.to_string(),
+                let (store, name) = (self.store.clone(), file.to_string());
+                Ok(Chunks::Remote(Ranged::new(
                     size,
-                })
+                    Box::new(move |r: std::ops::Range<u64>| {
+                        Ok(store.get_range(&name, r.start, r.end)?)
+                    }),
+                )))
             }
         }
     }
 
     fn reader(&self, file: &str) -> Result<ParquetRecordBatchReaderBuilder<Chunks>, ReadError> {
-        ParquetRecordBatchReaderBuilder::try_new(self.chunks(file)?).map_err(|e| {
+        let chunks = self.chunks(file)?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(chunks.clone()).map_err(|e| {
             ReadError::Files(FilesError::Local {
                 file: file.to_string(),
                 reason: format!("not a Parquet file it can read: {e}"),
             })
-        })
+        })?;
+        if let Chunks::Remote(r) = &chunks {
+            r.learn(builder.metadata());
+        }
+        Ok(builder)
     }
 }
 
-/// A Parquet file's bytes: a local file (opened and checked), or an
-/// object's ranges fetched as the reader asks for them.
+/// A Parquet file's bytes: a local file (opened and checked; the kernel's
+/// page cache serves its ranges), or an object read by ranges a column
+/// chunk at a time ([`Ranged`]).
+#[derive(Clone)]
 enum Chunks {
-    Local(std::fs::File),
-    Remote {
-        store: Arc<Store>,
-        file: String,
-        size: u64,
-    },
+    Local(Arc<std::fs::File>),
+    Remote(Ranged),
 }
 
 impl Length for Chunks {
     fn len(&self) -> u64 {
         match self {
-            Chunks::Local(f) => Length::len(f),
-            Chunks::Remote { size, .. } => *size,
+            Chunks::Local(f) => Length::len(f.as_ref()),
+            Chunks::Remote(r) => r.len(),
         }
     }
 }
@@ -98,19 +104,14 @@ impl ChunkReader for Chunks {
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
         match self {
             Chunks::Local(f) => Ok(Box::new(f.get_read(start)?)),
-            Chunks::Remote { size, .. } => Ok(Box::new(
-                self.get_bytes(start, (size.saturating_sub(start)) as usize)?
-                    .reader(),
-            )),
+            Chunks::Remote(r) => r.get_read(start),
         }
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
         match self {
             Chunks::Local(f) => f.get_bytes(start, length),
-            Chunks::Remote { store, file, .. } => store
-                .get_range(file, start, start + length as u64)
-                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e))),
+            Chunks::Remote(r) => r.get_bytes(start, length),
         }
     }
 }

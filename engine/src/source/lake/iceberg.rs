@@ -18,12 +18,14 @@ use std::sync::Arc;
 
 use arrow_array::StringArray;
 use orca_core::sync::Stream;
+use orca_lake::iceberg::io::FileIO;
 use orca_lake::iceberg::spec::{DataContentType, ManifestContentType, ManifestStatus, Operation};
 use orca_lake::iceberg::table::Table as IcebergTable;
 use orca_lake::{Lake, LakeConfig, Table};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::source::error::ReadError;
+use crate::source::files::ranged::Ranged;
 use crate::source::msg::Msg;
 use crate::source::plan::Plan;
 use crate::source::postgres::table::PgTable;
@@ -95,11 +97,12 @@ pub(crate) fn describe(
 }
 
 /// One snapshot's files a stream reads: all its live ones (`full`), or the
-/// ones an append added (`added`), in path order.
+/// ones an append added (`added`), in path order, each with its size in
+/// bytes as its manifest gives it.
 struct Work {
     mode: &'static str,
     snapshot: i64,
-    files: Vec<String>,
+    files: Vec<(String, u64)>,
 }
 
 /// A snapshot's data files: the live ones, or only those it added. A
@@ -111,7 +114,7 @@ fn files_of(
     dataset: &str,
     snapshot: i64,
     added_only: bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<(String, u64)>, String> {
     let snap = table
         .metadata()
         .snapshot_by_id(snapshot)
@@ -145,7 +148,8 @@ fn files_of(
                     e.is_alive()
                 };
                 if wanted && e.data_file().content_type() == DataContentType::Data {
-                    out.push(e.data_file().file_path().to_string());
+                    let f = e.data_file();
+                    out.push((f.file_path().to_string(), f.file_size_in_bytes()));
                 }
             }
         }
@@ -257,11 +261,11 @@ fn plan_reads(
                 _ => return Err(bad()),
             };
             // `done`: every row up to the snapshot was read.
-            let rest: Vec<String> = match mode {
+            let rest: Vec<(String, u64)> = match mode {
                 "done" => Vec::new(),
                 _ => files_of(lake, table, dataset, snapshot, mode == "added")?
                     .into_iter()
-                    .filter(|f| f >= file)
+                    .filter(|(f, _)| f >= file)
                     .collect(),
             };
             let mut work = vec![Work {
@@ -294,6 +298,25 @@ pub(crate) fn open_iceberg(plan: &Plan, config: &LakeConfig) -> Result<Vec<Reade
         .collect()
 }
 
+/// A data file of `size` bytes read by ranges through the table's file
+/// I/O, a column chunk at a time: memory follows a row group, not the file.
+fn ranged(
+    lake: &Lake,
+    io: &FileIO,
+    file: &str,
+    size: u64,
+) -> Result<Ranged, parquet::errors::ParquetError> {
+    let external =
+        |e: orca_lake::iceberg::Error| parquet::errors::ParquetError::External(Box::new(e));
+    let input = io.new_input(file).map_err(external)?;
+    let read = lake.rt.block_on(input.reader()).map_err(external)?;
+    let rt = lake.rt.handle().clone();
+    Ok(Ranged::new(
+        size,
+        Box::new(move |r: std::ops::Range<u64>| Ok(rt.block_on(read.read(r))?)),
+    ))
+}
+
 /// Reads a stream's table from its resume point in chunks of at most
 /// `batch_rows` rows; a chunk never spans two data files.
 fn spawn_iceberg_reader(
@@ -320,18 +343,16 @@ fn spawn_iceberg_reader(
             .and_then(|a| a.get(1))
             .and_then(|s| s.parse().ok());
         for w in work {
-            for file in w.files {
+            for (file, size) in w.files {
                 let offset = match &start {
                     Some((f, row)) if *f == file => *row,
                     _ => 0,
                 };
                 start = None;
-                let bytes = lake
-                    .rt
-                    .block_on(async { io.new_input(&file)?.read().await })
-                    .map_err(|e| failed(&name, format!("reading {file}: {e}")))?;
-                let batches = ParquetRecordBatchReaderBuilder::try_new(bytes)
-                    .and_then(|b| {
+                let batches = ranged(&lake, &io, &file, size)
+                    .and_then(|data| {
+                        let b = ParquetRecordBatchReaderBuilder::try_new(data.clone())?;
+                        data.learn(b.metadata());
                         b.with_batch_size(batch_rows.max(1))
                             .with_offset(offset)
                             .build()
