@@ -1211,9 +1211,10 @@ CREATE FUNCTION orca._continuous_backoff(p_pipeline bigint, OUT failed integer,
 LANGUAGE sql STABLE AS $$
     SELECT n::integer, least(600, 10 * (2 ^ greatest(n - 1, 0))::integer)
     FROM (SELECT count(*) AS n FROM orca.runs r
-          WHERE r.pipeline_id = p_pipeline AND r.status = 'failed'
+          WHERE r.pipeline_id = p_pipeline AND r.kind = 'sync' AND r.status = 'failed'
             AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
-                                 WHERE x.pipeline_id = p_pipeline AND x.status <> 'failed'), 0)) f
+                                 WHERE x.pipeline_id = p_pipeline AND x.kind = 'sync'
+                                   AND x.status <> 'failed'), 0)) f
 $$;
 
 REVOKE ALL ON FUNCTION orca._handed_back(bigint), orca._runner_live_since(timestamptz),
@@ -2016,13 +2017,15 @@ BEGIN
         LEFT JOIN LATERAL (SELECT r.status,
                                   coalesce(r.finished_at, r.started_at, r.created_at) AS finished_at
                            FROM orca.runs r
-                           WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
+                           WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                           ORDER BY r.id DESC LIMIT 1) last ON true
         WHERE y.org_id = ANY (p_orgs)
           AND (y.definition -> 'source' ->> 'continuous') = 'true'
           AND NOT p.paused
           AND last.status IN ('failed', 'succeeded')
           AND NOT EXISTS (SELECT 1 FROM orca.runs r
-                          WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running'))
+                          WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                            AND r.status IN ('queued', 'running'))
         ORDER BY p.org_id, p.id
         FOR UPDATE OF p SKIP LOCKED
     LOOP
@@ -2115,7 +2118,8 @@ BEGIN
         IF r.kind = 'sync' AND r.status <> 'cancelled' AND NOT p.paused
            AND EXISTS (SELECT 1 FROM orca.syncs y WHERE y.org_id = v_org AND y.name = p.name
                          AND (y.definition -> 'source' ->> 'continuous') = 'true')
-           AND NOT EXISTS (SELECT 1 FROM orca.runs x WHERE x.pipeline_id = p.id AND x.id > r.id) THEN
+           AND NOT EXISTS (SELECT 1 FROM orca.runs x WHERE x.pipeline_id = p.id AND x.kind = 'sync'
+                             AND x.id > r.id) THEN
             SELECT * INTO b FROM orca._continuous_backoff(p.id);
             RETURN QUERY SELECT 'restart_backoff',
                 format('continuous sync %s starts a new run after %s s (%s failed runs in a row) '
@@ -3749,3 +3753,21 @@ FOR EACH ROW WHEN (OLD.status IN ('queued', 'running')
                    AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
 EXECUTE FUNCTION orca._runs_finished();
 REVOKE ALL ON FUNCTION orca._runs_finished() FROM PUBLIC;
+
+-- A continuous sync's run, started unless one is queued or running (or the
+-- sync is paused): one long-lived run per sync. Only the sync's own runs
+-- count: a discovery or maintenance run of its pipeline moves no rows.
+CREATE OR REPLACE FUNCTION orca._keep_running(p_org bigint, p_sync text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    p orca.pipelines;
+BEGIN
+    SELECT * INTO p FROM orca.pipelines WHERE org_id = p_org AND name = p_sync;
+    IF p.paused OR EXISTS (SELECT 1 FROM orca.runs r
+                           WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                             AND r.status IN ('queued', 'running')) THEN
+        RETURN NULL;
+    END IF;
+    RETURN orca.run(p_sync, 'now');
+END
+$$;

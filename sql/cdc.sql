@@ -274,7 +274,8 @@ COMMENT ON FUNCTION orca.drop_sync(text) IS
 'Example: SELECT orca.drop_sync(''shop'');';
 
 -- A continuous sync's run, started unless one is queued or running (or the
--- sync is paused): one long-lived run per sync.
+-- sync is paused): one long-lived run per sync. Only the sync's own runs
+-- count: a discovery or maintenance run of its pipeline moves no rows.
 CREATE FUNCTION orca._keep_running(p_org bigint, p_sync text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -282,7 +283,8 @@ DECLARE
 BEGIN
     SELECT * INTO p FROM orca.pipelines WHERE org_id = p_org AND name = p_sync;
     IF p.paused OR EXISTS (SELECT 1 FROM orca.runs r
-                           WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running')) THEN
+                           WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                             AND r.status IN ('queued', 'running')) THEN
         RETURN NULL;
     END IF;
     RETURN orca.run(p_sync, 'now');
@@ -290,7 +292,9 @@ END
 $$;
 
 -- The supervisor of continuous syncs (a phase of orca.tick): a continuous
--- sync that is not paused and has no queued or running run gets a new one,
+-- sync that is not paused and has no queued or running run gets a new one
+-- (its own runs, kind 'sync': a discovery or maintenance run of its
+-- pipeline neither holds a restart back nor stands for its last run),
 -- once its last run ended (failed with its retries spent, or succeeded: an
 -- engine that stopped) and a backoff passed: 10 s after one failed run (or a
 -- succeeded one), doubling with each failed run in a row, at most 10
@@ -304,9 +308,10 @@ CREATE FUNCTION orca._continuous_backoff(p_pipeline bigint, OUT failed integer,
 LANGUAGE sql STABLE AS $$
     SELECT n::integer, least(600, 10 * (2 ^ greatest(n - 1, 0))::integer)
     FROM (SELECT count(*) AS n FROM orca.runs r
-          WHERE r.pipeline_id = p_pipeline AND r.status = 'failed'
+          WHERE r.pipeline_id = p_pipeline AND r.kind = 'sync' AND r.status = 'failed'
             AND r.id > coalesce((SELECT max(x.id) FROM orca.runs x
-                                 WHERE x.pipeline_id = p_pipeline AND x.status <> 'failed'), 0)) f
+                                 WHERE x.pipeline_id = p_pipeline AND x.kind = 'sync'
+                                   AND x.status <> 'failed'), 0)) f
 $$;
 
 CREATE FUNCTION orca._tick_continuous(p_orgs bigint[], p_now timestamptz) RETURNS jsonb
@@ -326,13 +331,15 @@ BEGIN
         LEFT JOIN LATERAL (SELECT r.status,
                                   coalesce(r.finished_at, r.started_at, r.created_at) AS finished_at
                            FROM orca.runs r
-                           WHERE r.pipeline_id = p.id ORDER BY r.id DESC LIMIT 1) last ON true
+                           WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                           ORDER BY r.id DESC LIMIT 1) last ON true
         WHERE y.org_id = ANY (p_orgs)
           AND (y.definition -> 'source' ->> 'continuous') = 'true'
           AND NOT p.paused
           AND last.status IN ('failed', 'succeeded')
           AND NOT EXISTS (SELECT 1 FROM orca.runs r
-                          WHERE r.pipeline_id = p.id AND r.status IN ('queued', 'running'))
+                          WHERE r.pipeline_id = p.id AND r.kind = 'sync'
+                            AND r.status IN ('queued', 'running'))
         ORDER BY p.org_id, p.id
         FOR UPDATE OF p SKIP LOCKED
     LOOP

@@ -72,7 +72,8 @@ BEGIN
         IF r.kind = 'sync' AND r.status <> 'cancelled' AND NOT p.paused
            AND EXISTS (SELECT 1 FROM orca.syncs y WHERE y.org_id = v_org AND y.name = p.name
                          AND (y.definition -> 'source' ->> 'continuous') = 'true')
-           AND NOT EXISTS (SELECT 1 FROM orca.runs x WHERE x.pipeline_id = p.id AND x.id > r.id) THEN
+           AND NOT EXISTS (SELECT 1 FROM orca.runs x WHERE x.pipeline_id = p.id AND x.kind = 'sync'
+                             AND x.id > r.id) THEN
             SELECT * INTO b FROM orca._continuous_backoff(p.id);
             RETURN QUERY SELECT 'restart_backoff',
                 format('continuous sync %s starts a new run after %s s (%s failed runs in a row) '

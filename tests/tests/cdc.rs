@@ -1316,6 +1316,92 @@ async fn a_continuous_sync_scales_its_lanes_without_a_new_attempt() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The supervisor of continuous syncs goes by the sync's own runs: a
+/// discovery of its source (a run of the same pipeline, as a maintenance
+/// run is) neither holds back the restart of its failed run nor stands for
+/// its last run, so a run cancelled by hand stays cancelled after a
+/// discovery failed or succeeded. The runs are played by hand (no runner).
+#[tokio::test]
+async fn a_continuous_sync_is_supervised_by_its_own_runs_not_its_discoveries() {
+    let db = TestDb::new().await;
+    make_source(&db, 10).await;
+    define_live(&db, 0).await;
+    let open_sync_runs = "SELECT count(*) FROM orca.runs r JOIN orca.pipelines p ON p.id = r.pipeline_id \
+                          WHERE p.name = 'live' AND r.kind = 'sync' AND r.status IN ('queued', 'running')";
+    // Its run's one attempt fails (no retries): the run fails.
+    let l = claim(&db.pool, "r", 1).await.remove(0);
+    exec(
+        &db,
+        &format!("SELECT orca.finish('{}', false, 'boom')", l.lease),
+    )
+    .await;
+    assert_eq!(runs_of(&db, "failed").await, 1);
+    // A discovery of its source, open meanwhile: the failed run is
+    // restarted after its backoff all the same.
+    exec(&db, "SELECT orca.discover('live')").await;
+    wait_until(
+        "the supervisor to restart the failed run beside an open discovery",
+        Duration::from_secs(60),
+        || async {
+            db.scalar_i64(
+                "SELECT (orca.tick(now() + interval '11 seconds') ->> 'continuous_restarted')::bigint",
+            )
+            .await;
+            (db.scalar_i64(open_sync_runs).await == 1).then_some(())
+        },
+        String::new,
+    )
+    .await;
+    // Cancelled by hand, then discoveries that fail and succeed later: the
+    // sync stays stopped (orca.resume_sync starts it).
+    let open_sync_run = open_sync_runs.replace("count(*)", "r.id");
+    let run = db.scalar_i64(&open_sync_run).await;
+    exec(&db, &format!("SELECT orca.cancel({run})")).await;
+    exec(&db, "SELECT orca.discover('live')").await;
+    for l in claim(&db.pool, "r", 10).await {
+        exec(&db, &format!("SELECT orca.finish('{}', true)", l.lease)).await;
+    }
+    let failing = db.scalar_i64("SELECT orca.discover('live')").await;
+    for _ in 0..2 {
+        for l in claim(&db.pool, "r", 10).await {
+            exec(
+                &db,
+                &format!(
+                    "SELECT orca.finish('{}', false, 'no route to the source')",
+                    l.lease
+                ),
+            )
+            .await;
+        }
+    }
+    let last: String = sqlx::query_scalar("SELECT status FROM orca.runs WHERE id = $1")
+        .bind(failing)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the discovery's status");
+    assert_eq!(last, "failed");
+    for later in ["11 seconds", "11 minutes"] {
+        db.scalar_i64(&format!(
+            "SELECT (orca.tick(now() + interval '{later}') ->> 'continuous_restarted')::bigint"
+        ))
+        .await;
+        assert_eq!(
+            db.scalar_i64(open_sync_runs).await,
+            0,
+            "restarted {later} later"
+        );
+    }
+    let why: Vec<String> = db
+        .strings(&format!("SELECT code FROM orca.explain({run})"))
+        .await;
+    assert!(!why.iter().any(|r| r == "restart_backoff"), "{why:?}");
+    exec(&db, "SELECT orca.resume_sync('live')").await;
+    assert_eq!(db.scalar_i64(open_sync_runs).await, 1);
+    let resumed = db.scalar_i64(&open_sync_run).await;
+    exec(&db, &format!("SELECT orca.cancel({resumed})")).await;
+    exec(&db, "SELECT orca.drop_sync('live')").await;
+}
+
 /// A continuous sync's run that failed with its retries spent is started
 /// again by the supervisor (a phase of orca.tick) once a backoff passed,
 /// with a sync.restarted event; the new run goes on from HEAD.

@@ -19,7 +19,7 @@ use parquet::file::reader::{ChunkReader, Length};
 
 use crate::commit::store::Store;
 use crate::source::error::ReadError;
-use crate::source::files::ranged::Ranged;
+use crate::source::files::ranged::{starting_at, Ranged};
 use crate::source::files::reader::{matching, open_checked, FilesError};
 use crate::source::msg::Msg;
 use crate::source::postgres::copy::PgColumn;
@@ -202,15 +202,15 @@ pub(crate) fn spawn_parquet_reader(
                 Some(from) if *from == file => std::mem::take(&mut skip),
                 _ => 0,
             };
-            let batches = place
-                .reader(&file)?
-                .with_batch_size(batch_rows.max(1))
-                .with_offset(offset)
-                .build()
-                .map_err(|e| FilesError::Local {
-                    file: file.clone(),
-                    reason: format!("reading it: {e}"),
-                })?;
+            let batches = starting_at(
+                place.reader(&file)?.with_batch_size(batch_rows.max(1)),
+                offset,
+            )
+            .build()
+            .map_err(|e| FilesError::Local {
+                file: file.clone(),
+                reason: format!("reading it: {e}"),
+            })?;
             let mut row = offset;
             for b in batches {
                 let b = b.map_err(|e| FilesError::Local {

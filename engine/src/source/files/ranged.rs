@@ -7,16 +7,20 @@
 //! many times over or make thousands of requests; fetching the whole file
 //! first makes memory follow the file's size. Here the footer's tail is
 //! fetched once, then each column chunk whole when the reader first touches
-//! it, and the chunks of a row group are let go when the reader moves to
-//! the next: memory follows the compressed row group the reader is in (as
-//! in arrow's asynchronous reader and DataFusion), each byte is fetched
-//! about once, and a file costs about a request per column chunk.
+//! it, one held a column: the reader reads each column forward on its own
+//! (a batch that straddles two row groups has some columns in the next one
+//! while others finish the last), so a column's chunk is let go when that
+//! column moves to its next row group. Memory follows about one compressed
+//! row group (as in arrow's asynchronous reader and DataFusion), each byte
+//! is fetched about once, and a file costs about a request per column chunk
+//! (a small file's chunks come with its tail: one request).
 
 use std::io::Read;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, Bytes};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::{ParquetError, Result as ParquetResult};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
@@ -46,7 +50,7 @@ struct Inner {
     len: u64,
     fetch: Box<Fetch>,
     /// The file's column chunks, sorted by where they start, each with its
-    /// row group; known once the footer is read ([`Ranged::learn`]).
+    /// column; known once the footer is read ([`Ranged::learn`]).
     layout: OnceLock<Vec<Chunk>>,
     held: Mutex<Held>,
 }
@@ -54,17 +58,15 @@ struct Inner {
 #[derive(Clone, Copy)]
 struct Chunk {
     bytes: (u64, u64),
-    group: usize,
+    column: usize,
 }
 
 #[derive(Default)]
 struct Held {
     /// The file's last bytes and where they start.
     tail: Option<(u64, Bytes)>,
-    /// The row group whose chunks are held.
-    group: usize,
-    /// Held column chunks of that row group: (start, bytes).
-    chunks: Vec<(u64, Bytes)>,
+    /// The chunk held of each column: (column, start, bytes).
+    chunks: Vec<(usize, u64, Bytes)>,
 }
 
 impl Ranged {
@@ -86,8 +88,8 @@ impl Ranged {
     /// only what they ask for, and the Parquet reader names the damage.
     pub(crate) fn learn(&self, meta: &ParquetMetaData) {
         let mut chunks = Vec::new();
-        for (group, rg) in meta.row_groups().iter().enumerate() {
-            for col in rg.columns() {
+        for rg in meta.row_groups() {
+            for (column, col) in rg.columns().iter().enumerate() {
                 let start = col
                     .dictionary_page_offset()
                     .unwrap_or_else(|| col.data_page_offset());
@@ -103,7 +105,7 @@ impl Ranged {
                 {
                     chunks.push(Chunk {
                         bytes: (start, start + size),
-                        group,
+                        column,
                     });
                 }
             }
@@ -135,20 +137,28 @@ impl Ranged {
         Ok(got)
     }
 
-    /// A column chunk's bytes, fetched when first asked for; asking for a
-    /// chunk of another row group lets the held ones go.
+    /// A column chunk's bytes: sliced from the tail when it lies there,
+    /// else fetched when first asked for, in place of the chunk held of
+    /// its column.
     fn chunk(&self, c: Chunk) -> ParquetResult<Bytes> {
         let mut held = self.lock();
-        if held.group != c.group {
-            held.group = c.group;
-            held.chunks.clear();
+        if let Some((from, tail)) = &held.tail {
+            if c.bytes.0 >= *from {
+                return Ok(tail.slice((c.bytes.0 - from) as usize..(c.bytes.1 - from) as usize));
+            }
         }
-        if let Some((_, b)) = held.chunks.iter().find(|(s, _)| *s == c.bytes.0) {
-            return Ok(b.clone());
+        match held.chunks.iter().position(|(col, _, _)| *col == c.column) {
+            Some(i) if held.chunks[i].1 == c.bytes.0 => Ok(held.chunks[i].2.clone()),
+            found => {
+                // The column's earlier chunk goes before the next is fetched.
+                if let Some(i) = found {
+                    held.chunks.swap_remove(i);
+                }
+                let b = self.fetch(c.bytes.0..c.bytes.1)?;
+                held.chunks.push((c.column, c.bytes.0, b.clone()));
+                Ok(b)
+            }
         }
-        let b = self.fetch(c.bytes.0..c.bytes.1)?;
-        held.chunks.push((c.bytes.0, b.clone()));
-        Ok(b)
     }
 
     /// `start..end` from the held tail, fetching the tail by the first read
@@ -178,7 +188,7 @@ impl Ranged {
     /// The bytes of column chunks held now.
     #[cfg(test)]
     fn held_bytes(&self) -> usize {
-        self.lock().chunks.iter().map(|(_, b)| b.len()).sum()
+        self.lock().chunks.iter().map(|(_, _, b)| b.len()).sum()
     }
 }
 
@@ -225,6 +235,26 @@ impl ChunkReader for Ranged {
     }
 }
 
+/// `b` started `offset` rows into its file: the row groups wholly before
+/// that row are left out, so their chunks are never fetched (skipping rows
+/// reads their pages), and the rest of the offset is skipped by rows.
+pub(crate) fn starting_at<T: ChunkReader + 'static>(
+    b: ParquetRecordBatchReaderBuilder<T>,
+    offset: usize,
+) -> ParquetRecordBatchReaderBuilder<T> {
+    let mut skip = offset;
+    let mut groups = Vec::new();
+    for (i, rg) in b.metadata().row_groups().iter().enumerate() {
+        let rows = usize::try_from(rg.num_rows()).unwrap_or(0);
+        if groups.is_empty() && skip >= rows {
+            skip -= rows;
+        } else {
+            groups.push(i);
+        }
+    }
+    b.with_row_groups(groups).with_offset(skip)
+}
+
 /// A reader from an offset the layout does not cover, fetching a block at
 /// a time as it is read.
 struct Blocks {
@@ -258,16 +288,14 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
 
     use super::*;
 
-    /// A file of `groups` row groups of 20,000 rows, three columns, small
-    /// pages (hundreds of them).
-    fn file(groups: usize) -> (Bytes, Vec<RecordBatch>) {
-        let rows = 20_000;
+    /// A file of `groups` row groups of `rows` rows, three columns, small
+    /// pages (hundreds of them in a file of 20,000-row groups).
+    fn file(groups: usize, rows: usize) -> (Bytes, Vec<RecordBatch>) {
         let batches: Vec<RecordBatch> = (0..groups)
             .map(|g| {
                 let base = (g * rows) as i64;
@@ -321,10 +349,28 @@ mod tests {
         }
     }
 
+    fn concat(batches: &[RecordBatch]) -> RecordBatch {
+        arrow_select::concat::concat_batches(&batches[0].schema(), batches).expect("concat")
+    }
+
+    /// The most bytes one chunk of each column can hold: the sum over the
+    /// columns of their biggest chunk.
+    fn one_chunk_a_column(meta: &ParquetMetaData) -> usize {
+        (0..meta.row_group(0).num_columns())
+            .map(|col| {
+                meta.row_groups()
+                    .iter()
+                    .map(|rg| rg.column(col).compressed_size() as usize)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
     #[test]
     fn a_file_read_by_ranges_is_fetched_about_once_a_chunk_at_a_time() {
         let groups = 4;
-        let (bytes, written) = file(groups);
+        let (bytes, written) = file(groups, 20_000);
         let c = counted(bytes.clone());
         let b = ParquetRecordBatchReaderBuilder::try_new(c.file.clone()).expect("footer");
         // The footer: one request for the file's tail.
@@ -333,40 +379,62 @@ mod tests {
         c.file.learn(&meta);
         let mut most_held = 0;
         let mut read = Vec::new();
-        for batch in b.with_batch_size(5000).build().expect("reader") {
+        // 7,000 rows a batch: batches straddle the row groups, so columns
+        // move to the next row group one after another.
+        for batch in b.with_batch_size(7000).build().expect("reader") {
             read.push(batch.expect("a batch"));
             most_held = most_held.max(c.file.held_bytes());
         }
         // Every row as written.
-        let read =
-            arrow_select::concat::concat_batches(&written[0].schema(), &read).expect("concat");
-        let written =
-            arrow_select::concat::concat_batches(&written[0].schema(), &written).expect("concat");
-        assert_eq!(read, written);
-        // Each column chunk fetched once, whole, and the tail: about the
-        // file's size, in a request per chunk.
-        let chunks = groups * 3;
-        assert_eq!(c.requests.load(Ordering::Relaxed), 1 + chunks as u64);
-        assert!(c.fetched.load(Ordering::Relaxed) <= bytes.len() as u64 + TAIL);
-        // Never more than one row group's chunks held.
-        let biggest = meta
-            .row_groups()
-            .iter()
-            .map(|rg| rg.compressed_size() as usize)
-            .max()
-            .unwrap_or(0);
+        assert_eq!(concat(&read), concat(&written));
+        // Each column chunk fetched once at most, whole, and the tail:
+        // about the file's size, in a request per chunk at most.
+        let chunks = (groups * 3) as u64;
+        let requests = c.requests.load(Ordering::Relaxed);
         assert!(
-            most_held > 0 && most_held <= biggest,
-            "{most_held} > {biggest}"
+            requests > chunks / 2 && requests <= 1 + chunks,
+            "{requests} requests"
         );
+        let fetched = c.fetched.load(Ordering::Relaxed);
+        assert!(
+            fetched <= bytes.len() as u64 + TAIL,
+            "{fetched} of {}",
+            bytes.len()
+        );
+        // Never more than a chunk of each column held.
+        let bound = one_chunk_a_column(&meta);
+        assert!(most_held > 0 && most_held <= bound, "{most_held} > {bound}");
     }
 
     #[test]
-    fn a_resumed_read_and_a_file_without_its_layout_read_the_same_rows() {
-        let (bytes, written) = file(3);
-        let all =
-            arrow_select::concat::concat_batches(&written[0].schema(), &written).expect("concat");
-        // Without learn: every page header through a block reader.
+    fn a_resumed_read_fetches_nothing_of_the_row_groups_before_it() {
+        let (bytes, written) = file(3, 20_000);
+        let all = concat(&written);
+        let c = counted(bytes.clone());
+        let b = ParquetRecordBatchReaderBuilder::try_new(c.file.clone()).expect("footer");
+        let meta = b.metadata().clone();
+        c.file.learn(&meta);
+        let rows: Vec<RecordBatch> = starting_at(b, 25_000)
+            .build()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("batches");
+        assert_eq!(concat(&rows), all.slice(25_000, all.num_rows() - 25_000));
+        let first = meta.row_group(0).compressed_size() as u64;
+        let fetched = c.fetched.load(Ordering::Relaxed);
+        assert!(
+            fetched <= bytes.len() as u64 - first + TAIL,
+            "{fetched} fetched, the first row group ({first}) among them"
+        );
+        // Past the end: nothing.
+        let b = ParquetRecordBatchReaderBuilder::try_new(c.file.clone()).expect("footer");
+        assert_eq!(starting_at(b, 60_000).build().expect("reader").count(), 0);
+    }
+
+    #[test]
+    fn a_file_without_its_layout_reads_the_same_rows_through_blocks() {
+        let (bytes, written) = file(3, 20_000);
+        let all = concat(&written);
         let c = counted(bytes.clone());
         let rows: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(c.file.clone())
             .expect("footer")
@@ -375,8 +443,23 @@ mod tests {
             .expect("reader")
             .collect::<Result<_, _>>()
             .expect("batches");
-        let rows = arrow_select::concat::concat_batches(&all.schema(), &rows).expect("concat");
-        assert_eq!(rows, all.slice(25_000, all.num_rows() - 25_000));
+        assert_eq!(concat(&rows), all.slice(25_000, all.num_rows() - 25_000));
+    }
+
+    #[test]
+    fn a_small_file_is_one_request() {
+        let (bytes, written) = file(2, 500);
+        assert!((bytes.len() as u64) < TAIL);
+        let c = counted(bytes.clone());
+        let b = ParquetRecordBatchReaderBuilder::try_new(c.file.clone()).expect("footer");
+        c.file.learn(b.metadata());
+        let rows: Vec<RecordBatch> = b
+            .build()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("batches");
+        assert_eq!(concat(&rows), concat(&written));
+        assert_eq!(c.requests.load(Ordering::Relaxed), 1);
     }
 
     #[test]
