@@ -5,6 +5,9 @@ Postgres tables Orca's catalog writes.
     python iceberg.py append  <db-url> <warehouse> <dataset> <json rows> [summary json]
     python iceberg.py create  <db-url> <warehouse> <dataset> <json rows>
     python iceberg.py overwrite <db-url> <warehouse> <dataset> <json rows>
+    python iceberg.py evolve <db-url> <warehouse> <dataset> <json changes>
+                                                changes: [["rename", old, new], ["drop", name],
+                                                ["add", name, "string" | "long"]], in order
     python iceberg.py stats   <db-url> <warehouse> <dataset> <int column>
                                                 -> JSON: rows, distinct, sum, snapshots
     python iceberg.py prune   <db-url> <warehouse> <dataset> <column> <value>
@@ -145,6 +148,25 @@ def main():
             "properties": dict(t.properties),
         }
         print(json.dumps(out, default=str))
+    elif cmd == "evolve":
+        # Schema evolution as another engine makes it: columns keep their
+        # field ids across a rename; a column added takes a new id.
+        from pyiceberg.types import LongType, StringType
+        t = cat.load_table(dataset)
+        types = {"string": StringType(), "long": LongType()}
+        for change in json.loads(sys.argv[5]):
+            with t.update_schema() as u:
+                if change[0] == "rename":
+                    u.rename_column(change[1], change[2])
+                elif change[0] == "drop":
+                    u.delete_column(change[1])
+                elif change[0] == "add":
+                    u.add_column(change[1], types[change[2]])
+                else:
+                    sys.exit(f"unknown schema change {change}")
+        t = cat.load_table(dataset)
+        print(json.dumps({"schema": [[f.field_id, f.name, str(f.field_type)]
+                                     for f in t.schema().fields]}))
     elif cmd == "overwrite":
         # Replaces every row: an overwrite snapshot.
         t = cat.load_table(dataset)

@@ -14,15 +14,18 @@
 //! the snapshots after its last rows brought none (compactions), so that
 //! it never rests on a snapshot expiry may take.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::StringArray;
+use arrow_array::{RecordBatch, RecordBatchOptions, StringArray};
+use arrow_schema::{ArrowError, Schema};
 use orca_core::sync::Stream;
 use orca_lake::iceberg::io::FileIO;
 use orca_lake::iceberg::spec::{DataContentType, ManifestContentType, ManifestStatus, Operation};
 use orca_lake::iceberg::table::Table as IcebergTable;
 use orca_lake::{Lake, LakeConfig, Table};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use parquet::errors::ParquetError;
 
 use crate::source::error::ReadError;
@@ -332,6 +335,63 @@ fn open_data_file(
     }
 }
 
+/// The table's current columns by field id.
+fn names_by_id(table: &IcebergTable) -> HashMap<i32, String> {
+    table
+        .metadata()
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| (f.id, f.name.clone()))
+        .collect()
+}
+
+/// A data file's batch with its columns named as the table names them now,
+/// matched by field id as Iceberg's readers match them (names change, ids
+/// do not): a column renamed since the file was written takes its new name,
+/// one dropped since (its id gone from the schema) is left out, so a column
+/// added later under an old name is null in the file rather than the old
+/// column's values. A column without a field id (a file written outside
+/// Iceberg's writers, then added to the table) keeps its name.
+fn by_field_id(
+    batch: RecordBatch,
+    names: &HashMap<i32, String>,
+) -> Result<RecordBatch, ArrowError> {
+    let schema = batch.schema();
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    let mut changed = false;
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        let id = f
+            .metadata()
+            .get(PARQUET_FIELD_ID_META_KEY)
+            .and_then(|id| id.parse::<i32>().ok());
+        match id.map(|id| names.get(&id)) {
+            None => fields.push(f.clone()),
+            Some(Some(now)) if now == f.name() => fields.push(f.clone()),
+            Some(Some(now)) => {
+                changed = true;
+                fields.push(Arc::new(f.as_ref().clone().with_name(now.clone())));
+            }
+            Some(None) => {
+                changed = true;
+                continue;
+            }
+        }
+        columns.push(c.clone());
+    }
+    if !changed {
+        return Ok(batch);
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        columns,
+        &options,
+    )
+}
+
 /// Reads a stream's table from its resume point in chunks of at most
 /// `batch_rows` rows; a chunk never spans two data files.
 fn spawn_iceberg_reader(
@@ -351,6 +411,7 @@ fn spawn_iceberg_reader(
         let (work, mut start) = plan_reads(&lake, &source.inner, &dataset, after.as_deref())
             .map_err(|e| failed(&name, e))?;
         let io = source.inner.file_io().clone();
+        let names = names_by_id(&source.inner);
         let current = source.inner.metadata().current_snapshot_id();
         // The snapshot the stream's position names, as it moves.
         let mut at: Option<i64> = after
@@ -369,7 +430,9 @@ fn spawn_iceberg_reader(
                     .map_err(|e| failed(&name, format!("reading {file}: {e}")))?;
                 let mut row = offset;
                 for b in batches {
-                    let b = b.map_err(|e| failed(&name, format!("reading {file}: {e}")))?;
+                    let b = b
+                        .and_then(|b| by_field_id(b, &names))
+                        .map_err(|e| failed(&name, format!("reading {file}: {e}")))?;
                     let rows = b.num_rows();
                     if rows == 0 {
                         continue;
