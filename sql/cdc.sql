@@ -60,13 +60,14 @@ SELECT sy.id                                                   AS sync_id,
                                                                AS retained_bytes,
        CASE WHEN rs.slot_name IS NULL THEN m.wal_status ELSE rs.wal_status END AS wal_status,
        -- Nothing will read the slot again unless someone acts: the sync is
-       -- paused, or has no schedule and no run queued or running.
+       -- paused, or has no schedule and no run of its own queued or running
+       -- (a discovery or maintenance run reads no slot).
        (rs.slot_name IS NOT NULL AND NOT rs.active
         AND pg_wal_lsn_diff(pg_current_wal_lsn(), rs.restart_lsn) > 0
         AND (coalesce(p.paused, true)
              OR (sy.definition->>'schedule' IS NULL
                  AND NOT EXISTS (SELECT 1 FROM orca.runs r
-                                 WHERE r.pipeline_id = p.id
+                                 WHERE r.pipeline_id = p.id AND r.kind = 'sync'
                                    AND r.status IN ('queued', 'running')))))
                                                                AS held_back,
        CASE WHEN rs.slot_name IS NULL THEN m.safe_wal_size ELSE rs.safe_wal_size END

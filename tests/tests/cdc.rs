@@ -197,6 +197,14 @@ async fn a_snapshot_then_changes_land_merged_and_logged_with_deletes_and_the_slo
         ["true"],
         "an unscheduled sync with no run holds its slot back"
     );
+    // A discovery of its source queued meanwhile reads no slot: the slot is
+    // still held back.
+    let discovery = db.scalar_i64("SELECT orca.discover('shop')").await;
+    let held = db
+        .strings("SELECT held_back::text FROM orca.cdc_slots WHERE sync = 'shop'")
+        .await;
+    assert_eq!(held, ["true"], "a discovery run reads no slot");
+    exec(&db, &format!("SELECT orca.cancel({discovery})")).await;
 
     // Dropping the sync drops its slot and publication.
     exec(&db, "SELECT orca.drop_sync('shop')").await;
@@ -1337,8 +1345,19 @@ async fn a_continuous_sync_is_supervised_by_its_own_runs_not_its_discoveries() {
     .await;
     assert_eq!(runs_of(&db, "failed").await, 1);
     // A discovery of its source, open meanwhile: the failed run is
-    // restarted after its backoff all the same.
+    // restarted after its backoff all the same, as orca.explain says.
+    let failed = db
+        .scalar_i64(
+            &open_sync_runs
+                .replace("count(*)", "r.id")
+                .replace("r.status IN ('queued', 'running')", "r.status = 'failed'"),
+        )
+        .await;
     exec(&db, "SELECT orca.discover('live')").await;
+    let why = db
+        .strings(&format!("SELECT code FROM orca.explain({failed})"))
+        .await;
+    assert!(why.iter().any(|c| c == "restart_backoff"), "{why:?}");
     wait_until(
         "the supervisor to restart the failed run beside an open discovery",
         Duration::from_secs(60),

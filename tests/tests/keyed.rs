@@ -6,7 +6,6 @@
 use orca_tests::sqlx::{self, Row};
 use orca_tests::*;
 use serde_json::{json, Value};
-use std::io::Read;
 use std::time::Duration;
 
 fn keyed(name: &str, code: &str, sensor: bool) -> Value {
@@ -259,9 +258,9 @@ async fn an_all_backfill_joins_a_queued_keys_task_only_of_its_own_per_run() {
 }
 
 /// Waits until `cli` queued its keys task for every key (the only one
-/// open); a CLI that exited first fails
-/// the test with its output.
-async fn queued_by(db: &TestDb, cli: &mut std::process::Child) {
+/// open); a CLI that exited first, or queued none in 60 s, fails the test
+/// with its output.
+async fn queued_by(db: &TestDb, mut cli: std::process::Child) -> std::process::Child {
     for _ in 0..600 {
         let queued: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT FROM orca.runs WHERE kind = 'keys' \
@@ -271,17 +270,10 @@ async fn queued_by(db: &TestDb, cli: &mut std::process::Child) {
         .await
         .expect("keys tasks");
         if queued {
-            return;
+            return cli;
         }
-        if let Ok(Some(status)) = cli.try_wait() {
-            let mut said = String::new();
-            if let Some(mut o) = cli.stdout.take() {
-                let _ = o.read_to_string(&mut said);
-            }
-            if let Some(mut e) = cli.stderr.take() {
-                let _ = e.read_to_string(&mut said);
-            }
-            panic!("orca backfill exited ({status}) before it queued a keys task: {said}");
+        if let Ok(Some(_)) = cli.try_wait() {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -289,14 +281,11 @@ async fn queued_by(db: &TestDb, cli: &mut std::process::Child) {
         .strings("SELECT id || ' ' || kind || ' ' || status FROM orca.runs ORDER BY id")
         .await;
     let _ = cli.kill();
-    let mut said = String::new();
-    if let Some(mut o) = cli.stdout.take() {
-        let _ = o.read_to_string(&mut said);
-    }
-    if let Some(mut e) = cli.stderr.take() {
-        let _ = e.read_to_string(&mut said);
-    }
-    panic!("orca backfill queued no keys task in 60 s (runs: {runs:?}); it said: {said}");
+    let out = cli.wait_with_output().expect("orca backfill's output");
+    panic!(
+        "orca backfill queued no keys task (runs: {runs:?}): {}",
+        orca_tests::procs::text(&out)
+    );
 }
 
 /// The output of `cli` once it exits; one still running after 60 s is
@@ -341,8 +330,7 @@ async fn the_cli_follows_an_all_backfill_through_its_keys_task() {
             .spawn()
             .expect("orca backfill")
     };
-    let mut child = cli();
-    queued_by(&db, &mut child).await;
+    let child = queued_by(&db, cli()).await;
     play_keys_task(&db, "all", 1, &["a", "b", "c"]).await;
     succeed_open_runs(&db).await;
     let out = ended(child).await;
@@ -360,8 +348,7 @@ async fn the_cli_follows_an_all_backfill_through_its_keys_task() {
     );
 
     // A keys task cancelled meanwhile: the CLI stops and says so, exit 1.
-    let mut child = cli();
-    queued_by(&db, &mut child).await;
+    let child = queued_by(&db, cli()).await;
     let task = db
         .scalar_i64(
             "SELECT id FROM orca.runs WHERE kind = 'keys' AND status IN ('queued', 'running')",
