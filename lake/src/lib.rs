@@ -17,6 +17,8 @@
 //!   small files;
 //! - [`sync_tables`]: the tables a sync's epochs are applied to (fenced,
 //!   marked, merged by key);
+//! - [`ranged`]: Parquet files read by byte ranges, a column chunk at a
+//!   time (memory follows a row group, not the file);
 //! - [`objstore`]: one URL-to-store helper for `s3://`, `az://`, `gs://` and local paths, and
 //!   the Iceberg storage built on it;
 //! - `rewrite` (private): commits that remove files, which iceberg-rust does
@@ -30,6 +32,7 @@ pub mod catalog;
 pub mod maintain;
 pub mod objstore;
 pub mod query;
+pub mod ranged;
 pub mod residual;
 mod rewrite;
 pub mod scan;

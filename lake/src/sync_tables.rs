@@ -383,15 +383,16 @@ impl SyncTables {
         dataset: &str,
         columns: &[&str],
     ) -> Result<Vec<RecordBatch>> {
-        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let io = table.inner.file_io();
-        let data = self
-            .t
-            .rt
-            .block_on(async { io.new_input(file.file_path())?.read().await })?;
         let what =
             |e: &dyn std::fmt::Display| format!("reading {} of {dataset}: {e}", file.file_path());
-        let builder = ParquetRecordBatchReaderBuilder::try_new(data).map_err(|e| what(&e))?;
+        // By ranges: only the wanted columns' chunks are fetched.
+        let builder = crate::ranged::open_data_file(
+            &self.t.rt,
+            table.inner.file_io(),
+            file.file_path(),
+            file.file_size_in_bytes(),
+        )
+        .map_err(|e| what(&e))?;
         let mask = parquet::arrow::ProjectionMask::columns(
             builder.parquet_schema(),
             columns.iter().copied(),
@@ -543,14 +544,14 @@ impl SyncTables {
         dataset: &str,
         schema: &std::sync::Arc<ArrowSchema>,
     ) -> Result<Vec<RecordBatch>> {
-        let io = table.inner.file_io();
-        let data = self
-            .t
-            .rt
-            .block_on(async { io.new_input(file.file_path())?.read().await })?;
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(data)
-            .and_then(|b| b.build())
-            .map_err(|e| format!("reading {} of {dataset}: {e}", file.file_path()))?;
+        let reader = crate::ranged::open_data_file(
+            &self.t.rt,
+            table.inner.file_io(),
+            file.file_path(),
+            file.file_size_in_bytes(),
+        )
+        .and_then(|b| b.build())
+        .map_err(|e| format!("reading {} of {dataset}: {e}", file.file_path()))?;
         reader
             .map(|b| {
                 let b = b.map_err(|e| format!("reading {} of {dataset}: {e}", file.file_path()))?;

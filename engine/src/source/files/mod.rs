@@ -1,12 +1,11 @@
 //! The files source: JSON lines or CSV files read in name order as raw
 //! records ([`reader`]), which the attempt normalizes into columns
 //! (`source::normalize`), or Parquet files read as typed columns
-//! ([`parquet`]; an object's read by ranges, [`ranged`]). [`open`] starts a
-//! plan's readers.
+//! ([`parquet`]; an object's read by ranges, `orca_lake::ranged`). [`open`]
+//! starts a plan's readers.
 
 pub(crate) mod open;
 pub(crate) mod parquet;
-pub(crate) mod ranged;
 pub mod reader;
 
 pub use reader::{FileReader, FilesError, Format};

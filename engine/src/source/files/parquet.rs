@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use orca_core::sync::Stream;
+use orca_lake::ranged::{starting_at, Ranged};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::commit::store::Store;
 use crate::source::error::ReadError;
-use crate::source::files::ranged::{starting_at, Ranged};
 use crate::source::files::reader::{matching, open_checked, FilesError};
 use crate::source::msg::Msg;
 use crate::source::postgres::copy::PgColumn;

@@ -20,16 +20,13 @@ use std::sync::Arc;
 use arrow_array::{RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{ArrowError, Schema};
 use orca_core::sync::Stream;
-use orca_lake::iceberg::io::FileIO;
 use orca_lake::iceberg::spec::{DataContentType, ManifestContentType, ManifestStatus, Operation};
 use orca_lake::iceberg::table::Table as IcebergTable;
+use orca_lake::ranged::{open_data_file, starting_at};
 use orca_lake::{Lake, LakeConfig, Table};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
-use parquet::errors::ParquetError;
 
 use crate::source::error::ReadError;
-use crate::source::files::ranged::{starting_at, Ranged};
 use crate::source::msg::Msg;
 use crate::source::plan::Plan;
 use crate::source::postgres::table::PgTable;
@@ -302,39 +299,6 @@ pub(crate) fn open_iceberg(plan: &Plan, config: &LakeConfig) -> Result<Vec<Reade
         .collect()
 }
 
-/// A data file read by ranges through the table's file I/O, a column chunk
-/// at a time (memory follows a row group, not the file), its footer found
-/// by `size`, the manifest's. A manifest whose size is wrong (some older
-/// writers recorded other figures) is answered by the object's own size,
-/// looked up once the footer is not where the manifest says.
-fn open_data_file(
-    rt: &tokio::runtime::Runtime,
-    io: &FileIO,
-    file: &str,
-    size: u64,
-) -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ParquetError> {
-    let external = |e: orca_lake::iceberg::Error| ParquetError::External(Box::new(e));
-    let input = io.new_input(file).map_err(external)?;
-    let open = |size: u64| -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ParquetError> {
-        let read = rt.block_on(input.reader()).map_err(external)?;
-        let handle = rt.handle().clone();
-        let data = Ranged::new(
-            size,
-            Box::new(move |r: std::ops::Range<u64>| Ok(handle.block_on(read.read(r))?)),
-        );
-        let b = ParquetRecordBatchReaderBuilder::try_new(data.clone())?;
-        data.learn(b.metadata());
-        Ok(b)
-    };
-    match open(size) {
-        Ok(b) => Ok(b),
-        Err(e) => match rt.block_on(input.metadata()) {
-            Ok(m) if m.size != size => open(m.size),
-            _ => Err(e),
-        },
-    }
-}
-
 /// The table's current columns by field id.
 fn names_by_id(table: &IcebergTable) -> HashMap<i32, String> {
     table
@@ -474,48 +438,4 @@ fn spawn_iceberg_reader(
         let _ = tx.send(Ok(Msg::End { bytes: 0 }));
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-    use parquet::arrow::ArrowWriter;
-
-    use super::*;
-
-    #[test]
-    fn a_data_file_whose_manifest_size_is_wrong_is_read_by_its_own_size() {
-        let dir = std::env::temp_dir().join(format!("orca-iceberg-size-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("scratch");
-        let path = dir.join("00000.parquet");
-        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..50_000));
-        let batch = RecordBatch::try_from_iter([("id", ids)]).expect("batch");
-        let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), None).expect("writer");
-        w.write(&batch).expect("write");
-        let bytes = w.into_inner().expect("close");
-        std::fs::write(&path, &bytes).expect("write the file");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let io = FileIO::new_with_fs();
-        let url = format!("file://{}", path.display());
-        let real = bytes.len() as u64;
-        for size in [real, real * 2, real - 100] {
-            let rows: usize = open_data_file(&rt, &io, &url, size)
-                .and_then(|b| starting_at(b, 10).build())
-                .unwrap_or_else(|e| panic!("size {size} of {real}: {e}"))
-                .map(|b| b.map(|b| b.num_rows()))
-                .sum::<Result<usize, _>>()
-                .expect("rows");
-            assert_eq!(rows, 50_000 - 10, "size {size} of {real}");
-        }
-        // An object that is not there is an error naming it, not a panic.
-        let gone = format!("file://{}", dir.join("gone.parquet").display());
-        assert!(open_data_file(&rt, &io, &gone, real).is_err());
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }

@@ -1,5 +1,6 @@
 //! A Parquet file read by byte ranges (an object store's object, an Iceberg
-//! table's data file), a column chunk at a time.
+//! table's data file), a column chunk at a time: the engine's Parquet and
+//! Iceberg sources, and the sync tables' reads of their own files.
 //!
 //! The synchronous Parquet reader asks its [`ChunkReader`] for a reader at
 //! every page header and for the bytes of every page. Fetching "the rest of
@@ -20,16 +21,17 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, Bytes};
+use iceberg::io::FileIO;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::{ParquetError, Result as ParquetResult};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 
 /// What a fetch of a byte range fails with.
-pub(crate) type FetchError = Box<dyn std::error::Error + Send + Sync>;
+pub type FetchError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Fetches a byte range of the file.
-pub(crate) type Fetch = dyn Fn(Range<u64>) -> Result<Bytes, FetchError> + Send + Sync;
+pub type Fetch = dyn Fn(Range<u64>) -> Result<Bytes, FetchError> + Send + Sync;
 
 /// The bytes at the end of a file fetched with its first read there: the
 /// footer's length and, most often, the whole footer in one request.
@@ -42,7 +44,7 @@ const BLOCK: u64 = 64 * 1024;
 /// A Parquet file read by ranges; clones share the file and what is held
 /// of it.
 #[derive(Clone)]
-pub(crate) struct Ranged {
+pub struct Ranged {
     inner: Arc<Inner>,
 }
 
@@ -71,7 +73,7 @@ struct Held {
 
 impl Ranged {
     /// A file of `len` bytes that `fetch` reads by ranges.
-    pub(crate) fn new(len: u64, fetch: Box<Fetch>) -> Ranged {
+    pub fn new(len: u64, fetch: Box<Fetch>) -> Ranged {
         Ranged {
             inner: Arc::new(Inner {
                 len,
@@ -86,7 +88,7 @@ impl Ranged {
     /// fetches what it asks for. A chunk whose offsets are negative or lie
     /// past the file's end (a broken footer) is left out: reads in it fetch
     /// only what they ask for, and the Parquet reader names the damage.
-    pub(crate) fn learn(&self, meta: &ParquetMetaData) {
+    pub fn learn(&self, meta: &ParquetMetaData) {
         let mut chunks = Vec::new();
         for rg in meta.row_groups() {
             for (column, col) in rg.columns().iter().enumerate() {
@@ -235,10 +237,43 @@ impl ChunkReader for Ranged {
     }
 }
 
+/// A data file read by ranges through the table's file I/O, a column chunk
+/// at a time (memory follows a row group, not the file), its footer found
+/// by `size`, the manifest's. A manifest whose size is wrong (some older
+/// writers recorded other figures) is answered by the object's own size,
+/// looked up once the footer is not where the manifest says.
+pub fn open_data_file(
+    rt: &tokio::runtime::Runtime,
+    io: &FileIO,
+    file: &str,
+    size: u64,
+) -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ParquetError> {
+    let external = |e: iceberg::Error| ParquetError::External(Box::new(e));
+    let input = io.new_input(file).map_err(external)?;
+    let open = |size: u64| -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ParquetError> {
+        let read = rt.block_on(input.reader()).map_err(external)?;
+        let handle = rt.handle().clone();
+        let data = Ranged::new(
+            size,
+            Box::new(move |r: std::ops::Range<u64>| Ok(handle.block_on(read.read(r))?)),
+        );
+        let b = ParquetRecordBatchReaderBuilder::try_new(data.clone())?;
+        data.learn(b.metadata());
+        Ok(b)
+    };
+    match open(size) {
+        Ok(b) => Ok(b),
+        Err(e) => match rt.block_on(input.metadata()) {
+            Ok(m) if m.size != size => open(m.size),
+            _ => Err(e),
+        },
+    }
+}
+
 /// `b` started `offset` rows into its file: the row groups wholly before
 /// that row are left out, so their chunks are never fetched (skipping rows
 /// reads their pages), and the rest of the offset is skipped by rows.
-pub(crate) fn starting_at<T: ChunkReader + 'static>(
+pub fn starting_at<T: ChunkReader + 'static>(
     b: ParquetRecordBatchReaderBuilder<T>,
     offset: usize,
 ) -> ParquetRecordBatchReaderBuilder<T> {
@@ -407,6 +442,40 @@ mod tests {
     }
 
     #[test]
+    fn a_projected_read_fetches_only_its_columns_chunks() {
+        let (bytes, written) = file(4, 20_000);
+        let c = counted(bytes.clone());
+        let b = ParquetRecordBatchReaderBuilder::try_new(c.file.clone()).expect("footer");
+        let meta = b.metadata().clone();
+        c.file.learn(&meta);
+        let mask = parquet::arrow::ProjectionMask::columns(b.parquet_schema(), ["score"]);
+        let rows: Vec<RecordBatch> = b
+            .with_projection(mask)
+            .build()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("batches");
+        let (read, want) = (concat(&rows), concat(&written));
+        assert_eq!(read.column(0), want.column(2));
+        // The scores' chunks and the tail: not the ids' and names'.
+        let scores: u64 = meta
+            .row_groups()
+            .iter()
+            .map(|rg| rg.column(2).compressed_size() as u64)
+            .sum();
+        let fetched = c.fetched.load(Ordering::Relaxed);
+        assert!(
+            fetched <= scores + TAIL,
+            "{fetched} fetched, the scores' chunks {scores}"
+        );
+        assert!(
+            fetched < bytes.len() as u64 / 4,
+            "{fetched} of {}",
+            bytes.len()
+        );
+    }
+
+    #[test]
     fn a_resumed_read_fetches_nothing_of_the_row_groups_before_it() {
         let (bytes, written) = file(3, 20_000);
         let all = concat(&written);
@@ -489,5 +558,39 @@ mod tests {
         let mut r = failing.get_read(0).expect("a reader");
         let mut buf = [0u8; 4];
         assert!(r.read(&mut buf).is_err());
+    }
+
+    #[test]
+    fn a_data_file_whose_manifest_size_is_wrong_is_read_by_its_own_size() {
+        let dir = std::env::temp_dir().join(format!("orca-iceberg-size-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch");
+        let path = dir.join("00000.parquet");
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..50_000));
+        let batch = RecordBatch::try_from_iter([("id", ids)]).expect("batch");
+        let mut w = ArrowWriter::try_new(Vec::new(), batch.schema(), None).expect("writer");
+        w.write(&batch).expect("write");
+        let bytes = w.into_inner().expect("close");
+        std::fs::write(&path, &bytes).expect("write the file");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let io = FileIO::new_with_fs();
+        let url = format!("file://{}", path.display());
+        let real = bytes.len() as u64;
+        for size in [real, real * 2, real - 100] {
+            let rows: usize = open_data_file(&rt, &io, &url, size)
+                .and_then(|b| starting_at(b, 10).build())
+                .unwrap_or_else(|e| panic!("size {size} of {real}: {e}"))
+                .map(|b| b.map(|b| b.num_rows()))
+                .sum::<Result<usize, _>>()
+                .expect("rows");
+            assert_eq!(rows, 50_000 - 10, "size {size} of {real}");
+        }
+        // An object that is not there is an error naming it, not a panic.
+        let gone = format!("file://{}", dir.join("gone.parquet").display());
+        assert!(open_data_file(&rt, &io, &gone, real).is_err());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
