@@ -84,11 +84,19 @@ impl Ranged {
         }
     }
 
+    /// A reader of the file: its footer read (with the tail, most often in
+    /// one request) and its column chunks learned from it.
+    pub fn reader(self) -> ParquetResult<ParquetRecordBatchReaderBuilder<Ranged>> {
+        let b = ParquetRecordBatchReaderBuilder::try_new(self.clone())?;
+        self.learn(b.metadata());
+        Ok(b)
+    }
+
     /// Takes the file's column chunks from its footer; until then every read
     /// fetches what it asks for. A chunk whose offsets are negative or lie
     /// past the file's end (a broken footer) is left out: reads in it fetch
     /// only what they ask for, and the Parquet reader names the damage.
-    pub fn learn(&self, meta: &ParquetMetaData) {
+    fn learn(&self, meta: &ParquetMetaData) {
         let mut chunks = Vec::new();
         for rg in meta.row_groups() {
             for (column, col) in rg.columns().iter().enumerate() {
@@ -172,7 +180,8 @@ impl Ranged {
             held.tail = Some((from, self.fetch(from..self.inner.len)?));
         }
         Ok(match &held.tail {
-            Some((from, b)) if start >= *from && end <= self.inner.len => {
+            // get_bytes checked that `end` lies within the file.
+            Some((from, b)) if start >= *from => {
                 Some(b.slice((start - from) as usize..(end - from) as usize))
             }
             _ => None,
@@ -253,13 +262,11 @@ pub fn open_data_file(
     let open = |size: u64| -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ParquetError> {
         let read = rt.block_on(input.reader()).map_err(external)?;
         let handle = rt.handle().clone();
-        let data = Ranged::new(
+        Ranged::new(
             size,
             Box::new(move |r: std::ops::Range<u64>| Ok(handle.block_on(read.read(r))?)),
-        );
-        let b = ParquetRecordBatchReaderBuilder::try_new(data.clone())?;
-        data.learn(b.metadata());
-        Ok(b)
+        )
+        .reader()
     };
     match open(size) {
         Ok(b) => Ok(b),

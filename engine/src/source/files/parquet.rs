@@ -16,7 +16,6 @@ use bytes::Bytes;
 use orca_core::sync::Stream;
 use orca_lake::ranged::{starting_at, Ranged};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::reader::{ChunkReader, Length};
 
 use crate::commit::store::Store;
 use crate::source::error::ReadError;
@@ -47,72 +46,51 @@ impl Place {
         })
     }
 
-    fn chunks(&self, file: &str) -> Result<Chunks, ReadError> {
+    /// A file of the place, read by ranges: a local one (opened and checked
+    /// under the directory) by positioned reads, an object by ranged GETs.
+    fn file(&self, file: &str) -> Result<Ranged, ReadError> {
         match &self.root {
-            Some(root) => Ok(Chunks::Local(Arc::new(open_checked(root, file)?.0))),
+            Some(root) => {
+                let f = open_checked(root, file)?.0;
+                let len = f
+                    .metadata()
+                    .map_err(|e| FilesError::Local {
+                        file: file.to_string(),
+                        reason: format!("looking it up: {e}"),
+                    })?
+                    .len();
+                Ok(Ranged::new(
+                    len,
+                    Box::new(move |r: std::ops::Range<u64>| {
+                        use std::os::unix::fs::FileExt;
+                        let mut buf = vec![0; (r.end - r.start) as usize];
+                        f.read_exact_at(&mut buf, r.start)?;
+                        Ok(Bytes::from(buf))
+                    }),
+                ))
+            }
             None => {
                 let size = self.store.size(file)?.ok_or_else(|| FilesError::Vanished {
                     file: file.to_string(),
                 })?;
                 let (store, name) = (self.store.clone(), file.to_string());
-                Ok(Chunks::Remote(Ranged::new(
+                Ok(Ranged::new(
                     size,
                     Box::new(move |r: std::ops::Range<u64>| {
                         Ok(store.get_range(&name, r.start, r.end)?)
                     }),
-                )))
+                ))
             }
         }
     }
 
-    fn reader(&self, file: &str) -> Result<ParquetRecordBatchReaderBuilder<Chunks>, ReadError> {
-        let chunks = self.chunks(file)?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(chunks.clone()).map_err(|e| {
+    fn reader(&self, file: &str) -> Result<ParquetRecordBatchReaderBuilder<Ranged>, ReadError> {
+        self.file(file)?.reader().map_err(|e| {
             ReadError::Files(FilesError::Local {
                 file: file.to_string(),
                 reason: format!("not a Parquet file it can read: {e}"),
             })
-        })?;
-        if let Chunks::Remote(r) = &chunks {
-            r.learn(builder.metadata());
-        }
-        Ok(builder)
-    }
-}
-
-/// A Parquet file's bytes: a local file (opened and checked; the kernel's
-/// page cache serves its ranges), or an object read by ranges a column
-/// chunk at a time ([`Ranged`]).
-#[derive(Clone)]
-enum Chunks {
-    Local(Arc<std::fs::File>),
-    Remote(Ranged),
-}
-
-impl Length for Chunks {
-    fn len(&self) -> u64 {
-        match self {
-            Chunks::Local(f) => Length::len(f.as_ref()),
-            Chunks::Remote(r) => r.len(),
-        }
-    }
-}
-
-impl ChunkReader for Chunks {
-    type T = Box<dyn std::io::Read + Send>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        match self {
-            Chunks::Local(f) => Ok(Box::new(f.get_read(start)?)),
-            Chunks::Remote(r) => r.get_read(start),
-        }
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        match self {
-            Chunks::Local(f) => f.get_bytes(start, length),
-            Chunks::Remote(r) => r.get_bytes(start, length),
-        }
+        })
     }
 }
 
